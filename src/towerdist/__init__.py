@@ -1,0 +1,89 @@
+"""towerdist: TensorFlow's ``tf.distribute`` programming model for numpy and cupy.
+
+Code written against ``tf.distribute`` runs with ``import towerdist as tf``, with numpy
+(CPU) or cupy (GPU) arrays where TensorFlow has tensors::
+
+    import towerdist as tf
+
+    strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+    per_replica = strategy.run(lambda: tf.distribute.get_replica_context().replica_id_in_sync_group)
+    strategy.reduce("sum", per_replica, axis=None)   # -> 1
+
+See ``towerdist.distribute`` for the concepts (replicas, contexts, distributed values).
+"""
+
+from towerdist import config as config
+from towerdist import distribute as distribute
+from towerdist import errors as errors
+from towerdist import types as types
+from towerdist._src.array_ops import add_n as add_n
+from towerdist._src.array_ops import cast as cast
+from towerdist._src.array_ops import constant as constant
+from towerdist._src.array_ops import convert_to_tensor as convert_to_tensor
+from towerdist._src.array_ops import function as function
+from towerdist._src.array_ops import identity as identity
+from towerdist._src.array_ops import ones as ones
+from towerdist._src.array_ops import range as range  # noqa: A004
+from towerdist._src.array_ops import reduce_mean as reduce_mean
+from towerdist._src.array_ops import reduce_sum as reduce_sum
+from towerdist._src.array_ops import zeros as zeros
+from towerdist._src.device import device as device
+from towerdist._src.dtypes import bool as bool  # noqa: A004
+from towerdist._src.dtypes import complex64 as complex64
+from towerdist._src.dtypes import complex128 as complex128
+from towerdist._src.dtypes import double as double
+from towerdist._src.dtypes import float16 as float16
+from towerdist._src.dtypes import float32 as float32
+from towerdist._src.dtypes import float64 as float64
+from towerdist._src.dtypes import half as half
+from towerdist._src.dtypes import int8 as int8
+from towerdist._src.dtypes import int16 as int16
+from towerdist._src.dtypes import int32 as int32
+from towerdist._src.dtypes import int64 as int64
+from towerdist._src.dtypes import string as string
+from towerdist._src.dtypes import uint8 as uint8
+from towerdist._src.dtypes import uint16 as uint16
+from towerdist._src.dtypes import uint32 as uint32
+from towerdist._src.dtypes import uint64 as uint64
+from towerdist._src.variable_enums import VariableAggregation as VariableAggregation
+from towerdist._src.variable_enums import VariableSynchronization as VariableSynchronization
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "VariableAggregation",
+    "VariableSynchronization",
+    "add_n",
+    "bool",
+    "cast",
+    "complex64",
+    "complex128",
+    "config",
+    "constant",
+    "convert_to_tensor",
+    "device",
+    "distribute",
+    "double",
+    "errors",
+    "float16",
+    "float32",
+    "float64",
+    "function",
+    "half",
+    "identity",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "ones",
+    "range",
+    "reduce_mean",
+    "reduce_sum",
+    "string",
+    "types",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "zeros",
+]

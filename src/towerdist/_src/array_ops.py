@@ -1,0 +1,192 @@
+"""A few TensorFlow-named array helpers, so documented tf.distribute examples run verbatim.
+
+They return numpy arrays (cupy arrays on a GPU device) where TensorFlow returns tensors,
+and follow TensorFlow's dtype rules for Python values: Python floats become float32 and
+Python ints int32 (int64 if they do not fit). Arrays keep their dtype. Functions that
+create arrays from scratch place them on the current ``td.device``.
+
+This is not a TensorFlow replacement: there is no autodiff and no graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from towerdist._src import backend
+from towerdist._src import device as device_lib
+from towerdist._src.values.distributed_values import DistributedValues
+
+__all__ = [
+    "add_n",
+    "cast",
+    "constant",
+    "convert_to_tensor",
+    "function",
+    "identity",
+    "ones",
+    "range",
+    "reduce_mean",
+    "reduce_sum",
+    "zeros",
+]
+
+_INT32 = np.iinfo(np.int32)
+
+
+def _python_dtype(array: np.ndarray) -> Any:
+    """TensorFlow's dtype for an array built from Python values (float64 -> float32, ...)."""
+    if array.dtype == np.float64:
+        return np.float32
+    if array.dtype == np.int64:
+        if array.size == 0 or (array.min() >= _INT32.min and array.max() <= _INT32.max):
+            return np.int32
+    return array.dtype
+
+
+def _backend_for_new() -> Any:
+    return backend.for_device(device_lib.current())
+
+
+def constant(value: Any, dtype: Any = None, shape: Sequence[int] | None = None, name: str | None = None) -> Any:
+    """Creates an array from ``value`` on the current device (``tf.constant``).
+
+    Python floats give float32 and Python ints int32 unless ``dtype`` says otherwise.
+    With ``shape``, a scalar is broadcast to it and other values are reshaped to it.
+
+    Example:
+      >>> td.constant(3.0)
+      array(3., dtype=float32)
+    """
+    del name
+    impl = backend.for_array(value) if backend.is_array(value) else _backend_for_new()
+    if backend.is_array(value):
+        array = impl.asarray(value, dtype=dtype, device=device_lib.current())
+    else:
+        raw = np.asarray(value)
+        array = impl.asarray(raw, dtype=dtype if dtype is not None else _python_dtype(raw), device=device_lib.current())
+    if shape is not None:
+        shape = tuple(shape)
+        if array.ndim == 0 or array.size == 1:
+            array = impl.xp.broadcast_to(array.reshape(()), shape).copy()
+        else:
+            array = array.reshape(shape)
+    elif backend.is_array(value):
+        array = impl.copy(array)  # a constant never aliases the caller's array
+    return array
+
+
+def convert_to_tensor(value: Any, dtype: Any = None, dtype_hint: Any = None, name: str | None = None) -> Any:
+    """Returns ``value`` as an array; arrays of the right dtype are returned as they are.
+
+    A ``PerReplica`` or ``Mirrored`` converts to its local component inside a replica.
+    """
+    del name
+    if isinstance(value, DistributedValues):
+        value = value._get()
+    if backend.is_array(value) and not np.isscalar(value):
+        if dtype is None or value.dtype == np.dtype(dtype):
+            return value
+        return cast(value, dtype)
+    if hasattr(value, "__array__") and not backend.is_array(value):
+        array = np.asarray(value)
+        return array if dtype is None else array.astype(dtype, copy=False)
+    return constant(value, dtype=dtype if dtype is not None else dtype_hint)
+
+
+def cast(x: Any, dtype: Any, name: str | None = None) -> Any:
+    """``x`` converted to ``dtype`` (a new array)."""
+    del name
+    array = convert_to_tensor(x)
+    return array.astype(dtype)
+
+
+def identity(x: Any, name: str | None = None) -> Any:
+    """A new array with the value of ``x`` (later changes to ``x`` do not show through)."""
+    del name
+    array = convert_to_tensor(x)
+    return backend.for_array(array).copy(array)
+
+
+def add_n(inputs: Sequence[Any], name: str | None = None) -> Any:
+    """The element-wise sum of same-shaped arrays (``tf.math.add_n``)."""
+    del name
+    arrays = [convert_to_tensor(x) for x in inputs]
+    if not arrays:
+        raise ValueError("add_n() needs at least one input. Got inputs=[].")
+    return backend.for_array(arrays[0]).add_n(arrays)
+
+
+def _axis(axis: Any) -> Any:
+    if axis is None or isinstance(axis, (int, np.integer)):
+        return axis
+    return tuple(int(a) for a in axis)
+
+
+def reduce_sum(input_tensor: Any, axis: Any = None, keepdims: bool = False, name: str | None = None) -> Any:
+    """Sum over ``axis`` (all axes when None), keeping the dtype."""
+    del name
+    array = convert_to_tensor(input_tensor)
+    xp = backend.for_array(array).xp
+    return xp.asarray(xp.sum(array, axis=_axis(axis), keepdims=keepdims, dtype=array.dtype))
+
+
+def reduce_mean(input_tensor: Any, axis: Any = None, keepdims: bool = False, name: str | None = None) -> Any:
+    """Mean over ``axis``; integer inputs give a truncated integer mean, as in TensorFlow."""
+    del name
+    array = convert_to_tensor(input_tensor)
+    xp = backend.for_array(array).xp
+    if array.dtype.kind in "iu":
+        total = xp.sum(array, axis=_axis(axis), keepdims=keepdims, dtype=np.int64)
+        count = array.size // max(total.size, 1) if array.size else 0
+        if count == 0:
+            raise ValueError("reduce_mean() of an empty integer array is undefined.")
+        quotient = xp.abs(total) // count * xp.sign(total)
+        return xp.asarray(quotient.astype(array.dtype))
+    return xp.asarray(xp.mean(array, axis=_axis(axis), keepdims=keepdims, dtype=array.dtype))
+
+
+def zeros(shape: Any, dtype: Any = np.float32, name: str | None = None) -> Any:
+    """An array of zeros on the current device (float32 by default)."""
+    del name
+    return _backend_for_new().zeros(_shape(shape), dtype, device_lib.current())
+
+
+def ones(shape: Any, dtype: Any = np.float32, name: str | None = None) -> Any:
+    """An array of ones on the current device (float32 by default)."""
+    del name
+    array = _backend_for_new().zeros(_shape(shape), dtype, device_lib.current())
+    array[...] = 1
+    return array
+
+
+def range(start: Any, limit: Any = None, delta: Any = 1, dtype: Any = None, name: str | None = None) -> Any:  # noqa: A001
+    """``tf.range``: ``start, start + delta, ...`` below ``limit`` (int32 or float32 by default)."""
+    del name
+    if limit is None:
+        start, limit = 0, start
+    if dtype is None:
+        is_float = any(isinstance(v, float) or (backend.is_array(v) and np.dtype(v.dtype).kind == "f")
+                       for v in (start, limit, delta))
+        dtype = np.float32 if is_float else np.int32
+    return _backend_for_new().xp.arange(start, limit, delta, dtype=dtype)
+
+
+def _shape(shape: Any) -> tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)):
+        return (int(shape),)
+    return tuple(int(s) for s in shape)
+
+
+def function(func: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """Accepts ``tf.function`` and its keyword arguments, and returns ``func`` unchanged.
+
+    towerdist runs everything eagerly; replicas are concurrent without compilation.
+    Works both as ``@td.function`` and ``@td.function(jit_compile=True, ...)``.
+    """
+    del options
+    if func is None:
+        return lambda f: f
+    return func

@@ -1,0 +1,175 @@
+"""The cupy backend: arrays in GPU memory, one device per GPU.
+
+cupy is imported on first use, never when towerdist itself is imported. Every function
+has the same name and meaning as in ``numpy_backend``. Functions that take a ``device``
+expect a :class:`~towerdist._src.device.DeviceSpec` of type GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from towerdist._src.errors import MissingDependencyError
+
+name = "cupy"
+
+_INSTALL_HINT = (
+    'install it with pip install "towerdist[cuda12]" (CUDA 12) or "towerdist[cuda13]" (CUDA 13)'
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _import() -> Any:
+    try:
+        import cupy  # noqa: PLC0415  (lazy by design)
+    except ImportError as error:
+        raise MissingDependencyError(f"GPU devices need cupy, which is not installed; {_INSTALL_HINT}.") from error
+    return cupy
+
+
+def __getattr__(attr: str) -> Any:
+    if attr == "xp":
+        return _import()
+    raise AttributeError(attr)
+
+
+def is_available() -> bool:
+    """True if cupy imports and sees at least one GPU."""
+    return device_count() > 0
+
+
+@functools.lru_cache(maxsize=1)
+def device_count() -> int:
+    """The number of visible CUDA GPUs, 0 when cupy or a driver is missing."""
+    try:
+        cupy = _import()
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # no cupy, no driver, no device: all mean "no GPU" here
+        return 0
+
+
+def owns(value: Any) -> bool:
+    """True if ``value`` is a cupy array (checked without importing cupy)."""
+    return type(value).__module__.split(".", 1)[0] == "cupy"
+
+
+def _device_id(device: Any) -> int:
+    return int(device.device_index) if device is not None else int(_import().cuda.runtime.getDevice())
+
+
+def asarray(value: Any, dtype: Any = None, device: Any = None) -> Any:
+    cupy = _import()
+    with cupy.cuda.Device(_device_id(device)):
+        return cupy.asarray(value, dtype=dtype)
+
+
+def to_device(array: Any, device: Any) -> Any:
+    """Returns ``array`` on ``device``: itself if it is already there, else a copy."""
+    cupy = _import()
+    target = _device_id(device)
+    if owns(array) and array.device.id == target:
+        return array
+    with cupy.cuda.Device(target):
+        return cupy.asarray(array)
+
+
+def copy(array: Any, device: Any = None) -> Any:
+    cupy = _import()
+    target = _device_id(device) if device is not None else (array.device.id if owns(array) else None)
+    with cupy.cuda.Device(target if target is not None else 0):
+        return cupy.array(array, copy=True)
+
+
+def buffer_id(array: Any) -> int:
+    """An id of the device memory ``array`` looks at."""
+    return int(array.data.mem.ptr) if hasattr(array.data, "mem") else int(array.data.ptr)
+
+
+def share(arrays: Sequence[Any]) -> list[Any]:
+    """Distinct objects for each destination; GPU copies are never shared between devices."""
+    out: list[Any] = []
+    seen: set[int] = set()
+    for array in arrays:
+        out.append(array.view() if id(array) in seen else array)
+        seen.add(id(out[-1]))
+    return out
+
+
+def empty(shape: Sequence[int], dtype: Any, device: Any = None) -> Any:
+    cupy = _import()
+    with cupy.cuda.Device(_device_id(device)):
+        return cupy.empty(shape, dtype=dtype)
+
+
+def zeros(shape: Sequence[int], dtype: Any, device: Any = None) -> Any:
+    cupy = _import()
+    with cupy.cuda.Device(_device_id(device)):
+        return cupy.zeros(shape, dtype=dtype)
+
+
+def flat(array: Any) -> Any:
+    return _import().ascontiguousarray(array).reshape(-1)
+
+
+def accumulate_into(out: Any, inputs: Sequence[Any], start: int, stop: int) -> None:
+    cupy = _import()
+    target = out[start:stop]
+    with cupy.cuda.Device(out.device.id):
+        partial = inputs[0][start:stop].astype(inputs[0].dtype, copy=True)
+        for x in inputs[1:]:
+            partial += x[start:stop]
+        target[...] = partial
+
+
+def divide_into(out: Any, divisor: int, start: int, stop: int) -> None:
+    target = out[start:stop]
+    target /= divisor
+
+
+def add_n(arrays: Sequence[Any]) -> Any:
+    cupy = _import()
+    with cupy.cuda.Device(arrays[0].device.id):
+        total = arrays[0].copy()
+        for x in arrays[1:]:
+            total += x
+        return total
+
+
+def true_divide(array: Any, divisor: Any) -> Any:
+    return _import().true_divide(array, divisor)
+
+
+def concat(arrays: Sequence[Any], axis: int) -> Any:
+    cupy = _import()
+    first = arrays[0]
+    with cupy.cuda.Device(first.device.id):
+        return cupy.concatenate([to_device(a, _Index(first.device.id)) for a in arrays], axis=axis)
+
+
+def split(array: Any, sizes: Sequence[int], axis: int = 0) -> list[Any]:
+    cupy = _import()
+    boundaries = list(_cumsum(sizes))[:-1]
+    return list(cupy.split(array, boundaries, axis=axis))
+
+
+def synchronize(device: Any = None) -> None:
+    cupy = _import()
+    with cupy.cuda.Device(_device_id(device)):
+        cupy.cuda.get_current_stream().synchronize()
+
+
+class _Index:
+    """A stand-in for a DeviceSpec that only carries a GPU index."""
+
+    def __init__(self, index: int) -> None:
+        self.device_index = index
+
+
+def _cumsum(sizes: Sequence[int]) -> list[int]:
+    total, out = 0, []
+    for size in sizes:
+        total += size
+        out.append(total)
+    return out

@@ -1,0 +1,146 @@
+"""The numpy backend: arrays in host memory, for every CPU device.
+
+All logical CPU devices share host memory, so "moving" an array between them costs
+nothing: :func:`to_device` returns the array itself and :func:`share` hands each
+destination a distinct read-only object looking at one buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+name = "numpy"
+xp = np
+
+
+def owns(value: Any) -> bool:
+    """True if ``value`` is a numpy array or numpy scalar."""
+    return isinstance(value, (np.ndarray, np.generic))
+
+
+def asarray(value: Any, dtype: Any = None, device: Any = None) -> np.ndarray:
+    """Converts ``value`` to a numpy array (no copy when it already is one of ``dtype``)."""
+    del device  # host memory serves every CPU device
+    return np.asarray(value, dtype=dtype)
+
+
+def to_device(array: Any, device: Any) -> np.ndarray:
+    """Returns ``array`` as a host array for ``device`` (copies only from another backend)."""
+    del device
+    if isinstance(array, np.ndarray):
+        return array
+    if hasattr(array, "get") and not isinstance(array, np.generic):  # a cupy array
+        return array.get()
+    return np.asarray(array)
+
+
+def copy(array: Any, device: Any = None) -> np.ndarray:
+    """Returns a fresh, writable copy of ``array`` in host memory."""
+    del device
+    return np.array(to_device(array, None), copy=True)
+
+
+def buffer_id(array: np.ndarray) -> int:
+    """An id of the memory ``array`` looks at: views of one buffer have the same id."""
+    root = array
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    return id(root)
+
+
+def share(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Makes arrays that look at one buffer safe to hand to different replicas.
+
+    ``arrays`` all view the same memory (possibly the same object several times). One
+    array is returned as it is, still writable. Several become distinct read-only
+    objects, so that a replica mutating its component in place gets an error instead of
+    corrupting the others.
+    """
+    if len(arrays) == 1:
+        return list(arrays)
+    out: list[np.ndarray] = []
+    seen: set[int] = set()
+    for array in arrays:
+        array.flags.writeable = False
+        if id(array) in seen:
+            array = array.view()
+        seen.add(id(array))
+        out.append(array)
+    return out
+
+
+def empty(shape: Sequence[int], dtype: Any, device: Any = None) -> np.ndarray:
+    del device
+    return np.empty(shape, dtype=dtype)
+
+
+def zeros(shape: Sequence[int], dtype: Any, device: Any = None) -> np.ndarray:
+    del device
+    return np.zeros(shape, dtype=dtype)
+
+
+def flat(array: np.ndarray) -> np.ndarray:
+    """A 1-D C-contiguous view of ``array`` (a copy only if it is not contiguous)."""
+    return np.ascontiguousarray(array).reshape(-1)
+
+
+def accumulate_into(out: np.ndarray, inputs: Sequence[np.ndarray], start: int, stop: int) -> None:
+    """Writes ``sum(x[start:stop] for x in inputs)`` into ``out[start:stop]`` (1-D arrays).
+
+    The sum is taken in input order. With a short range the partial sum stays in cache,
+    so the memory traffic is one read of every input and one write of ``out``.
+    ``out`` may have a wider dtype than the inputs (e.g. float64 for a mean of ints),
+    in which case the sum is taken in the inputs' dtype first, as TensorFlow does.
+    """
+    target = out[start:stop]
+    if len(inputs) == 1:
+        target[...] = inputs[0][start:stop]
+        return
+    if out.dtype == inputs[0].dtype:
+        np.add(inputs[0][start:stop], inputs[1][start:stop], out=target)
+        for x in inputs[2:]:
+            np.add(target, x[start:stop], out=target)
+        return
+    partial = inputs[0][start:stop] + inputs[1][start:stop]
+    for x in inputs[2:]:
+        np.add(partial, x[start:stop], out=partial)
+    target[...] = partial
+
+
+def divide_into(out: np.ndarray, divisor: int, start: int, stop: int) -> None:
+    """Divides ``out[start:stop]`` by ``divisor`` in place (float and complex arrays)."""
+    target = out[start:stop]
+    np.true_divide(target, divisor, out=target)
+
+
+def add_n(arrays: Sequence[Any]) -> np.ndarray:
+    """The element-wise sum of same-shaped arrays, taken in order, in a new array."""
+    if len(arrays) == 1:
+        return np.array(arrays[0], copy=True)
+    # np.add on 0-d arrays returns a scalar; asarray makes it an array we can add into.
+    total = np.asarray(np.add(arrays[0], arrays[1]))
+    for x in arrays[2:]:
+        np.add(total, x, out=total)
+    return total
+
+
+def true_divide(array: Any, divisor: Any) -> np.ndarray:
+    return np.asarray(np.true_divide(array, divisor))
+
+
+def concat(arrays: Sequence[Any], axis: int) -> np.ndarray:
+    return np.concatenate([to_device(a, None) for a in arrays], axis=axis)
+
+
+def split(array: np.ndarray, sizes: Sequence[int], axis: int = 0) -> list[np.ndarray]:
+    """Splits ``array`` along ``axis`` into consecutive pieces of the given sizes (views)."""
+    boundaries = np.cumsum(sizes)[:-1]
+    return list(np.split(array, boundaries, axis=axis))
+
+
+def synchronize(device: Any = None) -> None:
+    """Waits for pending work on ``device``; numpy work is synchronous, so nothing to do."""
+    del device

@@ -1,0 +1,318 @@
+"""The context model, and every "called in the wrong context" error.
+
+A thread is always in exactly one of these contexts:
+
+* **default replica context** — no strategy scope is active. ``get_replica_context()``
+  returns the default strategy's replica context (``replica_id_in_sync_group == 0``).
+* **cross-replica context** — inside ``strategy.scope()`` or a ``merge_fn``.
+  ``get_replica_context()`` is None and ``in_cross_replica_context()`` is True.
+* **replica context** — inside the function given to ``strategy.run``.
+  ``get_replica_context()`` returns that replica's ``ReplicaContext``.
+
+An **update context** (inside ``StrategyExtended.update``) is entered from cross-replica
+context and additionally names the device being updated (``get_update_device()``).
+
+The guards at the end of this module are the only place that words a wrong-context
+error, so every API reports it the same way: what was called, where it was called from,
+and what to do instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from towerdist._src import thread_state
+from towerdist._src.errors import ContextError
+from towerdist._src.thread_state import Mode, UpdateEntry
+
+if TYPE_CHECKING:
+    from towerdist._src.device import DeviceSpec
+
+__all__ = [
+    "experimental_set_strategy",
+    "get_cross_replica_context",
+    "get_replica_context",
+    "get_strategy",
+    "get_update_device",
+    "has_strategy",
+    "in_cross_replica_context",
+]
+
+_state = thread_state.state
+_default_strategy_factory: Callable[[], Any] | None = None
+
+
+def register_default_strategy(factory: Callable[[], Any]) -> None:
+    """Called once by the default strategy's module (it depends on this one)."""
+    global _default_strategy_factory
+    _default_strategy_factory = factory
+
+
+def default_strategy() -> Any:
+    assert _default_strategy_factory is not None, "towerdist._src.strategies.default not imported"
+    return _default_strategy_factory()
+
+
+# --- queries ------------------------------------------------------------------------------
+
+
+def get_replica_context() -> Any:
+    """The current ``ReplicaContext``, or None in cross-replica context.
+
+    Outside any strategy scope this is the default strategy's replica context, whose
+    ``replica_id_in_sync_group`` is 0 and ``num_replicas_in_sync`` is 1.
+    """
+    modes = _state.modes
+    if modes:
+        return modes[-1].replica_context
+    return default_strategy().extended._default_replica_context
+
+
+def get_cross_replica_context() -> Any:
+    """The current strategy in cross-replica context, else None.
+
+    Exactly one of ``get_replica_context()`` and ``get_cross_replica_context()`` is None.
+    """
+    modes = _state.modes
+    return modes[-1].cross_replica if modes else None
+
+
+def in_cross_replica_context() -> bool:
+    """True inside ``strategy.scope()`` or a ``merge_fn``; False in any replica context."""
+    modes = _state.modes
+    return bool(modes) and modes[-1].cross_replica is not None
+
+
+def get_strategy() -> Any:
+    """The current strategy: that of the innermost scope or replica, else the default strategy."""
+    modes = _state.modes
+    return modes[-1].strategy if modes else default_strategy()
+
+
+def has_strategy() -> bool:
+    """True if a strategy other than the default one is current."""
+    return bool(_state.modes)
+
+
+def get_update_device() -> str | None:
+    """The canonical name of the device being updated inside ``extended.update``, else None."""
+    updates = _state.updates
+    if not updates or updates[-1].device is None:
+        return None
+    return updates[-1].device.name
+
+
+def current_replica_id() -> int | None:
+    """The replica id of this thread: its replica context's, else its update context's."""
+    modes = _state.modes
+    if modes and modes[-1].replica_context is not None:
+        return int(modes[-1].replica_context._replica_id)
+    updates = _state.updates
+    if updates:
+        return updates[-1].replica_id
+    return None
+
+
+def experimental_set_strategy(strategy: Any) -> None:
+    """Makes ``strategy`` current in this thread, as if ``strategy.scope()`` were entered.
+
+    Calling it again replaces the previous one; ``None`` clears it.
+
+    Raises:
+      ContextError: called inside a ``strategy.scope()`` block.
+    """
+    previous = _state.global_scope
+    if previous is not None:
+        _state.global_scope = None
+        previous.__exit__(None, None, None)
+    if has_strategy():
+        raise ContextError(
+            f"experimental_set_strategy() must not be called inside a strategy scope, but "
+            f"{describe_location()}; exit the `with strategy.scope():` block first.",
+            api="experimental_set_strategy()",
+        )
+    if strategy is not None:
+        scope = strategy.scope()
+        scope.__enter__()
+        _state.global_scope = scope
+
+
+# --- scopes -------------------------------------------------------------------------------
+
+
+class StrategyScope:
+    """The context manager returned by ``Strategy.scope()``.
+
+    Entering it makes the strategy current and enters cross-replica context. Entering the
+    scope of the strategy that is already current only counts the re-entry.
+    """
+
+    def __init__(self, strategy: Any) -> None:
+        self._strategy = strategy
+        self._entries: list[tuple[int, int] | None] = []
+
+    def __enter__(self) -> Any:
+        strategy = self._strategy
+        if has_strategy():
+            require_cross_replica_or_default(strategy, "Strategy.scope()")
+            self._entries.append(None)
+            return strategy
+        depths = (len(_state.modes), len(_state.devices))
+        _state.modes.append(Mode(strategy, strategy, None))
+        default_device = strategy.extended._default_device
+        if default_device is not None:
+            _state.devices.append(default_device)
+        self._entries.append(depths)
+        return strategy
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        depths = self._entries.pop()
+        if depths is not None:
+            del _state.modes[depths[0] :]
+            del _state.devices[depths[1] :]
+
+
+class DefaultStrategyScope:
+    """``scope()`` of the default strategy: checks nesting, changes no state."""
+
+    def __init__(self, strategy: Any) -> None:
+        self._strategy = strategy
+
+    def __enter__(self) -> Any:
+        if has_strategy():
+            raise ContextError(
+                f"Must not nest strategy scopes: the default strategy's scope() was entered "
+                f"while {describe_location()}; exit that scope first.",
+                api="Strategy.scope()",
+            )
+        return self._strategy
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+class ReplicaMode:
+    """Pushes a replica context for the duration of a block (``with replica_context:``)."""
+
+    def __init__(self, replica_context: Any) -> None:
+        self._mode = Mode(replica_context._strategy, None, replica_context)
+        self._depths: list[int] = []
+
+    def __enter__(self) -> None:
+        self._depths.append(len(_state.modes))
+        _state.modes.append(self._mode)
+
+    def __exit__(self, *exc_info: object) -> None:
+        del _state.modes[self._depths.pop() :]
+
+
+class UpdateContext:
+    """The update context of one component inside ``extended.update`` (names its device)."""
+
+    def __init__(self, device: DeviceSpec | None, replica_id: int | None) -> None:
+        self._entry = UpdateEntry(device, replica_id)
+        self._depths: list[tuple[int, int]] = []
+
+    def __enter__(self) -> None:
+        self._depths.append((len(_state.updates), len(_state.devices)))
+        _state.updates.append(self._entry)
+        _state.devices.append(self._entry.device)
+
+    def __exit__(self, *exc_info: object) -> None:
+        updates_depth, devices_depth = self._depths.pop()
+        del _state.updates[updates_depth:]
+        del _state.devices[devices_depth:]
+
+
+def cross_replica_mode(strategy: Any) -> Mode:
+    """The mode entry of cross-replica context for ``strategy`` (used around ``merge_fn``)."""
+    return Mode(strategy, strategy, None)
+
+
+# --- guards: the only place that words wrong-context errors --------------------------------
+
+
+def describe_location() -> str:
+    """Where this thread is, in words, e.g. "called from replica 1 (on /cpu:1) of ..."."""
+    modes = _state.modes
+    if not modes:
+        return "called outside any strategy scope"
+    top = modes[-1]
+    if top.replica_context is not None:
+        ctx = top.replica_context
+        where = f" (on {ctx._device.short_name})" if getattr(ctx, "_device", None) is not None else ""
+        return f"called from replica {int(ctx._replica_id)}{where} of {top.strategy!r}"
+    return f"called in cross-replica context of {top.strategy!r}"
+
+
+def require_cross_replica_or_default(strategy: Any, api: str, fix: str | None = None) -> None:
+    """Passes in cross-replica context of ``strategy`` or outside any scope; raises otherwise."""
+    modes = _state.modes
+    if not modes:
+        return
+    top = modes[-1]
+    if top.cross_replica is strategy:
+        return
+    if top.strategy is not strategy:
+        raise wrong_strategy_scope(strategy, api)
+    raise ContextError(
+        f"{api} must be called in cross-replica context, but was "
+        f"{describe_location()}; "
+        + (fix or "call it outside strategy.run(), or from a function passed to get_replica_context().merge_call()")
+        + ".",
+        api=api,
+    )
+
+
+def require_strategy_scope(strategy: Any, api: str) -> None:
+    """Passes if ``strategy`` is the current strategy (any context); raises otherwise."""
+    if get_strategy() is not strategy:
+        raise wrong_strategy_scope(strategy, api)
+
+
+def wrong_strategy_scope(strategy: Any, api: str) -> ContextError:
+    """The error for using ``strategy`` while another strategy (or none) is current."""
+    if not has_strategy():
+        return ContextError(
+            f'{api} needs to be inside "with strategy.scope()" for {strategy!r}, but was called '
+            f"outside any strategy scope; enter it first: `with strategy.scope(): ...`.",
+            api=api,
+        )
+    current = get_strategy()
+    return ContextError(
+        f"Mixing different strategies: {api} belongs to {strategy!r}, but the current strategy "
+        f"is another object, {current!r} ({describe_location()}); use one strategy's scope at a "
+        f"time.",
+        api=api,
+    )
+
+
+def require_replica_context(replica_context: Any, api: str) -> None:
+    """Passes if ``replica_context`` is this thread's current replica context."""
+    current = get_replica_context()
+    if current is replica_context:
+        return
+    if current is None:
+        raise ContextError(
+            f"{api} must be called in a replica context (inside the function passed to "
+            f"strategy.run()), but was {describe_location()}; call it from the replica function.",
+            api=api,
+        )
+    if current._strategy is replica_context._strategy:
+        raise ContextError(
+            f"Mismatching ReplicaContext: {api} was called on the context of replica "
+            f"{int(replica_context._replica_id)} of a strategy.run() call that is over or belongs to "
+            f"another replica (it was {describe_location()}); call td.distribute.get_replica_context() "
+            f"where you use it instead of keeping it.",
+            api=api,
+        )
+    raise ContextError(
+        f"Mismatching strategies: {api} was called on a replica context of "
+        f"{replica_context._strategy!r}, but the current strategy is {current._strategy!r}; "
+        f"call td.distribute.get_replica_context() where you use it instead of keeping it.",
+        api=api,
+    )

@@ -1,0 +1,123 @@
+"""``NcclAllReduce``: one process driving all its GPUs through NCCL (via cupy).
+
+One NCCL communicator per GPU is created once per device set with ``initAll``; each
+pack is all-reduced inside an NCCL group call, each GPU on its own stream.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from towerdist._src.backend import cupy_backend
+from towerdist._src.cross_device_ops.all_reduce_ops import AllReduceCrossDeviceOps
+from towerdist._src.device import DeviceSpec
+from towerdist._src.errors import MissingDependencyError
+
+__all__ = ["NcclAllReduce", "nccl_unavailable_reason"]
+
+_INSTALL = 'pip install "towerdist[cuda12]" (CUDA 12) or "towerdist[cuda13]" (CUDA 13)'
+
+
+@functools.lru_cache(maxsize=1)
+def nccl_unavailable_reason() -> str | None:
+    """None if cupy's NCCL bindings load and a GPU is visible; otherwise why not."""
+    try:
+        cupy = cupy_backend._import()
+    except MissingDependencyError:
+        return f"cupy is not installed ({_INSTALL})"
+    try:
+        from cupy.cuda import nccl  # noqa: PLC0415  (lazy by design)
+    except ImportError:
+        return f"cupy cannot load NCCL ({_INSTALL})"
+    if not getattr(nccl, "available", True):
+        return f"cupy was built without NCCL ({_INSTALL})"
+    if cupy_backend.device_count() == 0:
+        return "no CUDA GPU is visible"
+    del cupy
+    return None
+
+
+_NCCL_DTYPES = {
+    "int8": "NCCL_INT8",
+    "uint8": "NCCL_UINT8",
+    "int32": "NCCL_INT32",
+    "uint32": "NCCL_UINT32",
+    "int64": "NCCL_INT64",
+    "uint64": "NCCL_UINT64",
+    "float16": "NCCL_FLOAT16",
+    "float32": "NCCL_FLOAT32",
+    "float64": "NCCL_FLOAT64",
+}
+
+
+class NcclAllReduce(AllReduceCrossDeviceOps):
+    """All-reduce with NCCL across the GPUs of this process (``tf.distribute.NcclAllReduce``).
+
+    Args:
+      num_packs: how many packs each dtype's values are concatenated and cut into;
+        0 reduces every value on its own.
+
+    Requires every device to be a GPU and cupy with NCCL (``towerdist[cuda12]`` or
+    ``towerdist[cuda13]``); a strategy created with it on other devices raises at once.
+    """
+
+    def __init__(self, num_packs: int = 1) -> None:
+        if not isinstance(num_packs, int) or num_packs < 0:
+            raise ValueError(f"NCCL all-reduce requires num_packs >= 0, but {num_packs} is specified")
+        super().__init__(num_packs)
+        self._communicators: dict[tuple[int, ...], Any] = {}
+        self._lock = threading.Lock()
+
+    def check_devices(self, devices: Sequence[DeviceSpec]) -> None:
+        """Raises unless ``devices`` are GPUs and NCCL is usable."""
+        not_gpu = [d.short_name for d in devices if d.device_type != "GPU"]
+        reason = nccl_unavailable_reason()
+        if not_gpu:
+            missing = f"; also, {reason}" if reason else ""
+            raise ValueError(
+                f"NcclAllReduce needs every device to be a GPU, but got {', '.join(not_gpu)}{missing}. "
+                f"Use the default cross-device ops (or ReductionToOneDevice) for CPU devices."
+            )
+        if reason is not None:
+            raise MissingDependencyError(f"NcclAllReduce cannot run: {reason}.")
+
+    def _comms(self, devices: tuple[DeviceSpec, ...]) -> Any:
+        key = tuple(d.device_index for d in devices)
+        with self._lock:
+            if key not in self._communicators:
+                from cupy.cuda import nccl  # noqa: PLC0415
+
+                self._communicators[key] = nccl.NcclCommunicator.initAll(list(key))
+            return self._communicators[key]
+
+    def _all_reduce_pack(self, devices: tuple[DeviceSpec, ...], components: list[Any], pack_index: int) -> list[Any]:
+        self.check_devices(devices)
+        cupy = cupy_backend._import()
+        from cupy.cuda import nccl  # noqa: PLC0415
+
+        dtype_name = _NCCL_DTYPES.get(str(components[0].dtype))
+        if dtype_name is None:
+            raise TypeError(f"NcclAllReduce cannot reduce dtype {components[0].dtype}.")
+        comms = self._comms(devices)
+        outputs, streams = [], []
+        for device, component in zip(devices, components):
+            with cupy.cuda.Device(device.device_index):
+                outputs.append(cupy.empty_like(component))
+                streams.append(cupy.cuda.get_current_stream())
+        nccl.groupStart()
+        try:
+            for comm, source, target, stream in zip(comms, components, outputs, streams):
+                contiguous = cupy.ascontiguousarray(source)
+                comm.allReduce(
+                    contiguous.data.ptr, target.data.ptr, contiguous.size,
+                    getattr(nccl, dtype_name), nccl.NCCL_SUM, stream.ptr,
+                )
+        finally:
+            nccl.groupEnd()
+        for device, stream in zip(devices, streams):
+            with cupy.cuda.Device(device.device_index):
+                stream.synchronize()
+        return outputs

@@ -1,0 +1,159 @@
+"""``SharedMemoryAllReduce``: the all-reduce for CPU devices, bound by memory bandwidth.
+
+Logical CPU devices share host memory, so an all-reduce of N buffers of S bytes can read
+each input once and write one result: (N + 1) * S bytes of memory traffic. Every replica
+then receives its own read-only view of that one result buffer (zero-copy; mutating it
+in place raises instead of corrupting the other replicas).
+
+The sum is computed chunk by chunk: for each cache-sized chunk the inputs are added into
+the output while it stays in cache. Buffers of at least ``parallel_threshold_bytes`` are
+cut into contiguous parts reduced concurrently by the replica threads (numpy releases
+the GIL), which is what it takes to reach the memory bandwidth with more than one core.
+Integers are summed exactly in their own dtype; a MEAN of integers is float64.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from towerdist._src import array_ops, backend, parallel
+from towerdist._src.cross_device_ops import packing
+from towerdist._src.cross_device_ops.base import CrossDeviceOps
+from towerdist._src.cross_device_ops.placement import mirror
+from towerdist._src.device import DeviceSpec
+from towerdist._src.options import CommunicationOptions
+from towerdist._src.reduce_op import ReduceOp
+from towerdist._src.values.distributed_values import DistributedValues
+
+__all__ = ["SharedMemoryAllReduce", "reduce_host_arrays"]
+
+_host = backend.host()
+
+
+def mean_dtype(dtype: Any) -> Any:
+    """The dtype of a MEAN: float64 for integers (as TensorFlow's true division gives)."""
+    return np.dtype(np.float64) if np.dtype(dtype).kind in "iu" else np.dtype(dtype)
+
+
+def reduce_host_arrays(
+    reduce_op: ReduceOp,
+    arrays: Sequence[Any],
+    chunk_bytes: int = 1 << 17,
+    parallel_threshold_bytes: int = 1 << 21,
+) -> Any:
+    """Reduces same-shaped host arrays element-wise, in replica order, into a new array."""
+    shape = arrays[0].shape
+    flats = [_host.flat(a) for a in arrays]
+    out_dtype = mean_dtype(flats[0].dtype) if reduce_op is ReduceOp.MEAN else flats[0].dtype
+    out = _host.empty((flats[0].size,), out_dtype)
+    _reduce_flat_into(out, flats, reduce_op, chunk_bytes, parallel_threshold_bytes)
+    return out.reshape(shape)
+
+
+def _reduce_flat_into(
+    out: Any, flats: Sequence[Any], reduce_op: ReduceOp, chunk_bytes: int, parallel_threshold_bytes: int
+) -> None:
+    size = out.size
+    count = len(flats)
+    divide = reduce_op is ReduceOp.MEAN
+    chunk = max(1024, chunk_bytes // max(flats[0].itemsize, 1))
+    num_chunks = max(1, math.ceil(size / chunk))
+    parts = 1
+    if size * flats[0].itemsize >= parallel_threshold_bytes:
+        parts = min(parallel.max_parts(), num_chunks)
+    # Contiguous runs of whole chunks, one per part.
+    per_part = math.ceil(num_chunks / parts)
+    bounds = [(p * per_part * chunk, min((p + 1) * per_part * chunk, size)) for p in range(parts)]
+
+    def reduce_part(part: int) -> None:
+        start, stop = bounds[part]
+        for lo in range(start, stop, chunk):
+            hi = min(lo + chunk, stop)
+            _host.accumulate_into(out, flats, lo, hi)
+            if divide:
+                _host.divide_into(out, count, lo, hi)
+
+    parallel.run_parts(reduce_part, parts)
+
+
+class SharedMemoryAllReduce(CrossDeviceOps):
+    """All-reduce through host memory; the default cross-device ops for CPU devices.
+
+    Args:
+      chunk_bytes: size of the chunks summed while they stay in cache.
+      parallel_threshold_bytes: buffers at least this large are reduced by several
+        threads at once (the replica threads, when they are free).
+      pack_bytes: in ``batch_reduce`` with ``bytes_per_pack=0``, values smaller than this
+        are packed together (one reduction per dtype instead of one per value).
+    """
+
+    def __init__(
+        self, chunk_bytes: int = 1 << 17, parallel_threshold_bytes: int = 1 << 21, pack_bytes: int = 1 << 16
+    ) -> None:
+        super().__init__()
+        self._chunk_bytes = chunk_bytes
+        self._parallel_threshold_bytes = parallel_threshold_bytes
+        self._pack_bytes = pack_bytes
+
+    def reduce_implementation(
+        self,
+        reduce_op: ReduceOp,
+        per_replica_value: DistributedValues,
+        destinations: tuple[DeviceSpec, ...],
+        options: CommunicationOptions,
+    ) -> Any:
+        arrays = _host_arrays(per_replica_value)
+        result = reduce_host_arrays(reduce_op, arrays, self._chunk_bytes, self._parallel_threshold_bytes)
+        return mirror([result] * len(destinations), destinations)
+
+    def batch_reduce_implementation(
+        self,
+        reduce_op: ReduceOp,
+        value_destination_pairs: Sequence[tuple[DistributedValues, tuple[DeviceSpec, ...]]],
+        options: CommunicationOptions,
+    ) -> list[Any]:
+        inputs = [_host_arrays(value) for value, _ in value_destination_pairs]
+        results: list[Any] = [None] * len(inputs)
+        # Only values with the same destinations, dtype and replica count can share a pack.
+        keys = [
+            (destinations, arrays[0].dtype, len(arrays))
+            for (_, destinations), arrays in zip(value_destination_pairs, inputs)
+        ]
+        for group in packing.group_by_dtype(keys):
+            for pack in self._packs(group, inputs, options.bytes_per_pack):
+                self._reduce_pack(reduce_op, pack, inputs, results)
+        return [
+            mirror([result] * len(destinations), destinations)
+            for result, (_, destinations) in zip(results, value_destination_pairs)
+        ]
+
+    def _packs(self, group: list[int], inputs: list[list[Any]], bytes_per_pack: int) -> list[list[int]]:
+        nbytes = [inputs[k][0].nbytes for k in group]
+        if bytes_per_pack > 0:
+            return [[group[i] for i in pack] for pack in packing.group_by_size(nbytes, bytes_per_pack)]
+        # Automatic: small values share one pack; large ones gain nothing from a copy.
+        small = [k for k, size in zip(group, nbytes) if size < self._pack_bytes]
+        large = [[k] for k, size in zip(group, nbytes) if size >= self._pack_bytes]
+        return ([small] if small else []) + large
+
+    def _reduce_pack(self, reduce_op: ReduceOp, pack: list[int], inputs: list[list[Any]], results: list[Any]) -> None:
+        if len(pack) == 1:
+            k = pack[0]
+            results[k] = reduce_host_arrays(reduce_op, inputs[k], self._chunk_bytes, self._parallel_threshold_bytes)
+            return
+        num_replicas = len(inputs[pack[0]])
+        buffers = [packing.pack(_host, [inputs[k][r] for k in pack]) for r in range(num_replicas)]
+        reduced = reduce_host_arrays(reduce_op, buffers, self._chunk_bytes, self._parallel_threshold_bytes)
+        for k, piece in zip(pack, packing.unpack(_host, reduced, [inputs[k][0].shape for k in pack])):
+            results[k] = piece
+
+    def __repr__(self) -> str:
+        return "SharedMemoryAllReduce()"
+
+
+def _host_arrays(value: DistributedValues) -> list[Any]:
+    return [_host.to_device(array_ops.convert_to_tensor(c), None) for c in value._values]

@@ -1,0 +1,148 @@
+"""Device names: parsing, canonical form, and the ``td.device(...)`` scope.
+
+TensorFlow spells one device many ways: ``"GPU:1"``, ``"/gpu:1"``, ``"/device:GPU:1"``,
+``"/job:localhost/replica:0/task:0/device:GPU:1"``. All of them name the same
+:class:`DeviceSpec`, whose canonical string is the last form. towerdist knows two device
+types, ``CPU`` (numpy, host memory; split into logical CPUs by ``td.config``) and ``GPU``
+(cupy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from towerdist._src import thread_state
+
+__all__ = ["DeviceSpec", "canonicalize", "current", "device", "parse"]
+
+DEVICE_TYPES = ("CPU", "GPU")
+_LOCAL_JOB = "localhost"
+_DEVICE_RE = re.compile(r"^(?:device:)?([A-Za-z_]+):(\d+|\*)$")
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class DeviceSpec:
+    """A fully specified device: ``/job:<job>/replica:<r>/task:<t>/device:<TYPE>:<index>``."""
+
+    job: str = _LOCAL_JOB
+    replica: int = 0
+    task: int = 0
+    device_type: str = "CPU"
+    device_index: int = 0
+
+    @property
+    def name(self) -> str:
+        """The canonical device string."""
+        return (
+            f"/job:{self.job}/replica:{self.replica}/task:{self.task}"
+            f"/device:{self.device_type}:{self.device_index}"
+        )
+
+    @property
+    def short_name(self) -> str:
+        """A compact name for messages and reprs, e.g. ``'/cpu:0'``."""
+        if self.job == _LOCAL_JOB and self.replica == 0 and self.task == 0:
+            return f"/{self.device_type.lower()}:{self.device_index}"
+        return self.name
+
+    @property
+    def is_local(self) -> bool:
+        return self.job == _LOCAL_JOB
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def parse(spec: Any) -> DeviceSpec:
+    """Parses a device given as a string, a ``DeviceSpec`` or a logical-device object.
+
+    Missing fields take their defaults (job ``localhost``, replica 0, task 0, type CPU,
+    index 0), so ``parse("GPU:1").name == "/job:localhost/replica:0/task:0/device:GPU:1"``.
+
+    Raises:
+      ValueError: the string is not a device name, or names a device type other than CPU/GPU.
+      TypeError: ``spec`` is not a string, a DeviceSpec or a device object.
+    """
+    if isinstance(spec, DeviceSpec):
+        return spec
+    name = getattr(spec, "name", None) if not isinstance(spec, str) else spec
+    if not isinstance(name, str):
+        raise TypeError(
+            f"A device must be given as a string such as 'GPU:0' or '/cpu:1', a DeviceSpec or a "
+            f"logical device object. Got {spec!r} of type {type(spec).__name__}."
+        )
+    return _parse_string(name)
+
+
+def _parse_string(text: str) -> DeviceSpec:
+    fields: dict[str, Any] = {}
+    parts = [p for p in text.strip().split("/") if p]
+    if not parts:
+        raise ValueError(f"Invalid device name {text!r}: it is empty. Use e.g. 'CPU:0' or '/gpu:1'.")
+    for part in parts:
+        key, _, value = part.partition(":")
+        if key in ("job", "replica", "task") and value:
+            if key == "job":
+                fields["job"] = value
+            elif value.isdigit():
+                fields[key] = int(value)
+            else:
+                raise _invalid(text, f"{key} must be a non-negative integer, got {value!r}")
+            continue
+        match = _DEVICE_RE.match(part)
+        if match is None:
+            raise _invalid(text, f"cannot understand the component {part!r}")
+        device_type, index = match.group(1).upper(), match.group(2)
+        if device_type not in DEVICE_TYPES:
+            raise ValueError(
+                f"Unsupported device type {device_type!r} in device name {text!r}; towerdist "
+                f"places data on CPU (numpy) and GPU (cupy) devices only."
+            )
+        fields["device_type"] = device_type
+        fields["device_index"] = 0 if index == "*" else int(index)
+    return DeviceSpec(**fields)
+
+
+def _invalid(text: str, why: str) -> ValueError:
+    return ValueError(
+        f"Invalid device name {text!r}: {why}. Use a form such as 'CPU:0', '/gpu:1', "
+        f"'/device:GPU:1' or '/job:localhost/replica:0/task:0/device:CPU:0'."
+    )
+
+
+def canonicalize(spec: Any) -> str:
+    """Returns the canonical device string of ``spec`` (see :func:`parse`)."""
+    return parse(spec).name
+
+
+def current() -> DeviceSpec | None:
+    """The device of the innermost ``td.device`` scope of this thread, or None."""
+    devices = thread_state.state.devices
+    return devices[-1] if devices else None
+
+
+@contextmanager
+def device(device_name: Any) -> Iterator[None]:
+    """Places new arrays created by towerdist helpers on ``device_name`` within the block.
+
+    ``td.device(None)`` clears the device scope. The scope is per thread, like
+    ``tf.device``; replica threads run inside the scope of their replica's device.
+
+    Example:
+      >>> import towerdist as td
+      >>> with td.device("CPU:0"):
+      ...     x = td.constant([1.0, 2.0])
+    """
+    spec = None if device_name is None else parse(device_name)
+    stack = thread_state.state.devices
+    stack.append(spec)
+    depth = len(stack)
+    try:
+        yield
+    finally:
+        # Restore exactly the entry we pushed, even if the block left the stack unbalanced.
+        del thread_state.state.devices[depth - 1 :]

@@ -1,0 +1,114 @@
+"""Running the parts of one job on several threads (used for large CPU reductions).
+
+A reduction of big host buffers is memory-bandwidth bound, and one numpy call uses one
+core. When the calling thread has *helpers* — replica threads that are idle or parked at
+the barrier while this thread runs a ``merge_fn`` — :func:`run_parts` hands them parts of
+the job and does one part itself. Without helpers every part runs on the calling thread.
+
+Helpers are threads with a mailbox (a ``queue.SimpleQueue``) that understand
+``(TASK, job, part)`` messages; the replica scheduler installs them with
+:func:`helpers_installed`.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from towerdist._src import thread_state
+
+__all__ = ["TASK", "Job", "helpers_installed", "max_parts", "run_parts"]
+
+TASK = "task"
+_CPU_COUNT = os.cpu_count() or 1
+
+
+class Job:
+    """One parallel job: ``fn(part)`` for every part; collects completion and errors."""
+
+    __slots__ = ("_done", "_errors", "_lock", "_remaining", "fn")
+
+    def __init__(self, fn: Callable[[int], None], helper_parts: int) -> None:
+        self.fn = fn
+        self._lock = threading.Lock()
+        self._remaining = helper_parts
+        self._errors: list[BaseException] = []
+        self._done: queue.SimpleQueue[bool] = queue.SimpleQueue()
+
+    def run_part(self, part: int) -> None:
+        """Runs one part on the calling (helper) thread and reports its completion."""
+        try:
+            self.fn(part)
+        except BaseException as error:  # reported to the thread that owns the job
+            with self._lock:
+                self._errors.append(error)
+        finally:
+            with self._lock:
+                self._remaining -= 1
+                last = self._remaining == 0
+            if last:
+                self._done.put(True)
+
+    def wait(self) -> None:
+        """Waits for the helpers' parts; re-raises the first error one of them hit."""
+        if self._remaining:
+            self._done.get()
+        if self._errors:
+            raise self._errors[0]
+
+
+def max_parts() -> int:
+    """How many parts :func:`run_parts` can run at once on this thread."""
+    helpers = _helpers()
+    return min(len(helpers) + 1, _CPU_COUNT) if helpers else 1
+
+
+def run_parts(fn: Callable[[int], None], num_parts: int) -> None:
+    """Runs ``fn(part)`` for ``part in range(num_parts)``, in parallel where helpers allow.
+
+    Returns when every part is done. An exception in any part is re-raised here.
+    """
+    helpers = _helpers()
+    if num_parts <= 1 or not helpers:
+        for part in range(num_parts):
+            fn(part)
+        return
+    usable = helpers[: num_parts - 1]
+    job = Job(fn, helper_parts=len(usable))
+    for part, mailbox in enumerate(usable, start=1):
+        mailbox.put((TASK, job, part))
+    try:
+        fn(0)
+        for part in range(len(usable) + 1, num_parts):
+            fn(part)
+    finally:
+        job.wait()
+
+
+def _helpers() -> Sequence[Any]:
+    provider = thread_state.state.helpers
+    if provider is None:
+        return ()
+    return provider() if callable(provider) else provider
+
+
+@contextmanager
+def helpers_installed(helpers: Sequence[Any] | Callable[[], Sequence[Any]] | None) -> Iterator[None]:
+    """Lets this thread use ``helpers`` (mailboxes, or a callable returning them) in the block.
+
+    Helpers already installed on this thread take precedence: a ``merge_fn`` that calls
+    ``strategy.reduce`` keeps using the parked replica threads it was given.
+    """
+    state = thread_state.state
+    if state.helpers is not None or helpers is None:
+        yield
+        return
+    state.helpers = helpers
+    try:
+        yield
+    finally:
+        state.helpers = None

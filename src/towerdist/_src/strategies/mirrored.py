@@ -1,0 +1,242 @@
+"""``MirroredStrategy``: synchronous data parallelism over the devices of one machine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from towerdist._src import config
+from towerdist._src import device as device_lib
+from towerdist._src.cross_device_ops.base import CrossDeviceOps
+from towerdist._src.cross_device_ops.gather import gather_to
+from towerdist._src.cross_device_ops.nccl_all_reduce import NcclAllReduce
+from towerdist._src.cross_device_ops.placement import Destinations, resolve_destinations
+from towerdist._src.cross_device_ops.select import select_cross_device_ops
+from towerdist._src.device import DeviceSpec
+from towerdist._src.errors import ValidationError
+from towerdist._src.options import CommunicationOptions, ValueContext
+from towerdist._src.reduce_op import ReduceOp
+from towerdist._src.strategies.replica_context import ReplicaContext
+from towerdist._src.strategies.replica_threads import ReplicaScheduler
+from towerdist._src.strategies.strategy import Strategy, StrategyExtended
+from towerdist._src.values.distributed_values import DistributedValues, Mirrored
+from towerdist._src.values.regroup import regroup, split_for_replicas
+
+__all__ = ["MirroredStrategy"]
+
+
+class MirroredStrategy(Strategy):
+    """Synchronous training on several devices of one machine (``tf.distribute.MirroredStrategy``).
+
+    One replica per device. ``run`` calls the replica function on every replica at once
+    (one persistent thread per replica; numpy and cupy release the GIL, so N replicas use
+    N cores). Variables created in its scope are mirrored on every device; reductions
+    use the cross-device ops chosen for the devices (see ``extended._cross_device_ops``).
+
+    Args:
+      devices: the devices, e.g. ``["GPU:0", "GPU:1"]`` or ``["CPU:0", "CPU:1"]``. By
+        default all GPUs, or, without GPUs, all logical CPUs (one unless configured with
+        ``td.config.set_logical_device_configuration``).
+      cross_device_ops: a ``CrossDeviceOps`` to use instead of the default choice.
+
+    Raises:
+      ValueError: a device does not exist, or is given twice (``ValidationError``).
+      TypeError: ``cross_device_ops`` is not a ``CrossDeviceOps``.
+
+    Example:
+      >>> strategy = td.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+      >>> strategy.run(lambda x: x * 2.0, args=(td.constant(3.0),))
+      PerReplica:{
+        0: np.float32(6.0),
+        1: np.float32(6.0)
+      }
+    """
+
+    def __init__(self, devices: Sequence[Any] | None = None, cross_device_ops: CrossDeviceOps | None = None) -> None:
+        super().__init__(MirroredExtended(self, devices, cross_device_ops))
+
+
+def _resolve_devices(devices: Sequence[Any] | None) -> tuple[DeviceSpec, ...]:
+    if not devices:
+        gpus = config.local_devices("GPU")
+        return tuple(gpus or config.local_devices("CPU"))
+    if isinstance(devices, (str, DeviceSpec)):
+        raise TypeError(
+            f"MirroredStrategy takes a list of devices. Got devices={devices!r}; write devices=[{devices!r}]."
+        )
+    specs = tuple(device_lib.parse(d) for d in devices)
+    seen: dict[DeviceSpec, int] = {}
+    for position, spec in enumerate(specs):
+        if spec in seen:
+            raise ValidationError(
+                f"No duplicates allowed in `devices` argument: {spec.short_name} is given at positions "
+                f"{seen[spec]} and {position} of devices={tuple(devices)!r}. Each replica needs its own "
+                f"device."
+            )
+        seen[spec] = position
+    remote = [s for s in specs if not s.is_local]
+    if remote and len(remote) == len(specs):
+        raise RuntimeError(
+            f"In-graph multi-worker training with `MirroredStrategy` is not supported: devices "
+            f"{[s.name for s in remote]} belong to other jobs. Use MultiWorkerMirroredStrategy, one "
+            f"process per worker."
+        )
+    if remote:
+        raise ValueError(
+            f"MirroredStrategy devices must all be local ('/job:localhost'); got a mix of local and "
+            f"remote devices: {[s.name for s in specs]}."
+        )
+    for spec in specs:
+        if not config.device_exists(spec):
+            existing = config.local_devices(spec.device_type)
+            names = ", ".join(d.short_name for d in existing) or "none"
+            hint = (
+                " Split the host CPU into more logical devices with "
+                "td.config.set_logical_device_configuration() at program start."
+                if spec.device_type == "CPU"
+                else " Check CUDA_VISIBLE_DEVICES and that cupy sees the GPU."
+            )
+            raise ValueError(
+                f"MirroredStrategy got device {spec.short_name}, which does not exist; the logical "
+                f"{spec.device_type} devices are: {names}.{hint}"
+            )
+    return specs
+
+
+class MirroredExtended(StrategyExtended):
+    def __init__(
+        self, container_strategy: Strategy, devices: Sequence[Any] | None, cross_device_ops: CrossDeviceOps | None
+    ) -> None:
+        super().__init__(container_strategy)
+        self._devices = _resolve_devices(devices)
+        config.mark_initialized("MirroredStrategy()")
+        if cross_device_ops is not None and not isinstance(cross_device_ops, CrossDeviceOps):
+            raise TypeError(
+                f"cross_device_ops must be a td.distribute.CrossDeviceOps such as ReductionToOneDevice(). "
+                f"Got cross_device_ops={cross_device_ops!r}."
+            )
+        if isinstance(cross_device_ops, NcclAllReduce):
+            cross_device_ops.check_devices(self._devices)
+        self._cross_device_ops = cross_device_ops or select_cross_device_ops(self._devices)
+        self._scheduler = ReplicaScheduler(container_strategy, self._devices)
+        self._init_args = (devices, cross_device_ops)
+
+    @property
+    def _replica_devices(self) -> tuple[DeviceSpec, ...]:
+        return self._devices
+
+    # --- running replicas -----------------------------------------------------------------
+
+    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        n = len(self._devices)
+        args_per_replica = split_for_replicas(args, n, "Strategy.run()", "args")
+        kwargs_per_replica = split_for_replicas(kwargs, n, "Strategy.run()", "kwargs")
+        strategy = self._container_strategy()
+        results = self._scheduler.run(
+            fn,
+            args_per_replica,
+            kwargs_per_replica,
+            lambda i, step: _MirroredReplicaContext(strategy, i, step, self._devices[i]),
+        )
+        return regroup(results, self._devices)
+
+    def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+        n = len(self._devices)
+        values = []
+        for i, device in enumerate(self._devices):
+            with device_lib.device(device):
+                values.append(value_fn(ValueContext(i, n)))
+        return regroup(values, self._devices, always_wrap=True)
+
+    # --- reductions -----------------------------------------------------------------------
+
+    def _destinations(self, destinations: Any) -> tuple[DeviceSpec, ...]:
+        # A PerReplica built by hand records no devices: it lives on this strategy's.
+        if isinstance(destinations, DistributedValues) and destinations._devices is None:
+            if len(destinations._values) == len(self._devices):
+                return self._devices
+        return resolve_destinations(destinations)
+
+    def _as_value(self, value: DistributedValues, api: str) -> DistributedValues:
+        count = len(value._values)
+        if count != len(self._devices):
+            raise ValueError(
+                f"{api} got a {type(value).__name__} with {count} components, but {self._describe()} has "
+                f"{len(self._devices)} replicas; reduce values produced by this strategy."
+            )
+        if value._devices is None:
+            return type(value)(value._values, self._devices)
+        return value
+
+    def _reduce_to(self, reduce_op: ReduceOp, value: Any, destinations: Any, options: CommunicationOptions | None) -> Any:
+        if isinstance(value, Mirrored):
+            if reduce_op is ReduceOp.MEAN:
+                return value
+            raise ValidationError(
+                f"StrategyExtended.reduce_to() cannot SUM a Mirrored value: its components are already "
+                f"equal, so the sum would count the same value {len(self._devices)} times. Use MEAN, or "
+                f"reduce the PerReplica value it was made from."
+            )
+        devices = Destinations(self._destinations(destinations))
+        if not isinstance(value, DistributedValues):
+            return self._reduce_non_distributed(reduce_op, value, devices)
+        value = self._as_value(value, "StrategyExtended.reduce_to()")
+        with self._scheduler.idle_helpers():
+            return self._cross_device_ops.reduce(reduce_op, value, devices, options)
+
+    def _reduce_non_distributed(self, reduce_op: ReduceOp, value: Any, devices: Destinations) -> Any:
+        if reduce_op is ReduceOp.MEAN:
+            return value  # the same value on every replica: its mean is itself
+        if len(self._devices) != 1:
+            raise ValueError(
+                f"A non-DistributedValues value {value!r} cannot be reduced with the given reduce op "
+                f"{reduce_op}: {self._describe()} has {len(self._devices)} replicas and the value is not "
+                f"per-replica, so its sum is ambiguous. Reduce the result of strategy.run() (a "
+                f"PerReplica) instead, or use MEAN."
+            )
+        return self._cross_device_ops.broadcast(value, devices)
+
+    def _batch_reduce_to(
+        self, reduce_op: ReduceOp, pairs: list[tuple[Any, Any]], options: CommunicationOptions | None
+    ) -> list[Any]:
+        resolved = []
+        for pair in pairs:
+            if isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], DistributedValues):
+                value = self._as_value(pair[0], "StrategyExtended.batch_reduce_to()")
+                pair = (value, Destinations(self._destinations(pair[1])))
+            resolved.append(pair)
+        with self._scheduler.idle_helpers():
+            return self._cross_device_ops.batch_reduce(reduce_op, resolved, options)
+
+    def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
+        if isinstance(tensor, (int, float)) and not isinstance(tensor, bool):
+            return tensor  # Python numbers are the same everywhere, as in TensorFlow
+        return self._cross_device_ops.broadcast(tensor, Destinations(self._destinations(destinations)))
+
+    def _gather_to(self, value: Any, destinations: Any, axis: Any, api: str = "Strategy.gather()") -> Any:
+        if not isinstance(value, DistributedValues):
+            return value
+        value = self._as_value(value, api)
+        return gather_to(value, Destinations(self._destinations(destinations)), axis, api)
+
+    # --- description ----------------------------------------------------------------------
+
+    def _deepcopy_strategy(self) -> Strategy:
+        devices, cross_device_ops = self._init_args
+        return MirroredStrategy(devices, cross_device_ops)
+
+    def _describe(self) -> str:
+        return f"MirroredStrategy(devices={tuple(d.short_name for d in self._devices)!r})"
+
+
+class _MirroredReplicaContext(ReplicaContext):
+    """The replica context of one replica of a ``MirroredStrategy.run`` step."""
+
+    def __init__(self, strategy: Strategy, replica_id: int, step: Any, device: DeviceSpec) -> None:
+        super().__init__(strategy, replica_id)
+        self._step = step
+        self._device = device
+
+    def _merge_call(self, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], api: str) -> Any:
+        return self._step.merge_call(self._replica_id, merge_fn, args, kwargs)
+

@@ -1,0 +1,197 @@
+"""``ReplicaContext``: what a replica function can do (``tf.distribute.ReplicaContext``).
+
+Inside ``strategy.run(fn)``, ``td.distribute.get_replica_context()`` returns the calling
+replica's context. It names the replica (``replica_id_in_sync_group``) and offers the
+collective operations between replicas: ``merge_call`` (run a function once, in
+cross-replica context, on everyone's arguments), ``all_reduce`` and ``all_gather``.
+Every replica must make the same sequence of these calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from towerdist._src import array_ops, context, nest, thread_state
+from towerdist._src import device as device_lib
+from towerdist._src.options import CommunicationOptions
+from towerdist._src.reduce_op import parse_reduce_op
+from towerdist._src.values.distributed_values import PerReplica
+
+__all__ = ["ReplicaContext"]
+
+
+class ReplicaContext:
+    """The context of one replica inside ``strategy.run`` (``tf.distribute.ReplicaContext``).
+
+    Get it with ``td.distribute.get_replica_context()`` rather than constructing it.
+    Its methods must be called from the replica it belongs to.
+
+    Example:
+      >>> def step():
+      ...     ctx = td.distribute.get_replica_context()
+      ...     return ctx.all_reduce("sum", td.constant(1.0))
+      >>> strategy.experimental_local_results(strategy.run(step))
+      (array(2., dtype=float32), array(2., dtype=float32))
+    """
+
+    def __init__(self, strategy: Any, replica_id_in_sync_group: Any) -> None:
+        if replica_id_in_sync_group is not None and not isinstance(replica_id_in_sync_group, (int, np.integer)):
+            raise ValueError(
+                f"replica_id_in_sync_group can only be an integer, a Tensor or None. Got "
+                f"{replica_id_in_sync_group!r} of type {type(replica_id_in_sync_group).__name__}."
+            )
+        self._strategy = strategy
+        self._replica_id = 0 if replica_id_in_sync_group is None else int(replica_id_in_sync_group)
+        self._device: Any = None
+        self._mode = context.ReplicaMode(self)
+
+    def __enter__(self) -> ReplicaContext:
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._mode.__exit__(*exc_info)
+
+    # --- properties -----------------------------------------------------------------------
+
+    @property
+    def strategy(self) -> Any:
+        """The strategy this replica belongs to."""
+        return self._strategy
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """How many replicas take part in collective operations."""
+        return self._strategy.num_replicas_in_sync
+
+    @property
+    def replica_id_in_sync_group(self) -> Any:
+        """This replica's id, ``0 .. num_replicas_in_sync - 1``, as a numpy int32 scalar."""
+        return np.int32(self._replica_id)
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The device of this replica (deprecated in TensorFlow; kept for old code)."""
+        here = self._device or device_lib.current() or device_lib.DeviceSpec()
+        return (here.name,)
+
+    # --- replica context ------------------------------------------------------------------
+
+    def merge_call(
+        self, merge_fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        """Runs ``merge_fn(strategy, *args, **kwargs)`` once for all replicas.
+
+        Every replica must call ``merge_call``; when all have arrived, replica 0's
+        ``merge_fn`` runs once in cross-replica context with each argument regrouped
+        across replicas (a ``PerReplica`` where the replicas passed different objects).
+        Each replica gets back its part of the result (its component where the result is
+        distributed).
+
+        May only be called from the replica function this context belongs to.
+
+        Raises:
+          ContextError: called outside this replica's function.
+        """
+        context.require_replica_context(self, "ReplicaContext.merge_call()")
+        if not isinstance(args, (list, tuple)):
+            raise ValueError(
+                f"ReplicaContext.merge_call() takes args as a list or tuple. Got args of type "
+                f"{type(args).__name__}; wrap a single argument as args=(x,)."
+            )
+        return self._merge_call(merge_fn, tuple(args), dict(kwargs or {}), "merge_call()")
+
+    def _merge_call(self, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], api: str) -> Any:
+        # One replica: run merge_fn right here, in cross-replica context.
+        modes = thread_state.state.modes
+        depth = len(modes)
+        modes.append(context.cross_replica_mode(self._strategy))
+        try:
+            return merge_fn(self._strategy, *args, **kwargs)
+        finally:
+            del thread_state.state.modes[depth:]
+
+    def all_reduce(self, reduce_op: Any, value: Any, options: CommunicationOptions | None = None) -> Any:
+        """Reduces ``value`` (a nested structure of arrays) across replicas.
+
+        Every replica contributes its own ``value`` and receives the reduced structure.
+        Integer values are reduced exactly; a MEAN of integers is float64.
+
+        Args:
+          reduce_op: ``ReduceOp.SUM``/``MEAN`` or ``"sum"``/``"mean"``.
+          value: an array, scalar, or nested structure of them, with the same structure,
+            shapes and dtypes in every replica.
+          options: ``CommunicationOptions`` (e.g. ``bytes_per_pack``).
+
+        Raises:
+          InvalidArgumentError: shapes or dtypes differ between replicas.
+        """
+        context.require_replica_context(self, "ReplicaContext.all_reduce()")
+        op = parse_reduce_op(reduce_op, "ReplicaContext.all_reduce()")
+        leaves, spec = nest.flatten(value)
+        contribution = _Contribution([array_ops.convert_to_tensor(leaf) for leaf in leaves])
+
+        def batch_all_reduce(strategy: Any, contributions: Any) -> list[Any]:
+            per_leaf = _per_leaf(strategy, contributions, len(leaves))
+            return strategy.extended.batch_reduce_to(op, [(v, v) for v in per_leaf], options)
+
+        reduced = self._merge_call(batch_all_reduce, (contribution,), {}, "ReplicaContext.all_reduce()")
+        return nest.unflatten(spec, reduced)
+
+    def all_gather(self, value: Any, axis: int, options: CommunicationOptions | None = None) -> Any:
+        """Concatenates ``value`` (a nested structure of arrays) across replicas along ``axis``.
+
+        Replica order is kept; sizes along ``axis`` may differ between replicas, every
+        other dimension must agree. Scalars cannot be gathered.
+
+        Raises:
+          InvalidArgumentError: scalars, a bad ``axis``, or mismatched shapes/dtypes.
+        """
+        context.require_replica_context(self, "ReplicaContext.all_gather()")
+        del options
+        leaves, spec = nest.flatten(value)
+        contribution = _Contribution([array_ops.convert_to_tensor(leaf) for leaf in leaves])
+
+        def batch_all_gather(strategy: Any, contributions: Any) -> list[Any]:
+            per_leaf = _per_leaf(strategy, contributions, len(leaves))
+            return [strategy.extended._gather_to(v, v, axis, api="ReplicaContext.all_gather()") for v in per_leaf]
+
+        gathered = self._merge_call(batch_all_gather, (contribution,), {}, "ReplicaContext.all_gather()")
+        return nest.unflatten(spec, gathered)
+
+    def __repr__(self) -> str:
+        return f"ReplicaContext(replica {self._replica_id} of {self._strategy!r})"
+
+
+class _Contribution:
+    """One replica's flattened arguments to a collective.
+
+    A fresh object per replica, so that regrouping always makes a ``PerReplica`` of the
+    contributions: an all-reduce counts every replica's value even when replicas pass
+    the same array object.
+    """
+
+    __slots__ = ("arrays",)
+
+    def __init__(self, arrays: list[Any]) -> None:
+        self.arrays = arrays
+
+
+def _per_leaf(strategy: Any, contributions: Any, num_leaves: int) -> list[PerReplica]:
+    parts = contributions.values if isinstance(contributions, PerReplica) else (contributions,)
+    devices = strategy.extended._replica_devices
+    return [PerReplica([part.arrays[k] for part in parts], devices) for k in range(num_leaves)]
+
+
+class DefaultReplicaContext(ReplicaContext):
+    """The replica context outside any strategy scope (``replica_id_in_sync_group`` is 0)."""
+
+    @property
+    def replica_id_in_sync_group(self) -> Any:
+        return 0
+
+    def __repr__(self) -> str:
+        return "DefaultReplicaContext()"

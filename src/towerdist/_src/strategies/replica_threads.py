@@ -1,0 +1,599 @@
+"""The replica scheduler: persistent replica threads and the ``merge_call`` barrier.
+
+Each multi-replica strategy owns a :class:`ReplicaScheduler`. On first use it starts one
+daemon thread per replica (``towerdist-replica-<i>``) that lives as long as the strategy.
+Threads wait on a mailbox (``queue.SimpleQueue``) for messages:
+
+* ``(RUN, step)``   run this replica's part of a ``strategy.run`` call;
+* ``(TASK, job, k)`` run part ``k`` of a parallel job (see ``parallel.py``);
+* ``(RESUME, value)`` leave the ``merge_call`` barrier with this replica's result;
+* ``(STOP,)``       leave the barrier because the step failed;
+* ``(SHUTDOWN,)``   exit (the strategy was garbage-collected, or the pool abandoned).
+
+**A step.** The caller posts RUN to every thread and waits. Replicas run concurrently
+(numpy and cupy release the GIL in their kernels). A replica that calls ``merge_call``
+records its request and parks on its mailbox. The *last* replica to arrive regroups the
+requests, runs replica 0's ``merge_fn`` once in the caller's context (cross-replica
+context, the caller's device scope) and resumes the others with their part of the
+result. While parked, replicas accept TASK messages, so a large reduction inside
+``merge_fn`` is spread over all replica threads. When every replica has returned, the
+caller regroups the results.
+
+**Failure.** An exception in a replica or in ``merge_fn`` stops the step: parked replicas
+are released with an internal stop signal, replicas arriving later stop at once, and once
+every replica thread is idle the caller re-raises the original exception with a note
+naming the replica and device. A replica that finishes while others wait in
+``merge_call`` (unequal merge_call counts) raises ``MergeCallCountError``.
+``KeyboardInterrupt`` in the caller stops the step the same way.
+
+**No silent hangs.** The caller watches the barrier: when some replicas have waited longer
+than the warning bound for others, it warns (``ReplicaStallWarning`` and the ``towerdist``
+logger) naming the missing replicas and what the others wait in. With a hard timeout set
+(see :func:`set_replica_timeouts`), it raises ``DeadlineExceededError`` instead and
+abandons the stuck threads; the strategy starts fresh ones for its next step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from towerdist._src import context, parallel, thread_state
+from towerdist._src.device import DeviceSpec
+from towerdist._src.errors import DeadlineExceededError, MergeCallCountError, ReplicaStallWarning
+from towerdist._src.thread_state import Mode
+from towerdist._src.values.regroup import regroup, select_replica
+
+__all__ = ["ReplicaScheduler", "get_replica_timeouts", "set_replica_timeouts"]
+
+logger = logging.getLogger("towerdist")
+
+RUN = "run"
+RESUME = "resume"
+STOP = "stop"
+SHUTDOWN = "shutdown"
+_MERGE = "merge"
+_DONE = "done"
+
+
+class _StopReplica(BaseException):
+    """Unwinds a replica function whose step failed elsewhere (never seen by users)."""
+
+
+# --- timeouts -----------------------------------------------------------------------------
+
+
+def _env_seconds(name: str, default: float | None) -> float | None:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    if raw.strip().lower() in ("none", "off", "0"):
+        return None
+    return float(raw)
+
+
+_timeouts = {
+    "warning_seconds": _env_seconds("TOWERDIST_REPLICA_WARNING_SECONDS", 60.0),
+    "timeout_seconds": _env_seconds("TOWERDIST_REPLICA_TIMEOUT_SECONDS", None),
+}
+
+
+def set_replica_timeouts(warning_seconds: float | None = 60.0, timeout_seconds: float | None = None) -> None:
+    """Bounds how long replicas wait for each other at a ``merge_call`` barrier.
+
+    Args:
+      warning_seconds: after this long, warn (``td.errors.ReplicaStallWarning`` and a
+        ``towerdist`` log record) naming the replicas that have not arrived. None disables it.
+      timeout_seconds: after this long, stop the step and raise
+        ``td.errors.DeadlineExceededError`` naming the missing replicas. None (the default)
+        waits forever, since user code may legitimately be slow; test suites should set it.
+
+    The defaults can also come from the environment variables
+    ``TOWERDIST_REPLICA_WARNING_SECONDS`` and ``TOWERDIST_REPLICA_TIMEOUT_SECONDS``.
+    """
+    for name, value in (("warning_seconds", warning_seconds), ("timeout_seconds", timeout_seconds)):
+        if value is not None and not value > 0:
+            raise ValueError(f"set_replica_timeouts() needs {name} > 0 or None. Got {name}={value!r}.")
+    _timeouts["warning_seconds"] = warning_seconds
+    _timeouts["timeout_seconds"] = timeout_seconds
+
+
+def get_replica_timeouts() -> dict[str, float | None]:
+    """The current ``{"warning_seconds": ..., "timeout_seconds": ...}``."""
+    return dict(_timeouts)
+
+
+# --- threads ------------------------------------------------------------------------------
+
+
+def _thread_main(mailbox: queue.SimpleQueue[Any], index: int) -> None:
+    # Holds no reference to the pool or strategy between messages, so that both can be
+    # garbage-collected (which posts SHUTDOWN).
+    while True:
+        message = mailbox.get()
+        kind = message[0]
+        if kind is RUN:
+            step = message[1]
+            message = None
+            step.execute(index)
+            step = None
+        elif kind is parallel.TASK:
+            job, part = message[1], message[2]
+            message = None
+            job.run_part(part)
+            job = None
+        elif kind is SHUTDOWN:
+            return
+        # A stale RESUME/STOP (from a step abandoned after a timeout) is dropped.
+
+
+def _shutdown(mailboxes: Sequence[queue.SimpleQueue[Any]]) -> None:
+    for mailbox in mailboxes:
+        mailbox.put((SHUTDOWN,))
+
+
+class _Pool:
+    """One thread per replica, with their mailboxes."""
+
+    def __init__(self, num_replicas: int) -> None:
+        self.mailboxes: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(num_replicas)]
+        self.threads = [
+            threading.Thread(
+                target=_thread_main, args=(mailbox, i), name=f"towerdist-replica-{i}", daemon=True
+            )
+            for i, mailbox in enumerate(self.mailboxes)
+        ]
+        self.busy = False
+        for thread in self.threads:
+            thread.start()
+        self._finalizer = weakref.finalize(self, _shutdown, self.mailboxes)
+
+    def shutdown(self) -> None:
+        self._finalizer()
+
+
+class ReplicaScheduler:
+    """Runs a function once per replica on persistent threads (one per strategy).
+
+    Nested or concurrent ``run`` calls (``run`` inside ``merge_fn``, or two user threads)
+    each get their own pool of threads; consecutive calls reuse the first pool.
+    """
+
+    def __init__(self, strategy: Any, devices: Sequence[DeviceSpec]) -> None:
+        self._strategy_ref = weakref.ref(strategy)
+        self._devices = tuple(devices)
+        self._pools: list[_Pool] = []
+        self._lock = threading.Lock()
+
+    @property
+    def num_threads(self) -> int:
+        """Replica threads alive for this strategy (for tests and diagnostics)."""
+        return sum(thread.is_alive() for pool in self._pools for thread in pool.threads)
+
+    def _acquire(self) -> _Pool:
+        with self._lock:
+            for pool in self._pools:
+                if not pool.busy:
+                    pool.busy = True
+                    return pool
+            pool = _Pool(len(self._devices))
+            pool.busy = True
+            self._pools.append(pool)
+            return pool
+
+    def _release(self, pool: _Pool, abandon: bool = False) -> None:
+        with self._lock:
+            pool.busy = False
+            if abandon:
+                self._pools.remove(pool)
+        if abandon:
+            pool.shutdown()
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: Sequence[dict[str, Any]],
+        make_context: Callable[[int, _Step], Any],
+    ) -> list[Any]:
+        """Calls ``fn(*args[i], **kwargs[i])`` on replica ``i``'s thread for every replica.
+
+        Returns the results in replica order. Must be called in cross-replica context of
+        the strategy (``merge_fn`` runs in a snapshot of the caller's context).
+        """
+        strategy = self._strategy_ref()
+        pool = self._acquire()
+        step = _Step(strategy, self._devices, pool.mailboxes, fn, args, kwargs, make_context)
+        abandon = False
+        try:
+            for mailbox in pool.mailboxes:
+                mailbox.put((RUN, step))
+            abandon = step.wait()
+        finally:
+            self._release(pool, abandon or step.abandoned)
+        step.raise_failure()
+        return step.results
+
+    @contextmanager
+    def idle_helpers(self) -> Iterator[None]:
+        """Lets this (cross-replica) thread use an idle pool's threads for parallel parts."""
+        lease: list[_Pool] = []
+
+        def provide() -> Sequence[Any]:
+            if not lease:
+                with self._lock:
+                    pool = next((p for p in self._pools if not p.busy), None)
+                    if pool is None and not self._pools:
+                        pool = _Pool(len(self._devices))
+                        self._pools.append(pool)
+                    if pool is None:
+                        return ()
+                    pool.busy = True
+                lease.append(pool)
+            return lease[0].mailboxes
+
+        with parallel.helpers_installed(provide):
+            try:
+                yield
+            finally:
+                if lease:
+                    self._release(lease[0])
+
+
+class _Step:
+    """The state of one ``strategy.run`` call shared by the caller and the replica threads."""
+
+    def __init__(
+        self,
+        strategy: Any,
+        devices: Sequence[DeviceSpec],
+        mailboxes: Sequence[queue.SimpleQueue[Any]],
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: Sequence[dict[str, Any]],
+        make_context: Callable[[int, _Step], Any],
+    ) -> None:
+        n = len(devices)
+        self.strategy = strategy
+        self.devices = devices
+        self.fn = fn
+        self.results: list[Any] = [None] * n
+        self._n = n
+        self._mailboxes = mailboxes
+        self._args = args
+        self._kwargs = kwargs
+        self._contexts = [make_context(i, self) for i in range(n)]
+        self._caller = thread_state.snapshot()
+        self._lock = threading.Lock()
+        self._done: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._remaining = n
+        self._exited = [False] * n
+        # The current barrier round.
+        self._arrived = 0
+        self._kinds: list[str | None] = [None] * n
+        self._requests: list[Any] = [None] * n
+        self._round = 0
+        self._round_started: float | None = None
+        self._merge_running = False
+        self._merge_counts = [0] * n
+        # Failure.
+        self._failure: BaseException | None = None
+        self._failure_origin: tuple[str, int | None] | None = None
+        self._failure_time: float | None = None
+        self._other_failures: list[tuple[int | None, BaseException]] = []
+        self.abandoned = False  # set when the caller gave up on threads that never returned
+
+    # --- replica threads ------------------------------------------------------------------
+
+    def execute(self, i: int) -> None:
+        """Runs replica ``i`` (on its thread) and reports the outcome."""
+        state = thread_state.state
+        saved = (state.modes, state.devices, state.updates)
+        state.modes = [Mode(self.strategy, None, self._contexts[i])]
+        state.devices = [self.devices[i]]
+        state.updates = []
+        try:
+            result = self.fn(*self._args[i], **self._kwargs[i])
+        except _StopReplica:
+            pass
+        except BaseException as error:  # reported to the caller, who re-raises it
+            self._fail(error, ("replica", i))
+        else:
+            self._arrive_done(i, result)
+        finally:
+            state.modes, state.devices, state.updates = saved
+            self._exit(i)
+
+    def merge_call(self, i: int, merge_fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """Replica ``i``'s ``merge_call``: waits for all replicas, then returns its part."""
+        with self._lock:
+            if self._failure is not None:
+                raise _StopReplica
+            self._merge_counts[i] += 1
+            self._kinds[i] = _MERGE
+            self._requests[i] = (merge_fn, args, kwargs)
+            last = self._arrive()
+            if not last:
+                parked = True
+            else:
+                parked = False
+                kinds, requests = self._kinds, self._requests
+                mismatch = _DONE in kinds
+                self._new_round()
+                self._merge_running = not mismatch
+        if parked:
+            return self._park(i)
+        if mismatch:
+            waiting = [r for r, kind in enumerate(kinds) if kind is _MERGE and r != i]
+            self._fail(self._count_error(kinds), ("barrier", None), stop=waiting)
+            raise _StopReplica
+        return self._run_merge(i, requests)
+
+    def _arrive(self) -> bool:
+        # Called with the lock held; True if this arrival completes the round.
+        self._arrived += 1
+        if self._arrived == 1:
+            self._round_started = time.monotonic()
+        return self._arrived == self._n
+
+    def _new_round(self) -> None:
+        self._kinds = [None] * self._n
+        self._requests = [None] * self._n
+        self._arrived = 0
+        self._round += 1
+        self._round_started = None
+
+    def _park(self, i: int) -> Any:
+        mailbox = self._mailboxes[i]
+        while True:
+            message = mailbox.get()
+            kind = message[0]
+            if kind is RESUME:
+                return message[1]
+            if kind is parallel.TASK:
+                message[1].run_part(message[2])
+                continue
+            if kind is STOP:
+                raise _StopReplica
+
+    def _run_merge(self, i: int, requests: list[Any]) -> Any:
+        merge_fn = requests[0][0]
+        try:
+            args = regroup([r[1] for r in requests], self.devices, what="merge_call() arguments")
+            kwargs = regroup([r[2] for r in requests], self.devices, what="merge_call() keyword arguments")
+            helpers = [mailbox for r, mailbox in enumerate(self._mailboxes) if r != i]
+            with thread_state.installed(self._caller, context.cross_replica_mode(self.strategy)):
+                with parallel.helpers_installed(helpers):
+                    result = merge_fn(self.strategy, *args, **kwargs)
+            parts = [select_replica(r, result) for r in range(self._n)]
+        except BaseException as error:
+            self._fail(error, ("merge_fn", i), stop=[r for r in range(self._n) if r != i])
+            raise _StopReplica from None
+        with self._lock:
+            self._merge_running = False
+            failed = self._failure is not None
+        for r, mailbox in enumerate(self._mailboxes):
+            if r != i:
+                mailbox.put((STOP,) if failed else (RESUME, parts[r]))
+        if failed:
+            raise _StopReplica
+        return parts[i]
+
+    def _arrive_done(self, i: int, result: Any) -> None:
+        self.results[i] = result
+        with self._lock:
+            if self._failure is not None:
+                return
+            self._kinds[i] = _DONE
+            if not self._arrive():
+                return
+            kinds = self._kinds
+            self._new_round()
+        if _MERGE in kinds:
+            waiting = [r for r, kind in enumerate(kinds) if kind is _MERGE]
+            self._fail(self._count_error(kinds), ("barrier", None), stop=waiting)
+
+    def _exit(self, i: int) -> None:
+        with self._lock:
+            self._exited[i] = True
+            self._remaining -= 1
+            last = self._remaining == 0
+        if last:
+            self._done.put(True)
+
+    def _count_error(self, kinds: Sequence[str | None]) -> MergeCallCountError:
+        counts = {r: self._merge_counts[r] for r in range(self._n)}
+        parts = []
+        for r, kind in enumerate(kinds):
+            if kind is _DONE:
+                parts.append(f"replica {r} returned after {counts[r]} merge_call() calls")
+            else:
+                parts.append(f"replica {r} is waiting in merge_call() number {counts[r]}")
+        return MergeCallCountError(
+            f"Some replicas made a different number of merge_call() calls in "
+            f"{self.strategy!r}.run({_name(self.fn)}): {'; '.join(parts)}. Every replica must "
+            f"make the same merge_call() calls, including those made for it by all_reduce(), "
+            f"all_gather(), optimizers and variable assignments; check for data-dependent "
+            f"branches around them.",
+            counts=counts,
+        )
+
+    # --- failure --------------------------------------------------------------------------
+
+    def _fail(self, error: BaseException, origin: tuple[str, int | None], stop: Sequence[int] | None = None) -> None:
+        """Records a failure and releases the replicas parked at the barrier.
+
+        ``stop`` lists replicas known to be parked (given by the thread that just took them
+        out of the round); otherwise they are read from the current round. While a
+        ``merge_fn`` runs, its thread releases the parked replicas when it finishes.
+        """
+        with self._lock:
+            if self._failure is not None:
+                self._other_failures.append((origin[1], error))
+                return
+            self._failure = error
+            self._failure_origin = origin
+            self._failure_time = time.monotonic()
+            if stop is None:
+                stop = [] if self._merge_running else [r for r, k in enumerate(self._kinds) if k is _MERGE]
+        for r in stop:
+            self._mailboxes[r].put((STOP,))
+
+    def raise_failure(self) -> None:
+        """Re-raises the step's failure in the caller, annotated with where it happened."""
+        error = self._failure
+        if error is None:
+            return
+        kind, replica = self._failure_origin or ("barrier", None)
+        if kind == "replica" and replica is not None:
+            _add_note(
+                error,
+                f"Raised in replica {replica} (on {self.devices[replica].short_name}) of "
+                f"{self.strategy!r} during strategy.run({_name(self.fn)}).",
+            )
+        elif kind == "merge_fn" and replica is not None:
+            _add_note(
+                error,
+                f"Raised in the merge_fn of a merge_call() in {self.strategy!r} "
+                f"(merge_fn ran on replica {replica}'s thread in cross-replica context).",
+            )
+        others = [(r, e) for r, e in self._other_failures if not isinstance(e, _StopReplica)]
+        if others:
+            listed = ", ".join(f"replica {r}: {type(e).__name__}({e})" for r, e in others)
+            _add_note(error, f"Other replicas also raised: {listed}.")
+        raise error.with_traceback(error.__traceback__)
+
+    # --- the caller -----------------------------------------------------------------------
+
+    def wait(self) -> bool:
+        """Waits (in the caller) until every replica is idle; True if some never came back."""
+        warned_round = -1
+        warned_drain = False
+        while True:
+            warning_s = _timeouts["warning_seconds"]
+            timeout_s = _timeouts["timeout_seconds"]
+            try:
+                self._done.get(timeout=_poll_interval(warning_s, timeout_s))
+                return False
+            except queue.Empty:
+                pass
+            except BaseException as interrupt:  # KeyboardInterrupt: stop the step, then re-raise
+                self._fail(interrupt, ("caller", None))
+                self.abandoned = not self._drain_after_interrupt()
+                raise
+            now = time.monotonic()
+            with self._lock:
+                failure_time = self._failure_time
+                round_started = self._round_started
+                current_round = self._round
+            if failure_time is not None:
+                waited = now - failure_time
+                if warning_s is not None and waited >= warning_s and not warned_drain:
+                    warned_drain = True
+                    self._warn(self._describe_drain(waited))
+                if timeout_s is not None and waited >= timeout_s:
+                    return True  # abandon the threads that never returned
+            elif round_started is not None:
+                waited = now - round_started
+                if warning_s is not None and waited >= warning_s and warned_round != current_round:
+                    warned_round = current_round
+                    self._warn(self._describe_stall(waited))
+                if timeout_s is not None and waited >= timeout_s:
+                    missing = self._missing()
+                    self._fail(
+                        DeadlineExceededError(
+                            self._describe_stall(waited) + " Raising because the replica timeout "
+                            f"(td.config.set_replica_timeouts) is {timeout_s:g} s.",
+                            missing=missing,
+                        ),
+                        ("barrier", None),
+                    )
+
+    def _drain_after_interrupt(self) -> bool:
+        """Waits for the replicas after an interrupt; False if a second one cut it short."""
+        try:
+            while True:
+                try:
+                    self._done.get(timeout=_poll_interval(_timeouts["warning_seconds"], None))
+                    return True
+                except queue.Empty:
+                    self._warn(self._describe_drain(None))
+        except BaseException:  # a second interrupt: give up on the stuck replica threads
+            return False
+
+    def _missing(self) -> list[int]:
+        with self._lock:
+            return [r for r, kind in enumerate(self._kinds) if kind is None and not self._exited[r]]
+
+    def _describe_stall(self, waited: float) -> str:
+        with self._lock:
+            kinds = list(self._kinds)
+            counts = list(self._merge_counts)
+            merge_fn = next((req[0] for req in self._requests if req is not None), None)
+        missing = [r for r, kind in enumerate(kinds) if kind is None]
+        waiting = [r for r, kind in enumerate(kinds) if kind is _MERGE]
+        finished = [r for r, kind in enumerate(kinds) if kind is _DONE]
+        parts = [f"{_replicas(missing)} of {self.strategy!r} did not reach the barrier for {waited:.1f} s"]
+        if waiting:
+            number = max(counts[r] for r in waiting)
+            parts.append(
+                f"{_replicas(waiting)} {'is' if len(waiting) == 1 else 'are'} waiting in merge_call() "
+                f"number {number} (merge_fn={_name(merge_fn)})"
+            )
+        if finished:
+            parts.append(f"{_replicas(finished)} returned from {_name(self.fn)}")
+        return "; ".join(parts) + "."
+
+    def _describe_drain(self, waited: float | None) -> str:
+        with self._lock:
+            running = [r for r in range(self._n) if not self._exited[r]]
+            origin = self._failure_origin
+            error = self._failure
+        what = f"{type(error).__name__}" if error is not None else "a failure"
+        where = f" in replica {origin[1]}" if origin and origin[0] == "replica" else ""
+        duration = f" for {waited:.1f} s" if waited is not None else ""
+        return (
+            f"{self.strategy!r}.run({_name(self.fn)}) stopped after {what}{where}, but "
+            f"{_replicas(running)} {'has' if len(running) == 1 else 'have'} not returned{duration}; "
+            f"waiting for {'it' if len(running) == 1 else 'them'} before re-raising."
+        )
+
+    @staticmethod
+    def _warn(message: str) -> None:
+        logger.warning(message)
+        warnings.warn(message, ReplicaStallWarning, stacklevel=4)
+
+
+def _poll_interval(warning_s: float | None, timeout_s: float | None) -> float:
+    bounds = [b for b in (warning_s, timeout_s) if b is not None]
+    # Wake up often enough to notice a bound passing, never busy-wait.
+    return max(min(bounds) / 4, 0.01) if bounds else 60.0
+
+
+def _replicas(ids: Sequence[int]) -> str:
+    if len(ids) == 1:
+        return f"replica {ids[0]}"
+    return "replicas " + ", ".join(str(r) for r in ids)
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:  # Python 3.10: keep the note where 3.11+ tooling looks for it
+        notes = getattr(error, "__notes__", None)
+        try:
+            error.__notes__ = [*(notes or []), note]  # type: ignore[attr-defined]
+        except AttributeError:
+            pass

@@ -1,0 +1,381 @@
+"""``Strategy`` and ``StrategyExtended``: the API every strategy shares.
+
+``Strategy`` is thin: it checks the context, parses arguments and delegates to its
+``StrategyExtended``, which holds the logic. Concrete strategies (default, OneDevice,
+Mirrored) subclass ``StrategyExtended`` and implement its underscore hooks.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from towerdist._src import array_ops, backend, context, nest
+from towerdist._src import device as device_lib
+from towerdist._src.cross_device_ops.gather import normalize_axis
+from towerdist._src.cross_device_ops.placement import Destinations
+from towerdist._src.device import DeviceSpec
+from towerdist._src.errors import ValidationError
+from towerdist._src.options import CommunicationOptions, ValueContext
+from towerdist._src.reduce_op import ReduceOp, parse_reduce_op
+from towerdist._src.values.distributed_values import DistributedValues, PerReplica
+from towerdist._src.values.regroup import local_results
+
+__all__ = ["Strategy", "StrategyExtended"]
+
+_HOST = DeviceSpec()
+
+
+class Strategy:
+    """A way to run one computation on several devices (``tf.distribute.Strategy``).
+
+    Use a concrete strategy (``MirroredStrategy``, ``OneDeviceStrategy``) or the default
+    one (``td.distribute.get_strategy()`` outside any scope).
+
+    The methods are grouped by the context they may be called in; see the package
+    docstring of ``towerdist.distribute`` for the contexts.
+    """
+
+    def __init__(self, extended: StrategyExtended) -> None:
+        self._extended = extended
+
+    # --- any context ----------------------------------------------------------------------
+
+    @property
+    def extended(self) -> StrategyExtended:
+        """The ``StrategyExtended`` with the lower-level API of this strategy."""
+        return self._extended
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """How many replicas run ``fn`` in each ``run`` call."""
+        return self._extended._num_replicas_in_sync
+
+    @property
+    def cluster_resolver(self) -> Any:
+        """The cluster resolver (None: single-machine strategies have none)."""
+        return None
+
+    def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
+        """The per-replica parts of ``value``, in replica order.
+
+        A distributed value gives its components; a nested structure gives one copy per
+        replica with its distributed leaves selected; any other value gives ``(value,)``.
+        """
+        return self._extended._local_results(value)
+
+    def experimental_distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+        """Builds a distributed value by calling ``value_fn(ValueContext(...))`` per replica.
+
+        Multi-replica strategies always return a ``PerReplica`` (even of equal values);
+        single-replica strategies return ``value_fn``'s result as it is.
+
+        Example:
+          >>> strategy.experimental_distribute_values_from_function(
+          ...     lambda ctx: ctx.replica_id_in_sync_group * 10)
+          PerReplica:{
+            0: 0,
+            1: 10
+          }
+        """
+        return self._extended._distribute_values_from_function(value_fn)
+
+    # --- cross-replica or default context -------------------------------------------------
+
+    def scope(self) -> Any:
+        """A context manager making this strategy current (cross-replica context).
+
+        Entering the scope of the strategy that is already current is allowed and
+        counted; entering another strategy's scope inside it raises ``ContextError``.
+        ``with strategy.scope() as s:`` binds ``s`` to the strategy.
+        """
+        return context.StrategyScope(self)
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        options: Any = None,
+    ) -> Any:
+        """Runs ``fn`` once per replica and merges the results.
+
+        Replica ``i`` receives ``args``/``kwargs`` with every ``PerReplica``/``Mirrored``
+        replaced by its component ``i`` (distributed variables are passed whole). The
+        results are merged by identity: the same object from every replica is returned
+        as it is, different objects become a ``PerReplica``; lists, tuples, namedtuples
+        and dicts are merged element-wise.
+
+        Call it in cross-replica context or outside any scope (also from a ``merge_fn``).
+
+        Args:
+          fn: the replica function.
+          args: a list or tuple of positional arguments.
+          kwargs: a dict of keyword arguments.
+          options: a ``td.distribute.RunOptions``; accepted and ignored (TPU-only in TF).
+
+        Raises:
+          ContextError: called inside a replica function, or under another strategy.
+          ValueError: ``args`` is not a list or tuple, or a distributed argument has the
+            wrong number of components.
+        """
+        del options
+        context.require_cross_replica_or_default(self, "Strategy.run()")
+        if not isinstance(args, (list, tuple)):
+            raise ValueError(
+                f"positional args must be a list or tuple, got {type(args)}. Strategy.run() passes "
+                f"args=(x,) as fn(x); wrap a single argument in a tuple."
+            )
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise TypeError(f"Strategy.run() takes kwargs as a dict. Got kwargs of type {type(kwargs).__name__}.")
+        with self.scope():
+            return self._extended._call_for_each_replica(fn, tuple(args), kwargs or {})
+
+    def experimental_run_v2(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        options: Any = None,
+    ) -> Any:
+        """The TensorFlow 2.0/2.1 name of :meth:`run`."""
+        return self.run(fn, args, kwargs, options)
+
+    def reduce(self, reduce_op: Any, value: Any, axis: Any) -> Any:
+        """Reduces ``value`` across replicas (and along ``axis`` when given).
+
+        * ``axis=None``: element-wise across replicas; every replica's value must have the
+          same shape.
+        * ``axis=k`` (or a tuple of axes): SUM gives the global sum over the replicas and
+          ``axis``; MEAN the global sum divided by the global number of elements along
+          ``axis``, so uneven and empty replicas are weighted exactly. A MEAN of integers
+          is float64.
+
+        A non-distributed ``value`` stands for the same value on every replica: MEAN
+        returns it; SUM raises on more than one replica (the sum would be ambiguous).
+        Call it in cross-replica context or outside any scope.
+
+        Raises:
+          ValueError: an unknown reduce op, or SUM of a non-distributed value.
+          TypeError: ``reduce_op`` is not a ReduceOp or string, or ``axis`` is not an int.
+          InvalidArgumentError: shapes differ (``axis=None``) or ``axis`` is out of range.
+        """
+        context.require_cross_replica_or_default(self, "Strategy.reduce()")
+        op = parse_reduce_op(reduce_op, "Strategy.reduce()")
+        if axis is None:
+            return self._extended._reduce(op, value)
+        return self._reduce_along_axis(op, value, axis)
+
+    def gather(self, value: Any, axis: int) -> Any:
+        """Concatenates the replicas' values along ``axis`` onto the current device.
+
+        Sizes along ``axis`` may differ between replicas. A non-distributed value is
+        returned as it is. Call it in cross-replica context (in a replica, use
+        ``ReplicaContext.all_gather``).
+        """
+        context.require_cross_replica_or_default(
+            self, "Strategy.gather()", fix="use get_replica_context().all_gather() in a replica instead"
+        )
+        destination = Destinations((self._extended._reduce_destination(),))
+        return nest.map_structure(
+            lambda v: local_results(self._extended._gather_to(v, destination, axis), 1)[0], value
+        )
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def _reduce_along_axis(self, op: ReduceOp, value: Any, axis: Any) -> Any:
+        num_replicas = self.num_replicas_in_sync
+        if isinstance(value, DistributedValues):
+            parts = list(self._extended._local_results(value))
+        else:
+            parts = [value] * num_replicas  # the same value on every replica
+        arrays = [array_ops.convert_to_tensor(p) for p in parts]
+        axes = _axes(axis, arrays[0].ndim)
+        sums = [array_ops.reduce_sum(a, axis=axes) for a in arrays]
+        devices = self._extended._replica_devices
+        numer = self._extended._reduce(ReduceOp.SUM, PerReplica(sums, devices) if len(sums) > 1 else sums[0])
+        if op is ReduceOp.SUM:
+            return numer
+        count = sum(_count(a.shape, axes) for a in arrays)
+        impl = backend.for_array(numer)
+        return impl.true_divide(numer, impl.asarray(count, dtype=numer.dtype))
+
+    def __copy__(self) -> Any:
+        raise RuntimeError(
+            f"Must only deepcopy DistributionStrategy: copy.copy({self!r}) would share its replica "
+            f"threads; use copy.deepcopy() or create a new strategy."
+        )
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return self._extended._deepcopy_strategy()
+
+    def __repr__(self) -> str:
+        return self._extended._describe()
+
+
+def _axes(axis: Any, ndim: int) -> tuple[int, ...]:
+    raw = tuple(axis) if isinstance(axis, (list, tuple)) else (axis,)
+    axes = tuple(normalize_axis(a, ndim, "Strategy.reduce()") for a in raw)
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"Strategy.reduce() got a repeated axis: axis={axis!r}.")
+    return axes
+
+
+def _count(shape: Sequence[int], axes: Sequence[int]) -> int:
+    count = 1
+    for a in axes:
+        count *= int(shape[a])
+    return count
+
+
+class StrategyExtended:
+    """The lower-level API of a strategy (``tf.distribute.StrategyExtended``).
+
+    Most code never needs it: optimizers and variables call it for you. It is where
+    distribution-aware algorithms find reductions onto chosen devices (``reduce_to``,
+    ``batch_reduce_to``), broadcasts and per-replica calls.
+    """
+
+    def __init__(self, container_strategy: Strategy) -> None:
+        self._container_strategy_weakref = weakref.ref(container_strategy)
+        self._default_device: DeviceSpec | None = None
+        self._require_static_shapes = False
+
+    def _container_strategy(self) -> Strategy:
+        strategy = self._container_strategy_weakref()
+        assert strategy is not None, "the strategy of this StrategyExtended was garbage-collected"
+        return strategy
+
+    # --- any context ----------------------------------------------------------------------
+
+    @property
+    def experimental_require_static_shapes(self) -> bool:
+        """True if the strategy needs static shapes (no towerdist strategy does)."""
+        return self._require_static_shapes
+
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        """The canonical names of the devices replicas run on, in replica order."""
+        return tuple(d.name for d in self._replica_devices)
+
+    @property
+    def parameter_devices(self) -> tuple[str, ...]:
+        """The canonical names of the devices variables are placed on."""
+        return tuple(d.name for d in self._replica_devices)
+
+    @property
+    def _num_replicas_in_sync(self) -> int:
+        return len(self._replica_devices)
+
+    @property
+    def _replica_devices(self) -> tuple[DeviceSpec, ...]:
+        raise NotImplementedError
+
+    # --- cross-replica or default context -------------------------------------------------
+
+    def reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: CommunicationOptions | None = None) -> Any:
+        """Reduces ``value`` across replicas and places the result on ``destinations``.
+
+        Args:
+          reduce_op: ``ReduceOp.SUM``/``MEAN`` (or ``"sum"``/``"mean"``).
+          value: a ``PerReplica`` (one value per replica).
+          destinations: a device string, a distributed value or variable (its devices).
+            Pass ``value`` itself to all-reduce.
+          options: ``CommunicationOptions``.
+
+        Returns:
+          A ``Mirrored`` over the destination devices (a bare array for one device).
+        """
+        strategy = self._container_strategy()
+        context.require_cross_replica_or_default(strategy, "StrategyExtended.reduce_to()")
+        _check_destinations(destinations, "StrategyExtended.reduce_to()")
+        op = parse_reduce_op(reduce_op, "StrategyExtended.reduce_to()")
+        return self._reduce_to(op, value, destinations, options)
+
+    def batch_reduce_to(
+        self, reduce_op: Any, value_destination_pairs: Sequence[tuple[Any, Any]], options: CommunicationOptions | None = None
+    ) -> list[Any]:
+        """Like ``reduce_to`` for many ``(value, destinations)`` pairs at once (packed).
+
+        Values of mixed dtypes are fine; each dtype is packed separately.
+        """
+        strategy = self._container_strategy()
+        context.require_cross_replica_or_default(strategy, "StrategyExtended.batch_reduce_to()")
+        op = parse_reduce_op(reduce_op, "StrategyExtended.batch_reduce_to()")
+        pairs = list(value_destination_pairs)
+        for value_and_destinations in pairs:
+            if isinstance(value_and_destinations, tuple) and len(value_and_destinations) == 2:
+                _check_destinations(value_and_destinations[1], "StrategyExtended.batch_reduce_to()")
+        return self._batch_reduce_to(op, pairs, options)
+
+    def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
+        """Copies ``tensor`` to ``destinations`` (a ``Mirrored`` for several devices)."""
+        strategy = self._container_strategy()
+        context.require_cross_replica_or_default(strategy, "StrategyExtended.broadcast_to()")
+        _check_destinations(destinations, "StrategyExtended.broadcast_to()")
+        return self._broadcast_to(tensor, destinations)
+
+    def call_for_each_replica(
+        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        """Runs ``fn`` once per replica, as ``Strategy.run`` does."""
+        strategy = self._container_strategy()
+        context.require_cross_replica_or_default(strategy, "StrategyExtended.call_for_each_replica()")
+        with strategy.scope():
+            return self._call_for_each_replica(fn, tuple(args), kwargs or {})
+
+    # --- hooks for concrete strategies ----------------------------------------------------
+
+    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def _reduce_to(self, reduce_op: ReduceOp, value: Any, destinations: Any, options: CommunicationOptions | None) -> Any:
+        raise NotImplementedError
+
+    def _batch_reduce_to(
+        self, reduce_op: ReduceOp, pairs: list[tuple[Any, Any]], options: CommunicationOptions | None
+    ) -> list[Any]:
+        return [self._reduce_to(reduce_op, value, destinations, options) for value, destinations in pairs]
+
+    def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
+        raise NotImplementedError
+
+    def _gather_to(self, value: Any, destinations: Any, axis: Any, api: str = "Strategy.gather()") -> Any:
+        raise NotImplementedError
+
+    def _local_results(self, value: Any) -> tuple[Any, ...]:
+        return local_results(value, self._num_replicas_in_sync)
+
+    def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+        return value_fn(ValueContext())
+
+    def _reduce_destination(self) -> DeviceSpec:
+        """Where ``Strategy.reduce``/``gather`` put their result: the current device, else the host."""
+        return device_lib.current() or self._default_device or _HOST
+
+    def _reduce(self, reduce_op: ReduceOp, value: Any) -> Any:
+        """Element-wise reduction across replicas onto the current device (``reduce(axis=None)``)."""
+        destination = Destinations((self._reduce_destination(),))
+        if isinstance(value, DistributedValues):
+            return self._local_results(self._reduce_to(reduce_op, value, destination, None))[0]
+        return nest.map_structure(
+            lambda v: self._local_results(self._reduce_to(reduce_op, v, destination, None))[0], value
+        )
+
+    def _deepcopy_strategy(self) -> Strategy:
+        raise RuntimeError(f"{self._describe()} cannot be copied; create a new strategy instead.")
+
+    def _describe(self) -> str:
+        return f"{type(self._container_strategy()).__name__}()"
+
+
+def _check_destinations(destinations: Any, api: str) -> None:
+    if destinations is None:
+        raise ValidationError(f"{api} needs destinations. Got destinations=None; pass a device string or a value.")
+    if isinstance(destinations, (list, tuple)) and not isinstance(destinations, Destinations):
+        raise ValidationError(
+            f"{api} takes one destination (a device string, a distributed value or a variable), not a "
+            f"list. Got destinations={destinations!r}; to reach several devices pass a distributed value "
+            f"that lives on them."
+        )

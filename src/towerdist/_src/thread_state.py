@@ -1,0 +1,75 @@
+"""Per-thread state: the distribution-mode stack, the device scope stack, update contexts.
+
+TensorFlow keeps the distribution-strategy stack in thread-local storage; so do we. The
+state lives in one object so that the replica scheduler can run a ``merge_fn`` on a
+replica thread *as if* it ran on the caller's thread: it snapshots the caller's state
+when ``run`` starts and installs that snapshot around ``merge_fn``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from towerdist._src.device import DeviceSpec
+
+
+class Mode(NamedTuple):
+    """One entry of the mode stack (TensorFlow's ``_ThreadMode``).
+
+    Exactly one of ``cross_replica`` and ``replica_context`` is set.
+    """
+
+    strategy: Any
+    cross_replica: Any  # the strategy, in cross-replica context; else None
+    replica_context: Any  # the ReplicaContext, in a replica context; else None
+
+
+class UpdateEntry(NamedTuple):
+    """An active update context (inside ``StrategyExtended.update``)."""
+
+    device: DeviceSpec | None
+    replica_id: int | None
+
+
+class Snapshot(NamedTuple):
+    """An immutable copy of one thread's state."""
+
+    modes: tuple[Mode, ...]
+    devices: tuple[DeviceSpec | None, ...]
+    updates: tuple[UpdateEntry, ...]
+
+
+class _State(threading.local):
+    def __init__(self) -> None:
+        self.modes: list[Mode] = []
+        self.devices: list[DeviceSpec | None] = []
+        self.updates: list[UpdateEntry] = []
+        # The scope entered by experimental_set_strategy, if any.
+        self.global_scope: Any = None
+        # Threads that may run parts of a parallel job for this thread (see parallel.py).
+        self.helpers: Any = None
+
+
+state = _State()
+
+
+def snapshot() -> Snapshot:
+    """Returns a copy of the calling thread's state."""
+    return Snapshot(tuple(state.modes), tuple(state.devices), tuple(state.updates))
+
+
+@contextmanager
+def installed(snap: Snapshot, *extra_modes: Mode) -> Iterator[None]:
+    """Replaces this thread's state by ``snap`` (plus ``extra_modes``) for the block."""
+    saved = (state.modes, state.devices, state.updates)
+    state.modes = [*snap.modes, *extra_modes]
+    state.devices = list(snap.devices)
+    state.updates = list(snap.updates)
+    try:
+        yield
+    finally:
+        state.modes, state.devices, state.updates = saved

@@ -1,0 +1,178 @@
+"""Distributed values: one component per replica (``PerReplica``, ``Mirrored``).
+
+* ``PerReplica`` holds an unrelated value per replica, e.g. the result of
+  ``strategy.run``. It has no arithmetic; reduce it (``strategy.reduce``) or look at its
+  components (``strategy.experimental_local_results``) to use it across replicas.
+* ``Mirrored`` holds values known to be equal on every replica, e.g. the result of
+  ``extended.reduce_to``. It behaves like its local component: in a replica it is that
+  replica's component, in cross-replica context the component on the current device
+  (``td.device``) or the first one.
+
+Components are ordered by replica id. ``_devices`` records where each component lives
+when a strategy made the value (None for values built by hand).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from towerdist._src import context
+from towerdist._src import device as device_lib
+from towerdist._src.device import DeviceSpec
+
+__all__ = ["DistributedValues", "Mirrored", "PerReplica"]
+
+
+class DistributedValues:
+    """Base class of values with one component per replica (``tf.distribute.DistributedValues``).
+
+    Do not instantiate it; strategies create ``PerReplica`` and ``Mirrored`` values.
+    """
+
+    # Distributed variables are passed to replica functions whole, not split (issue: variables).
+    _is_distributed_variable = False
+
+    def __init__(self, values: Sequence[Any], devices: Sequence[DeviceSpec] | None = None) -> None:
+        self._values = tuple(values)
+        if devices is not None and len(devices) != len(self._values):
+            raise ValueError(
+                f"{type(self).__name__} needs one device per component. Got {len(self._values)} "
+                f"components and {len(devices)} devices."
+            )
+        self._devices = None if devices is None else tuple(devices)
+
+    @property
+    def values(self) -> tuple[Any, ...]:
+        """The components, one per replica, in replica order."""
+        return self._values
+
+    @property
+    def _primary(self) -> Any:
+        return self._values[0]
+
+    def _get(self) -> Any:
+        """The component of the current replica (or of the update context's component)."""
+        replica_id = context.current_replica_id()
+        if replica_id is None:
+            return self._get_cross_replica()
+        return self._values[replica_id]
+
+    def _get_cross_replica(self) -> Any:
+        return self._get_on_device_or_primary()
+
+    def _get_on_device_or_primary(self) -> Any:
+        here = device_lib.current()
+        if here is not None and self._devices is not None and here in self._devices:
+            return self._values[self._devices.index(here)]
+        return self._values[0]
+
+    def _format(self, formatter: Callable[[Any], str]) -> str:
+        body = ",\n".join(f"  {i}: {formatter(v)}" for i, v in enumerate(self._values))
+        return f"{type(self).__name__}:{{\n{body}\n}}"
+
+    def __str__(self) -> str:
+        return self._format(str)
+
+    def __repr__(self) -> str:
+        return self._format(repr)
+
+
+class PerReplica(DistributedValues):
+    """One independent value per replica (``tf.types.experimental.PerReplica``).
+
+    Example:
+      >>> strategy = td.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+      >>> strategy.run(lambda: td.distribute.get_replica_context().replica_id_in_sync_group)
+      PerReplica:{
+        0: np.int32(0),
+        1: np.int32(1)
+      }
+    """
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        # Inside a replica the PerReplica stands for its local component; elsewhere its
+        # meaning is ambiguous, exactly as in TensorFlow.
+        replica_id = context.current_replica_id()
+        if replica_id is None:
+            raise ValueError(
+                "It looks like you are using a PerReplica object while not inside a replica "
+                "context, which is not supported. Reduce it with strategy.reduce(), look at its "
+                "components with strategy.experimental_local_results(), or use it inside "
+                "strategy.run()."
+            )
+        import numpy as np  # noqa: PLC0415  (conversion to numpy is what was asked)
+
+        return np.asarray(self._values[replica_id], dtype=dtype)
+
+
+_Binary = Callable[[Any, Any], Any]
+
+
+def _delegate_binary(op: _Binary) -> tuple[_Binary, _Binary]:
+    """The forward and reflected operator methods applying ``op`` to the local component."""
+
+    def forward(self: Mirrored, other: Any) -> Any:
+        return op(self._get(), other)
+
+    def backward(self: Mirrored, other: Any) -> Any:
+        return op(other, self._get())
+
+    return forward, backward
+
+
+class Mirrored(DistributedValues):
+    """Values that are equal on every replica (``tf.types.experimental.Mirrored``).
+
+    It behaves like its local component: attribute access, ``np.asarray``, indexing,
+    arithmetic and comparison operators all act on ``_get()``.
+    """
+
+    __array_priority__ = 100  # numpy defers binary operators to us
+
+    def __getattr__(self, name: str) -> Any:
+        # Dunder and private lookups (copy, pickle, half-initialised objects) must not recurse.
+        if name.startswith("__") or name in ("_values", "_devices"):
+            raise AttributeError(name)
+        return getattr(self._get(), name)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        import numpy as np  # noqa: PLC0415
+
+        return np.asarray(self._get(), dtype=dtype)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._get()[key]
+
+    def __neg__(self) -> Any:
+        return -self._get()
+
+    def __pos__(self) -> Any:
+        return +self._get()
+
+    def __abs__(self) -> Any:
+        return abs(self._get())
+
+    def __invert__(self) -> Any:
+        return ~self._get()
+
+    __add__, __radd__ = _delegate_binary(operator.add)
+    __sub__, __rsub__ = _delegate_binary(operator.sub)
+    __mul__, __rmul__ = _delegate_binary(operator.mul)
+    __truediv__, __rtruediv__ = _delegate_binary(operator.truediv)
+    __floordiv__, __rfloordiv__ = _delegate_binary(operator.floordiv)
+    __mod__, __rmod__ = _delegate_binary(operator.mod)
+    __pow__, __rpow__ = _delegate_binary(operator.pow)
+    __matmul__, __rmatmul__ = _delegate_binary(operator.matmul)
+    __and__, __rand__ = _delegate_binary(operator.and_)
+    __or__, __ror__ = _delegate_binary(operator.or_)
+    __xor__, __rxor__ = _delegate_binary(operator.xor)
+    __lt__ = _delegate_binary(operator.lt)[0]
+    __le__ = _delegate_binary(operator.le)[0]
+    __gt__ = _delegate_binary(operator.gt)[0]
+    __ge__ = _delegate_binary(operator.ge)[0]
+    # == and hash stay by identity, as for TensorFlow's Mirrored: results are regrouped and
+    # used as dict keys by identity.
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__

@@ -1,0 +1,154 @@
+"""How ``run`` hands values to replicas (select) and merges their results (regroup).
+
+**Select**: every ``PerReplica``/``Mirrored`` leaf of a nested argument is replaced by the
+component of the replica being called; distributed variables and every other object are
+passed unchanged.
+
+**Regroup** merges the results of the N replicas, leaf by leaf, *by identity*:
+
+* the same object from every replica -> that object (so one replica never wraps);
+* components of one distributed variable -> the variable;
+* anything else -> ``PerReplica`` of the N values.
+
+Lists, tuples, namedtuples and dicts are regrouped element-wise and must have the same
+structure in every replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from towerdist._src import nest
+from towerdist._src.device import DeviceSpec
+from towerdist._src.errors import ValidationError
+from towerdist._src.values.distributed_values import DistributedValues, PerReplica
+
+__all__ = ["local_results", "regroup", "select_replica", "split_for_replicas", "value_container"]
+
+
+def _is_split(leaf: Any) -> bool:
+    return isinstance(leaf, DistributedValues) and not leaf._is_distributed_variable
+
+
+def select_replica(replica_id: int, structure: Any) -> Any:
+    """``structure`` with each PerReplica/Mirrored leaf replaced by component ``replica_id``."""
+    if _is_split(structure):
+        return structure._values[replica_id]
+    leaves, spec = nest.flatten(structure)
+    if not any(_is_split(leaf) for leaf in leaves):
+        return structure
+    return nest.unflatten(spec, [leaf._values[replica_id] if _is_split(leaf) else leaf for leaf in leaves])
+
+
+def split_for_replicas(structure: Any, num_replicas: int, api: str, name: str) -> list[Any]:
+    """One version of ``structure`` per replica, as ``select_replica`` makes it.
+
+    When no leaf is distributed, every replica gets ``structure`` itself.
+
+    Raises:
+      ValueError: a distributed leaf has a different number of components than replicas.
+    """
+    paths, leaves, spec = nest.flatten_with_paths(structure)
+    split_at = [k for k, leaf in enumerate(leaves) if _is_split(leaf)]
+    if not split_at:
+        return [structure] * num_replicas
+    for k in split_at:
+        count = len(leaves[k]._values)
+        if count != num_replicas:
+            raise ValueError(
+                f"{api} got a {type(leaves[k]).__name__} with {count} components at "
+                f"{name}{nest.format_path(paths[k]) if paths[k] else ''}, but the strategy has "
+                f"{num_replicas} replicas; distributed values must come from the same strategy."
+            )
+    per_replica = []
+    for replica_id in range(num_replicas):
+        picked = list(leaves)
+        for k in split_at:
+            picked[k] = leaves[k]._values[replica_id]
+        per_replica.append(nest.unflatten(spec, picked))
+    return per_replica
+
+
+def value_container(value: Any) -> Any:
+    """The distributed variable ``value`` is a component of, else ``value`` itself."""
+    container = getattr(value, "_distributed_container", None)
+    if container is not None:
+        owner = container()
+        if owner is not None:
+            return owner
+    return value
+
+
+def regroup(
+    values: Sequence[Any],
+    devices: Sequence[DeviceSpec] | None = None,
+    wrap_class: type[DistributedValues] = PerReplica,
+    always_wrap: bool = False,
+    what: str = "results",
+) -> Any:
+    """Merges one value per replica into one value (see the module docstring).
+
+    Args:
+      values: replica ``i``'s value at index ``i``.
+      devices: the replicas' devices, recorded on the distributed values made.
+      wrap_class: the class of the distributed values made (``PerReplica`` or ``Mirrored``).
+      always_wrap: wrap leaves even when every replica returned the same object.
+      what: what the values are, for error messages ("results", "merge_call arguments").
+
+    Raises:
+      ValidationError: the replicas' structures differ; the message names the replica
+        and the path of the first difference.
+    """
+    first = values[0]
+    leaves0, spec0 = nest.flatten(first)
+    columns = [leaves0]
+    for replica_id, value in enumerate(values[1:], start=1):
+        leaves, spec = nest.flatten(value)
+        if spec != spec0:
+            raise ValidationError(
+                f"The {what} of the replicas must have the same structure, but replica 0 and "
+                f"replica {replica_id} differ {nest.explain_mismatch(first, value)}. Return the "
+                f"same nesting of lists/tuples/dicts from every replica."
+            )
+        columns.append(leaves)
+    merged = [
+        _regroup_leaf([column[k] for column in columns], devices, wrap_class, always_wrap)
+        for k in range(len(leaves0))
+    ]
+    return nest.unflatten(spec0, merged)
+
+
+def _regroup_leaf(
+    leaves: list[Any], devices: Sequence[DeviceSpec] | None, wrap_class: type[DistributedValues], always_wrap: bool
+) -> Any:
+    first = leaves[0]
+    same = all(leaf is first for leaf in leaves)
+    if same and getattr(first, "_is_distributed_variable", False):
+        return first
+    container = value_container(first)
+    if same and not always_wrap and container is first:
+        return first
+    if container is not first:
+        # Components of one distributed variable (one per replica) merge back into it.
+        if all(value_container(leaf) is container for leaf in leaves):
+            return container
+        raise ValidationError(
+            "The replicas returned components of different distributed variables at the same "
+            "position; return the variable itself (or the same variable's component) from "
+            "every replica."
+        )
+    return wrap_class(leaves, devices)
+
+
+def local_results(value: Any, num_replicas: int) -> tuple[Any, ...]:
+    """The per-replica parts of ``value`` (``experimental_local_results``).
+
+    A distributed value gives its components; a nested structure gives one copy per
+    replica with its distributed leaves selected; any other value gives ``(value,)``.
+    """
+    if isinstance(value, DistributedValues):
+        return value._values
+    if nest.is_nested(value):
+        return tuple(select_replica(i, value) for i in range(num_replicas))
+    return (value,)

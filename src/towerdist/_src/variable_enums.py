@@ -1,0 +1,33 @@
+"""``VariableSynchronization`` and ``VariableAggregation`` with TensorFlow's members and values."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["VariableAggregation", "VariableSynchronization"]
+
+
+class VariableSynchronization(enum.Enum):
+    """When a distributed variable's copies are synchronised (``tf.VariableSynchronization``)."""
+
+    AUTO = 0
+    NONE = 1
+    ON_WRITE = 2
+    ON_READ = 3
+
+    def __repr__(self) -> str:
+        return f"VariableSynchronization.{self.name}"
+
+
+class VariableAggregation(enum.Enum):
+    """How replica-context writes to a distributed variable are combined (``tf.VariableAggregation``)."""
+
+    NONE = 0
+    SUM = 1
+    MEAN = 2
+    ONLY_FIRST_REPLICA = 3
+
+    def __repr__(self) -> str:
+        return f"VariableAggregationV2.{self.name}"
+
+    __str__ = __repr__

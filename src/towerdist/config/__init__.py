@@ -1,0 +1,23 @@
+"""Device configuration (``tf.config``): physical and logical devices, replica timeouts."""
+
+from towerdist._src.config import LogicalDevice as LogicalDevice
+from towerdist._src.config import LogicalDeviceConfiguration as LogicalDeviceConfiguration
+from towerdist._src.config import PhysicalDevice as PhysicalDevice
+from towerdist._src.config import get_logical_device_configuration as get_logical_device_configuration
+from towerdist._src.config import list_logical_devices as list_logical_devices
+from towerdist._src.config import list_physical_devices as list_physical_devices
+from towerdist._src.config import set_logical_device_configuration as set_logical_device_configuration
+from towerdist._src.strategies.replica_threads import get_replica_timeouts as get_replica_timeouts
+from towerdist._src.strategies.replica_threads import set_replica_timeouts as set_replica_timeouts
+
+__all__ = [
+    "LogicalDevice",
+    "LogicalDeviceConfiguration",
+    "PhysicalDevice",
+    "get_logical_device_configuration",
+    "get_replica_timeouts",
+    "list_logical_devices",
+    "list_physical_devices",
+    "set_logical_device_configuration",
+    "set_replica_timeouts",
+]
