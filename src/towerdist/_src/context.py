@@ -93,7 +93,8 @@ def get_strategy() -> Any:
 
 def has_strategy() -> bool:
     """True if a strategy other than the default one is current."""
-    return bool(_state.modes)
+    modes = _state.modes
+    return bool(modes) and modes[-1].strategy is not default_strategy()
 
 
 def get_update_device() -> str | None:

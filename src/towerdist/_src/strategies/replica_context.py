@@ -19,6 +19,7 @@ from towerdist._src import device as device_lib
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import parse_reduce_op
 from towerdist._src.values.distributed_values import PerReplica
+from towerdist._src.values.regroup import select_replica
 
 __all__ = ["ReplicaContext"]
 
@@ -105,14 +106,16 @@ class ReplicaContext:
         return self._merge_call(merge_fn, tuple(args), dict(kwargs or {}), "merge_call()")
 
     def _merge_call(self, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], api: str) -> Any:
-        # One replica: run merge_fn right here, in cross-replica context.
+        # One replica: run merge_fn right here, in cross-replica context, and unpack
+        # distributed results to this replica's component as the multi-replica path does.
         modes = thread_state.state.modes
         depth = len(modes)
         modes.append(context.cross_replica_mode(self._strategy))
         try:
-            return merge_fn(self._strategy, *args, **kwargs)
+            result = merge_fn(self._strategy, *args, **kwargs)
         finally:
             del thread_state.state.modes[depth:]
+        return select_replica(self._replica_id, result)
 
     def all_reduce(self, reduce_op: Any, value: Any, options: CommunicationOptions | None = None) -> Any:
         """Reduces ``value`` (a nested structure of arrays) across replicas.

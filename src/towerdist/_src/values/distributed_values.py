@@ -95,7 +95,7 @@ class PerReplica(DistributedValues):
         # Inside a replica the PerReplica stands for its local component; elsewhere its
         # meaning is ambiguous, exactly as in TensorFlow.
         replica_id = context.current_replica_id()
-        if replica_id is None:
+        if replica_id is None or context.in_cross_replica_context() or not context.has_strategy():
             raise ValueError(
                 "It looks like you are using a PerReplica object while not inside a replica "
                 "context, which is not supported. Reduce it with strategy.reduce(), look at its "

@@ -1,0 +1,169 @@
+"""``ReplicaContext``: merge_call, all_reduce, all_gather (reference 2.3, 3.11, D10, D11)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import towerdist as td
+
+
+def ctx() -> td.distribute.ReplicaContext:
+    return td.distribute.get_replica_context()
+
+
+def rid() -> int:
+    return int(ctx().replica_id_in_sync_group)
+
+
+def local(strategy, value):
+    return strategy.experimental_local_results(value)
+
+
+# --- all_reduce ---------------------------------------------------------------------------
+
+
+def test_all_reduce_d10_scalar(mirrored_strategy):
+    n = mirrored_strategy.num_replicas_in_sync
+    result = local(mirrored_strategy, mirrored_strategy.run(lambda: ctx().all_reduce(td.distribute.ReduceOp.SUM, td.identity(1.0))))
+    assert result == (float(n),) * n
+
+
+def test_all_reduce_d10_list(mirrored_2cpu):
+    result = local(mirrored_2cpu, mirrored_2cpu.run(lambda: ctx().all_reduce("sum", [1.0, 2.0])))
+    assert [[float(x) for x in part] for part in result] == [[2.0, 4.0], [2.0, 4.0]]
+
+
+@pytest.mark.parametrize("op", ["sum", "mean"])
+def test_all_reduce_keeps_nested_structure(mirrored_4cpu, op):
+    def fn():
+        x = np.float32(rid() + 1)
+        return ctx().all_reduce(op, [x, {"k": 10 * x}])
+
+    total = sum(range(1, 5)) / (4 if op == "mean" else 1)
+    for part in local(mirrored_4cpu, mirrored_4cpu.run(fn)):
+        assert part[0] == total and part[1]["k"] == 10 * total
+        assert list(part[1]) == ["k"]
+
+
+def test_all_reduce_of_integers(mirrored_4cpu):
+    def fn():
+        value = np.array([rid(), 2 * rid()], dtype=np.int32)
+        return ctx().all_reduce("sum", value), ctx().all_reduce("mean", value)
+
+    sums, means = mirrored_4cpu.run(fn)
+    for s, m in zip(local(mirrored_4cpu, sums), local(mirrored_4cpu, means)):
+        np.testing.assert_array_equal(s, [6, 12])
+        assert s.dtype == np.int32
+        np.testing.assert_array_equal(m, [1.5, 3.0])
+        assert m.dtype == np.float64
+
+
+def test_all_reduce_counts_every_replica_even_for_one_shared_array(mirrored_2cpu):
+    """Deliberate difference from TF 2.21, which returns the value itself (4.0) here."""
+    shared = td.constant(4.0)
+    assert local(mirrored_2cpu, mirrored_2cpu.run(lambda: ctx().all_reduce("sum", shared))) == (8.0, 8.0)
+    assert local(mirrored_2cpu, mirrored_2cpu.run(lambda: ctx().all_reduce("mean", shared))) == (4.0, 4.0)
+
+
+def test_all_reduce_results_are_shared_read_only_buffers(mirrored_4cpu):
+    result = local(mirrored_4cpu, mirrored_4cpu.run(lambda: ctx().all_reduce("sum", np.ones(8, np.float32))))
+    assert len({id(r) for r in result}) == 4
+    assert all(np.shares_memory(result[0], r) for r in result[1:])
+    with pytest.raises(ValueError, match="read-only"):
+        result[1][0] = 5.0
+    np.testing.assert_array_equal(result[0], np.full(8, 4.0))
+
+
+def test_all_reduce_shape_mismatch_names_the_replicas(mirrored_2cpu):
+    with pytest.raises(td.errors.InvalidArgumentError, match="replica 0 has shape \\(1,\\).*replica 1 has shape \\(2,\\)"):
+        mirrored_2cpu.run(lambda: ctx().all_reduce("sum", np.ones(rid() + 1)))
+    assert local(mirrored_2cpu, mirrored_2cpu.run(lambda: ctx().all_reduce("sum", 1.0))) == (2.0, 2.0)
+
+
+def test_all_reduce_rejects_a_bad_op(mirrored_2cpu):
+    with pytest.raises(ValueError, match="'MAX' is not a valid ReduceOp"):
+        mirrored_2cpu.run(lambda: ctx().all_reduce("max", 1.0))
+
+
+def test_all_reduce_in_the_default_context_returns_the_value():
+    value = td.constant([1.0, 2.0])
+    np.testing.assert_array_equal(td.distribute.get_replica_context().all_reduce("sum", value), value)
+
+
+def test_all_reduce_with_packing_options(mirrored_4cpu):
+    options = td.distribute.experimental.CommunicationOptions(bytes_per_pack=64)
+
+    def fn():
+        values = [np.full(k + 1, rid() + k, dtype=np.float64) for k in range(10)]
+        return ctx().all_reduce("sum", values, options=options)
+
+    for part in local(mirrored_4cpu, mirrored_4cpu.run(fn)):
+        for k, array in enumerate(part):
+            np.testing.assert_array_equal(array, np.full(k + 1, sum(r + k for r in range(4)), dtype=np.float64))
+
+
+# --- all_gather ---------------------------------------------------------------------------
+
+
+def test_all_gather_d11(mirrored_2cpu):
+    result = local(mirrored_2cpu, mirrored_2cpu.run(lambda: ctx().all_gather(td.constant([1, 2, 3]), axis=0)))
+    for part in result:
+        np.testing.assert_array_equal(part, [1, 2, 3, 1, 2, 3])
+        assert part.dtype == np.int32
+
+
+def test_all_gather_d11_nested(mirrored_2cpu):
+    def fn():
+        return ctx().all_gather([td.constant([1, 2, 3]), td.constant([[1, 2], [3, 4]])], axis=0)
+
+    for first, second in local(mirrored_2cpu, mirrored_2cpu.run(fn)):
+        np.testing.assert_array_equal(first, [1, 2, 3, 1, 2, 3])
+        np.testing.assert_array_equal(second, [[1, 2], [3, 4], [1, 2], [3, 4]])
+
+
+def test_all_gather_uneven_sizes_in_replica_order(mirrored_2cpu):
+    result = local(mirrored_2cpu, mirrored_2cpu.run(lambda: ctx().all_gather(np.full([rid() + 1, 2], rid()), axis=0)))
+    for part in result:
+        np.testing.assert_array_equal(part, [[0, 0], [1, 1], [1, 1]])
+
+
+def test_all_gather_doc_prose_example(mirrored_2cpu):
+    """Reference D11 prose: {'a': [0], 'b': [[0,1]]} and {'a': [1], 'b': [[2,3],[4,5]]}."""
+
+    def fn():
+        if rid() == 0:
+            value = {"a": np.array([0]), "b": np.array([[0, 1]])}
+        else:
+            value = {"a": np.array([1]), "b": np.array([[2, 3], [4, 5]])}
+        return ctx().all_gather(value, axis=0)
+
+    for part in local(mirrored_2cpu, mirrored_2cpu.run(fn)):
+        np.testing.assert_array_equal(part["a"], [0, 1])
+        np.testing.assert_array_equal(part["b"], [[0, 1], [2, 3], [4, 5]])
+
+
+def test_all_gather_of_scalars_raises(mirrored_2cpu):
+    with pytest.raises(td.errors.InvalidArgumentError, match="cannot concatenate scalars"):
+        mirrored_2cpu.run(lambda: ctx().all_gather(td.constant(1.0), axis=0))
+    assert mirrored_2cpu.run(lambda: 1) == 1
+
+
+def test_all_gather_mismatched_inner_dims_raise(mirrored_2cpu):
+    with pytest.raises(td.errors.InvalidArgumentError, match="same size in every other dimension"):
+        mirrored_2cpu.run(lambda: ctx().all_gather(np.ones((1, rid() + 1)), axis=0))
+
+
+# --- merge_call and properties ------------------------------------------------------------
+
+
+def test_merge_call_requires_args_as_a_sequence(mirrored_2cpu):
+    with pytest.raises(ValueError, match=r"merge_call\(\) takes args as a list or tuple"):
+        mirrored_2cpu.run(lambda: ctx().merge_call(lambda s, x: x, args=5))
+
+
+def test_replica_context_properties(mirrored_4cpu):
+    seen = mirrored_4cpu.run(lambda: (ctx().num_replicas_in_sync, ctx().strategy, ctx().devices))
+    counts, strategies, devices = seen
+    assert counts == 4 and strategies is mirrored_4cpu
+    assert [d[0] for d in local(mirrored_4cpu, devices)] == list(mirrored_4cpu.extended.worker_devices)

@@ -1,0 +1,361 @@
+"""The replica scheduler: persistent concurrent threads, the merge_call barrier, failures.
+
+DESIGN section 4. Synchronisation in these tests uses events with timeouts (never sleeps):
+a replica that waits on an event that never comes makes the assertion fail, not hang.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import signal
+import threading
+
+import numpy as np
+import pytest
+from conftest import TEST_REPLICA_TIMEOUT_SECONDS, TEST_REPLICA_WARNING_SECONDS, cpus
+
+import towerdist as td
+from towerdist._src import device as device_lib
+
+WAIT = 10.0  # seconds a replica waits for an event that the test guarantees will come
+
+
+def replica_id() -> int:
+    return int(td.distribute.get_replica_context().replica_id_in_sync_group)
+
+
+@pytest.fixture
+def fresh2() -> td.distribute.MirroredStrategy:
+    """A private 2-replica strategy, for tests that abandon or break its threads."""
+    return td.distribute.MirroredStrategy(cpus(2))
+
+
+@pytest.fixture
+def replica_timeouts():
+    """Lets a test change the barrier timeouts; restores the suite's values afterwards."""
+    try:
+        yield td.config.set_replica_timeouts
+    finally:
+        td.config.set_replica_timeouts(TEST_REPLICA_WARNING_SECONDS, TEST_REPLICA_TIMEOUT_SECONDS)
+
+
+# --- threads ------------------------------------------------------------------------------
+
+
+def test_replica_functions_run_on_named_threads_other_than_the_caller(mirrored_4cpu):
+    names = mirrored_4cpu.run(lambda: threading.current_thread().name)
+    assert mirrored_4cpu.experimental_local_results(names) == tuple(f"towerdist-replica-{i}" for i in range(4))
+    idents = mirrored_4cpu.experimental_local_results(mirrored_4cpu.run(threading.get_ident))
+    assert threading.get_ident() not in idents
+    assert len(set(idents)) == 4
+
+
+def test_threads_are_reused_between_runs(mirrored_2cpu):
+    first = mirrored_2cpu.experimental_local_results(mirrored_2cpu.run(threading.get_ident))
+    second = mirrored_2cpu.experimental_local_results(mirrored_2cpu.run(threading.get_ident))
+    assert first == second
+
+
+def test_replicas_run_concurrently(mirrored_2cpu):
+    """Each replica waits for an event the other sets: only concurrent replicas finish."""
+    events = [threading.Event(), threading.Event()]
+
+    def fn():
+        me = replica_id()
+        events[me].set()
+        return events[1 - me].wait(WAIT)
+
+    # Both replicas return the same object (True), which regroup leaves unwrapped.
+    assert mirrored_2cpu.run(fn) is True
+
+
+def test_ten_thousand_runs_leave_no_extra_threads(mirrored_2cpu):
+    mirrored_2cpu.run(lambda: None)
+    before = threading.active_count()
+    for _ in range(10_000):
+        mirrored_2cpu.run(lambda: None)
+    assert threading.active_count() == before
+    assert mirrored_2cpu.extended._scheduler.num_threads == 2
+
+
+def test_collecting_a_strategy_stops_its_threads():
+    strategy = td.distribute.MirroredStrategy(cpus(3))
+    idents = strategy.experimental_local_results(strategy.run(threading.get_ident))
+    threads = [t for t in threading.enumerate() if t.ident in idents]
+    assert len(threads) == 3
+    del strategy
+    gc.collect()
+    for thread in threads:
+        thread.join(timeout=WAIT)
+    assert not any(t.is_alive() for t in threads)
+
+
+def test_each_replica_runs_under_its_device_scope(mirrored_4cpu):
+    devices = mirrored_4cpu.run(lambda: device_lib.current().name)
+    assert mirrored_4cpu.experimental_local_results(devices) == mirrored_4cpu.extended.worker_devices
+
+
+def test_concurrent_runs_from_two_user_threads(mirrored_2cpu):
+    results: dict[int, object] = {}
+
+    def user(k: int) -> None:
+        results[k] = mirrored_2cpu.run(lambda: td.distribute.get_replica_context().merge_call(lambda s: k) + replica_id())
+
+    threads = [threading.Thread(target=user, args=(k,)) for k in (10, 20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=WAIT)
+    assert not any(t.is_alive() for t in threads)
+    for k in (10, 20):
+        assert mirrored_2cpu.experimental_local_results(results[k]) == (k, k + 1)
+
+
+# --- merge_call ---------------------------------------------------------------------------
+
+
+def test_merge_fn_runs_once_in_cross_replica_context_with_regrouped_args(mirrored_4cpu):
+    calls = []
+
+    def merge_fn(strategy, value, *, scale):
+        calls.append(
+            (strategy, td.distribute.in_cross_replica_context(), td.distribute.get_replica_context(), scale)
+        )
+        return sum(strategy.experimental_local_results(value)) * scale
+
+    def fn():
+        return td.distribute.get_replica_context().merge_call(merge_fn, args=(replica_id(),), kwargs={"scale": 2})
+
+    result = mirrored_4cpu.run(fn)
+    assert calls == [(mirrored_4cpu, True, None, 2)]
+    assert result == 2 * (0 + 1 + 2 + 3)  # the same int for every replica is not wrapped
+
+
+def test_each_replica_receives_its_component_of_a_distributed_merge_result(mirrored_4cpu):
+    def fn():
+        return td.distribute.get_replica_context().merge_call(lambda s, v: v, args=(replica_id() * 10,))
+
+    assert mirrored_4cpu.experimental_local_results(mirrored_4cpu.run(fn)) == (0, 10, 20, 30)
+
+
+def test_merge_args_are_in_replica_order_whatever_the_arrival_order(mirrored_2cpu):
+    replica1_arrived = threading.Event()
+
+    def fn():
+        me = replica_id()
+        if me == 0:
+            assert replica1_arrived.wait(WAIT)  # replica 1 reaches merge_call first
+        else:
+            replica1_arrived.set()
+        return td.distribute.get_replica_context().merge_call(
+            lambda s, v: s.experimental_local_results(v), args=(f"from {me}",)
+        )
+
+    assert mirrored_2cpu.run(fn) == ("from 0", "from 1")
+
+
+def test_merge_fn_sees_the_callers_device_scope(mirrored_2cpu):
+    def fn():
+        return td.distribute.get_replica_context().merge_call(lambda s: device_lib.current())
+
+    with td.device("CPU:5"):
+        seen = mirrored_2cpu.run(fn)
+    assert seen == device_lib.parse("CPU:5")
+
+
+def test_several_merge_calls_in_one_step(mirrored_4cpu):
+    def fn():
+        ctx = td.distribute.get_replica_context()
+        total = 0
+        for k in range(5):
+            total += ctx.merge_call(lambda s, v: sum(s.experimental_local_results(v)), args=(replica_id() + k,))
+        return total
+
+    expected = sum(sum(r + k for r in range(4)) for k in range(5))
+    assert mirrored_4cpu.run(fn) == expected
+
+
+def test_run_inside_merge_fn_is_allowed(mirrored_2cpu):
+    def merge_fn(strategy):
+        return strategy.experimental_local_results(strategy.run(replica_id))
+
+    result = mirrored_2cpu.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))
+    assert result == (0, 1)
+
+
+# --- failures -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("failing", [0, 1, 2, 3])
+def test_exception_in_one_replica_reaches_the_caller_with_its_identity(mirrored_4cpu, failing):
+    def fn():
+        if replica_id() == failing:
+            raise KeyError(f"boom in replica {failing}")
+        return td.distribute.get_replica_context().merge_call(lambda s: "merged")
+
+    with pytest.raises(KeyError, match=f"boom in replica {failing}") as info:
+        mirrored_4cpu.run(fn)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert f"replica {failing} (on /cpu:{failing})" in notes
+    assert mirrored_4cpu.run(lambda: 7) == 7
+
+
+def test_exception_in_merge_fn_reaches_the_caller(mirrored_2cpu):
+    def fn():
+        return td.distribute.get_replica_context().merge_call(lambda s: 1 / 0)
+
+    with pytest.raises(ZeroDivisionError) as info:
+        mirrored_2cpu.run(fn)
+    assert "merge_fn" in "\n".join(getattr(info.value, "__notes__", []))
+    assert mirrored_2cpu.experimental_local_results(mirrored_2cpu.run(replica_id)) == (0, 1)
+
+
+def test_replicas_cannot_swallow_the_stop_of_a_failed_step(mirrored_2cpu):
+    """A replica catching Exception around merge_call does not hide replica 1's error."""
+
+    def fn():
+        if replica_id() == 1:
+            raise ValueError("replica 1 failed")
+        try:
+            return td.distribute.get_replica_context().merge_call(lambda s: "merged")
+        except Exception:
+            return "swallowed"
+
+    with pytest.raises(ValueError, match="replica 1 failed"):
+        mirrored_2cpu.run(fn)
+
+
+def test_every_replica_failing_reports_one_error_and_mentions_the_others(mirrored_2cpu):
+    both_failing = threading.Barrier(2, timeout=WAIT)
+
+    def fn():
+        both_failing.wait()
+        raise RuntimeError(f"failure {replica_id()}")
+
+    with pytest.raises(RuntimeError, match="failure [01]") as info:
+        mirrored_2cpu.run(fn)
+    assert "Other replicas also raised" in "\n".join(info.value.__notes__)
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_unequal_merge_call_counts_raise(mirrored_2cpu, extra):
+    def fn():
+        ctx = td.distribute.get_replica_context()
+        ctx.merge_call(lambda s: None)
+        if replica_id() == extra:
+            ctx.merge_call(lambda s: None)
+        return "done"
+
+    with pytest.raises(td.errors.MergeCallCountError, match="Some replicas made a different number of merge_call") as info:
+        mirrored_2cpu.run(fn)
+    assert info.value.counts == {extra: 2, 1 - extra: 1}
+    assert isinstance(info.value, RuntimeError)
+    assert mirrored_2cpu.run(lambda: "ok") == "ok"
+
+
+def test_merge_call_count_mismatch_when_one_replica_makes_none(mirrored_4cpu):
+    def fn():
+        if replica_id() != 2:
+            td.distribute.get_replica_context().merge_call(lambda s: None)
+
+    with pytest.raises(td.errors.MergeCallCountError, match="replica 2 returned after 0 merge_call"):
+        mirrored_4cpu.run(fn)
+
+
+def test_keyboard_interrupt_in_the_caller_stops_the_step(fresh2):
+    """SIGINT reaches the caller while replica 0 is parked in merge_call and replica 1 is busy."""
+    main = threading.main_thread()
+    if threading.current_thread() is not main:
+        pytest.skip("needs to run on the main thread to receive SIGINT")
+    release = threading.Event()
+
+    def on_sigint(signum, frame):
+        release.set()  # let the busy replica finish, as a user's code eventually would
+        raise KeyboardInterrupt
+
+    def fn():
+        if replica_id() == 1:
+            signal.pthread_kill(main.ident, signal.SIGINT)
+            assert release.wait(WAIT)
+            return "finished"
+        return td.distribute.get_replica_context().merge_call(lambda s: "merged")
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fresh2.run(fn)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert fresh2.experimental_local_results(fresh2.run(replica_id)) == (0, 1)
+    assert fresh2.extended._scheduler.num_threads == 2
+
+
+# --- no silent hangs ----------------------------------------------------------------------
+
+
+class _SetOnRecord(logging.Handler):
+    def __init__(self, event: threading.Event, needle: str) -> None:
+        super().__init__(logging.WARNING)
+        self.event = event
+        self.needle = needle
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.needle in record.getMessage():
+            self.event.set()
+
+
+def test_a_stalled_barrier_warns_naming_the_missing_replica(fresh2, replica_timeouts):
+    replica_timeouts(warning_seconds=0.05, timeout_seconds=None)
+    warned = threading.Event()
+    handler = _SetOnRecord(warned, "did not reach the barrier")
+    logging.getLogger("towerdist").addHandler(handler)
+
+    def fn():
+        if replica_id() == 1:
+            assert warned.wait(WAIT)  # arrive only after the caller has warned
+        return td.distribute.get_replica_context().merge_call(lambda s: "merged")
+
+    try:
+        with pytest.warns(td.errors.ReplicaStallWarning, match="replica 1 of MirroredStrategy") as record:
+            assert fresh2.run(fn) == "merged"
+    finally:
+        logging.getLogger("towerdist").removeHandler(handler)
+    message = str(record[0].message)
+    assert "replica 0 is waiting in merge_call() number 1" in message
+
+
+def test_hard_timeout_raises_and_the_strategy_recovers(fresh2, replica_timeouts):
+    replica_timeouts(warning_seconds=None, timeout_seconds=0.2)
+    release = threading.Event()
+    stuck: list[threading.Thread] = []
+
+    def fn():
+        if replica_id() == 1:
+            stuck.append(threading.current_thread())
+            release.wait(WAIT)  # never reaches merge_call in time
+        return td.distribute.get_replica_context().merge_call(lambda s: "merged")
+
+    try:
+        with pytest.raises(td.errors.DeadlineExceededError, match="replica 1 of MirroredStrategy") as info:
+            fresh2.run(fn)
+    finally:
+        release.set()
+    assert info.value.missing == [1]
+    assert isinstance(info.value, TimeoutError)
+    replica_timeouts(warning_seconds=TEST_REPLICA_WARNING_SECONDS, timeout_seconds=TEST_REPLICA_TIMEOUT_SECONDS)
+    assert fresh2.experimental_local_results(fresh2.run(replica_id)) == (0, 1)
+    stuck[0].join(timeout=WAIT)  # the abandoned thread exits once its user code returns
+    assert not stuck[0].is_alive()
+
+
+def test_large_reduction_inside_merge_fn_uses_parked_replica_threads(mirrored_4cpu):
+    """A multi-MiB all-reduce is split over the replica threads and stays exact."""
+    size = 1 << 20  # 4 MiB of float32 per replica, above the parallel threshold
+
+    def fn():
+        value = np.full(size, replica_id() + 1, dtype=np.float32)
+        return td.distribute.get_replica_context().all_reduce("sum", value)
+
+    for result in mirrored_4cpu.experimental_local_results(mirrored_4cpu.run(fn)):
+        np.testing.assert_array_equal(result, np.full(size, 10, dtype=np.float32))
