@@ -1,0 +1,134 @@
+"""DESIGN section 12: every bad input in scope gives a clear error of the documented type,
+and leaves the strategy usable.
+
+Each row triggers one error on ``mirrored_2cpu`` and pins the exception type and the first
+words of the message; the test then checks that ``run`` and ``reduce`` still work. Errors
+concerning variables, datasets and MPI are tested with those features.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import cpus
+
+import towerdist as td
+from towerdist._src.backend import cupy_backend
+
+
+def ctx() -> td.distribute.ReplicaContext:
+    return td.distribute.get_replica_context()
+
+
+def rid() -> int:
+    return int(ctx().replica_id_in_sync_group)
+
+
+def per_replica(s, make):
+    return s.experimental_distribute_values_from_function(lambda c: make(c.replica_id_in_sync_group))
+
+
+def _other_scope(s):
+    with td.distribute.MirroredStrategy(cpus(2)).scope():
+        s.run(lambda: None)
+
+
+def _unequal_merge_calls(s):
+    def fn():
+        if rid() == 0:
+            ctx().merge_call(lambda strategy: None)
+
+    s.run(fn)
+
+
+def _merge_call_outside(s):
+    stale = s.experimental_local_results(s.run(td.distribute.get_replica_context))[0]
+    with s.scope():
+        stale.merge_call(lambda strategy: None)
+
+
+def _three_component_per_replica(s):
+    s.reduce("sum", td.distribute.PerReplica([1.0, 2.0, 3.0]), axis=None)
+
+
+ERRORS: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] = [
+    ("unknown reduce op", lambda s: s.reduce("MAX", per_replica(s, float), None), ValueError, "'MAX' is not a valid ReduceOp"),
+    ("reduce op of a wrong type", lambda s: s.reduce(5, per_replica(s, float), 0), TypeError, "Expected `reduce_op` to be"),
+    ("run with a wrong-size PerReplica", lambda s: s.run(lambda x: x, args=(td.distribute.PerReplica([1, 2, 3]),)),
+     ValueError, r"Strategy.run\(\) got a PerReplica with 3 components"),
+    ("reduce a wrong-size PerReplica", _three_component_per_replica, ValueError, r"StrategyExtended.reduce_to\(\) got a PerReplica with 3"),
+    ("shape mismatch across replicas", lambda s: s.reduce("sum", per_replica(s, lambda i: np.ones(i + 1)), None),
+     td.errors.InvalidArgumentError, r"SharedMemoryAllReduce.reduce\(\) needs every replica's value to have the same shape"),
+    ("dtype mismatch across replicas",
+     lambda s: s.reduce("sum", per_replica(s, lambda i: np.ones(2, dtype=[np.float32, np.float64][i])), None),
+     td.errors.InvalidArgumentError, r"SharedMemoryAllReduce.reduce\(\) needs every replica's value to have the same shape and dtype"),
+    ("SUM of a non-distributed value", lambda s: s.reduce("sum", td.constant(1.0), None), ValueError, "A non-DistributedValues value"),
+    ("scope of another strategy", _other_scope, td.errors.ContextError, "Mixing different strategies"),
+    ("run inside run", lambda s: s.run(lambda: s.run(lambda: 1)), td.errors.ContextError, r"Strategy.run\(\) must be called in cross-replica context"),
+    ("merge_call outside a replica context", _merge_call_outside, td.errors.ContextError, r"ReplicaContext.merge_call\(\) must be called in a replica context"),
+    ("unequal merge_call counts", _unequal_merge_calls, td.errors.MergeCallCountError, "Some replicas made a different number of merge_call"),
+    ("exception in one replica", lambda s: s.run(lambda: 1 / rid()), ZeroDivisionError, "division by zero"),
+    ("exception in merge_fn", lambda s: s.run(lambda: ctx().merge_call(lambda strategy: {}["missing"])), KeyError, "missing"),
+    ("args not a list or tuple", lambda s: s.run(lambda x: x, args=np.ones(2)), ValueError, "positional args must be a list or tuple"),
+    ("destinations of a wrong kind", lambda s: s.extended.reduce_to("sum", per_replica(s, float), 3.5), ValueError, "destinations must be one of"),
+    ("list destinations", lambda s: s.extended.reduce_to("sum", per_replica(s, float), ["/cpu:0"]), td.errors.ValidationError,
+     r"StrategyExtended.reduce_to\(\) takes one destination"),
+    ("gather of scalars", lambda s: s.gather(per_replica(s, float), axis=0), td.errors.InvalidArgumentError, r"Strategy.gather\(\) cannot concatenate scalars"),
+]
+
+
+@pytest.mark.parametrize("name, trigger, error, first_words", ERRORS, ids=[row[0] for row in ERRORS])
+def test_bad_input_raises_clearly_and_leaves_the_strategy_usable(mirrored_2cpu, name, trigger, error, first_words):
+    with pytest.raises(error, match=first_words):
+        trigger(mirrored_2cpu)
+    assert not td.distribute.has_strategy()
+    ids = mirrored_2cpu.run(lambda: ctx().replica_id_in_sync_group)
+    assert mirrored_2cpu.reduce("sum", ids, axis=None) == 1
+
+
+@pytest.mark.parametrize(
+    "devices, error, first_words",
+    [
+        (["CPU:0", "/cpu:0"], td.errors.ValidationError, "No duplicates allowed in `devices`"),
+        (["CPU:0", "CPU:99"], ValueError, "MirroredStrategy got device /cpu:99, which does not exist"),
+        (["TPU:0"], ValueError, "Unsupported device type 'TPU'"),
+        (["GPU:0"], ValueError, "MirroredStrategy got device /gpu:0, which does not exist"),
+        (["/job:worker/task:1/device:CPU:0"], RuntimeError, "In-graph multi-worker training"),
+        (["CPU:0", "/job:worker/task:1/device:CPU:0"], ValueError, "MirroredStrategy devices must all be local"),
+        (["not a device"], ValueError, "Invalid device name"),
+    ],
+)
+def test_bad_devices_are_rejected(devices, error, first_words):
+    if devices == ["GPU:0"] and cupy_backend.device_count() > 0:
+        pytest.skip("a GPU is present, so GPU:0 exists")
+    with pytest.raises(error, match=first_words):
+        td.distribute.MirroredStrategy(devices)
+
+
+def test_missing_cupy_names_the_extra_to_install():
+    if cupy_backend.device_count() > 0:
+        pytest.skip("cupy is installed and sees a GPU")
+    from towerdist._src.cross_device_ops.nccl_all_reduce import nccl_unavailable_reason
+
+    reason = nccl_unavailable_reason()
+    assert reason is not None
+    assert "towerdist[cuda12]" in reason or "no CUDA GPU" in reason
+
+
+def test_nccl_on_cpu_devices_names_them():
+    with pytest.raises(ValueError, match="NcclAllReduce needs every device to be a GPU, but got /cpu:0, /cpu:1"):
+        td.distribute.MirroredStrategy(cpus(2), cross_device_ops=td.distribute.NcclAllReduce())
+
+
+def test_cupy_import_error_is_a_missing_dependency_error():
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("cupy is installed")
+    with pytest.raises(td.errors.MissingDependencyError, match=r"GPU devices need cupy.*towerdist\[cuda12\]"):
+        cupy_backend._import()

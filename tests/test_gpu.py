@@ -1,0 +1,68 @@
+"""GPU paths: the cupy backend, MirroredStrategy on GPUs, NcclAllReduce.
+
+Marked ``gpu``/``multi_gpu``: they skip (with the reason) where cupy or a GPU is missing,
+and are never faked on CPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import towerdist as td
+from towerdist._src import device as device_lib
+from towerdist._src.backend import cupy_backend
+from towerdist._src.cross_device_ops.select import choose_cross_device_ops
+
+
+def gpus(n: int) -> list[str]:
+    return [f"GPU:{i}" for i in range(n)]
+
+
+@pytest.mark.gpu
+def test_cupy_backend_places_arrays_on_the_device():
+    cupy = cupy_backend._import()
+    array = cupy_backend.asarray(np.arange(4, dtype=np.float32), device=device_lib.parse("GPU:0"))
+    assert isinstance(array, cupy.ndarray) and array.device.id == 0
+    np.testing.assert_array_equal(cupy.asnumpy(cupy_backend.add_n([array, array])), np.arange(4) * 2)
+
+
+@pytest.mark.gpu
+def test_constant_under_a_gpu_device_scope_is_a_cupy_array():
+    with td.device("GPU:0"):
+        value = td.constant([1.0, 2.0])
+    assert cupy_backend.owns(value) and value.dtype == np.float32
+
+
+@pytest.mark.gpu
+def test_mirrored_on_one_gpu_runs_and_reduces():
+    strategy = td.distribute.MirroredStrategy(gpus(1))
+    result = strategy.run(lambda: td.constant([1.0, 2.0]) * 2.0)
+    assert cupy_backend.owns(result)
+    np.testing.assert_array_equal(cupy_backend.xp.asnumpy(strategy.reduce("sum", result, axis=None)), [2.0, 4.0])
+
+
+@pytest.mark.gpu
+def test_default_cross_device_ops_for_gpus_is_chosen_with_a_reason():
+    ops, reason = choose_cross_device_ops([device_lib.parse("GPU:0")])
+    assert isinstance(ops, (td.distribute.NcclAllReduce, td.distribute.HierarchicalCopyAllReduce))
+    assert "GPU" in reason
+
+
+@pytest.mark.multi_gpu(2)
+@pytest.mark.parametrize("ops", ["nccl", "hierarchical", "one_device"])
+def test_all_reduce_across_gpus(ops):
+    cross_device_ops = {
+        "nccl": td.distribute.NcclAllReduce,
+        "hierarchical": td.distribute.HierarchicalCopyAllReduce,
+        "one_device": td.distribute.ReductionToOneDevice,
+    }[ops]()
+    strategy = td.distribute.MirroredStrategy(gpus(2), cross_device_ops=cross_device_ops)
+
+    def step():
+        ctx = td.distribute.get_replica_context()
+        value = td.constant(np.arange(1000, dtype=np.float32)) * td.cast(ctx.replica_id_in_sync_group + 1, td.float32)
+        return ctx.all_reduce("sum", value)
+
+    for part in strategy.experimental_local_results(strategy.run(step)):
+        np.testing.assert_allclose(cupy_backend.xp.asnumpy(part), np.arange(1000) * 3.0)
