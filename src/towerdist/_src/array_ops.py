@@ -17,7 +17,7 @@ import numpy as np
 
 from towerdist._src import backend
 from towerdist._src import device as device_lib
-from towerdist._src.values.distributed_values import DistributedValues
+from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 
 __all__ = [
     "add_n",
@@ -84,7 +84,9 @@ def convert_to_tensor(value: Any, dtype: Any = None, dtype_hint: Any = None, nam
     A ``PerReplica`` or ``Mirrored`` converts to its local component inside a replica.
     """
     del name
-    if isinstance(value, DistributedValues):
+    if isinstance(value, PerReplica):
+        value = value._local()  # raises outside a replica context
+    elif isinstance(value, DistributedValues):
         value = value._get()
     if backend.is_array(value) and not np.isscalar(value):
         if dtype is None or value.dtype == np.dtype(dtype):

@@ -212,11 +212,19 @@ class ReplicaScheduler:
         strategy = self._strategy_ref()
         pool = self._acquire()
         step = _Step(strategy, self._devices, pool.mailboxes, fn, args, kwargs, make_context)
-        abandon = False
+        abandon = dispatched = False
         try:
             for mailbox in pool.mailboxes:
                 mailbox.put((RUN, step))
+            dispatched = True
             abandon = step.wait()
+        except BaseException as interrupt:
+            if not dispatched:
+                # Interrupted while posting RUN: some replicas may never start. Stop the
+                # others at their first barrier and give up on this pool of threads.
+                step._fail(interrupt, ("caller", None))
+                abandon = True
+            raise
         finally:
             self._release(pool, abandon or step.abandoned)
         step.raise_failure()

@@ -91,9 +91,12 @@ class PerReplica(DistributedValues):
       }
     """
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
-        # Inside a replica the PerReplica stands for its local component; elsewhere its
-        # meaning is ambiguous, exactly as in TensorFlow.
+    def _local(self) -> Any:
+        """The component of the current replica; raises outside a replica context.
+
+        Inside a replica the PerReplica stands for its local component; elsewhere its
+        meaning is ambiguous, exactly as in TensorFlow.
+        """
         replica_id = context.current_replica_id()
         if replica_id is None or context.in_cross_replica_context() or not context.has_strategy():
             raise ValueError(
@@ -102,9 +105,12 @@ class PerReplica(DistributedValues):
                 "components with strategy.experimental_local_results(), or use it inside "
                 "strategy.run()."
             )
+        return self._values[replica_id]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
         import numpy as np  # noqa: PLC0415  (conversion to numpy is what was asked)
 
-        return np.asarray(self._values[replica_id], dtype=dtype)
+        return np.asarray(self._local(), dtype=dtype)
 
 
 _Binary = Callable[[Any, Any], Any]

@@ -49,13 +49,14 @@ def split_for_replicas(structure: Any, num_replicas: int, api: str, name: str) -
     Raises:
       ValueError: a distributed leaf has a different number of components than replicas.
     """
-    paths, leaves, spec = nest.flatten_with_paths(structure)
+    leaves, spec = nest.flatten(structure)
     split_at = [k for k, leaf in enumerate(leaves) if _is_split(leaf)]
     if not split_at:
         return [structure] * num_replicas
     for k in split_at:
         count = len(leaves[k]._values)
         if count != num_replicas:
+            paths = nest.flatten_with_paths(structure)[0]  # only needed for the message
             raise ValueError(
                 f"{api} got a {type(leaves[k]).__name__} with {count} components at "
                 f"{name}{nest.format_path(paths[k]) if paths[k] else ''}, but the strategy has "

@@ -1,0 +1,278 @@
+"""``td.config``: physical/logical devices and replica timeouts.
+
+The test process was configured with 8 logical CPUs by conftest (and they are already
+initialized), so behaviours of a fresh process run in a subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import NUM_CPUS, TEST_REPLICA_TIMEOUT_SECONDS, TEST_REPLICA_WARNING_SECONDS
+
+import towerdist as td
+
+CPU0 = td.config.PhysicalDevice(name="/physical_device:CPU:0", device_type="CPU")
+
+
+def run_fresh(code: str) -> subprocess.CompletedProcess[str]:
+    """Runs ``code`` in a new interpreter (no TOWERDIST_* environment overrides)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOWERDIST_")}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+def last_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode != 0, result.stdout
+    return result.stderr.strip().splitlines()[-1]
+
+
+# --- physical and logical devices ---------------------------------------------------------
+
+
+def test_one_physical_cpu():
+    assert td.config.list_physical_devices("CPU") == [CPU0]
+
+
+def test_physical_device_repr():
+    assert repr(td.config.list_physical_devices("CPU")[0]) == (
+        "PhysicalDevice(name='/physical_device:CPU:0', device_type='CPU')"
+    )
+
+
+def test_all_physical_devices_include_the_cpu():
+    assert td.config.list_physical_devices()[0] == CPU0
+
+
+def test_conftest_configured_eight_logical_cpus():
+    assert td.config.list_logical_devices("CPU") == [
+        td.config.LogicalDevice(name=f"/device:CPU:{i}", device_type="CPU") for i in range(NUM_CPUS)
+    ]
+
+
+def test_logical_device_fields():
+    device = td.config.list_logical_devices("CPU")[3]
+    assert (device.name, device.device_type) == ("/device:CPU:3", "CPU")
+
+
+def test_get_logical_device_configuration_returns_the_configuration():
+    assert td.config.get_logical_device_configuration(CPU0) == [td.config.LogicalDeviceConfiguration()] * NUM_CPUS
+
+
+def test_setting_the_same_configuration_again_is_a_no_op():
+    td.config.set_logical_device_configuration(CPU0, [td.config.LogicalDeviceConfiguration()] * NUM_CPUS)
+    assert len(td.config.list_logical_devices("CPU")) == NUM_CPUS
+
+
+@pytest.mark.parametrize("count", [1, 4, NUM_CPUS + 1])
+def test_changing_the_configuration_after_initialization_raises(count):
+    with pytest.raises(RuntimeError, match="Logical devices cannot be changed after they have been initialized"):
+        td.config.set_logical_device_configuration(CPU0, [td.config.LogicalDeviceConfiguration()] * count)
+    assert len(td.config.list_logical_devices("CPU")) == NUM_CPUS
+
+
+def test_resetting_to_the_default_after_initialization_raises():
+    with pytest.raises(RuntimeError, match="Logical devices cannot be changed after they have been initialized"):
+        td.config.set_logical_device_configuration(CPU0, None)
+    assert len(td.config.list_logical_devices("CPU")) == NUM_CPUS
+
+
+def test_empty_configuration_list_raises_value_error():
+    with pytest.raises(ValueError, match="set_logical_device_configuration\\(\\) needs at least one"):
+        td.config.set_logical_device_configuration(CPU0, [])
+
+
+def test_memory_limit_on_a_cpu_raises_value_error():
+    with pytest.raises(ValueError, match="Setting a memory limit on logical CPU devices is not supported"):
+        td.config.set_logical_device_configuration(CPU0, [td.config.LogicalDeviceConfiguration(memory_limit=1024)])
+
+
+def test_configuration_entries_must_be_logical_device_configurations():
+    with pytest.raises(ValueError, match="logical_devices\\[0\\] must be a td.config.LogicalDeviceConfiguration"):
+        td.config.set_logical_device_configuration(CPU0, [{}])
+
+
+@pytest.mark.parametrize(
+    "device",
+    [td.config.PhysicalDevice("/physical_device:CPU:7", "CPU"), "CPU:0", "/physical_device:CPU:0", None],
+    ids=["unknown-physical-device", "device-string", "physical-name-string", "none"],
+)
+def test_set_configuration_of_an_unknown_device_raises_value_error(device):
+    with pytest.raises(ValueError, match="set_logical_device_configuration\\(\\) needs a device from"):
+        td.config.set_logical_device_configuration(device, [td.config.LogicalDeviceConfiguration()])
+
+
+def test_get_configuration_of_an_unknown_device_raises_value_error():
+    with pytest.raises(ValueError, match="get_logical_device_configuration\\(\\) needs a device from"):
+        td.config.get_logical_device_configuration(td.config.PhysicalDevice("/physical_device:CPU:7", "CPU"))
+
+
+@pytest.mark.parametrize("device_type", ["TPU", "banana", 3])
+def test_list_physical_devices_with_a_bad_device_type_raises_value_error(device_type):
+    with pytest.raises(ValueError, match="device_type must be 'CPU', 'GPU' or None"):
+        td.config.list_physical_devices(device_type)
+
+
+@pytest.mark.parametrize("device_type", ["TPU", "banana", 3])
+def test_list_logical_devices_with_a_bad_device_type_raises_value_error(device_type):
+    with pytest.raises(ValueError, match="device_type must be 'CPU', 'GPU' or None"):
+        td.config.list_logical_devices(device_type)
+
+
+# --- a fresh process ----------------------------------------------------------------------
+
+
+def test_fresh_process_has_exactly_one_logical_cpu():
+    result = run_fresh(
+        """
+        import towerdist as td
+        cpu = td.config.list_physical_devices("CPU")[0]
+        print(td.config.get_logical_device_configuration(cpu))
+        print([d.name for d in td.config.list_logical_devices("CPU")])
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["None", "['/device:CPU:0']"]
+
+
+def test_fresh_mirrored_strategy_without_devices_uses_the_one_logical_cpu():
+    result = run_fresh(
+        """
+        import towerdist as td
+        strategy = td.distribute.MirroredStrategy()
+        print(strategy.num_replicas_in_sync)
+        print(list(strategy.extended.worker_devices))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["1", "['/job:localhost/replica:0/task:0/device:CPU:0']"]
+
+
+def test_fresh_mirrored_strategy_on_an_unconfigured_cpu_raises_value_error():
+    result = run_fresh(
+        """
+        import towerdist as td
+        td.distribute.MirroredStrategy(["CPU:1"])
+        """
+    )
+    line = last_error_line(result)
+    assert line.startswith("ValueError: MirroredStrategy got device /cpu:1, which does not exist")
+    assert "set_logical_device_configuration" in line
+
+
+def test_fresh_process_configured_with_three_cpus_mirrors_over_all_three():
+    result = run_fresh(
+        """
+        import towerdist as td
+        cpu = td.config.list_physical_devices("CPU")[0]
+        td.config.set_logical_device_configuration(cpu, [td.config.LogicalDeviceConfiguration()] * 3)
+        strategy = td.distribute.MirroredStrategy()
+        print(strategy.num_replicas_in_sync)
+        print(list(strategy.extended.worker_devices))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "3",
+        str([f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(3)]),
+    ]
+
+
+def test_fresh_process_may_reconfigure_before_initialization():
+    result = run_fresh(
+        """
+        import towerdist as td
+        cpu = td.config.list_physical_devices("CPU")[0]
+        td.config.set_logical_device_configuration(cpu, [td.config.LogicalDeviceConfiguration()] * 2)
+        td.config.set_logical_device_configuration(cpu, [td.config.LogicalDeviceConfiguration()] * 5)
+        print(len(td.config.list_logical_devices("CPU")))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["5"]
+
+
+@pytest.mark.parametrize(
+    "first_use",
+    ['td.config.list_logical_devices()', 'td.distribute.MirroredStrategy(["CPU:0"])'],
+    ids=["list_logical_devices", "MirroredStrategy"],
+)
+def test_fresh_process_cannot_reconfigure_after_initialization(first_use):
+    result = run_fresh(
+        f"""
+        import towerdist as td
+        cpu = td.config.list_physical_devices("CPU")[0]
+        td.config.set_logical_device_configuration(cpu, [td.config.LogicalDeviceConfiguration()] * 2)
+        {first_use}
+        td.config.set_logical_device_configuration(cpu, [td.config.LogicalDeviceConfiguration()] * 4)
+        """
+    )
+    assert last_error_line(result).startswith(
+        "RuntimeError: Logical devices cannot be changed after they have been initialized"
+    )
+
+
+def test_fresh_process_replica_timeout_defaults():
+    result = run_fresh(
+        """
+        import towerdist as td
+        print(td.config.get_replica_timeouts())
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [str({"warning_seconds": 60.0, "timeout_seconds": None})]
+
+
+# --- replica timeouts ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def restore_timeouts():
+    saved = td.config.get_replica_timeouts()
+    try:
+        yield saved
+    finally:
+        td.config.set_replica_timeouts(**saved)
+
+
+def test_conftest_replica_timeouts_are_in_force():
+    assert td.config.get_replica_timeouts() == {
+        "warning_seconds": TEST_REPLICA_WARNING_SECONDS,
+        "timeout_seconds": TEST_REPLICA_TIMEOUT_SECONDS,
+    }
+
+
+def test_set_replica_timeouts_changes_them(restore_timeouts):
+    td.config.set_replica_timeouts(warning_seconds=5.0, timeout_seconds=30.0)
+    assert td.config.get_replica_timeouts() == {"warning_seconds": 5.0, "timeout_seconds": 30.0}
+
+
+def test_replica_timeouts_may_be_disabled_with_none(restore_timeouts):
+    td.config.set_replica_timeouts(warning_seconds=None, timeout_seconds=None)
+    assert td.config.get_replica_timeouts() == {"warning_seconds": None, "timeout_seconds": None}
+
+
+def test_get_replica_timeouts_returns_a_copy(restore_timeouts):
+    td.config.get_replica_timeouts()["timeout_seconds"] = 1.0
+    assert td.config.get_replica_timeouts() == restore_timeouts
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"warning_seconds": 0},
+        {"warning_seconds": -1.0},
+        {"warning_seconds": 5.0, "timeout_seconds": 0},
+        {"warning_seconds": 5.0, "timeout_seconds": -5},
+    ],
+)
+def test_non_positive_replica_timeouts_raise_and_change_nothing(restore_timeouts, kwargs):
+    name = next(k for k, v in kwargs.items() if v <= 0)
+    with pytest.raises(ValueError, match=f"set_replica_timeouts\\(\\) needs {name} > 0 or None"):
+        td.config.set_replica_timeouts(**kwargs)
+    assert td.config.get_replica_timeouts() == restore_timeouts
