@@ -43,7 +43,9 @@ class AllReduceCrossDeviceOps(CrossDeviceOps):
         destinations: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
     ) -> Any:
-        if per_replica_value._devices == destinations:
+        # As in TensorFlow, a plain reduce all-reduces only between the value's own
+        # non-CPU devices; anything else (e.g. onto the host) reduces on one device.
+        if per_replica_value._devices == destinations and all(d.device_type != "CPU" for d in destinations):
             return self._batch_all_reduce(reduce_op, [per_replica_value])[0]
         return self._fallback.reduce_implementation(reduce_op, per_replica_value, destinations, options)
 

@@ -72,7 +72,7 @@ class CrossDeviceOps:
         value = as_per_replica(per_replica_value)
         devices = resolve_destinations(destinations)
         arrays = validate_components(value, f"{type(self).__name__}.reduce()")
-        if len(arrays) == 1 and value._devices in (None, devices) and len(devices) == 1:
+        if _already_in_place(value, devices):
             # One value already where it must go: an identity, as in TensorFlow.
             return mirror([backend.for_array(arrays[0]).copy(arrays[0])], devices)
         return self.reduce_implementation(op, value, devices, options or CommunicationOptions())
@@ -89,7 +89,7 @@ class CrossDeviceOps:
           One result per ``(value, destinations)`` pair, as :meth:`reduce` gives it.
         """
         op = _check_reduce_op(reduce_op)
-        pairs = []
+        pairs: list[tuple[DistributedValues, tuple[DeviceSpec, ...]]] = []
         for k, pair in enumerate(value_destination_pairs):
             if not isinstance(pair, tuple):
                 raise ValueError(
@@ -105,6 +105,9 @@ class CrossDeviceOps:
             pairs.append((value, resolve_destinations(pair[1])))
         if not pairs:
             return []
+        if all(_already_in_place(value, devices) for value, devices in pairs):
+            # Every value is one component already where it must go: identities, as in TensorFlow.
+            return [mirror([backend.for_array(c).copy(c) for c in _arrays(v)], d) for v, d in pairs]
         return self.batch_reduce_implementation(op, pairs, options or CommunicationOptions())
 
     def broadcast(self, tensor: Any, destinations: Any) -> Any:
@@ -146,3 +149,12 @@ class CrossDeviceOps:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def _already_in_place(value: DistributedValues, devices: tuple[DeviceSpec, ...]) -> bool:
+    """One component whose device (if recorded) is the only destination."""
+    return len(value._values) == 1 and len(devices) == 1 and value._devices in (None, devices)
+
+
+def _arrays(value: DistributedValues) -> list[Any]:
+    return [array_ops.convert_to_tensor(c) for c in value._values]

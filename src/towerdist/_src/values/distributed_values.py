@@ -41,6 +41,8 @@ class DistributedValues:
                 f"{type(self).__name__} needs one device per component. Got {len(self._values)} "
                 f"components and {len(devices)} devices."
             )
+        if devices is not None and not all(isinstance(d, DeviceSpec) for d in devices):
+            devices = [device_lib.parse(d) for d in devices]  # accept "CPU:0", "/gpu:1", ...
         self._devices = None if devices is None else tuple(devices)
 
     @property
