@@ -93,14 +93,15 @@ def assert_reduced(actual, expected) -> None:
         np.testing.assert_allclose(actual, expected, rtol=RTOL[expected.dtype], atol=ATOL[expected.dtype])
 
 
-def assert_all_reduced(actual, op, arrays) -> None:
+def assert_all_reduced(actual, op, arrays, *, in_place: bool = True) -> None:
     """``actual`` is the reduction of ``arrays``.
 
-    One replica's value already in place is returned as it is (TensorFlow's single-value
-    shortcut, reference 2.8), so its dtype is kept even for an integer MEAN; every API
-    agrees on this (``test_one_replica_int_mean_has_one_dtype_in_every_api``).
+    One replica's value that is already on its destination is returned as it is
+    (TensorFlow's single-value shortcut, reference 2.8), so its dtype is kept even for an
+    integer MEAN; every API agrees on this (``test_one_replica_int_mean_has_one_dtype_in_every_api``).
+    Sent to another device it is reduced like any value.
     """
-    if len(arrays) == 1:
+    if len(arrays) == 1 and in_place:
         assert_reduced(actual, arrays[0])
     else:
         assert_reduced(actual, expected_reduce(op, arrays))
@@ -194,7 +195,8 @@ def test_batch_reduce_to_reduces_every_value_whatever_the_packing(request, op):
             assert isinstance(result, np.ndarray)  # one destination: a bare array
             components = [result]
         for component in components:
-            assert_all_reduced(component, op, arrays)
+            # With one replica on CPU:0, the destination CPU:0 is where the value already is.
+            assert_all_reduced(component, op, arrays, in_place=k is None or (n == 1 and k == 0))
 
 
 # --- gather / all_gather --------------------------------------------------------------------

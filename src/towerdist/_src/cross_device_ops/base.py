@@ -103,12 +103,24 @@ class CrossDeviceOps:
             value = as_per_replica(pair[0])
             validate_components(value, f"{type(self).__name__}.batch_reduce() (value {k})")
             pairs.append((value, resolve_destinations(pair[1])))
-        if not pairs:
-            return []
-        if all(_already_in_place(value, devices) for value, devices in pairs):
-            # Every value is one component already where it must go: identities, as in TensorFlow.
-            return [mirror([backend.for_array(c).copy(c) for c in _arrays(v)], d) for v, d in pairs]
-        return self.batch_reduce_implementation(op, pairs, options or CommunicationOptions())
+        # A value that is one component already where it must go is an identity, as in
+        # TensorFlow. (TF applies this only when *every* pair qualifies; per pair, a
+        # result never depends on the other pairs of the batch, e.g. in its dtype.)
+        results: list[Any] = [None] * len(pairs)
+        to_reduce = []
+        for k, (value, devices) in enumerate(pairs):
+            if _already_in_place(value, devices):
+                component = array_ops.convert_to_tensor(value._values[0])
+                results[k] = mirror([backend.for_array(component).copy(component)], devices)
+            else:
+                to_reduce.append(k)
+        if to_reduce:
+            reduced = self.batch_reduce_implementation(
+                op, [pairs[k] for k in to_reduce], options or CommunicationOptions()
+            )
+            for k, result in zip(to_reduce, reduced):
+                results[k] = result
+        return results
 
     def broadcast(self, tensor: Any, destinations: Any) -> Any:
         """Copies ``tensor`` to every destination device; a ``Mirrored`` for several."""
@@ -154,7 +166,3 @@ class CrossDeviceOps:
 def _already_in_place(value: DistributedValues, devices: tuple[DeviceSpec, ...]) -> bool:
     """One component whose device (if recorded) is the only destination."""
     return len(value._values) == 1 and len(devices) == 1 and value._devices in (None, devices)
-
-
-def _arrays(value: DistributedValues) -> list[Any]:
-    return [array_ops.convert_to_tensor(c) for c in value._values]
