@@ -196,21 +196,6 @@ class DefaultStrategyScope:
         return None
 
 
-class ReplicaMode:
-    """Pushes a replica context for the duration of a block (``with replica_context:``)."""
-
-    def __init__(self, replica_context: Any) -> None:
-        self._mode = Mode(replica_context._strategy, None, replica_context)
-        self._depths: list[int] = []
-
-    def __enter__(self) -> None:
-        self._depths.append(len(_state.modes))
-        _state.modes.append(self._mode)
-
-    def __exit__(self, *exc_info: object) -> None:
-        del _state.modes[self._depths.pop() :]
-
-
 class UpdateContext:
     """The update context of one component inside ``extended.update`` (names its device)."""
 

@@ -18,7 +18,7 @@ from towerdist._src import array_ops, context, nest, thread_state
 from towerdist._src import device as device_lib
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import parse_reduce_op
-from towerdist._src.values.distributed_values import PerReplica
+from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.values.regroup import select_replica
 
 __all__ = ["ReplicaContext"]
@@ -47,14 +47,19 @@ class ReplicaContext:
         self._strategy = strategy
         self._replica_id = 0 if replica_id_in_sync_group is None else int(replica_id_in_sync_group)
         self._device: Any = None
-        self._mode = context.ReplicaMode(self)
+        self._depths: list[int] = []
 
+    # Entering pushes this replica context on the thread's mode stack. (No mode object is
+    # kept on self: a self-reference cycle would keep results alive until the cycle
+    # collector runs.)
     def __enter__(self) -> ReplicaContext:
-        self._mode.__enter__()
+        modes = thread_state.state.modes
+        self._depths.append(len(modes))
+        modes.append(thread_state.Mode(self._strategy, None, self))
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._mode.__exit__(*exc_info)
+        del thread_state.state.modes[self._depths.pop() :]
 
     # --- properties -----------------------------------------------------------------------
 
@@ -137,9 +142,10 @@ class ReplicaContext:
         leaves, spec = nest.flatten(value)
         contribution = _Contribution([array_ops.convert_to_tensor(leaf) for leaf in leaves])
 
-        def batch_all_reduce(strategy: Any, contributions: Any) -> list[Any]:
+        def batch_all_reduce(strategy: Any, contributions: Any) -> Any:
             per_leaf = _per_leaf(strategy, contributions, len(leaves))
-            return strategy.extended.batch_reduce_to(op, [(v, v) for v in per_leaf], options)
+            reduced = strategy.extended.batch_reduce_to(op, [(v, v) for v in per_leaf], options)
+            return _by_replica(reduced, strategy.num_replicas_in_sync)
 
         reduced = self._merge_call(batch_all_reduce, (contribution,), {}, "ReplicaContext.all_reduce()")
         return nest.unflatten(spec, reduced)
@@ -158,9 +164,10 @@ class ReplicaContext:
         leaves, spec = nest.flatten(value)
         contribution = _Contribution([array_ops.convert_to_tensor(leaf) for leaf in leaves])
 
-        def batch_all_gather(strategy: Any, contributions: Any) -> list[Any]:
+        def batch_all_gather(strategy: Any, contributions: Any) -> Any:
             per_leaf = _per_leaf(strategy, contributions, len(leaves))
-            return [strategy.extended._gather_to(v, v, axis, api="ReplicaContext.all_gather()") for v in per_leaf]
+            gathered = [strategy.extended._gather_to(v, v, axis, api="ReplicaContext.all_gather()") for v in per_leaf]
+            return _by_replica(gathered, strategy.num_replicas_in_sync)
 
         gathered = self._merge_call(batch_all_gather, (contribution,), {}, "ReplicaContext.all_gather()")
         return nest.unflatten(spec, gathered)
@@ -187,6 +194,15 @@ def _per_leaf(strategy: Any, contributions: Any, num_leaves: int) -> list[PerRep
     parts = contributions.values if isinstance(contributions, PerReplica) else (contributions,)
     devices = strategy.extended._replica_devices
     return [PerReplica([part.arrays[k] for part in parts], devices) for k in range(num_leaves)]
+
+
+def _by_replica(results: list[Any], num_replicas: int) -> Any:
+    """One list per replica of every result's component, as a PerReplica (cheap to select)."""
+    if num_replicas == 1:
+        return [r.values[0] if isinstance(r, DistributedValues) else r for r in results]
+    return PerReplica(
+        [[r.values[i] if isinstance(r, DistributedValues) else r for r in results] for i in range(num_replicas)]
+    )
 
 
 class DefaultReplicaContext(ReplicaContext):

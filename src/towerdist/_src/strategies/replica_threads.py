@@ -227,6 +227,7 @@ class ReplicaScheduler:
             raise
         finally:
             self._release(pool, abandon or step.abandoned)
+            step.detach_contexts()
         step.raise_failure()
         return step.results
 
@@ -278,7 +279,9 @@ class _Step:
         self._mailboxes = mailboxes
         self._args = args
         self._kwargs = kwargs
-        self._contexts = [make_context(i, self) for i in range(n)]
+        # Each replica builds its own context on its thread (off the caller's critical path).
+        self._make_context = make_context
+        self._contexts: list[Any] = [None] * n
         self._caller = thread_state.snapshot()
         self._lock = threading.Lock()
         self._done: queue.SimpleQueue[bool] = queue.SimpleQueue()
@@ -299,13 +302,25 @@ class _Step:
         self._other_failures: list[tuple[int | None, BaseException]] = []
         self.abandoned = False  # set when the caller gave up on threads that never returned
 
+    def detach_contexts(self) -> None:
+        """Cuts the contexts' link to this step once it is over.
+
+        Contexts may outlive the step (users keep them); without this the step, and every
+        result it holds, would live as long as they do or until the cycle collector runs.
+        """
+        for ctx in self._contexts:
+            if ctx is not None:
+                ctx._step = None
+        self._contexts = []
+
     # --- replica threads ------------------------------------------------------------------
 
     def execute(self, i: int) -> None:
         """Runs replica ``i`` (on its thread) and reports the outcome."""
         state = thread_state.state
         saved = (state.modes, state.devices, state.updates)
-        state.modes = [Mode(self.strategy, None, self._contexts[i])]
+        ctx = self._contexts[i] = self._make_context(i, self)
+        state.modes = [Mode(self.strategy, None, ctx)]
         state.devices = [self.devices[i]]
         state.updates = []
         try:

@@ -16,6 +16,7 @@ structure in every replica.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,11 @@ from towerdist._src.values.distributed_values import DistributedValues, PerRepli
 __all__ = ["local_results", "regroup", "select_replica", "split_for_replicas", "value_container"]
 
 
+# Containers optree treats as structures; anything else is a leaf. Checking for them first
+# lets the common case (a plain value) skip flattening on the per-step hot path.
+_CONTAINERS = (list, tuple, dict, collections.deque)
+
+
 def _is_split(leaf: Any) -> bool:
     return isinstance(leaf, DistributedValues) and not leaf._is_distributed_variable
 
@@ -35,6 +41,8 @@ def select_replica(replica_id: int, structure: Any) -> Any:
     """``structure`` with each PerReplica/Mirrored leaf replaced by component ``replica_id``."""
     if _is_split(structure):
         return structure._values[replica_id]
+    if not isinstance(structure, _CONTAINERS):
+        return structure
     leaves, spec = nest.flatten(structure)
     if not any(_is_split(leaf) for leaf in leaves):
         return structure
@@ -49,6 +57,8 @@ def split_for_replicas(structure: Any, num_replicas: int, api: str, name: str) -
     Raises:
       ValueError: a distributed leaf has a different number of components than replicas.
     """
+    if not structure and isinstance(structure, (tuple, dict)):
+        return [structure] * num_replicas  # no arguments
     leaves, spec = nest.flatten(structure)
     split_at = [k for k, leaf in enumerate(leaves) if _is_split(leaf)]
     if not split_at:
@@ -102,6 +112,10 @@ def regroup(
         and the path of the first difference.
     """
     first = values[0]
+    if not any(isinstance(value, _CONTAINERS) for value in values):
+        return _regroup_leaf(list(values), devices, wrap_class, always_wrap)  # plain values
+    if all(type(value) in (tuple, dict) and not value for value in values) and len({type(v) for v in values}) == 1:
+        return first  # every replica passed no arguments (merge_call's kwargs={}, args=())
     leaves0, spec0 = nest.flatten(first)
     columns = [leaves0]
     for replica_id, value in enumerate(values[1:], start=1):
