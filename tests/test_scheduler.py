@@ -7,6 +7,7 @@ a replica that waits on an event that never comes makes the assertion fail, not 
 from __future__ import annotations
 
 import gc
+import os
 import logging
 import signal
 import threading
@@ -18,6 +19,7 @@ from conftest import TEST_REPLICA_TIMEOUT_SECONDS, TEST_REPLICA_WARNING_SECONDS,
 
 import towerdist as td
 from towerdist._src import device as device_lib
+from towerdist._src import parallel
 
 WAIT = 10.0  # seconds a replica waits for an event that the test guarantees will come
 
@@ -377,3 +379,64 @@ def test_results_are_freed_without_the_cycle_collector(mirrored_2cpu):
         assert [ref() for ref in refs] == [None, None]
     finally:
         gc.enable()
+
+
+# --- parallel parts on replica threads ----------------------------------------------------
+
+
+def test_merge_fn_can_run_parts_on_the_parked_replica_threads(mirrored_4cpu):
+    """Inside merge_fn the other replicas are parked and accept parts of a parallel job."""
+
+    def merge_fn(strategy):
+        workers = parallel.max_parts()
+        ran_on: list[int] = [0] * workers
+        parallel.run_parts(lambda part: ran_on.__setitem__(part, threading.get_ident()), workers)
+        return workers, ran_on
+
+    workers, ran_on = mirrored_4cpu.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))
+    assert workers == min(4, os.cpu_count() or 1)
+    assert len(set(ran_on)) == workers  # every part ran on a different thread
+
+
+def test_cross_replica_reductions_borrow_the_idle_replica_threads(mirrored_4cpu):
+    mirrored_4cpu.run(lambda: None)  # the pool exists
+    replica_threads = set(mirrored_4cpu.experimental_local_results(mirrored_4cpu.run(threading.get_ident)))
+    ran_on: list[int] = []
+    with mirrored_4cpu.extended._scheduler.idle_helpers():
+        workers = parallel.max_parts()
+        parallel.run_parts(lambda part: ran_on.append(threading.get_ident()), workers)
+    assert workers == min(4 + 1, os.cpu_count() or 1)
+    assert threading.get_ident() in ran_on  # the caller does one part itself
+    assert len(set(ran_on) & replica_threads) == workers - 1
+
+
+def test_an_error_in_a_parallel_part_reaches_the_caller(mirrored_4cpu):
+    def merge_fn(strategy):
+        last = parallel.max_parts() - 1  # a helper thread's part when there are helpers
+
+        def part(k: int) -> None:
+            if k == last:
+                raise ArithmeticError(f"part {k} failed")
+
+        parallel.run_parts(part, last + 1)
+
+    with pytest.raises(ArithmeticError, match="part .* failed"):
+        mirrored_4cpu.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))
+    assert mirrored_4cpu.run(lambda: "ok") == "ok"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+@pytest.mark.parametrize("op", ["sum", "mean"])
+def test_chunked_parallel_reduction_is_exact(dtype, op):
+    """Tiny chunks and threshold force many chunks over several parts, in run and in reduce."""
+    ops = td.distribute.SharedMemoryAllReduce(chunk_bytes=4096, parallel_threshold_bytes=4096)
+    strategy = td.distribute.MirroredStrategy(cpus(4), cross_device_ops=ops)
+    rng = np.random.default_rng(0)
+    inputs = [rng.integers(-1000, 1000, size=10_007).astype(dtype) for _ in range(4)]
+    total = inputs[0] + inputs[1] + inputs[2] + inputs[3]
+    expected = total if op == "sum" else total / 4
+    values = strategy.experimental_distribute_values_from_function(lambda ctx: inputs[ctx.replica_id_in_sync_group])
+    np.testing.assert_array_equal(strategy.reduce(op, values, axis=None), expected)
+    in_run = strategy.run(lambda x: td.distribute.get_replica_context().all_reduce(op, x), args=(values,))
+    for part in strategy.experimental_local_results(in_run):
+        np.testing.assert_array_equal(part, expected)
