@@ -93,7 +93,8 @@ def _helpers() -> Sequence[Any]:
     provider = thread_state.state.helpers
     if provider is None:
         return ()
-    return provider() if callable(provider) else provider
+    helpers: Sequence[Any] = provider() if callable(provider) else provider
+    return helpers
 
 
 @contextmanager

@@ -33,7 +33,7 @@ def to_device(array: Any, device: Any) -> np.ndarray:
     if isinstance(array, np.ndarray):
         return array
     if hasattr(array, "get") and not isinstance(array, np.generic):  # a cupy array
-        return array.get()
+        return np.asarray(array.get())
     return np.asarray(array)
 
 

@@ -30,7 +30,7 @@ def normalize_axis(axis: Any, ndim: int, api: str) -> int:
             f"[{-ndim}, {ndim}).",
             axis=axis,
         )
-    return axis % ndim
+    return int(axis % ndim)
 
 
 def gather_to(value: DistributedValues, destinations: Sequence[DeviceSpec], axis: Any, api: str = "gather()") -> Any:

@@ -71,7 +71,8 @@ class ReplicaContext:
     @property
     def num_replicas_in_sync(self) -> int:
         """How many replicas take part in collective operations."""
-        return self._strategy.num_replicas_in_sync
+        count: int = self._strategy.num_replicas_in_sync
+        return count
 
     @property
     def replica_id_in_sync_group(self) -> Any:
