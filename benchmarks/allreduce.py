@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 import towerdist as td
+from _machine import machine_info
 
 DEFAULT_SIZES = "1K,4K,16K,64K,256K,1M,4M,16M,64M"
 QUICK_SIZES = "4K,1M,16M"
@@ -54,19 +54,6 @@ TARGET_SIZE, TARGET_REPLICAS = 64 << 20, 4
 VARIANTS = ("numpy", "all_reduce in run", "strategy.reduce", "numpy-par")
 PAR_THREADS = os.cpu_count() or 1  # numpy-par: one thread per core
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def machine_info() -> str:
-    model = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return (
-        f"machine: {model}; {os.cpu_count()} logical cores; Python {platform.python_version()}; "
-        f"numpy {np.__version__}; {platform.system()} {platform.release()}"
-    )
 
 
 def parse_size(text: str) -> int:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import queue
 import statistics
 import sys
@@ -40,25 +39,12 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-import numpy as np
 
 import towerdist as td
+from _machine import machine_info
 
 TARGET_VS_TF_EAGER = 20.0  # towerdist's run must be >= 20x faster than TF eager
 TARGET_VS_TF_FUNCTION = 1.0  # ... and no slower than TF inside tf.function
-
-
-def machine_info() -> str:
-    model = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return (
-        f"machine: {model}; {os.cpu_count()} logical cores; Python {platform.python_version()}; "
-        f"numpy {np.__version__}; {platform.system()} {platform.release()}"
-    )
 
 
 # --- timing -------------------------------------------------------------------------------

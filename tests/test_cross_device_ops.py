@@ -17,6 +17,7 @@ import re
 
 import numpy as np
 import pytest
+from numpy_reference import numpy_reduce
 from conftest import cpus, mirrored
 
 import towerdist as td
@@ -62,16 +63,6 @@ def random_values(n: int, shape=(2, 3), dtype=np.float64, seed: int = 0) -> list
     if np.dtype(dtype).kind in "iu":
         return [rng.integers(-1000, 1000, size=shape).astype(dtype) for _ in range(n)]
     return [rng.standard_normal(shape).astype(dtype) for _ in range(n)]
-
-
-def numpy_reduce(op, arrays) -> np.ndarray:
-    """TensorFlow's result: the element-wise sum in the inputs' dtype, taken in replica order;
-    MEAN divides it by the replica count (integers give float64, reference 3.9)."""
-    total = np.asarray(functools.reduce(np.add, arrays))
-    if op is SUM:
-        return total
-    out_dtype = np.float64 if total.dtype.kind in "iu" else total.dtype
-    return np.asarray(np.true_divide(total, len(arrays), dtype=out_dtype))
 
 
 def assert_reduced(actual, expected) -> None:

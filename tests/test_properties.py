@@ -8,11 +8,11 @@ TensorFlow gives. Integers must match exactly; floats within float rounding.
 
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 import pytest
 from conftest import mirrored
+from numpy_reference import numpy_reduce
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -73,16 +73,6 @@ def distribute(strategy, arrays):
     return strategy.experimental_distribute_values_from_function(lambda ctx: arrays[ctx.replica_id_in_sync_group])
 
 
-def expected_reduce(op, arrays) -> np.ndarray:
-    """The element-wise sum in the inputs' dtype, in replica order; MEAN divides by the
-    replica count, integers giving float64 (reference 3.9, DESIGN 5)."""
-    total = np.asarray(functools.reduce(np.add, arrays))
-    if op is SUM:
-        return total
-    out_dtype = np.float64 if total.dtype.kind in "iu" else total.dtype
-    return np.asarray(np.true_divide(total, len(arrays), dtype=out_dtype))
-
-
 def assert_reduced(actual, expected) -> None:
     actual = np.asarray(actual)
     assert actual.dtype == expected.dtype
@@ -104,7 +94,7 @@ def assert_all_reduced(actual, op, arrays, *, in_place: bool = True) -> None:
     if len(arrays) == 1 and in_place:
         assert_reduced(actual, arrays[0])
     else:
-        assert_reduced(actual, expected_reduce(op, arrays))
+        assert_reduced(actual, numpy_reduce(op, arrays))
 
 
 # --- strategy.reduce ------------------------------------------------------------------------
@@ -119,7 +109,7 @@ def test_reduce_without_axis_is_the_elementwise_reduction(arrays, op):
         # Reference 2.8: one value already in place is returned as it is (an identity).
         assert_reduced(result, arrays[0])
     else:
-        assert_reduced(result, expected_reduce(op, arrays))
+        assert_reduced(result, numpy_reduce(op, arrays))
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # 0/0 when no elements

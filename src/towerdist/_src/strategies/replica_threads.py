@@ -615,4 +615,4 @@ def _add_note(error: BaseException, note: str) -> None:
     if hasattr(error, "add_note"):
         error.add_note(note)
     else:  # Python 3.10: keep the note where 3.11+ tooling looks for it
-        setattr(error, "__notes__", [*getattr(error, "__notes__", []), note])
+        error.__notes__ = [*getattr(error, "__notes__", []), note]
