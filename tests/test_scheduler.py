@@ -440,3 +440,31 @@ def test_chunked_parallel_reduction_is_exact(dtype, op):
     in_run = strategy.run(lambda x: td.distribute.get_replica_context().all_reduce(op, x), args=(values,))
     for part in strategy.experimental_local_results(in_run):
         np.testing.assert_array_equal(part, expected)
+
+
+def test_the_barrier_makes_once_only_work_deterministic_under_random_timing(mirrored_4cpu):
+    """The hook for creating variables inside run: made once, from replica 0's value, whatever
+    the order in which replicas arrive (delays are injected with events, not sleeps)."""
+    created: list[object] = []
+
+    def create_once(strategy, initial_values):
+        value = strategy.experimental_local_results(initial_values)[0]
+        created.append(value)
+        return {"shared": value}
+
+    def fn(order):
+        me = replica_id()
+        gates[me].wait(WAIT)  # arrive in the order the test chose
+        if me != order[-1]:
+            gates[order[order.index(me) + 1]].set()
+        return td.distribute.get_replica_context()._merge_call(create_once, (me + 5,), {}, "create")
+
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        order = [int(i) for i in rng.permutation(4)]
+        gates = [threading.Event() for _ in range(4)]
+        gates[order[0]].set()
+        created.clear()
+        result = mirrored_4cpu.run(fn, args=(order,))
+        assert created == [5]  # once, from replica 0's value, whatever the arrival order
+        assert [part["shared"] for part in mirrored_4cpu.experimental_local_results(result)] == [5, 5, 5, 5]

@@ -26,6 +26,15 @@ naming the replica and device. A replica that finishes while others wait in
 ``merge_call`` (unequal merge_call counts) raises ``MergeCallCountError``.
 ``KeyboardInterrupt`` in the caller stops the step the same way.
 
+**Deterministic work inside a step.** Anything that must happen once, in replica order,
+whatever the thread timing goes through this barrier: the replica-side call is
+``ReplicaContext._merge_call(fn, args, kwargs, api)``, ``fn`` sees every replica's
+arguments in replica order and runs once, and each replica receives its part of the
+result (the same object where the result is not distributed). Creating a variable inside
+``run`` uses it this way (variables issue): the variable is made once from replica 0's
+initial value and every replica gets that one variable; replicas asking for different
+variables are detected in ``fn``.
+
 **No silent hangs.** The caller watches the barrier: when some replicas have waited longer
 than the warning bound for others, it warns (``ReplicaStallWarning`` and the ``towerdist``
 logger) naming the missing replicas and what the others wait in. With a hard timeout set
