@@ -167,3 +167,17 @@ def test_replica_context_properties(mirrored_4cpu):
     counts, strategies, devices = seen
     assert counts == 4 and strategies is mirrored_4cpu
     assert [d[0] for d in local(mirrored_4cpu, devices)] == list(mirrored_4cpu.extended.worker_devices)
+
+
+@pytest.mark.parametrize("name", ["default", "one_device_cpu", "mirrored_1cpu"])
+def test_single_replica_all_reduce_never_returns_the_input_object(request, name):
+    """As from a multi-replica all-reduce, the result is a new array: mutating it leaves x alone."""
+    strategy = request.getfixturevalue(name)
+    x = np.array([1.0, 2.0])
+
+    def fn():
+        reduced = ctx().all_reduce("sum", x)
+        gathered = ctx().all_gather(x, axis=0)
+        return reduced is x, gathered is x, np.array_equal(reduced, x), np.array_equal(gathered, x)
+
+    assert strategy.run(fn) == (False, False, True, True)

@@ -11,6 +11,7 @@ import os
 import logging
 import signal
 import threading
+import warnings
 import weakref
 
 import numpy as np
@@ -468,3 +469,206 @@ def test_the_barrier_makes_once_only_work_deterministic_under_random_timing(mirr
         result = mirrored_4cpu.run(fn, args=(order,))
         assert created == [5]  # once, from replica 0's value, whatever the arrival order
         assert [part["shared"] for part in mirrored_4cpu.experimental_local_results(result)] == [5, 5, 5, 5]
+
+
+# --- failure paths found in review: none may hang, leak threads or lose a release ---------
+
+
+def _on_sigint(*events: threading.Event):
+    """A SIGINT handler that sets the next event of ``events`` and raises KeyboardInterrupt."""
+    pending = list(events)
+
+    def handler(signum, frame):
+        if pending:
+            pending.pop(0).set()
+        raise KeyboardInterrupt
+
+    return handler
+
+
+@pytest.fixture
+def sigint():
+    """Installs a SIGINT handler for one test (main thread only) and restores the old one."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("needs to run on the main thread to receive SIGINT")
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        yield lambda handler: signal.signal(signal.SIGINT, handler)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def interrupt_main() -> None:
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+def test_a_stall_warning_turned_into_an_error_stops_the_step_cleanly(fresh2, replica_timeouts):
+    replica_timeouts(warning_seconds=0.05, timeout_seconds=None)
+    warned = threading.Event()
+    handler = _SetOnRecord(warned, "did not reach the barrier")
+    logging.getLogger("towerdist").addHandler(handler)
+
+    def fn():
+        if replica_id() == 1:
+            assert warned.wait(WAIT)
+        return td.distribute.get_replica_context().merge_call(lambda s: "merged")
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", td.errors.ReplicaStallWarning)
+            with pytest.raises(td.errors.ReplicaStallWarning):
+                fresh2.run(fn)
+    finally:
+        logging.getLogger("towerdist").removeHandler(handler)
+    assert fresh2.run(lambda: 2) == 2  # the pool is idle, not stuck with a parked replica
+
+
+def test_an_interrupt_during_merge_fn_then_a_merge_fn_error_releases_everyone(fresh2, sigint):
+    interrupted = threading.Event()
+    sigint(_on_sigint(interrupted))
+
+    def merge_fn(strategy):
+        interrupt_main()
+        assert interrupted.wait(WAIT)
+        raise ValueError("merge_fn failed after the interrupt")
+
+    threads_before = fresh2.experimental_local_results(fresh2.run(threading.get_ident))
+    with pytest.raises(KeyboardInterrupt):
+        fresh2.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))
+    # Every replica was released and drained: the same threads serve the next run.
+    assert fresh2.experimental_local_results(fresh2.run(threading.get_ident)) == threads_before
+
+
+def test_a_second_interrupt_abandons_the_threads_which_then_exit(fresh2, sigint, monkeypatch):
+    first, second, abandoned = threading.Event(), threading.Event(), threading.Event()
+    sigint(_on_sigint(first, second))
+    idents = fresh2.experimental_local_results(fresh2.run(threading.get_ident))
+    old_threads = [t for t in threading.enumerate() if t.ident in idents]
+    scheduler = fresh2.extended._scheduler
+    release = scheduler._release
+
+    def release_and_signal(pool, abandon=False):
+        release(pool, abandon)
+        if abandon:
+            abandoned.set()  # SHUTDOWN is now in every mailbox, replica 1 still parked
+
+    monkeypatch.setattr(scheduler, "_release", release_and_signal)
+
+    def merge_fn(strategy):
+        interrupt_main()
+        assert first.wait(WAIT)
+        interrupt_main()  # the caller, still draining, gives up on the threads
+        assert second.wait(WAIT) and abandoned.wait(WAIT)
+        return "merge_fn finished late"
+
+    with pytest.raises(KeyboardInterrupt):
+        fresh2.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))
+    for thread in old_threads:
+        thread.join(timeout=WAIT)
+    assert not any(t.is_alive() for t in old_threads)
+    assert fresh2.experimental_local_results(fresh2.run(replica_id)) == (0, 1)  # a fresh pool
+
+
+def test_the_drain_after_an_interrupt_respects_the_hard_timeout(fresh2, sigint, replica_timeouts):
+    replica_timeouts(warning_seconds=None, timeout_seconds=0.2)
+    interrupted, release = threading.Event(), threading.Event()
+    sigint(_on_sigint(interrupted))
+    stuck: list[threading.Thread] = []
+    released_by_test: list[bool] = []
+
+    def fn():
+        if replica_id() == 1:
+            stuck.append(threading.current_thread())
+            interrupt_main()
+            # Busy in user code until the test releases it, which it does only after run()
+            # has returned: had the caller waited for this replica, the wait would time out.
+            released_by_test.append(release.wait(WAIT))
+        return "done"
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fresh2.run(fn)
+        assert interrupted.is_set()
+    finally:
+        release.set()
+    stuck[0].join(timeout=WAIT)
+    assert not stuck[0].is_alive()
+    assert released_by_test == [True]
+    replica_timeouts(warning_seconds=TEST_REPLICA_WARNING_SECONDS, timeout_seconds=TEST_REPLICA_TIMEOUT_SECONDS)
+    assert fresh2.run(lambda: "ok") == "ok"
+
+
+def test_a_slow_merge_fn_warns(fresh2, replica_timeouts):
+    replica_timeouts(warning_seconds=0.05, timeout_seconds=None)
+    warned = threading.Event()
+    handler = _SetOnRecord(warned, "has been running")
+    logging.getLogger("towerdist").addHandler(handler)
+
+    def merge_fn(strategy):
+        assert warned.wait(WAIT)
+        return "merged"
+
+    try:
+        with pytest.warns(td.errors.ReplicaStallWarning, match="A merge_fn of MirroredStrategy"):
+            assert fresh2.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn)) == "merged"
+    finally:
+        logging.getLogger("towerdist").removeHandler(handler)
+
+
+def test_a_hung_merge_fn_times_out(fresh2, replica_timeouts):
+    replica_timeouts(warning_seconds=None, timeout_seconds=0.2)
+    release = threading.Event()
+
+    def merge_fn(strategy):
+        release.wait(WAIT)
+        return "merged"
+
+    try:
+        with pytest.raises(td.errors.DeadlineExceededError, match="merge_fn .* has been running"):
+            fresh2.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))
+    finally:
+        release.set()
+    replica_timeouts(warning_seconds=TEST_REPLICA_WARNING_SECONDS, timeout_seconds=TEST_REPLICA_TIMEOUT_SECONDS)
+    assert fresh2.run(lambda: "ok") == "ok"
+
+
+def test_stall_warnings_point_at_the_users_line(fresh2, replica_timeouts):
+    replica_timeouts(warning_seconds=0.05, timeout_seconds=None)
+    warned = threading.Event()
+    handler = _SetOnRecord(warned, "did not reach the barrier")
+    logging.getLogger("towerdist").addHandler(handler)
+
+    def fn():
+        if replica_id() == 1:
+            assert warned.wait(WAIT)
+        return td.distribute.get_replica_context().merge_call(lambda s: None)
+
+    try:
+        with pytest.warns(td.errors.ReplicaStallWarning) as record:
+            fresh2.run(fn)
+    finally:
+        logging.getLogger("towerdist").removeHandler(handler)
+    assert record[0].filename == __file__
+
+
+def test_the_default_strategy_is_one_object_in_every_thread():
+    seen: list[object] = []
+    threads = [threading.Thread(target=lambda: seen.append(td.distribute.get_strategy())) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=WAIT)
+    assert len(seen) == 8 and all(s is td.distribute.get_strategy() for s in seen)
+
+
+def test_a_parallel_jobs_owner_keeps_its_own_error(mirrored_4cpu):
+    def merge_fn(strategy):
+        workers = parallel.max_parts()
+
+        def part(k: int) -> None:
+            raise LookupError("owner") if k == 0 else ArithmeticError("helper")
+
+        parallel.run_parts(part, workers)
+
+    with pytest.raises(LookupError, match="owner"):
+        mirrored_4cpu.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))

@@ -322,3 +322,37 @@ def test_per_replica_is_not_mirrored():
 
 def test_run_result_is_a_types_experimental_per_replica(mirrored_2cpu):
     assert isinstance(mirrored_2cpu.run(replica_id), td.types.experimental.PerReplica)
+
+
+# --- numpy 2's copy argument (review finding) ---------------------------------------------
+
+
+def test_np_array_of_a_mirrored_value_is_a_writable_copy(mirrored_2cpu):
+    source = mirrored_2cpu.experimental_distribute_values_from_function(lambda ctx: np.ones(3))
+    mirrored = mirrored_2cpu.extended.reduce_to("sum", source, source)
+    copied = np.array(mirrored)
+    assert copied is not mirrored.values[0] and not np.shares_memory(copied, mirrored.values[0])
+    copied += 1  # a copy is writable even though the shared result is read-only
+    np.testing.assert_array_equal(mirrored.values[0], [2.0, 2.0, 2.0])
+    assert np.shares_memory(np.asarray(mirrored), mirrored.values[0])  # asarray does not copy
+
+
+def test_np_array_of_a_per_replica_inside_run_does_not_alias_the_input(mirrored_2cpu):
+    inputs = [np.zeros(2), np.zeros(2)]
+    values = mirrored_2cpu.experimental_distribute_values_from_function(lambda ctx: inputs[ctx.replica_id_in_sync_group])
+
+    def fn():
+        copied = np.array(values)  # captured, not an argument: PerReplica.__array__ runs here
+        copied += 5
+        return copied
+
+    mirrored_2cpu.run(fn)
+    np.testing.assert_array_equal(inputs[0], [0.0, 0.0])
+    np.testing.assert_array_equal(inputs[1], [0.0, 0.0])
+
+
+def test_copy_false_refuses_a_conversion_that_needs_a_copy(mirrored_2cpu):
+    source = mirrored_2cpu.experimental_distribute_values_from_function(lambda ctx: np.ones(3))
+    mirrored = mirrored_2cpu.extended.reduce_to("sum", source, source)
+    with pytest.raises(ValueError):
+        np.asarray(mirrored, dtype=np.float32, copy=False)

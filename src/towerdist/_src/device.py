@@ -57,6 +57,10 @@ class DeviceSpec:
         return self.name
 
 
+HOST = DeviceSpec()
+"""The host CPU (``/job:localhost/replica:0/task:0/device:CPU:0``), where numpy arrays live."""
+
+
 def parse(spec: Any) -> DeviceSpec:
     """Parses a device given as a string, a ``DeviceSpec`` or a logical-device object.
 

@@ -58,7 +58,7 @@ def _describe(node: Any) -> str:
         return f"a leaf ({type(node).__name__})"
     kind = type(node).__name__
     if isinstance(node, dict):
-        return f"a {kind} with keys {sorted(map(repr, node))}"
+        return f"a {kind} with keys {', '.join(sorted(map(repr, node)))}"
     return f"a {kind} of length {len(node)}"
 
 

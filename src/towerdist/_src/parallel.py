@@ -53,11 +53,11 @@ class Job:
             if last:
                 self._done.put(True)
 
-    def wait(self) -> None:
+    def wait(self, raise_errors: bool = True) -> None:
         """Waits for the helpers' parts; re-raises the first error one of them hit."""
         if self._remaining:
             self._done.get()
-        if self._errors:
+        if self._errors and raise_errors:
             raise self._errors[0]
 
 
@@ -85,8 +85,10 @@ def run_parts(fn: Callable[[int], None], num_parts: int) -> None:
         fn(0)
         for part in range(len(usable) + 1, num_parts):
             fn(part)
-    finally:
-        job.wait()
+    except BaseException:
+        job.wait(raise_errors=False)  # this thread's own error wins
+        raise
+    job.wait()
 
 
 def _helpers() -> Sequence[Any]:

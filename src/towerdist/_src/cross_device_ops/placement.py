@@ -13,7 +13,6 @@ from towerdist._src.values.distributed_values import DistributedValues, Mirrored
 
 __all__ = ["Destinations", "as_per_replica", "mirror", "resolve_destinations", "validate_components"]
 
-_HOST = DeviceSpec()
 
 
 class Destinations(tuple):  # type: ignore[type-arg]
@@ -49,7 +48,7 @@ def resolve_destinations(destinations: Any) -> tuple[DeviceSpec, ...]:
         cupy_device = getattr(destinations, "device", None)
         if backend.for_array(destinations).name == "cupy" and cupy_device is not None:
             return (DeviceSpec(device_type="GPU", device_index=int(cupy_device.id)),)
-        return (_HOST,)
+        return (device_lib.HOST,)
     raise ValueError(
         "destinations must be one of a `DistributedValues` object, a variable, an array or a device "
         f"string. Got destinations={destinations!r} of type {type(destinations).__name__}."
@@ -79,7 +78,8 @@ def validate_components(value: DistributedValues, api: str) -> list[Any]:
     for replica_id, array in enumerate(arrays[1:], start=1):
         if array.shape != first.shape or array.dtype != first.dtype:
             raise InvalidArgumentError(
-                f"{api} needs every replica's value to have the same shape and dtype, but replica 0 "
+                f"Reducing across replicas needs every replica's value to have the same shape and dtype "
+                f"({api}), but replica 0 "
                 f"has shape {tuple(first.shape)} and dtype {first.dtype} while replica {replica_id} has "
                 f"shape {tuple(array.shape)} and dtype {array.dtype}. To combine values of different "
                 f"lengths use strategy.reduce(..., axis=0) or all_gather(); otherwise make the shapes "
@@ -90,7 +90,8 @@ def validate_components(value: DistributedValues, api: str) -> list[Any]:
     kind = first.dtype.kind
     if kind not in "iufc":
         raise InvalidArgumentError(
-            f"{api} can only reduce numeric values. Got dtype {first.dtype}; cast to a numeric dtype first.",
+            f"Reducing across replicas needs numeric values ({api}). Got dtype {first.dtype}; cast to a "
+            f"numeric dtype first.",
             replicas=tuple(range(len(arrays))),
         )
     return arrays

@@ -18,7 +18,6 @@ from towerdist._src.strategies.strategy import Strategy, StrategyExtended
 
 __all__ = ["default_strategy"]
 
-_HOST = DeviceSpec()
 
 
 class _DefaultDistributionStrategy(Strategy):
@@ -81,16 +80,18 @@ class _DefaultExtended(StrategyExtended):
         return "DefaultStrategy()"
 
 
-_instance: _DefaultDistributionStrategy | None = None
+def _make_default_strategy() -> _DefaultDistributionStrategy:
+    strategy = _DefaultDistributionStrategy.__new__(_DefaultDistributionStrategy)
+    Strategy.__init__(strategy, _DefaultExtended(strategy))
+    return strategy
+
+
+# Created at import, so that replica threads asking for it concurrently all see one object.
+_instance = _make_default_strategy()
 
 
 def default_strategy() -> _DefaultDistributionStrategy:
-    """The default strategy (created on first use)."""
-    global _instance
-    if _instance is None:
-        strategy = _DefaultDistributionStrategy.__new__(_DefaultDistributionStrategy)
-        Strategy.__init__(strategy, _DefaultExtended(strategy))
-        _instance = strategy
+    """The default strategy (there is exactly one)."""
     return _instance
 
 

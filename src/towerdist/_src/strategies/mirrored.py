@@ -13,11 +13,11 @@ from towerdist._src.cross_device_ops.nccl_all_reduce import NcclAllReduce
 from towerdist._src.cross_device_ops.placement import Destinations, resolve_destinations
 from towerdist._src.cross_device_ops.select import select_cross_device_ops
 from towerdist._src.device import DeviceSpec
-from towerdist._src.errors import ContextError, ValidationError
+from towerdist._src.errors import ValidationError
 from towerdist._src.options import CommunicationOptions, ValueContext
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.replica_context import ReplicaContext
-from towerdist._src.strategies.replica_threads import ReplicaScheduler
+from towerdist._src.strategies.replica_threads import ReplicaScheduler, StopReplica
 from towerdist._src.strategies.strategy import Strategy, StrategyExtended
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored
 from towerdist._src.values.regroup import regroup, split_for_replicas
@@ -239,7 +239,7 @@ class _MirroredReplicaContext(ReplicaContext):
 
     def _merge_call(self, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], api: str) -> Any:
         step = self._step
-        if step is None:  # only in a replica thread abandoned after a timeout
-            raise ContextError(f"{api} was called after its strategy.run() step ended.", api=api)
+        if step is None:  # only in a replica thread abandoned after a timeout: just unwind
+            raise StopReplica
         return step.merge_call(self._replica_id, merge_fn, args, kwargs)
 

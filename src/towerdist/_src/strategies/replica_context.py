@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from towerdist._src import array_ops, context, nest, thread_state
+from towerdist._src import array_ops, backend, context, nest, thread_state
 from towerdist._src import device as device_lib
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import parse_reduce_op
@@ -146,7 +146,7 @@ class ReplicaContext:
         def batch_all_reduce(strategy: Any, contributions: Any) -> Any:
             per_leaf = _per_leaf(strategy, contributions, len(leaves))
             reduced = strategy.extended.batch_reduce_to(op, [(v, v) for v in per_leaf], options)
-            return _by_replica(reduced, strategy.num_replicas_in_sync)
+            return _by_replica(reduced, per_leaf, strategy.num_replicas_in_sync)
 
         reduced = self._merge_call(batch_all_reduce, (contribution,), {}, "ReplicaContext.all_reduce()")
         return nest.unflatten(spec, reduced)
@@ -168,7 +168,7 @@ class ReplicaContext:
         def batch_all_gather(strategy: Any, contributions: Any) -> Any:
             per_leaf = _per_leaf(strategy, contributions, len(leaves))
             gathered = [strategy.extended._gather_to(v, v, axis, api="ReplicaContext.all_gather()") for v in per_leaf]
-            return _by_replica(gathered, strategy.num_replicas_in_sync)
+            return _by_replica(gathered, per_leaf, strategy.num_replicas_in_sync)
 
         gathered = self._merge_call(batch_all_gather, (contribution,), {}, "ReplicaContext.all_gather()")
         return nest.unflatten(spec, gathered)
@@ -197,13 +197,22 @@ def _per_leaf(strategy: Any, contributions: Any, num_leaves: int) -> list[PerRep
     return [PerReplica([part.arrays[k] for part in parts], devices) for k in range(num_leaves)]
 
 
-def _by_replica(results: list[Any], num_replicas: int) -> Any:
-    """One list per replica of every result's component, as a PerReplica (cheap to select)."""
+def _by_replica(results: list[Any], inputs: list[PerReplica], num_replicas: int) -> Any:
+    """One list per replica of every result's component, as a PerReplica (cheap to select).
+
+    Single-replica strategies reduce a value to itself; the replica still gets a new array,
+    as from a multi-replica all-reduce, never its own input object.
+    """
+
+    def part(result: Any, given: PerReplica, i: int) -> Any:
+        value = result.values[i] if isinstance(result, DistributedValues) else result
+        if value is given.values[i]:
+            value = backend.for_array(value).copy(value)
+        return value
+
     if num_replicas == 1:
-        return [r.values[0] if isinstance(r, DistributedValues) else r for r in results]
-    return PerReplica(
-        [[r.values[i] if isinstance(r, DistributedValues) else r for r in results] for i in range(num_replicas)]
-    )
+        return [part(r, v, 0) for r, v in zip(results, inputs)]
+    return PerReplica([[part(r, v, i) for r, v in zip(results, inputs)] for i in range(num_replicas)])
 
 
 class DefaultReplicaContext(ReplicaContext):

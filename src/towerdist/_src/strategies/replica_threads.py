@@ -47,12 +47,14 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 from towerdist._src import context, parallel, thread_state
@@ -73,7 +75,7 @@ _MERGE = "merge"
 _DONE = "done"
 
 
-class _StopReplica(BaseException):
+class StopReplica(BaseException):
     """Unwinds a replica function whose step failed elsewhere (never seen by users)."""
 
 
@@ -302,7 +304,7 @@ class _Step:
         self._requests: list[Any] = [None] * n
         self._round = 0
         self._round_started: float | None = None
-        self._merge_running = False
+        self._merge_started: float | None = None  # set while a merge_fn runs
         self._merge_counts = [0] * n
         # Failure.
         self._failure: BaseException | None = None
@@ -328,13 +330,13 @@ class _Step:
         """Runs replica ``i`` (on its thread) and reports the outcome."""
         state = thread_state.state
         saved = (state.modes, state.devices, state.updates)
-        ctx = self._contexts[i] = self._make_context(i, self)
-        state.modes = [Mode(self.strategy, None, ctx)]
-        state.devices = [self.devices[i]]
-        state.updates = []
         try:
+            ctx = self._contexts[i] = self._make_context(i, self)
+            state.modes = [Mode(self.strategy, None, ctx)]
+            state.devices = [self.devices[i]]
+            state.updates = []
             result = self.fn(*self._args[i], **self._kwargs[i])
-        except _StopReplica:
+        except StopReplica:
             pass
         except BaseException as error:  # reported to the caller, who re-raises it
             self._fail(error, ("replica", i))
@@ -348,42 +350,56 @@ class _Step:
         """Replica ``i``'s ``merge_call``: waits for all replicas, then returns its part."""
         with self._lock:
             if self._failure is not None:
-                raise _StopReplica
+                raise StopReplica
             self._merge_counts[i] += 1
             self._kinds[i] = _MERGE
             self._requests[i] = (merge_fn, args, kwargs)
-            last = self._arrive()
-            if not last:
-                parked = True
-            else:
-                parked = False
-                kinds, requests = self._kinds, self._requests
-                mismatch = _DONE in kinds
-                self._new_round()
-                self._merge_running = not mismatch
-        if parked:
+            outcome = self._arrive(i)
+        if outcome is None:
             return self._park(i)
-        if mismatch:
-            waiting = [r for r, kind in enumerate(kinds) if kind is _MERGE and r != i]
-            self._fail(self._count_error(kinds), ("barrier", None), stop=waiting)
-            raise _StopReplica
+        error, waiting, requests = outcome
+        if error is not None:
+            self._fail(error, ("barrier", None), stop=waiting)
+            raise StopReplica
         return self._run_merge(i, requests)
 
-    def _arrive(self) -> bool:
-        # Called with the lock held; True if this arrival completes the round.
+    def _arrive_done(self, i: int, result: Any) -> None:
+        self.results[i] = result
+        with self._lock:
+            if self._failure is not None:
+                return
+            self._kinds[i] = _DONE
+            outcome = self._arrive(i)
+        if outcome is not None and outcome[0] is not None:
+            self._fail(outcome[0], ("barrier", None), stop=outcome[1])
+
+    def _arrive(self, i: int) -> tuple[MergeCallCountError | None, list[int], list[Any]] | None:
+        """Records replica ``i``'s arrival (lock held). None while the round is incomplete.
+
+        When ``i`` completes the round, returns ``(error, waiting, requests)``: the
+        unequal-count error and the parked replicas only ``i`` may now release, or the
+        merge requests when every replica called ``merge_call``.
+        """
         self._arrived += 1
         if self._arrived == 1:
             self._round_started = time.monotonic()
-        return self._arrived == self._n
-
-    def _new_round(self) -> None:
+        if self._arrived < self._n:
+            return None
+        kinds, requests = self._kinds, self._requests
         self._kinds = [None] * self._n
         self._requests = [None] * self._n
         self._arrived = 0
         self._round += 1
         self._round_started = None
+        if _MERGE in kinds and _DONE in kinds:
+            waiting = [r for r, kind in enumerate(kinds) if kind is _MERGE and r != i]
+            return self._count_error(kinds), waiting, []
+        if _MERGE in kinds:
+            self._merge_started = time.monotonic()
+        return None, [], requests
 
     def _park(self, i: int) -> Any:
+        """Waits at the barrier for this replica's part; runs parts of parallel jobs meanwhile."""
         mailbox = self._mailboxes[i]
         while True:
             message = mailbox.get()
@@ -394,44 +410,35 @@ class _Step:
                 message[1].run_part(message[2])
                 continue
             if kind is STOP:
-                raise _StopReplica
+                raise StopReplica
+            # SHUTDOWN (the pool was abandoned) or any other message is for the thread loop:
+            # hand it back and leave this step.
+            mailbox.put(message)
+            raise StopReplica
 
     def _run_merge(self, i: int, requests: list[Any]) -> Any:
-        merge_fn = requests[0][0]
+        others = [r for r in range(self._n) if r != i]
         try:
+            merge_fn = requests[0][0]
             args = regroup([r[1] for r in requests], self.devices, what="merge_call() arguments")
             kwargs = regroup([r[2] for r in requests], self.devices, what="merge_call() keyword arguments")
-            helpers = [mailbox for r, mailbox in enumerate(self._mailboxes) if r != i]
             with thread_state.installed(self._caller, context.cross_replica_mode(self.strategy)):
-                with parallel.helpers_installed(helpers):
+                with parallel.helpers_installed([self._mailboxes[r] for r in others]):
                     result = merge_fn(self.strategy, *args, **kwargs)
             parts = [select_replica(r, result) for r in range(self._n)]
         except BaseException as error:
-            self._fail(error, ("merge_fn", i), stop=[r for r in range(self._n) if r != i])
-            raise _StopReplica from None
+            with self._lock:
+                self._merge_started = None
+            self._fail(error, ("merge_fn", i), stop=others)
+            raise StopReplica from None
         with self._lock:
-            self._merge_running = False
+            self._merge_started = None
             failed = self._failure is not None
-        for r, mailbox in enumerate(self._mailboxes):
-            if r != i:
-                mailbox.put((STOP,) if failed else (RESUME, parts[r]))
+        for r in others:
+            self._mailboxes[r].put((STOP,) if failed else (RESUME, parts[r]))
         if failed:
-            raise _StopReplica
+            raise StopReplica
         return parts[i]
-
-    def _arrive_done(self, i: int, result: Any) -> None:
-        self.results[i] = result
-        with self._lock:
-            if self._failure is not None:
-                return
-            self._kinds[i] = _DONE
-            if not self._arrive():
-                return
-            kinds = self._kinds
-            self._new_round()
-        if _MERGE in kinds:
-            waiting = [r for r, kind in enumerate(kinds) if kind is _MERGE]
-            self._fail(self._count_error(kinds), ("barrier", None), stop=waiting)
 
     def _exit(self, i: int) -> None:
         with self._lock:
@@ -461,22 +468,22 @@ class _Step:
     # --- failure --------------------------------------------------------------------------
 
     def _fail(self, error: BaseException, origin: tuple[str, int | None], stop: Sequence[int] | None = None) -> None:
-        """Records a failure and releases the replicas parked at the barrier.
+        """Records a failure (the first one wins) and releases replicas parked at the barrier.
 
-        ``stop`` lists replicas known to be parked (given by the thread that just took them
-        out of the round); otherwise they are read from the current round. While a
-        ``merge_fn`` runs, its thread releases the parked replicas when it finishes.
+        ``stop`` lists replicas the caller alone took out of a completed round; they are
+        always released. Without it, the replicas parked in the current round are; while
+        a ``merge_fn`` runs, its thread releases them when it finishes.
         """
         with self._lock:
-            if self._failure is not None:
+            if self._failure is None:
+                self._failure = error
+                self._failure_origin = origin
+                self._failure_time = time.monotonic()
+                if stop is None and self._merge_started is None:
+                    stop = [r for r, kind in enumerate(self._kinds) if kind is _MERGE]
+            else:
                 self._other_failures.append((origin[1], error))
-                return
-            self._failure = error
-            self._failure_origin = origin
-            self._failure_time = time.monotonic()
-            if stop is None:
-                stop = [] if self._merge_running else [r for r, k in enumerate(self._kinds) if k is _MERGE]
-        for r in stop:
+        for r in stop or ():
             self._mailboxes[r].put((STOP,))
 
     def raise_failure(self) -> None:
@@ -497,69 +504,92 @@ class _Step:
                 f"Raised in the merge_fn of a merge_call() in {self.strategy!r} "
                 f"(merge_fn ran on replica {replica}'s thread in cross-replica context).",
             )
-        others = [(r, e) for r, e in self._other_failures if not isinstance(e, _StopReplica)]
+        others = [(r, e) for r, e in self._other_failures if not isinstance(e, StopReplica)]
         if others:
-            listed = ", ".join(f"replica {r}: {type(e).__name__}({e})" for r, e in others)
-            _add_note(error, f"Other replicas also raised: {listed}.")
+            listed = ", ".join(f"replica {r}: {type(e).__name__}({e})" for r, e in others if r is not None)
+            if listed:
+                _add_note(error, f"Other replicas also raised: {listed}.")
         raise error.with_traceback(error.__traceback__)
 
     # --- the caller -----------------------------------------------------------------------
 
     def wait(self) -> bool:
-        """Waits (in the caller) until every replica is idle; True if some never came back."""
-        warned_round = -1
-        warned_drain = False
-        while True:
-            warning_s = _timeouts["warning_seconds"]
-            timeout_s = _timeouts["timeout_seconds"]
-            try:
-                self._done.get(timeout=_poll_interval(warning_s, timeout_s))
-                return False
-            except queue.Empty:
-                pass
-            except BaseException as interrupt:  # KeyboardInterrupt: stop the step, then re-raise
-                self._fail(interrupt, ("caller", None))
-                self.abandoned = not self._drain_after_interrupt()
-                raise
-            now = time.monotonic()
-            with self._lock:
-                failure_time = self._failure_time
-                round_started = self._round_started
-                current_round = self._round
-            if failure_time is not None:
-                waited = now - failure_time
-                if warning_s is not None and waited >= warning_s and not warned_drain:
-                    warned_drain = True
-                    self._warn(self._describe_drain(waited))
-                if timeout_s is not None and waited >= timeout_s:
-                    return True  # abandon the threads that never returned
-            elif round_started is not None:
-                waited = now - round_started
-                if warning_s is not None and waited >= warning_s and warned_round != current_round:
-                    warned_round = current_round
-                    self._warn(self._describe_stall(waited))
-                if timeout_s is not None and waited >= timeout_s:
-                    missing = self._missing()
-                    self._fail(
-                        DeadlineExceededError(
-                            self._describe_stall(waited) + " Raising because the replica timeout "
-                            f"(td.config.set_replica_timeouts) is {timeout_s:g} s.",
-                            missing=missing,
-                        ),
-                        ("barrier", None),
-                    )
+        """Waits (in the caller) until every replica thread is idle again.
 
-    def _drain_after_interrupt(self) -> bool:
-        """Waits for the replicas after an interrupt; False if a second one cut it short."""
+        Returns True when some threads never came back and must be abandoned. An exception
+        raised in the caller while it waits (``KeyboardInterrupt``, a warning turned into an
+        error, a test timeout) stops the step; it is re-raised once the replicas are idle,
+        or at once on a second such exception or when the hard timeout passes.
+        """
+        watch = _Watch()
+        caller_error: BaseException | None = None
+        while True:
+            try:
+                if self._wait_once(watch):
+                    break
+            except BaseException as error:
+                if caller_error is not None:
+                    self.abandoned = True  # interrupted again while draining: give up on the threads
+                    break
+                caller_error = error
+                self._fail(error, ("caller", None))
+        if caller_error is not None:
+            raise caller_error
+        return self.abandoned
+
+    def _wait_once(self, watch: _Watch) -> bool:
+        """One bounded wait; True when the step is over (or its threads are given up)."""
+        warning_s = _timeouts["warning_seconds"]
+        timeout_s = _timeouts["timeout_seconds"]
         try:
-            while True:
-                try:
-                    self._done.get(timeout=_poll_interval(_timeouts["warning_seconds"], None))
-                    return True
-                except queue.Empty:
-                    self._warn(self._describe_drain(None))
-        except BaseException:  # a second interrupt: give up on the stuck replica threads
-            return False
+            self._done.get(timeout=_poll_interval(warning_s, timeout_s))
+            return True
+        except queue.Empty:
+            pass
+        now = time.monotonic()
+        with self._lock:
+            failure_time = self._failure_time
+            round_started = self._round_started
+            merge_started = self._merge_started
+            current_round = self._round
+        if failure_time is not None:
+            # Draining after a failure: wait for replicas still in user code.
+            waited = now - failure_time
+            if warning_s is not None and waited >= warning_s and now - watch.drain_warned >= warning_s:
+                watch.drain_warned = now
+                self._warn(self._describe_drain(waited))
+            if timeout_s is not None and waited >= timeout_s:
+                self.abandoned = True
+                return True
+        elif merge_started is not None:
+            waited = now - merge_started
+            if warning_s is not None and waited >= warning_s and watch.merge_warned != current_round:
+                watch.merge_warned = current_round
+                self._warn(self._describe_slow_merge(waited))
+            if timeout_s is not None and waited >= timeout_s:
+                self._fail(
+                    DeadlineExceededError(
+                        self._describe_slow_merge(waited) + f" Raising because the replica timeout "
+                        f"(td.config.set_replica_timeouts) is {timeout_s:g} s.",
+                        missing=[],
+                    ),
+                    ("barrier", None),
+                )
+        elif round_started is not None:
+            waited = now - round_started
+            if warning_s is not None and waited >= warning_s and watch.round_warned != current_round:
+                watch.round_warned = current_round
+                self._warn(self._describe_stall(waited))
+            if timeout_s is not None and waited >= timeout_s:
+                self._fail(
+                    DeadlineExceededError(
+                        self._describe_stall(waited) + " Raising because the replica timeout "
+                        f"(td.config.set_replica_timeouts) is {timeout_s:g} s.",
+                        missing=self._missing(),
+                    ),
+                    ("barrier", None),
+                )
+        return False
 
     def _missing(self) -> list[int]:
         with self._lock:
@@ -584,24 +614,57 @@ class _Step:
             parts.append(f"{_replicas(finished)} returned from {_name(self.fn)}")
         return "; ".join(parts) + "."
 
-    def _describe_drain(self, waited: float | None) -> str:
+    def _describe_slow_merge(self, waited: float) -> str:
+        return (
+            f"A merge_fn of {self.strategy!r}.run({_name(self.fn)}) has been running for {waited:.1f} s "
+            f"while every replica waits for it in merge_call()."
+        )
+
+    def _describe_drain(self, waited: float) -> str:
         with self._lock:
             running = [r for r in range(self._n) if not self._exited[r]]
             origin = self._failure_origin
             error = self._failure
         what = f"{type(error).__name__}" if error is not None else "a failure"
         where = f" in replica {origin[1]}" if origin and origin[0] == "replica" else ""
-        duration = f" for {waited:.1f} s" if waited is not None else ""
         return (
             f"{self.strategy!r}.run({_name(self.fn)}) stopped after {what}{where}, but "
-            f"{_replicas(running)} {'has' if len(running) == 1 else 'have'} not returned{duration}; "
-            f"waiting for {'it' if len(running) == 1 else 'them'} before re-raising."
+            f"{_replicas(running)} {'has' if len(running) == 1 else 'have'} not returned for "
+            f"{waited:.1f} s; waiting for {'it' if len(running) == 1 else 'them'} before re-raising."
         )
 
     @staticmethod
     def _warn(message: str) -> None:
         logger.warning(message)
-        warnings.warn(message, ReplicaStallWarning, stacklevel=4)
+        warnings.warn(message, ReplicaStallWarning, stacklevel=_user_stacklevel())
+
+
+class _Watch:
+    """What the caller has already warned about during one step."""
+
+    __slots__ = ("drain_warned", "merge_warned", "round_warned")
+
+    def __init__(self) -> None:
+        self.round_warned = -1
+        self.merge_warned = -1
+        self.drain_warned = float("-inf")
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning issued by ``_Step._warn`` point at user code.
+
+    Counts frames from ``_warn`` (stacklevel 1) up to the first one outside towerdist,
+    e.g. the line calling ``strategy.run``.
+    """
+    frame: FrameType | None = sys._getframe(2)  # 0: here, 1: _warn, 2: its caller
+    level = 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def _poll_interval(warning_s: float | None, timeout_s: float | None) -> float:

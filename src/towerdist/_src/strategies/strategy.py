@@ -24,7 +24,6 @@ from towerdist._src.values.regroup import local_results
 
 __all__ = ["Strategy", "StrategyExtended"]
 
-_HOST = DeviceSpec()
 
 
 class Strategy:
@@ -352,7 +351,7 @@ class StrategyExtended:
 
     def _reduce_destination(self) -> DeviceSpec:
         """Where ``Strategy.reduce``/``gather`` put their result: the current device, else the host."""
-        return device_lib.current() or self._default_device or _HOST
+        return device_lib.current() or self._default_device or device_lib.HOST
 
     def _reduce(self, reduce_op: ReduceOp, value: Any) -> Any:
         """Element-wise reduction across replicas onto the current device (``reduce(axis=None)``)."""

@@ -109,10 +109,19 @@ class PerReplica(DistributedValues):
             )
         return self._values[replica_id]
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
-        import numpy as np  # noqa: PLC0415  (conversion to numpy is what was asked)
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> Any:
+        return _to_numpy(self._local(), dtype, copy)
 
-        return np.asarray(self._local(), dtype=dtype)
+
+def _to_numpy(value: Any, dtype: Any, copy: bool | None) -> Any:
+    """``value`` as a numpy array, honouring numpy 2's ``copy`` argument of ``__array__``."""
+    import numpy as np  # noqa: PLC0415  (conversion to numpy is what was asked)
+
+    if copy:
+        return np.array(value, dtype=dtype, copy=True)
+    if copy is False:
+        return np.asarray(value, dtype=dtype, copy=False)  # raises if a copy is needed
+    return np.asarray(value, dtype=dtype)
 
 
 _Binary = Callable[[Any, Any], Any]
@@ -145,10 +154,8 @@ class Mirrored(DistributedValues):
             raise AttributeError(name)
         return getattr(self._get(), name)
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
-        import numpy as np  # noqa: PLC0415
-
-        return np.asarray(self._get(), dtype=dtype)
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> Any:
+        return _to_numpy(self._get(), dtype, copy)
 
     def __getitem__(self, key: Any) -> Any:
         return self._get()[key]
