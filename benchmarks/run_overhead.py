@@ -39,8 +39,8 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-
 import towerdist as td
+
 from _machine import machine_info
 
 TARGET_VS_TF_EAGER = 20.0  # towerdist's run must be >= 20x faster than TF eager

@@ -12,9 +12,10 @@ import sys
 import textwrap
 
 import pytest
-from conftest import NUM_CPUS, TEST_REPLICA_TIMEOUT_SECONDS, TEST_REPLICA_WARNING_SECONDS
 
 import towerdist as td
+
+from conftest import NUM_CPUS, TEST_REPLICA_TIMEOUT_SECONDS, TEST_REPLICA_WARNING_SECONDS
 
 CPU0 = td.config.PhysicalDevice(name="/physical_device:CPU:0", device_type="CPU")
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 import threading
 
 import pytest
-from conftest import cpus
 
 import towerdist as td
 from towerdist._src import context
 from towerdist._src import device as device_lib
+
+from conftest import cpus
 
 WAIT = 10.0
 

@@ -17,13 +17,14 @@ import re
 
 import numpy as np
 import pytest
-from numpy_reference import numpy_reduce
-from conftest import cpus, mirrored
 
 import towerdist as td
 from towerdist._src.cross_device_ops import select
 from towerdist._src.cross_device_ops.nccl_all_reduce import nccl_unavailable_reason
 from towerdist._src.device import parse
+
+from conftest import cpus, mirrored
+from numpy_reference import numpy_reduce
 
 D = td.distribute
 SUM, MEAN = D.ReduceOp.SUM, D.ReduceOp.MEAN

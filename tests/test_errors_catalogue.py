@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import cpus
 
 import towerdist as td
 from towerdist._src.backend import cupy_backend
+
+from conftest import cpus
 
 
 def ctx() -> td.distribute.ReplicaContext:

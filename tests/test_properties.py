@@ -8,16 +8,16 @@ TensorFlow gives. Integers must match exactly; floats within float rounding.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
-from conftest import mirrored
-from numpy_reference import numpy_reduce
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import towerdist as td
+
+from conftest import mirrored
+from numpy_reference import numpy_reduce
 
 D = td.distribute
 SUM, MEAN = D.ReduceOp.SUM, D.ReduceOp.MEAN

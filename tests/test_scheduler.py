@@ -6,21 +6,24 @@ a replica that waits on an event that never comes makes the assertion fail, not 
 
 from __future__ import annotations
 
+import contextlib
 import gc
-import os
 import logging
+import os
 import signal
 import threading
 import warnings
 import weakref
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from conftest import TEST_REPLICA_TIMEOUT_SECONDS, TEST_REPLICA_WARNING_SECONDS, cpus
 
 import towerdist as td
 from towerdist._src import device as device_lib
 from towerdist._src import parallel
+
+from conftest import TEST_REPLICA_TIMEOUT_SECONDS, TEST_REPLICA_WARNING_SECONDS, cpus
 
 WAIT = 10.0  # seconds a replica waits for an event that the test guarantees will come
 
@@ -309,22 +312,29 @@ class _SetOnRecord(logging.Handler):
             self.event.set()
 
 
+@contextlib.contextmanager
+def logged(needle: str) -> Iterator[threading.Event]:
+    """An event set when the ``towerdist`` logger warns with a message containing ``needle``."""
+    event = threading.Event()
+    handler = _SetOnRecord(event, needle)
+    logging.getLogger("towerdist").addHandler(handler)
+    try:
+        yield event
+    finally:
+        logging.getLogger("towerdist").removeHandler(handler)
+
+
 def test_a_stalled_barrier_warns_naming_the_missing_replica(fresh2, replica_timeouts):
     replica_timeouts(warning_seconds=0.05, timeout_seconds=None)
-    warned = threading.Event()
-    handler = _SetOnRecord(warned, "did not reach the barrier")
-    logging.getLogger("towerdist").addHandler(handler)
 
     def fn():
         if replica_id() == 1:
             assert warned.wait(WAIT)  # arrive only after the caller has warned
         return td.distribute.get_replica_context().merge_call(lambda s: "merged")
 
-    try:
+    with logged("did not reach the barrier") as warned:
         with pytest.warns(td.errors.ReplicaStallWarning, match="replica 1 of MirroredStrategy") as record:
             assert fresh2.run(fn) == "merged"
-    finally:
-        logging.getLogger("towerdist").removeHandler(handler)
     message = str(record[0].message)
     assert "replica 0 is waiting in merge_call() number 1" in message
 
@@ -504,22 +514,17 @@ def interrupt_main() -> None:
 
 def test_a_stall_warning_turned_into_an_error_stops_the_step_cleanly(fresh2, replica_timeouts):
     replica_timeouts(warning_seconds=0.05, timeout_seconds=None)
-    warned = threading.Event()
-    handler = _SetOnRecord(warned, "did not reach the barrier")
-    logging.getLogger("towerdist").addHandler(handler)
 
     def fn():
         if replica_id() == 1:
             assert warned.wait(WAIT)
         return td.distribute.get_replica_context().merge_call(lambda s: "merged")
 
-    try:
+    with logged("did not reach the barrier") as warned:
         with warnings.catch_warnings():
             warnings.simplefilter("error", td.errors.ReplicaStallWarning)
             with pytest.raises(td.errors.ReplicaStallWarning):
                 fresh2.run(fn)
-    finally:
-        logging.getLogger("towerdist").removeHandler(handler)
     assert fresh2.run(lambda: 2) == 2  # the pool is idle, not stuck with a parked replica
 
 
@@ -600,19 +605,14 @@ def test_the_drain_after_an_interrupt_respects_the_hard_timeout(fresh2, sigint, 
 
 def test_a_slow_merge_fn_warns(fresh2, replica_timeouts):
     replica_timeouts(warning_seconds=0.05, timeout_seconds=None)
-    warned = threading.Event()
-    handler = _SetOnRecord(warned, "has been running")
-    logging.getLogger("towerdist").addHandler(handler)
 
     def merge_fn(strategy):
         assert warned.wait(WAIT)
         return "merged"
 
-    try:
+    with logged("has been running") as warned:
         with pytest.warns(td.errors.ReplicaStallWarning, match="A merge_fn of MirroredStrategy"):
             assert fresh2.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn)) == "merged"
-    finally:
-        logging.getLogger("towerdist").removeHandler(handler)
 
 
 def test_a_hung_merge_fn_times_out(fresh2, replica_timeouts):
@@ -634,20 +634,15 @@ def test_a_hung_merge_fn_times_out(fresh2, replica_timeouts):
 
 def test_stall_warnings_point_at_the_users_line(fresh2, replica_timeouts):
     replica_timeouts(warning_seconds=0.05, timeout_seconds=None)
-    warned = threading.Event()
-    handler = _SetOnRecord(warned, "did not reach the barrier")
-    logging.getLogger("towerdist").addHandler(handler)
 
     def fn():
         if replica_id() == 1:
             assert warned.wait(WAIT)
         return td.distribute.get_replica_context().merge_call(lambda s: None)
 
-    try:
+    with logged("did not reach the barrier") as warned:
         with pytest.warns(td.errors.ReplicaStallWarning) as record:
             fresh2.run(fn)
-    finally:
-        logging.getLogger("towerdist").removeHandler(handler)
     assert record[0].filename == __file__
 
 

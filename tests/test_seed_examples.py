@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import mirrored
 
 import towerdist as tf
+
+from conftest import mirrored
 
 
 @pytest.fixture

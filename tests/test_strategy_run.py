@@ -7,10 +7,11 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import NUM_CPUS, cpus
 
 import towerdist as td
 from towerdist._src import device as device_lib
+
+from conftest import NUM_CPUS, cpus
 
 
 def replica_id() -> int:

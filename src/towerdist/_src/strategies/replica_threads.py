@@ -567,29 +567,19 @@ class _Step:
                 watch.merge_warned = current_round
                 self._warn(self._describe_slow_merge(waited))
             if timeout_s is not None and waited >= timeout_s:
-                self._fail(
-                    DeadlineExceededError(
-                        self._describe_slow_merge(waited) + f" Raising because the replica timeout "
-                        f"(td.config.set_replica_timeouts) is {timeout_s:g} s.",
-                        missing=[],
-                    ),
-                    ("barrier", None),
-                )
+                self._time_out(self._describe_slow_merge(waited), timeout_s, missing=[])
         elif round_started is not None:
             waited = now - round_started
             if warning_s is not None and waited >= warning_s and watch.round_warned != current_round:
                 watch.round_warned = current_round
                 self._warn(self._describe_stall(waited))
             if timeout_s is not None and waited >= timeout_s:
-                self._fail(
-                    DeadlineExceededError(
-                        self._describe_stall(waited) + " Raising because the replica timeout "
-                        f"(td.config.set_replica_timeouts) is {timeout_s:g} s.",
-                        missing=self._missing(),
-                    ),
-                    ("barrier", None),
-                )
+                self._time_out(self._describe_stall(waited), timeout_s, missing=self._missing())
         return False
+
+    def _time_out(self, description: str, timeout_s: float, missing: list[int]) -> None:
+        message = f"{description} Raising because the replica timeout (td.config.set_replica_timeouts) is {timeout_s:g} s."
+        self._fail(DeadlineExceededError(message, missing=missing), ("barrier", None))
 
     def _missing(self) -> list[int]:
         with self._lock:
