@@ -47,10 +47,12 @@ from towerdist._src.dtypes import uint32 as uint32
 from towerdist._src.dtypes import uint64 as uint64
 from towerdist._src.variable_enums import VariableAggregation as VariableAggregation
 from towerdist._src.variable_enums import VariableSynchronization as VariableSynchronization
+from towerdist._src.variables.variable import Variable as Variable
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "Variable",
     "VariableAggregation",
     "VariableSynchronization",
     "add_n",

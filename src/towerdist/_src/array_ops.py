@@ -17,7 +17,7 @@ import numpy as np
 
 from towerdist._src import backend
 from towerdist._src import device as device_lib
-from towerdist._src.values.distributed_values import DistributedValues, PerReplica
+from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 
 __all__ = [
     "add_n",
@@ -81,10 +81,13 @@ def constant(value: Any, dtype: Any = None, shape: Sequence[int] | None = None, 
 def convert_to_tensor(value: Any, dtype: Any = None, dtype_hint: Any = None, name: str | None = None) -> Any:
     """Returns ``value`` as an array; arrays of the right dtype are returned as they are.
 
-    A ``PerReplica`` or ``Mirrored`` converts to its local component inside a replica.
+    A ``PerReplica`` or ``Mirrored`` converts to its local component inside a replica; a
+    variable to its value (``v.value()``).
     """
     del name
-    if isinstance(value, PerReplica):
+    if hasattr(value, "_towerdist_value") and not isinstance(value, Mirrored):
+        value = value._towerdist_value()  # a variable: its value in this context
+    elif isinstance(value, PerReplica):
         value = value._local()  # raises outside a replica context
     elif isinstance(value, DistributedValues):
         value = value._get()

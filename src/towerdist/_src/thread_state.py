@@ -1,4 +1,4 @@
-"""Per-thread state: the distribution-mode stack, the device scope stack, update contexts.
+"""Per-thread state: the distribution-mode stack, device scopes, update contexts, colocations.
 
 TensorFlow keeps the distribution-strategy stack in thread-local storage; so do we. The
 state lives in one object so that the replica scheduler can run a ``merge_fn`` on a
@@ -52,6 +52,8 @@ class _State(threading.local):
         self.global_scope: Any = None
         # Threads that may run parts of a parallel job for this thread (see parallel.py).
         self.helpers: Any = None
+        # ``(strategy, target)`` of active ``colocate_vars_with`` blocks (innermost last).
+        self.colocations: list[Any] = []
 
 
 state = _State()

@@ -87,6 +87,11 @@ def buffer_id(array: Any) -> int:
     return int(array.data.mem.ptr) if hasattr(array.data, "mem") else int(array.data.ptr)
 
 
+def freeze(array: Any) -> Any:
+    """A new object looking at ``array``'s memory (cupy has no read-only arrays)."""
+    return array.view()
+
+
 def share(arrays: Sequence[Any]) -> list[Any]:
     """Distinct objects for each destination; GPU copies are never shared between devices."""
     out: list[Any] = []

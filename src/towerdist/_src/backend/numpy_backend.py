@@ -72,6 +72,13 @@ def share(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
     return out
 
 
+def freeze(array: np.ndarray) -> np.ndarray:
+    """A new read-only object looking at ``array``'s memory (for a buffer nobody writes)."""
+    view = np.asarray(array).view()  # numpy scalars become 0-d arrays
+    view.flags.writeable = False
+    return view
+
+
 def empty(shape: Sequence[int], dtype: Any, device: Any = None) -> np.ndarray:
     del device
     return np.empty(shape, dtype=dtype)

@@ -70,6 +70,9 @@ class _DefaultExtended(StrategyExtended):
     def _local_results(self, value: Any) -> tuple[Any, ...]:
         return (value,)
 
+    def _variable_owner(self) -> Any:
+        return None  # variables created outside any scope belong to no strategy
+
     def _deepcopy_strategy(self) -> Strategy:
         raise RuntimeError(
             "Should only create a single instance of _DefaultDistributionStrategy: the default "

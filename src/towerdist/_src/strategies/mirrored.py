@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from towerdist._src import config
+from towerdist._src import config, context
 from towerdist._src import device as device_lib
 from towerdist._src.cross_device_ops.base import CrossDeviceOps
 from towerdist._src.cross_device_ops.gather import gather_to
@@ -18,9 +18,11 @@ from towerdist._src.options import CommunicationOptions, ValueContext
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.replica_context import ReplicaContext
 from towerdist._src.strategies.replica_threads import ReplicaScheduler, StopReplica
-from towerdist._src.strategies.strategy import Strategy, StrategyExtended
-from towerdist._src.values.distributed_values import DistributedValues, Mirrored
-from towerdist._src.values.regroup import regroup, split_for_replicas
+from towerdist._src.strategies.strategy import Strategy, StrategyExtended, update_regroup
+from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
+from towerdist._src.values.regroup import regroup, select_replica, split_for_replicas
+from towerdist._src.variables import creation
+from towerdist._src.variables.distributed_variable import DistributedVariable
 
 __all__ = ["MirroredStrategy"]
 
@@ -158,6 +160,8 @@ class MirroredExtended(StrategyExtended):
         return resolve_destinations(destinations)
 
     def _as_value(self, value: DistributedValues, api: str) -> DistributedValues:
+        if value._is_distributed_variable:
+            value = PerReplica([c.value() for c in value._values], value._devices)
         count = len(value._values)
         if count != len(self._devices):
             raise ValueError(
@@ -169,11 +173,11 @@ class MirroredExtended(StrategyExtended):
         return value
 
     def _reduce_to(self, reduce_op: ReduceOp, value: Any, destinations: Any, options: CommunicationOptions | None) -> Any:
-        if isinstance(value, Mirrored):
+        if isinstance(value, Mirrored) or getattr(value, "_is_mirrored", False):
             if reduce_op is ReduceOp.MEAN:
                 return value
             raise ValidationError(
-                f"StrategyExtended.reduce_to() cannot SUM a Mirrored value: its components are already "
+                f"StrategyExtended.reduce_to() cannot SUM a {type(value).__name__}: its components are already "
                 f"equal, so the sum would count the same value {len(self._devices)} times. Use MEAN, or "
                 f"reduce the PerReplica value it was made from."
             )
@@ -219,6 +223,73 @@ class MirroredExtended(StrategyExtended):
         value = self._as_value(value, api)
         return gather_to(value, Destinations(self._destinations(destinations)), axis, api)
 
+    # --- variables ------------------------------------------------------------------------
+
+    def _create_variable(self, spec: creation.VariableSpec) -> Any:
+        devices = self._variable_devices(spec.colocate_with)
+        return creation.distributed_variable(spec, devices, self._container_strategy())
+
+    def _variable_devices(self, colocate_with: Any) -> tuple[DeviceSpec, ...]:
+        if colocate_with is None:
+            return self._devices
+        return tuple(colocate_with._devices) if hasattr(colocate_with, "_devices") else self._devices
+
+    def _validate_colocate_with(self, colocate_with: Any) -> None:
+        strategy = self._container_strategy()
+        if isinstance(colocate_with, DistributedVariable):
+            if colocate_with._distribute_strategy is not strategy:
+                raise ValueError(
+                    f"`colocate_vars_with` must only be passed a variable created in this "
+                    f"tf.distribute.Strategy.scope(), not {colocate_with.name} created in scope: "
+                    f"{colocate_with._distribute_strategy!r}."
+                )
+            return
+        if isinstance(colocate_with, (tuple, list)) and all(isinstance(d, (str, DeviceSpec)) for d in colocate_with):
+            if tuple(device_lib.parse(d) for d in colocate_with) == self._devices:
+                return  # non_slot_devices(): every replica device
+        raise ValueError(
+            f"`colocate_vars_with` must only be passed a variable created in this tf.distribute.Strategy.scope() "
+            f"(or the result of non_slot_devices()), not: {colocate_with!r}. {self._describe()} keeps a copy "
+            f"of every variable on each of its devices."
+        )
+
+    def _check_update_variable(self, var: Any) -> None:
+        if not isinstance(var, DistributedVariable):
+            raise ValidationError(
+                f"StrategyExtended.update() of {self._describe()} needs a variable created in its scope; got "
+                f"{var!r}. Create the variable inside `with strategy.scope():`."
+            )
+        super()._check_update_variable(var)
+
+    def _update(self, var: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool) -> Any:
+        components = var._values
+        n = len(components)
+        args_per = split_for_replicas(args, n, "StrategyExtended.update()", "args")
+        kwargs_per = split_for_replicas(kwargs, n, "StrategyExtended.update()", "kwargs")
+        results = []
+        for i, component in enumerate(components):
+            with context.UpdateContext(component._device, i):
+                results.append(fn(component, *args_per[i], **kwargs_per[i]))
+        return update_regroup(results, var._devices, group)
+
+    def _update_non_slot(
+        self, colocate_with: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool
+    ) -> Any:
+        if not isinstance(colocate_with, tuple):
+            raise ValidationError(
+                f"update_non_slot() of {self._describe()} takes the tuple non_slot_devices() returned. Got "
+                f"colocate_with={colocate_with!r}."
+            )
+        devices = tuple(device_lib.parse(d) for d in colocate_with)
+        results = []
+        for i, device in enumerate(devices):
+            with context.UpdateContext(device, i):
+                results.append(fn(*select_replica(i, args), **select_replica(i, kwargs)))
+        return update_regroup(results, devices, group)
+
+    def _non_slot_devices(self, var_list: list[Any]) -> Any:
+        return self.worker_devices
+
     # --- description ----------------------------------------------------------------------
 
     def _deepcopy_strategy(self) -> Strategy:
@@ -241,5 +312,5 @@ class _MirroredReplicaContext(ReplicaContext):
         step = self._step
         if step is None:  # only in a replica thread abandoned after a timeout: just unwind
             raise StopReplica
-        return step.merge_call(self._replica_id, merge_fn, args, kwargs)
+        return step.merge_call(self._replica_id, merge_fn, args, kwargs, api)
 

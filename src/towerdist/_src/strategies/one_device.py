@@ -74,6 +74,12 @@ class OneDeviceExtended(StrategyExtended):
     def _local_results(self, value: Any) -> tuple[Any, ...]:
         return (value,)
 
+    def _variable_device(self, colocate_with: Any) -> DeviceSpec:
+        return self._device
+
+    def _non_slot_devices(self, var_list: list[Any]) -> Any:
+        return (self._device.name,)
+
     def _deepcopy_strategy(self) -> Strategy:
         return OneDeviceStrategy(self._device)
 

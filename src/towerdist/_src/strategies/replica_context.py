@@ -123,6 +123,29 @@ class ReplicaContext:
             del thread_state.state.modes[depth:]
         return select_replica(self._replica_id, result)
 
+    def _update(
+        self,
+        var: Any,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        group: bool = True,
+    ) -> Any:
+        """Updates ``var`` from this replica: ``strategy.extended.update`` in replica context.
+
+        TensorFlow's ``ReplicaContext._update``. Every replica calls it; the replicas'
+        ``args``/``kwargs`` meet at a ``merge_call`` and component ``i`` of ``var`` is
+        updated with replica ``i``'s arguments (the same object from every replica is
+        used for every component). Returns this replica's part of the result.
+
+        Example:
+          >>> def step():
+          ...     ctx = td.distribute.get_replica_context()
+          ...     ctx._update(v, lambda var, value: var.assign(value), args=(td.identity(1.0),))
+        """
+        context.require_replica_context(self, "ReplicaContext._update()")
+        return self._strategy.extended.update(var, fn, args, kwargs, group)
+
     def all_reduce(self, reduce_op: Any, value: Any, options: CommunicationOptions | None = None) -> Any:
         """Reduces ``value`` (a nested structure of arrays) across replicas.
 

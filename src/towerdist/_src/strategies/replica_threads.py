@@ -346,14 +346,20 @@ class _Step:
             state.modes, state.devices, state.updates = saved
             self._exit(i)
 
-    def merge_call(self, i: int, merge_fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-        """Replica ``i``'s ``merge_call``: waits for all replicas, then returns its part."""
+    def merge_call(self, i: int, merge_fn: Callable[..., Any], args: Any, kwargs: Any, api: str = "merge_call()") -> Any:
+        """Replica ``i``'s ``merge_call``: waits for all replicas, then returns its part.
+
+        ``api`` names the collective the replica is in (``"merge_call()"``,
+        ``"ReplicaContext.all_reduce()"``, ``"td.Variable()"``, ...); replicas meeting in
+        different ones fail the step instead of running replica 0's ``merge_fn`` on
+        arguments meant for something else.
+        """
         with self._lock:
             if self._failure is not None:
                 raise StopReplica
             self._merge_counts[i] += 1
             self._kinds[i] = _MERGE
-            self._requests[i] = (merge_fn, args, kwargs)
+            self._requests[i] = (merge_fn, args, kwargs, api)
             outcome = self._arrive(i)
         if outcome is None:
             return self._park(i)
@@ -418,6 +424,17 @@ class _Step:
 
     def _run_merge(self, i: int, requests: list[Any]) -> Any:
         others = [r for r in range(self._n) if r != i]
+        apis = [r[3] for r in requests]
+        if len(set(apis)) > 1:
+            calls = "; ".join(f"replica {r} called {api}" for r, api in enumerate(apis))
+            error = RuntimeError(
+                f"The replicas of {self.strategy!r}.run({_name(self.fn)}) met at a barrier in different "
+                f"collective calls: {calls}. Every replica must make the same sequence of merge_call(), "
+                f"all_reduce(), all_gather(), variable creations and aggregated variable writes; check for "
+                f"replica-dependent branches around them."
+            )
+            self._fail(error, ("barrier", None), stop=others)
+            raise StopReplica
         try:
             merge_fn = requests[0][0]
             args = regroup([r[1] for r in requests], self.devices, what="merge_call() arguments")

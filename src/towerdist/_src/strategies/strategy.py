@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from towerdist._src import array_ops, backend, context, nest
+from towerdist._src import array_ops, backend, context, nest, thread_state
 from towerdist._src import device as device_lib
 from towerdist._src.cross_device_ops.gather import normalize_axis
 from towerdist._src.cross_device_ops.placement import Destinations
@@ -19,8 +19,10 @@ from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
 from towerdist._src.options import CommunicationOptions, ValueContext
 from towerdist._src.reduce_op import ReduceOp, parse_reduce_op
-from towerdist._src.values.distributed_values import DistributedValues, PerReplica
-from towerdist._src.values.regroup import local_results
+from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
+from towerdist._src.values.regroup import local_results, regroup, value_container
+from towerdist._src.variables import creation
+from towerdist._src.variables.distributed_variable import DistributedVariable, SyncOnReadVariable
 
 __all__ = ["Strategy", "StrategyExtended"]
 
@@ -324,6 +326,112 @@ class StrategyExtended:
         with strategy.scope():
             return self._call_for_each_replica(fn, tuple(args), kwargs or {})
 
+    # --- variables ----------------------------------------------------------------------
+
+    def update(
+        self,
+        var: Any,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        group: bool = True,
+    ) -> Any:
+        """Runs ``fn(component, *args, **kwargs)`` on every component of ``var``.
+
+        Each call runs in an update context (``td.distribute.get_update_device()`` names the
+        component's device); ``PerReplica``/``Mirrored`` arguments are replaced by their
+        component for that device, distributed variables are passed whole (and read or
+        write their component for that device). Called in a replica context, the replicas'
+        arguments first meet at a ``merge_call`` and are regrouped.
+
+        Args:
+          var: a variable created in this strategy's scope.
+          fn: called as ``fn(component, *args, **kwargs)``.
+          args: a list or tuple of positional arguments.
+          kwargs: a dict of keyword arguments.
+          group: True: the results merged into ``Mirrored`` values (a single value for one
+            component); False: for each result, a tuple with one entry per component.
+
+        Example:
+          >>> with strategy.scope():
+          ...     v = td.Variable(5.0, aggregation=td.VariableAggregation.SUM)
+          >>> strategy.extended.update(v, lambda c: c.assign(1.0))
+          Mirrored:{
+            0: array(1., dtype=float32),
+            1: array(1., dtype=float32)
+          }
+        """
+        strategy = self._container_strategy()
+        args, kwargs = _check_call_arguments(args, kwargs, "StrategyExtended.update()")
+        if context.has_strategy() and context.get_replica_context() is not None:
+            context.require_strategy_scope(strategy, "StrategyExtended.update()")
+
+            def merge_update(merge_strategy: Any, *merged_args: Any, **merged_kwargs: Any) -> Any:
+                return merge_strategy.extended.update(var, fn, merged_args, merged_kwargs, group)
+
+            return context.get_replica_context()._merge_call(merge_update, args, kwargs, "StrategyExtended.update()")
+        context.require_cross_replica_or_default(strategy, "StrategyExtended.update()")
+        self._check_update_variable(var)
+        with strategy.scope():
+            return self._update(var, fn, args, kwargs, group)
+
+    def update_non_slot(
+        self,
+        colocate_with: Any,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        group: bool = True,
+    ) -> Any:
+        """Runs ``fn(*args, **kwargs)`` once per device of ``colocate_with``, in update contexts.
+
+        ``colocate_with`` is what ``non_slot_devices()`` returned. Use it to update
+        non-slot variables (an optimizer's step counter) created under
+        ``colocate_vars_with(non_slot_devices(...))``. Call it in cross-replica context.
+        """
+        strategy = self._container_strategy()
+        context.require_cross_replica_or_default(strategy, "StrategyExtended.update_non_slot()")
+        args, kwargs = _check_call_arguments(args, kwargs, "StrategyExtended.update_non_slot()")
+        with strategy.scope():
+            return self._update_non_slot(colocate_with, fn, args, kwargs, group)
+
+    def non_slot_devices(self, var_list: Sequence[Any]) -> Any:
+        """Where non-slot variables live: pass it to ``colocate_vars_with`` and ``update_non_slot``.
+
+        ``MirroredStrategy``: every replica device. The default and CentralStorage
+        strategies: the variable of ``var_list`` with the smallest name (its device).
+        """
+        return self._non_slot_devices(list(var_list))
+
+    def colocate_vars_with(self, colocate_with_variable: Any) -> Any:
+        """A context manager: variables created in it live on the same devices as the given one.
+
+        Use it for an optimizer's slot variables, so that ``update(var, fn, args=(slot,))``
+        finds every slot component next to its variable's. It also accepts the result of
+        ``non_slot_devices()``. Call it inside ``strategy.scope()`` (or a replica function).
+
+        Raises:
+          ValueError: the argument is not a variable of this strategy (or its non-slot devices).
+        """
+        strategy = self._container_strategy()
+        context.require_strategy_scope(strategy, "StrategyExtended.colocate_vars_with()")
+        self._validate_colocate_with(colocate_with_variable)
+        return _Colocation(strategy, colocate_with_variable)
+
+    def value_container(self, value: Any) -> Any:
+        """The distributed variable ``value`` is a component of, else ``value`` itself."""
+        return value_container(value)
+
+    def variable_created_in_scope(self, v: Any) -> bool:
+        """True if ``v`` was created while this strategy's scope was active."""
+        return getattr(v, "_distribute_strategy", None) is self._variable_owner()
+
+    def read_var(self, v: Any) -> Any:
+        """The value of ``v`` as cross-replica code sees it (sync-on-read: the aggregate), as a new array."""
+        if isinstance(v, SyncOnReadVariable):
+            return v._read_cross_replica()
+        return array_ops.identity(v)
+
     # --- hooks for concrete strategies ----------------------------------------------------
 
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -367,6 +475,98 @@ class StrategyExtended:
 
     def _describe(self) -> str:
         return f"{type(self._container_strategy()).__name__}()"
+
+    # --- variable hooks (single-device behaviour: default and OneDevice strategies) --------
+
+    def _variable_owner(self) -> Any:
+        """What ``_distribute_strategy`` of a variable created in this strategy's scope is."""
+        return self._container_strategy()
+
+    def _create_variable(self, spec: creation.VariableSpec) -> Any:
+        owner = self._container_strategy() if context.has_strategy() else None
+        return creation.plain_variable(spec, self._variable_device(spec.colocate_with), owner)
+
+    def _variable_device(self, colocate_with: Any) -> DeviceSpec:
+        if colocate_with is not None:
+            return _devices_of(colocate_with)[0]
+        return device_lib.current() or self._default_device or device_lib.HOST
+
+    def _validate_colocate_with(self, colocate_with: Any) -> None:
+        _devices_of(colocate_with)  # raises if it names no device
+
+    def _check_update_variable(self, var: Any) -> None:
+        if isinstance(var, DistributedVariable) and var._distribute_strategy is not self._container_strategy():
+            raise _foreign_variable(var, self._describe())
+
+    def _update(self, var: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool) -> Any:
+        device = _devices_of(var)[0] if hasattr(var, "_devices") else None
+        with context.UpdateContext(device, None):
+            result = fn(var, *args, **kwargs)
+        return result if group else nest.map_structure(self._local_results, result)
+
+    def _update_non_slot(
+        self, colocate_with: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool
+    ) -> Any:
+        with context.UpdateContext(_devices_of(colocate_with)[0], None):
+            result = fn(*args, **kwargs)
+        return result if group else nest.map_structure(self._local_results, result)
+
+    def _non_slot_devices(self, var_list: list[Any]) -> Any:
+        if not var_list:
+            raise ValueError("non_slot_devices() needs the list of variables being optimized; got an empty list.")
+        return min(var_list, key=lambda v: v.name)
+
+
+class _Colocation:
+    """The context manager of ``colocate_vars_with``: pushes its target for variable creation."""
+
+    def __init__(self, strategy: Strategy, target: Any) -> None:
+        self._entry = (strategy, target)
+
+    def __enter__(self) -> None:
+        thread_state.state.colocations.append(self._entry)
+
+    def __exit__(self, *exc_info: object) -> None:
+        thread_state.state.colocations.pop()
+
+
+def _devices_of(target: Any) -> tuple[DeviceSpec, ...]:
+    """The devices of a variable, a distributed value, a device string or a tuple of them."""
+    if isinstance(target, (str, DeviceSpec)):
+        return (device_lib.parse(target),)
+    if isinstance(target, (tuple, list)) and target and all(isinstance(d, (str, DeviceSpec)) for d in target):
+        return tuple(device_lib.parse(d) for d in target)
+    devices = getattr(target, "_devices", None)
+    if devices:
+        return tuple(devices)
+    raise ValueError(
+        f"`colocate_vars_with` must only be passed a variable created in this tf.distribute.Strategy.scope() "
+        f"(or the result of non_slot_devices()), not: {target!r}."
+    )
+
+
+def _foreign_variable(var: Any, strategy: str) -> ValidationError:
+    return ValidationError(
+        f"{var.name} was created in the scope of {var._distribute_strategy!r}, not of {strategy}; a strategy "
+        f"can only update variables created in its own scope."
+    )
+
+
+def update_regroup(results: list[Any], devices: Sequence[DeviceSpec], group: bool) -> Any:
+    """Merges per-component update results: ``Mirrored`` values, or per-component tuples."""
+    merged = regroup(results, devices, wrap_class=Mirrored)
+    if group:
+        return merged
+    return nest.map_structure(lambda x: x._values if isinstance(x, DistributedValues) else (x,), merged)
+
+
+def _check_call_arguments(args: Any, kwargs: Any, api: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if not isinstance(args, (list, tuple)):
+        raise ValueError(f"{api} takes args as a list or tuple. Got args of type {type(args).__name__}; "
+                         f"wrap a single argument as args=(x,).")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"{api} takes kwargs as a dict. Got kwargs of type {type(kwargs).__name__}.")
+    return tuple(args), dict(kwargs or {})
 
 
 def _check_destinations(destinations: Any, api: str) -> None:

@@ -1,0 +1,1 @@
+"""Variables: plain, mirrored, sync-on-read and aggregating (CentralStorage)."""

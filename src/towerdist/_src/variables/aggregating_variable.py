@@ -1,0 +1,103 @@
+"""``AggregatingVariable``: CentralStorageStrategy's variable, stored once on the parameter device.
+
+Every replica reads the one copy. Writes in replica context are aggregated across the
+replicas first (SUM, MEAN, ONLY_FIRST_REPLICA; NONE raises), exactly like a
+``MirroredVariable``'s (see ``aggregation.py``); writes in cross-replica context go to the
+one copy, a distributed value contributing its first component. Sync-on-read variables
+of a CentralStorageStrategy are aggregating variables too (as in TensorFlow).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from towerdist._src import context
+from towerdist._src.values.distributed_values import DistributedValues
+from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
+from towerdist._src.variables import aggregation
+from towerdist._src.variables.distributed_variable import in_replica_context
+from towerdist._src.variables.variable import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, ResourceVariable, Variable
+
+__all__ = ["AggregatingVariable"]
+
+
+class AggregatingVariable(Variable):
+    """One variable on the parameter device shared by all replicas (CentralStorageStrategy)."""
+
+    def __init__(self, strategy: Any, variable: ResourceVariable) -> None:
+        self._distribute_strategy = strategy
+        self._v = variable
+        self._devices = variable._devices
+        variable._distributed_container = weakref.ref(self)
+
+    def get(self) -> ResourceVariable:
+        """The underlying single-device variable."""
+        return self._v
+
+    @property
+    def name(self) -> str:
+        return self._v.name
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self._v.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._v.shape
+
+    @property
+    def device(self) -> str:
+        return self._v.device
+
+    @property
+    def trainable(self) -> bool:
+        return self._v.trainable
+
+    @property
+    def synchronization(self) -> VariableSynchronization:
+        return self._v.synchronization
+
+    @property
+    def aggregation(self) -> VariableAggregation:
+        return self._v.aggregation
+
+    @property
+    def distribute_strategy(self) -> Any:
+        return self._distribute_strategy
+
+    @property
+    def constraint(self) -> Callable[[Any], Any] | None:
+        return self._v.constraint
+
+    def value(self) -> Any:
+        return self._v.value()
+
+    def assign(self, value: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
+        return self._write(ASSIGN, value, read_value)
+
+    def assign_add(self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
+        return self._write(ASSIGN_ADD, delta, read_value)
+
+    def assign_sub(self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
+        return self._write(ASSIGN_SUB, delta, read_value)
+
+    def _write(self, op: str, value: Any, read_value: bool) -> Any:
+        api = f"AggregatingVariable.{op}()"
+        if context.has_strategy() and context.get_strategy() is not self._distribute_strategy:
+            raise context.wrong_strategy_scope(self._distribute_strategy, api)
+        if in_replica_context():
+            return aggregation.write_in_replica(self, op, value, read_value)
+        return self._write_cross_replica(op, value, read_value)
+
+    def _write_cross_replica(self, op: str, value: Any, read_value: bool) -> Any:
+        if isinstance(value, DistributedValues) and not isinstance(value, Variable):
+            value = value._values[0]  # TensorFlow's select_single_value: the primary component
+        return self._v._apply(op, value, read_value)
+
+    def __repr__(self) -> str:
+        return repr(self._v)

@@ -1,0 +1,268 @@
+"""Distributed variables: one component variable per replica device.
+
+* :class:`MirroredVariable` (``synchronization=ON_WRITE``/``AUTO``) keeps its components
+  equal: a write in cross-replica context goes to every component, a write in replica
+  context is aggregated across replicas first (``aggregation.py``).
+* :class:`SyncOnReadVariable` (``synchronization=ON_READ``) lets each replica write its own
+  component and aggregates only when read in cross-replica context (metrics).
+
+Both are ``DistributedValues`` (``.values`` are the components, in replica order) and
+``Variable``\\ s. Which component a read or write touches depends on the context:
+
+=======================  ==============================  =====================================
+context                  read                            write
+=======================  ==============================  =====================================
+replica ``i``            component ``i``                 mirrored: aggregated, all components;
+                                                         sync-on-read: component ``i``
+update context ``i``     component ``i``                 component ``i``
+cross-replica / none     mirrored: the component on the  every component
+                         current device, else the first;
+                         sync-on-read: the aggregate
+=======================  ==============================  =====================================
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from towerdist._src import backend, context, thread_state
+from towerdist._src.reduce_op import ReduceOp
+from towerdist._src.values.distributed_values import DistributedValues, Mirrored
+from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
+from towerdist._src.variables import aggregation
+from towerdist._src.variables.variable import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, ResourceVariable, Variable, to_array
+
+__all__ = ["DistributedVariable", "MirroredVariable", "SyncOnReadVariable", "write_components"]
+
+
+class DistributedVariable(DistributedValues, Variable):
+    """Base class of variables with one component per replica device."""
+
+    _is_distributed_variable = True
+
+    def __init__(self, strategy: Any, components: Sequence[ResourceVariable], aggregation: VariableAggregation) -> None:
+        super().__init__(components, [c._device for c in components])
+        self._components: tuple[ResourceVariable, ...] = tuple(components)
+        self._distribute_strategy = strategy
+        self._aggregation = aggregation
+        container = weakref.ref(self)
+        for component in components:
+            component._distributed_container = container
+
+    # --- properties (of the primary component unless the context picks another) ----------
+
+    @property
+    def name(self) -> str:
+        return self._components[0].name
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self._components[0].dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._component_here().shape
+
+    @property
+    def device(self) -> str:
+        return self._component_here().device
+
+    @property
+    def trainable(self) -> bool:
+        return self._components[0].trainable
+
+    @property
+    def synchronization(self) -> VariableSynchronization:
+        return self._components[0].synchronization
+
+    @property
+    def aggregation(self) -> VariableAggregation:
+        return self._aggregation
+
+    @property
+    def distribute_strategy(self) -> Any:
+        return self._distribute_strategy
+
+    @property
+    def constraint(self) -> Callable[[Any], Any] | None:
+        return self._components[0].constraint
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def value(self) -> Any:
+        self._check_strategy(f"{type(self).__name__}.value()")
+        replica_id = context.current_replica_id()
+        if replica_id is not None and replica_id < len(self._components):
+            return self._components[replica_id].value()
+        return self._read_cross_replica()
+
+    def _read_cross_replica(self) -> Any:
+        raise NotImplementedError
+
+    def _get_cross_replica(self) -> Any:
+        return self._read_cross_replica()
+
+    def _component_here(self) -> ResourceVariable:
+        """The component of this replica or update context, else of the current device."""
+        replica_id = context.current_replica_id()
+        if replica_id is not None and replica_id < len(self._components):
+            return self._components[replica_id]
+        component: ResourceVariable = self._get_on_device_or_primary()
+        return component
+
+    # --- writes ---------------------------------------------------------------------------
+
+    def assign(self, value: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
+        return self._write(ASSIGN, value, read_value)
+
+    def assign_add(self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
+        return self._write(ASSIGN_ADD, delta, read_value)
+
+    def assign_sub(self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
+        return self._write(ASSIGN_SUB, delta, read_value)
+
+    def _write(self, op: str, value: Any, read_value: bool) -> Any:
+        self._check_strategy(f"{type(self).__name__}.{op}()")
+        component = self._update_component()
+        if component is not None:
+            return component._apply(op, value, read_value)
+        if in_replica_context():
+            return self._write_in_replica(op, value, read_value)
+        return self._write_cross_replica(op, value, read_value)
+
+    def _write_in_replica(self, op: str, value: Any, read_value: bool) -> Any:
+        raise NotImplementedError
+
+    def _write_cross_replica(self, op: str, value: Any, read_value: bool) -> Any:
+        """Writes ``value`` to every component (a distributed value component-wise)."""
+        from towerdist._src.values.regroup import split_for_replicas  # noqa: PLC0415  (regroup imports values)
+
+        parts = split_for_replicas(value, len(self._components), f"{type(self).__name__}.{op}()", "value")
+        new = write_components(self._components, op, parts)
+        if not read_value:
+            return None
+        return new[0] if len(new) == 1 else Mirrored(new, self._devices)
+
+    def _update_component(self) -> ResourceVariable | None:
+        """The component an update context of this thread selects, if any."""
+        state = thread_state.state
+        if not state.updates or (state.modes and state.modes[-1].replica_context is not None):
+            return None
+        replica_id = state.updates[-1].replica_id
+        if replica_id is None or replica_id >= len(self._components):
+            return None
+        return self._components[replica_id]
+
+    def _check_strategy(self, api: str) -> None:
+        if context.has_strategy() and context.get_strategy() is not self._distribute_strategy:
+            raise context.wrong_strategy_scope(self._distribute_strategy, api)
+
+
+def in_replica_context() -> bool:
+    """True inside ``strategy.run`` of a strategy (not in the default replica context)."""
+    return context.get_replica_context() is not None and context.has_strategy()
+
+
+class MirroredVariable(DistributedVariable):
+    """A variable kept equal on every replica device (``synchronization=ON_WRITE``).
+
+    Created by ``td.Variable(...)`` in a ``MirroredStrategy`` scope. In replica context a
+    write is combined across replicas according to ``aggregation`` (SUM, MEAN,
+    ONLY_FIRST_REPLICA; NONE raises ``ValueError``) and then applied to every component.
+    """
+
+    _is_mirrored = True
+
+    def _read_cross_replica(self) -> Any:
+        return self._get_on_device_or_primary().value()
+
+    def _write_in_replica(self, op: str, value: Any, read_value: bool) -> Any:
+        return aggregation.write_in_replica(self, op, value, read_value)
+
+
+class SyncOnReadVariable(DistributedVariable):
+    """A variable whose replicas update their own copy; reads aggregate (``ON_READ``).
+
+    In replica context reads and writes use the replica's own component. In
+    cross-replica context a read aggregates the components (SUM, MEAN or the first for
+    ONLY_FIRST_REPLICA; NONE raises ``ValueError``), ``assign(x)`` stores ``x / N`` in every
+    component for SUM (so the sum reads back as ``x``) and ``x`` otherwise, and
+    ``assign_add``/``assign_sub`` raise for SUM.
+    """
+
+    def _read_cross_replica(self) -> Any:
+        if self._aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
+            return self._components[0].value()
+        op = ReduceOp.from_variable_aggregation(self._aggregation)
+        return self._distribute_strategy.reduce(op, self, axis=None)
+
+    def _write_in_replica(self, op: str, value: Any, read_value: bool) -> Any:
+        return self._component_here()._apply(op, value, read_value)
+
+    def _write_cross_replica(self, op: str, value: Any, read_value: bool) -> Any:
+        if self._aggregation is VariableAggregation.SUM:
+            if op in (ASSIGN_ADD, ASSIGN_SUB):
+                raise ValueError(
+                    f"SyncOnReadVariable does not support `{op}` in cross-replica context when aggregation "
+                    f"is set to `tf.VariableAggregation.SUM`: {self.name} would add the value to each of "
+                    f"its {len(self._components)} copies, changing the sum by {len(self._components)} times "
+                    f"the value. Call {op} inside strategy.run(), or assign() the new total."
+                )
+            value = self._split_sum(value)
+        super()._write_cross_replica(op, value, read_value=False)
+        return self.value() if read_value else None
+
+    def _split_sum(self, value: Any) -> Any:
+        """``value / num_replicas`` in the variable's dtype, so the components sum to ``value``."""
+        if isinstance(value, DistributedValues) and not isinstance(value, Variable):
+            return value  # already one value per component
+        array = to_array(value, None, f"{self.name}.assign()")
+        impl = backend.for_array(array)
+        return impl.true_divide(array, len(self._components)).astype(self.dtype)
+
+
+# --- writing components as one transaction ---------------------------------------------------
+
+
+def write_components(components: Sequence[ResourceVariable], op: str, parts: Sequence[Any]) -> list[Any]:
+    """Applies ``op(parts[i])`` to ``components[i]`` for every ``i``, all or nothing.
+
+    Every new value is computed before any is stored, so a bad value (wrong shape or
+    dtype) leaves all components unchanged. Components in host memory that hold the same
+    array and receive the same part share one result (each gets its own read-only
+    object), so a mirrored variable on N logical CPUs costs one update, not N.
+
+    Returns the components' new values.
+    """
+    host = backend.host()
+    prepared: list[Any] = []
+    cache: dict[tuple[Any, ...], Any] = {}
+    for component, part in zip(components, parts):
+        key = None
+        if component._impl is host:
+            part_key = _content_key(part)
+            if part_key is not None:
+                key = (_content_key(component._array), part_key)
+                if key in cache:
+                    prepared.append(cache[key])
+                    continue
+        array = component._prepare(op, part)
+        if key is not None:
+            cache[key] = array
+        prepared.append(array)
+    for component, array in zip(components, prepared):
+        component._store(array)
+    return [component.value() for component in components]
+
+
+def _content_key(value: Any) -> tuple[Any, ...] | None:
+    """Equal keys mean equal contents at this instant (same memory, same view); else None."""
+    if isinstance(value, np.ndarray):
+        return ("array", value.__array_interface__["data"][0], value.shape, value.strides, value.dtype.str)
+    if isinstance(value, (int, float, bool, np.generic)):
+        return ("object", id(value))
+    return None

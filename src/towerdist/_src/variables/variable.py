@@ -1,0 +1,495 @@
+"""``td.Variable``: mutable state with TensorFlow's variable API, holding numpy or cupy arrays.
+
+``td.Variable(...)`` creates the right kind of variable for the current context (see
+``creation.py``): a plain :class:`ResourceVariable` outside any strategy, a distributed
+variable inside a multi-replica strategy's scope. Every kind subclasses :class:`Variable`,
+so ``isinstance(v, td.Variable)`` holds for all of them.
+
+**Reads are snapshots.** A variable holds one array that is never written in place: every
+write builds a new array and swaps it in. An array handed out by ``value()``,
+``read_value()``, ``np.asarray(v)`` or arithmetic therefore never changes when the
+variable is assigned later. Reads hand out that array read-only (numpy arrays; cupy has no
+read-only flag, so do not write into arrays read from a GPU variable); ``numpy()`` returns a
+writable host copy, as TensorFlow's does.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from towerdist._src import backend, context
+from towerdist._src.device import DeviceSpec
+from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.values.distributed_values import DistributedValues, PerReplica
+from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
+
+__all__ = ["ResourceVariable", "Variable", "VariableRef", "to_array"]
+
+# The write operations every variable supports, by method name.
+ASSIGN = "assign"
+ASSIGN_ADD = "assign_add"
+ASSIGN_SUB = "assign_sub"
+
+
+class _VariableMeta(type):
+    """Makes ``td.Variable(...)`` a factory: it returns the kind of variable the context needs."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is Variable:
+            # creation.py builds on this module, so it can only be imported here.
+            from towerdist._src.variables.creation import create_variable  # noqa: PLC0415
+
+            return create_variable(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+_Binary = Callable[[Any, Any], Any]
+
+
+def _delegate(op: _Binary) -> tuple[_Binary, _Binary]:
+    """The forward and reflected operator methods applying ``op`` to the variable's value."""
+
+    def forward(self: Variable, other: Any) -> Any:
+        return op(self.value(), _unwrap(other))
+
+    def backward(self: Variable, other: Any) -> Any:
+        return op(_unwrap(other), self.value())
+
+    return forward, backward
+
+
+def _unwrap(value: Any) -> Any:
+    return value.value() if isinstance(value, Variable) else value
+
+
+class Variable(metaclass=_VariableMeta):
+    """A mutable array (``tf.Variable``).
+
+    ``td.Variable(initial_value, trainable=None, *, name=None, dtype=None, shape=None,
+    synchronization=VariableSynchronization.AUTO, aggregation=VariableAggregation.NONE,
+    validate_shape=True, caching_device=None, constraint=None)``
+
+    Outside a strategy it is a plain variable on the current device (``td.device``). In a
+    ``MirroredStrategy`` scope it is a ``MirroredVariable`` (or a ``SyncOnReadVariable``
+    with ``synchronization=ON_READ``) with one copy per replica; see ``docs/variables.md``.
+    Arguments after ``trainable`` are keyword-only: TensorFlow's positional order differs
+    from the order its documentation lists them in, so towerdist accepts neither.
+
+    Args:
+      initial_value: an array, a Python value, or a callable returning one (called once).
+      trainable: whether optimizers should train it; default True (False for ON_READ).
+      name: the name, ``"Variable"`` by default; ``v.name`` adds TensorFlow's ``":0"``.
+      dtype: convert the initial value to this dtype. Python floats default to float32
+        and Python ints to int32, as in TensorFlow.
+      shape: the shape later assignments must have; ``None`` entries accept any size.
+        Default: the initial value's shape.
+      synchronization: ``td.VariableSynchronization``; when copies are synchronised.
+      aggregation: ``td.VariableAggregation``; how replica-context writes are combined.
+      validate_shape: False lets assignments change the shape.
+      caching_device: accepted and ignored (TensorFlow graph-mode option).
+      constraint: a callable kept as ``v.constraint`` for optimizers to apply.
+
+    Example:
+      >>> v = td.Variable(1.0)
+      >>> v.assign_add(2.0)
+      array(3., dtype=float32)
+      >>> v
+      <tf.Variable 'Variable:0' shape=() dtype=float32, numpy=3.0>
+    """
+
+    # numpy defers binary operators with a variable on the right to the variable.
+    __array_priority__ = 100
+
+    # --- what every kind of variable provides ---------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The name with TensorFlow's output suffix, e.g. ``'Variable:0'``."""
+        raise NotImplementedError
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """The dtype (a numpy dtype, equal to ``td.float32`` etc.)."""
+        raise NotImplementedError
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the current value, as a tuple."""
+        raise NotImplementedError
+
+    @property
+    def device(self) -> str:
+        """The canonical name of the device the value read here lives on."""
+        raise NotImplementedError
+
+    @property
+    def trainable(self) -> bool:
+        """Whether optimizers should train this variable."""
+        raise NotImplementedError
+
+    @property
+    def synchronization(self) -> VariableSynchronization:
+        """When the copies of a distributed variable are synchronised."""
+        raise NotImplementedError
+
+    @property
+    def aggregation(self) -> VariableAggregation:
+        """How writes made in replica context are combined."""
+        raise NotImplementedError
+
+    @property
+    def distribute_strategy(self) -> Any:
+        """The strategy whose scope created the variable (the default strategy outside one)."""
+        raise NotImplementedError
+
+    @property
+    def constraint(self) -> Callable[[Any], Any] | None:
+        """The constraint given at creation, or None."""
+        raise NotImplementedError
+
+    def value(self) -> Any:
+        """The current value as an array (a snapshot: later writes do not change it)."""
+        raise NotImplementedError
+
+    def assign(self, value: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
+        """Sets the value to ``value`` (same shape; converted to the variable's dtype).
+
+        Returns the new value when ``read_value`` is True, else None. ``use_locking`` and
+        ``name`` are accepted for TensorFlow compatibility (writes are always atomic).
+        """
+        raise NotImplementedError
+
+    def assign_add(self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
+        """Adds ``delta`` (same shape as the variable); returns the new value or None."""
+        raise NotImplementedError
+
+    def assign_sub(self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
+        """Subtracts ``delta`` (same shape as the variable); returns the new value or None."""
+        raise NotImplementedError
+
+    # --- shared behaviour -----------------------------------------------------------------
+
+    def read_value(self) -> Any:
+        """The current value as an array (the same as ``value()``)."""
+        return self.value()
+
+    def numpy(self) -> np.ndarray:
+        """A writable host copy of the current value."""
+        return _host_copy(self.value())
+
+    def get_shape(self) -> tuple[int, ...]:
+        """The shape (TensorFlow's alias of ``shape``)."""
+        return self.shape
+
+    def is_initialized(self) -> bool:
+        """Always True: variables are initialised when created."""
+        return True
+
+    def ref(self) -> VariableRef:
+        """A hashable reference to this variable, for use as a dict key or in a set."""
+        return VariableRef(self)
+
+    def experimental_ref(self) -> VariableRef:
+        """The old name of :meth:`ref`."""
+        return self.ref()
+
+    def _towerdist_value(self) -> Any:
+        # The conversion protocol of td.convert_to_tensor (array_ops.py).
+        return self.value()
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        value = self.value()
+        if not backend.host().owns(value):
+            value = _host_copy(value)
+        if copy:
+            return np.array(value, dtype=dtype, copy=True)
+        if copy is False:
+            return np.asarray(value, dtype=dtype, copy=False)
+        return np.asarray(value, dtype=dtype)
+
+    def __float__(self) -> float:
+        return float(self._scalar("float"))
+
+    def __int__(self) -> int:
+        return int(self._scalar("int"))
+
+    def __bool__(self) -> bool:
+        return bool(self._scalar("bool"))
+
+    def _scalar(self, kind: str) -> Any:
+        value = self.value()
+        if value.ndim != 0:
+            raise TypeError(
+                f"{kind}() needs a scalar variable, but {self.name} has shape {tuple(value.shape)}; "
+                f"index it or reduce it first."
+            )
+        return value.item()
+
+    def __hash__(self) -> int:
+        raise TypeError(
+            f"Variable is unhashable (== compares values element-wise). Instead, use variable.ref() as "
+            f"the key. (Variable: {self.name})"
+        )
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.value()[_unwrap(key)]
+
+    def __neg__(self) -> Any:
+        return -self.value()
+
+    def __pos__(self) -> Any:
+        return +self.value()
+
+    def __abs__(self) -> Any:
+        return abs(self.value())
+
+    def __invert__(self) -> Any:
+        return ~self.value()
+
+    __add__, __radd__ = _delegate(operator.add)
+    __sub__, __rsub__ = _delegate(operator.sub)
+    __mul__, __rmul__ = _delegate(operator.mul)
+    __truediv__, __rtruediv__ = _delegate(operator.truediv)
+    __floordiv__, __rfloordiv__ = _delegate(operator.floordiv)
+    __mod__, __rmod__ = _delegate(operator.mod)
+    __pow__, __rpow__ = _delegate(operator.pow)
+    __matmul__, __rmatmul__ = _delegate(operator.matmul)
+    __and__, __rand__ = _delegate(operator.and_)
+    __or__, __ror__ = _delegate(operator.or_)
+    __xor__, __rxor__ = _delegate(operator.xor)
+    __lt__ = _delegate(operator.lt)[0]
+    __le__ = _delegate(operator.le)[0]
+    __gt__ = _delegate(operator.gt)[0]
+    __ge__ = _delegate(operator.ge)[0]
+    __eq__ = _delegate(operator.eq)[0]
+    __ne__ = _delegate(operator.ne)[0]
+
+
+class VariableRef:
+    """A hashable reference to a variable (``v.ref()``); ``deref()`` gives the variable back."""
+
+    __slots__ = ("_variable",)
+
+    def __init__(self, variable: Variable) -> None:
+        self._variable = variable
+
+    def deref(self) -> Variable:
+        """The variable this reference points to."""
+        return self._variable
+
+    def __hash__(self) -> int:
+        return id(self._variable)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, VariableRef) and other._variable is self._variable
+
+    def __repr__(self) -> str:
+        return f"<Reference wrapping {self._variable!r}>"
+
+
+def format_variable(name: str, value: Any) -> str:
+    """TensorFlow's text of a single-device variable: ``<tf.Variable 'v:0' shape=() ...>``."""
+    host = value if backend.host().owns(value) else _host_copy(value)
+    host = np.asarray(host)
+    text = str(host[()]) if host.ndim == 0 else repr(host)  # 0-d: numpy's scalar text, e.g. 1.0
+    if "\n" in text:
+        text = "\n" + text
+    return f"<tf.Variable '{name}' shape={tuple(host.shape)} dtype={host.dtype.name}, numpy={text}>"
+
+
+def _host_copy(value: Any) -> np.ndarray:
+    if backend.host().owns(value):
+        return np.array(value, copy=True)
+    copied: np.ndarray = backend.host().to_device(value, None)  # a cupy array: copied to the host
+    return copied
+
+
+class ResourceVariable(Variable):
+    """A variable on one device (TensorFlow's ``ResourceVariable``).
+
+    Created by ``td.Variable(...)`` outside multi-replica strategies, and as each
+    component of a distributed variable. Do not construct it directly.
+    """
+
+    def __init__(
+        self,
+        array: Any,
+        *,
+        name: str,
+        device: DeviceSpec,
+        trainable: bool,
+        synchronization: VariableSynchronization,
+        aggregation: VariableAggregation,
+        shape: tuple[int | None, ...] | None,
+        constraint: Callable[[Any], Any] | None,
+        strategy: Any,
+    ) -> None:
+        # ``array`` must be a private buffer on ``device``: the variable adopts it.
+        self._impl = backend.for_device(device)
+        self._array = self._impl.freeze(array)
+        self._name = name
+        self._device = device
+        self._devices = (device,)
+        self._trainable = trainable
+        self._synchronization = synchronization
+        self._aggregation = aggregation
+        self._declared_shape = shape
+        self._constraint = constraint
+        self._distribute_strategy = strategy
+        # Set to a weakref of the distributed variable this is a component of, if any.
+        self._distributed_container: Any = None
+
+    @property
+    def name(self) -> str:
+        return f"{self._name}:0"
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        dtype: np.dtype[Any] = np.dtype(self._array.dtype)
+        return dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._array.shape)
+
+    @property
+    def device(self) -> str:
+        return self._device.name
+
+    @property
+    def trainable(self) -> bool:
+        return self._trainable
+
+    @property
+    def synchronization(self) -> VariableSynchronization:
+        return self._synchronization
+
+    @property
+    def aggregation(self) -> VariableAggregation:
+        return self._aggregation
+
+    @property
+    def distribute_strategy(self) -> Any:
+        if self._distribute_strategy is not None:
+            return self._distribute_strategy
+        return context.default_strategy()
+
+    @property
+    def constraint(self) -> Callable[[Any], Any] | None:
+        return self._constraint
+
+    def value(self) -> Any:
+        return self._array
+
+    def assign(self, value: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
+        return self._apply(ASSIGN, value, read_value)
+
+    def assign_add(self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
+        return self._apply(ASSIGN_ADD, delta, read_value)
+
+    def assign_sub(self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
+        return self._apply(ASSIGN_SUB, delta, read_value)
+
+    # --- the write protocol (distributed variables write components through it) ------------
+
+    def _apply(self, op: str, value: Any, read_value: bool) -> Any:
+        self._store(self._prepare(op, value))
+        return self._array if read_value else None
+
+    def _prepare(self, op: str, value: Any) -> Any:
+        """The array ``op(value)`` would store, computed without changing the variable.
+
+        Raises:
+          ValueError / TypeError: ``value`` has the wrong shape or cannot be converted to
+            the variable's dtype; the variable is unchanged.
+        """
+        array = to_array(value, self.dtype, f"{self._name}.{op}()")
+        if op == ASSIGN:
+            self._check_assign_shape(tuple(array.shape))
+            return self._impl.copy(array, self._device)  # the variable owns what it stores
+        if tuple(array.shape) != self.shape:
+            raise InvalidArgumentError(
+                f"Cannot {op} a value of shape {tuple(array.shape)} to variable {self.name} of shape "
+                f"{self.shape}: the shapes must be equal (variables do not broadcast). Reshape the "
+                f"value or use assign()."
+            )
+        array = self._impl.to_device(array, self._device)
+        combine = self._impl.xp.add if op == ASSIGN_ADD else self._impl.xp.subtract
+        return combine(self._array, array, dtype=self._array.dtype)
+
+    def _store(self, array: Any) -> None:
+        """Adopts ``array`` (private, on this device) as the new value."""
+        self._array = self._impl.freeze(array)
+
+    def _check_assign_shape(self, shape: tuple[int, ...]) -> None:
+        declared = self._declared_shape
+        if declared is None:
+            return
+        if len(shape) != len(declared) or any(d is not None and d != s for d, s in zip(declared, shape)):
+            raise ValueError(
+                f"Cannot assign a value of shape {shape} to variable {self.name}: its shape is "
+                f"{_format_shape(declared)}. Reshape the value, or create the variable with "
+                f"shape=... (None for a free dimension) or validate_shape=False to allow other shapes."
+            )
+
+    def __repr__(self) -> str:
+        return format_variable(self.name, self._array)
+
+
+def _format_shape(shape: Sequence[int | None]) -> str:
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+# --- converting values to a variable's dtype -------------------------------------------------
+
+
+def to_array(value: Any, dtype: Any, what: str) -> Any:
+    """``value`` as an array of ``dtype`` (None: TensorFlow's default dtype for it).
+
+    Variables and distributed values are read first. Arrays convert to ``dtype`` when no
+    information is lost in kind (int to float is fine, float to int is not); Python values
+    must be representable in ``dtype``.
+
+    Raises:
+      InvalidArgumentError: an array whose dtype cannot be converted.
+      TypeError: a Python value that cannot be converted (e.g. 1.5 to an int32 variable).
+    """
+    if isinstance(value, Variable):
+        value = value.value()
+    elif isinstance(value, PerReplica):
+        value = value._local()
+    elif isinstance(value, DistributedValues):
+        value = value._get()
+        if isinstance(value, Variable):
+            value = value.value()
+    if backend.is_array(value):
+        if dtype is None or value.dtype == dtype:
+            return value
+        if not np.can_cast(value.dtype, dtype, "same_kind"):
+            raise InvalidArgumentError(
+                f"{what}: cannot convert an array of dtype {value.dtype} to dtype {np.dtype(dtype)} "
+                f"without losing information; cast it explicitly with td.cast(value, {np.dtype(dtype).name})."
+            )
+        return value.astype(dtype)
+    raw = np.asarray(value)
+    if raw.dtype.kind not in "biufc":
+        raise TypeError(f"{what}: cannot convert {value!r} (of type {type(value).__name__}) to an array of numbers.")
+    if dtype is None:
+        from towerdist._src.array_ops import constant  # noqa: PLC0415  (array_ops reads variables)
+
+        return constant(value)
+    target = np.dtype(dtype)
+    if not np.can_cast(raw.dtype, target, "same_kind") or not _fits(raw, target):
+        raise TypeError(f"{what}: cannot convert {value!r} to dtype {target.name}.")
+    return np.asarray(raw, dtype=target)
+
+
+def _fits(raw: np.ndarray, target: np.dtype[Any]) -> bool:
+    if raw.dtype.kind in "iu" and target.kind in "iu" and raw.size:
+        info = np.iinfo(target)
+        return bool(raw.min() >= info.min and raw.max() <= info.max)
+    return True
