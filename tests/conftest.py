@@ -87,6 +87,11 @@ def mirrored_4cpu() -> td.distribute.MirroredStrategy:
     return mirrored(4)
 
 
+@pytest.fixture(scope="session")
+def central_storage_2cpu() -> td.distribute.experimental.CentralStorageStrategy:
+    return td.distribute.experimental.CentralStorageStrategy(compute_devices=cpus(2), parameter_device="CPU:0")
+
+
 ALL_STRATEGIES = ["default", "one_device_cpu", "mirrored_1cpu", "mirrored_2cpu", "mirrored_4cpu"]
 MIRRORED_STRATEGIES = ["mirrored_1cpu", "mirrored_2cpu", "mirrored_4cpu"]
 MULTI_REPLICA_STRATEGIES = ["mirrored_2cpu", "mirrored_4cpu"]
