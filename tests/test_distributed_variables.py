@@ -1,0 +1,512 @@
+"""Distributed variables: creation in a scope, reads and writes in every context.
+
+Pins DESIGN section 3 and the reference sections 2.6 (creation, names, repr), 3.1 (run
+returns variables), 3.6 (MirroredVariable writes in replica context, with decision 10.2:
+aggregation NONE raises), 3.7 (cross-replica writes) and 3.8 (sync-on-read), plus the
+examples D1 and D16. The reference tables observed on 2 replicas are checked literally;
+the same rules are checked on 1, 2 and 4 replicas through their formulas.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import towerdist as td
+from towerdist._src.variables.distributed_variable import MirroredVariable, SyncOnReadVariable
+from towerdist._src.variables.variable import ResourceVariable
+
+from conftest import mirrored
+
+A = td.VariableAggregation
+S = td.VariableSynchronization
+ON_READ = S.ON_READ
+ContextError = td.errors.ContextError
+
+
+def rid() -> int:
+    return int(td.distribute.get_replica_context().replica_id_in_sync_group)
+
+
+def components(v) -> list[float]:
+    return [float(c.numpy()) for c in v.values]
+
+
+def assert_strategy_works(strategy):
+    result = strategy.run(lambda: td.distribute.get_replica_context().replica_id_in_sync_group)
+    assert [int(x) for x in strategy.experimental_local_results(result)] == list(range(strategy.num_replicas_in_sync))
+
+
+def make(strategy, initial=1.0, **kwargs):
+    with strategy.scope():
+        return td.Variable(initial, **kwargs)
+
+
+# --- creation --------------------------------------------------------------------------------
+
+
+def test_d1_scope_example_repr(mirrored_2cpu):
+    with mirrored_2cpu.scope():
+        mirrored_variable = td.Variable(1.0)
+    assert repr(mirrored_variable) == (
+        "MirroredVariable:{\n"
+        "  0: <tf.Variable 'Variable:0' shape=() dtype=float32, numpy=1.0>,\n"
+        "  1: <tf.Variable 'Variable/replica_1:0' shape=() dtype=float32, numpy=1.0>\n"
+        "}"
+    )
+    assert repr(td.Variable(1.0)) == "<tf.Variable 'Variable:0' shape=() dtype=float32, numpy=1.0>"
+
+
+def test_sync_on_read_repr_has_the_same_layout(mirrored_2cpu):
+    v = make(mirrored_2cpu, 1.0, synchronization=ON_READ, aggregation=A.SUM)
+    assert repr(v).startswith("SyncOnReadVariable:{\n  0: <tf.Variable 'Variable:0' shape=()")
+
+
+def test_creation_makes_one_component_per_device(mirrored_strategy):
+    n = mirrored_strategy.num_replicas_in_sync
+    v = make(mirrored_strategy, [1.0, 2.0], name="w")
+    assert isinstance(v, MirroredVariable) and isinstance(v, td.Variable)
+    assert isinstance(v, td.distribute.DistributedValues)
+    assert len(v.values) == n
+    assert [c.name for c in v.values] == ["w:0"] + [f"w/replica_{i}:0" for i in range(1, n)]
+    assert tuple(c.device for c in v.values) == mirrored_strategy.extended.worker_devices
+    assert v.name == "w:0" and v.dtype == td.float32 and v.shape == (2,)
+    for c in v.values:
+        assert isinstance(c, ResourceVariable)
+        np.testing.assert_array_equal(c.numpy(), [1.0, 2.0])
+    assert len({id(c.value()) for c in v.values}) == n  # distinct objects for each replica
+
+
+def test_synchronization_picks_the_class(mirrored_2cpu):
+    assert isinstance(make(mirrored_2cpu, synchronization=S.AUTO), MirroredVariable)
+    assert isinstance(make(mirrored_2cpu, synchronization=S.ON_WRITE), MirroredVariable)
+    assert make(mirrored_2cpu, synchronization=S.AUTO).synchronization is S.ON_WRITE
+    sync_on_read = make(mirrored_2cpu, synchronization=ON_READ, aggregation=A.SUM)
+    assert isinstance(sync_on_read, SyncOnReadVariable)
+    assert sync_on_read.synchronization is ON_READ and sync_on_read.aggregation is A.SUM
+
+
+def test_trainable_defaults(mirrored_2cpu):
+    assert make(mirrored_2cpu).trainable is True
+    assert make(mirrored_2cpu, trainable=False).trainable is False
+    assert make(mirrored_2cpu, synchronization=ON_READ).trainable is False
+    assert make(mirrored_2cpu, synchronization=ON_READ, trainable=True).trainable is True  # TF 2.21
+
+
+def test_initial_value_callable_is_called_once(mirrored_4cpu):
+    calls = []
+
+    def init():
+        calls.append(td.distribute.in_cross_replica_context())
+        return np.arange(3, dtype=np.float32)
+
+    v = make(mirrored_4cpu, init)
+    assert calls == [True]
+    for c in v.values:
+        np.testing.assert_array_equal(c.numpy(), [0.0, 1.0, 2.0])
+
+
+def test_sync_none_raises(mirrored_2cpu):
+    with pytest.raises(ValueError, match="`NONE` variable synchronization mode is not supported") as info:
+        make(mirrored_2cpu, synchronization=S.NONE, name="bad")
+    assert "bad" in str(info.value)
+    assert_strategy_works(mirrored_2cpu)
+
+
+@pytest.mark.parametrize("aggregation", [7, "sum", None])
+def test_invalid_aggregation_raises(mirrored_2cpu, aggregation):
+    with pytest.raises(ValueError, match="Invalid variable aggregation mode"):
+        make(mirrored_2cpu, aggregation=aggregation)
+
+
+def test_mean_with_an_integer_dtype_raises_but_sum_is_fine(mirrored_2cpu):
+    with pytest.raises(ValueError, match="creating distributed tf.Variable with aggregation=MEAN and a non-floating"):
+        make(mirrored_2cpu, 1, aggregation=A.MEAN)
+    assert components(make(mirrored_2cpu, 1, aggregation=A.SUM)) == [1, 1]
+    assert_strategy_works(mirrored_2cpu)
+
+
+def test_single_device_strategies_make_plain_variables(default, one_device_cpu):
+    for strategy in (default, one_device_cpu):
+        with strategy.scope():
+            v = td.Variable(1.0, synchronization=ON_READ, aggregation=A.SUM)
+        assert type(v) is ResourceVariable
+        assert v.device == "/job:localhost/replica:0/task:0/device:CPU:0"
+    with one_device_cpu.scope():
+        assert td.Variable(1.0).distribute_strategy is one_device_cpu
+
+
+def test_d16_variable_created_by_a_function_called_in_scope(mirrored_2cpu):
+    x = []
+
+    @td.function
+    def create_variable():
+        if not x:
+            x.append(td.Variable(1.0))
+        return x[0]
+
+    with mirrored_2cpu.scope():
+        create_variable()
+        assert isinstance(x[0], MirroredVariable)
+    assert components(x[0]) == [1.0, 1.0]
+
+
+# --- reads -----------------------------------------------------------------------------------
+
+
+def test_replica_reads_its_own_component(mirrored_strategy):
+    n = mirrored_strategy.num_replicas_in_sync
+    v = make(mirrored_strategy, 0.0)
+    v.assign(mirrored_strategy.experimental_distribute_values_from_function(
+        lambda ctx: np.float32(ctx.replica_id_in_sync_group)))
+    result = mirrored_strategy.run(lambda: (v.read_value(), v.value(), v.numpy(), v + 0.0, v.device))
+    parts = mirrored_strategy.experimental_local_results(result) if n > 1 else (result,)
+    for i, (read, value, host, total, device) in enumerate(parts):
+        assert float(read) == float(value) == float(host) == float(total) == i
+        assert device == mirrored_strategy.extended.worker_devices[i]
+
+
+def test_cross_replica_read_is_the_component_on_the_current_device(mirrored_2cpu):
+    v = make(mirrored_2cpu, 0.0)
+    v.assign(mirrored_2cpu.experimental_distribute_values_from_function(
+        lambda ctx: np.float32(ctx.replica_id_in_sync_group)))
+    assert components(v) == [0.0, 1.0]  # a PerReplica value desynchronises (reference 3.7)
+    assert float(v.read_value()) == 0.0
+    with td.device("/cpu:1"):
+        assert float(v.read_value()) == 1.0
+        assert v.device.endswith("CPU:1")
+    with mirrored_2cpu.scope():
+        assert float(v) == 0.0
+
+
+def test_variable_of_another_strategy_raises(mirrored_2cpu, mirrored_4cpu):
+    v = make(mirrored_2cpu, 1.0, aggregation=A.SUM)
+    with mirrored_4cpu.scope():
+        with pytest.raises(ContextError, match="Mixing different strategies"):
+            v.read_value()
+        with pytest.raises(ContextError, match="Mixing different strategies"):
+            v.assign(2.0)
+        with pytest.raises(td.errors.ValidationError, match="was created in the scope of"):
+            mirrored_4cpu.extended.update(v, lambda c: c.assign(3.0))
+    with pytest.raises(ContextError, match="Mixing different strategies"):
+        mirrored_4cpu.run(lambda: v.assign_add(1.0))
+    assert components(v) == [1.0, 1.0]
+    assert_strategy_works(mirrored_2cpu)
+    assert_strategy_works(mirrored_4cpu)
+
+
+# --- MirroredVariable writes in replica context (reference 3.6, decision 10.2) ---------------
+
+# Reference 3.6 [RUN], 2 replicas, initial 1.0, replica r writes 10 * (r + 1):
+TABLE_3_6 = {
+    (A.SUM, "assign"): [30, 30],
+    (A.SUM, "assign_add"): [31, 31],
+    (A.MEAN, "assign"): [15, 15],
+    (A.MEAN, "assign_add"): [16, 16],
+    (A.ONLY_FIRST_REPLICA, "assign"): [10, 10],
+    (A.ONLY_FIRST_REPLICA, "assign_add"): [11, 11],
+}
+
+
+@pytest.mark.parametrize(("aggregation", "method"), list(TABLE_3_6))
+def test_reference_3_6_replica_values(mirrored_2cpu, aggregation, method):
+    v = make(mirrored_2cpu, 1.0, aggregation=aggregation)
+    mirrored_2cpu.run(lambda: getattr(v, method)(td.constant(10.0 * (rid() + 1))))
+    assert components(v) == TABLE_3_6[(aggregation, method)]
+
+
+SHARED = np.array(4.0, dtype=np.float32)  # the reference's ``shared = tf.constant(4.)`` made outside run
+
+
+@pytest.mark.parametrize("value", [5.0, SHARED], ids=["python_float", "shared_array"])
+@pytest.mark.parametrize("aggregation", [A.MEAN, A.ONLY_FIRST_REPLICA])
+def test_reference_3_6_same_object_from_every_replica(mirrored_2cpu, aggregation, value):
+    v = make(mirrored_2cpu, 1.0, aggregation=aggregation)
+    mirrored_2cpu.run(lambda: v.assign(value))
+    assert components(v) == [float(value)] * 2
+
+
+@pytest.mark.parametrize("value", [5.0, SHARED], ids=["python_float", "shared_array"])
+def test_reference_3_6_same_object_with_sum_raises(mirrored_2cpu, value):
+    v = make(mirrored_2cpu, 1.0, aggregation=A.SUM)
+    with pytest.raises(ValueError, match="A non-DistributedValues value .* cannot be reduced with the given reduce op"):
+        mirrored_2cpu.run(lambda: v.assign(value))
+    assert components(v) == [1.0, 1.0]
+    assert_strategy_works(mirrored_2cpu)
+
+
+@pytest.mark.parametrize("method", ["assign", "assign_add", "assign_sub"])
+def test_aggregation_none_raises_in_replica_context(mirrored_strategy, method):
+    v = make(mirrored_strategy, 1.0, name="weights")
+    with pytest.raises(ValueError, match="You must specify an aggregation method to update a MirroredVariable") as info:
+        mirrored_strategy.run(lambda: getattr(v, method)(2.0))
+    assert "weights:0" in str(info.value) and "merge_call" in str(info.value)  # says how to fix it
+    assert components(v) == [1.0] * mirrored_strategy.num_replicas_in_sync
+    assert_strategy_works(mirrored_strategy)
+
+
+@pytest.mark.parametrize("method", ["assign", "assign_add", "assign_sub"])
+@pytest.mark.parametrize("aggregation", [A.SUM, A.MEAN, A.ONLY_FIRST_REPLICA])
+def test_replica_writes_follow_the_aggregation_on_1_2_4_replicas(mirrored_strategy, aggregation, method):
+    n = mirrored_strategy.num_replicas_in_sync
+    v = make(mirrored_strategy, 1.0, aggregation=aggregation)
+    mirrored_strategy.run(lambda: getattr(v, method)(td.constant(10.0 * (rid() + 1))))
+    written = {
+        A.SUM: sum(10.0 * (r + 1) for r in range(n)),
+        A.MEAN: sum(10.0 * (r + 1) for r in range(n)) / n,
+        A.ONLY_FIRST_REPLICA: 10.0,
+    }[aggregation]
+    expected = {"assign": written, "assign_add": 1.0 + written, "assign_sub": 1.0 - written}[method]
+    assert components(v) == pytest.approx([expected] * n)
+
+
+def test_replica_write_returns_each_replica_its_new_value(mirrored_strategy):
+    n = mirrored_strategy.num_replicas_in_sync
+    v = make(mirrored_strategy, 1.0, aggregation=A.SUM)
+    result = mirrored_strategy.run(lambda: v.assign_add(td.constant(1.0)))
+    parts = mirrored_strategy.experimental_local_results(result)
+    assert [float(p) for p in parts] == [1.0 + n] * n
+    if n > 1:
+        assert isinstance(result, td.distribute.PerReplica)  # reference 3.1: one new value per replica
+    assert mirrored_strategy.run(lambda: v.assign(td.constant(2.0), read_value=False)) is None
+
+
+def test_replicas_writing_with_different_methods_raise(mirrored_2cpu):
+    v = make(mirrored_2cpu, 1.0, aggregation=A.SUM)
+
+    def fn():
+        return v.assign(td.constant(1.0)) if rid() == 0 else v.assign_add(td.constant(1.0))
+
+    with pytest.raises(RuntimeError, match="different collective calls") as info:
+        mirrored_2cpu.run(fn)
+    assert "MirroredVariable.assign()" in str(info.value) and "MirroredVariable.assign_add()" in str(info.value)
+    assert components(v) == [1.0, 1.0]
+    assert_strategy_works(mirrored_2cpu)
+
+
+def test_replicas_writing_different_variables_raise(mirrored_2cpu):
+    a = make(mirrored_2cpu, 1.0, aggregation=A.SUM, name="a")
+    b = make(mirrored_2cpu, 1.0, aggregation=A.SUM, name="b")
+    with pytest.raises(ValueError, match="different variables or methods"):
+        mirrored_2cpu.run(lambda: (a if rid() == 0 else b).assign(td.constant(1.0)))
+    assert components(a) == components(b) == [1.0, 1.0]
+    assert_strategy_works(mirrored_2cpu)
+
+
+def test_a_distributed_value_cannot_update_in_replica_context(mirrored_2cpu):
+    v = make(mirrored_2cpu, 1.0, aggregation=A.SUM)
+    per_replica = mirrored_2cpu.experimental_distribute_values_from_function(lambda ctx: np.float32(1.0))
+    with pytest.raises(TypeError, match="Cannot use DistributedValues to update variables in replica context"):
+        mirrored_2cpu.run(lambda: v.assign(per_replica))
+    assert_strategy_works(mirrored_2cpu)
+
+
+def test_replica_write_with_mismatched_shapes_raises_and_changes_nothing(mirrored_2cpu):
+    v = make(mirrored_2cpu, [1.0, 2.0], aggregation=A.SUM)
+    with pytest.raises(td.errors.InvalidArgumentError, match="replica 0 has shape"):
+        mirrored_2cpu.run(lambda: v.assign(td.ones([2 + rid()])))
+    with pytest.raises(ValueError, match="Cannot assign a value of shape"):
+        mirrored_2cpu.run(lambda: v.assign(td.ones([3])))
+    assert [list(c.numpy()) for c in v.values] == [[1.0, 2.0]] * 2
+    assert_strategy_works(mirrored_2cpu)
+
+
+# --- MirroredVariable writes in cross-replica context (reference 3.7) ------------------------
+
+
+def test_cross_replica_write_goes_to_every_component(mirrored_strategy):
+    n = mirrored_strategy.num_replicas_in_sync
+    v = make(mirrored_strategy, 1.0)  # aggregation NONE is fine in cross-replica context
+    result = v.assign(5.0)
+    if n > 1:
+        assert isinstance(result, td.distribute.Mirrored)
+    assert [float(x) for x in mirrored_strategy.experimental_local_results(result)] == [5.0] * n
+    assert components(v) == [5.0] * n
+    assert v.assign_add(1.0, read_value=False) is None
+    with mirrored_strategy.scope():
+        v.assign_sub(2.0)
+    assert components(v) == [4.0] * n
+
+
+def test_cross_replica_write_with_a_bad_value_changes_no_component(mirrored_4cpu):
+    v = make(mirrored_4cpu, [1.0, 2.0])
+    bad = mirrored_4cpu.experimental_distribute_values_from_function(
+        lambda ctx: np.ones(2 if ctx.replica_id_in_sync_group < 3 else 3, np.float32))
+    with pytest.raises(ValueError, match="Cannot assign a value of shape"):
+        v.assign(bad)  # components 0..2 would be fine, component 3 is not: nothing is written
+    with pytest.raises(ValueError, match="PerReplica with 2 components"):
+        v.assign(mirrored(2).experimental_distribute_values_from_function(lambda ctx: np.ones(2, np.float32)))
+    assert [list(c.numpy()) for c in v.values] == [[1.0, 2.0]] * 4
+
+
+def test_reduce_of_a_mirrored_variable(mirrored_2cpu):
+    v = make(mirrored_2cpu, 3.0)
+    assert float(mirrored_2cpu.reduce("MEAN", v, axis=None)) == 3.0
+    with pytest.raises(td.errors.ValidationError, match="cannot SUM a MirroredVariable"):
+        mirrored_2cpu.reduce("SUM", v, axis=None)
+
+
+# --- sync-on-read (reference 3.8) ------------------------------------------------------------
+
+
+def sync_on_read(strategy, aggregation, initial=1.0):
+    """A sync-on-read variable after replica r did ``assign_add(r + 1)``."""
+    v = make(strategy, initial, synchronization=ON_READ, aggregation=aggregation)
+    strategy.run(lambda: v.assign_add(td.constant(float(rid() + 1))))
+    return v
+
+
+def test_reference_3_8_table_on_2_replicas(mirrored_2cpu):
+    for aggregation in A:
+        v = sync_on_read(mirrored_2cpu, aggregation)
+        assert components(v) == [2.0, 3.0]
+        replica_reads = mirrored_2cpu.run(lambda v=v: v.read_value())
+        assert [float(x) for x in mirrored_2cpu.experimental_local_results(replica_reads)] == [2.0, 3.0]
+    cross_replica_reads = {A.SUM: 5.0, A.MEAN: 2.5, A.ONLY_FIRST_REPLICA: 2.0}
+    for aggregation, expected in cross_replica_reads.items():
+        v = sync_on_read(mirrored_2cpu, aggregation)
+        assert float(v.read_value()) == expected
+        with mirrored_2cpu.scope():
+            assert float(v.value()) == expected and float(v.numpy()) == expected and float(v + 0.0) == expected
+
+
+def test_reference_3_8_none_aggregation_cannot_be_read_across_replicas(mirrored_2cpu):
+    v = sync_on_read(mirrored_2cpu, A.NONE)
+    with pytest.raises(ValueError, match="Could not convert from `tf.VariableAggregation` VariableAggregationV2.NONE"):
+        v.read_value()
+    assert float(mirrored_2cpu.reduce("SUM", v, axis=None)) == 5.0  # reduce treats it as PerReplica
+    with pytest.raises(ValueError, match="Could not convert from"):
+        v.assign(10.0)  # written, then the read-back raises (reference 3.8)
+    assert components(v) == [10.0, 10.0]
+    assert v.assign(7.0, read_value=False) is None
+    assert components(v) == [7.0, 7.0]
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "after_assign", "after_add", "after_sub"),
+    [(A.MEAN, [10, 10], [11, 11], [10, 10]), (A.ONLY_FIRST_REPLICA, [10, 10], [11, 11], [10, 10])],
+)
+def test_reference_3_8_cross_replica_writes(mirrored_2cpu, aggregation, after_assign, after_add, after_sub):
+    v = sync_on_read(mirrored_2cpu, aggregation)
+    v.assign(10.0)
+    assert components(v) == after_assign
+    v.assign_add(1.0)
+    assert components(v) == after_add
+    v.assign_sub(1.0)
+    assert components(v) == after_sub
+
+
+@pytest.mark.parametrize("method", ["assign_add", "assign_sub"])
+def test_reference_3_8_sum_cross_replica_assign_add_raises(mirrored_2cpu, method):
+    v = sync_on_read(mirrored_2cpu, A.SUM)
+    v.assign(10.0)
+    assert components(v) == [5.0, 5.0]
+    with pytest.raises(ValueError, match=f"SyncOnReadVariable does not support `{method}` in cross-replica context"):
+        getattr(v, method)(1.0)
+    assert components(v) == [5.0, 5.0]
+    assert_strategy_works(mirrored_2cpu)
+
+
+def test_reference_3_8_assign_outside_the_scope(mirrored_2cpu):
+    assert components(_assigned_outside(mirrored_2cpu, A.SUM)) == [3.5, 3.5]
+    assert components(_assigned_outside(mirrored_2cpu, A.MEAN)) == [7.0, 7.0]
+    assert components(_assigned_outside(mirrored_2cpu, A.ONLY_FIRST_REPLICA)) == [7.0, 7.0]
+
+
+def _assigned_outside(strategy, aggregation):
+    v = make(strategy, 1.0, synchronization=ON_READ, aggregation=aggregation)
+    v.assign(7.0)
+    return v
+
+
+@pytest.mark.parametrize("aggregation", [A.SUM, A.MEAN, A.ONLY_FIRST_REPLICA])
+def test_sync_on_read_rules_on_1_2_4_replicas(mirrored_strategy, aggregation):
+    n = mirrored_strategy.num_replicas_in_sync
+    v = sync_on_read(mirrored_strategy, aggregation, initial=0.0)
+    assert components(v) == [float(r + 1) for r in range(n)]  # replica writes stay local
+    total = n * (n + 1) / 2
+    expected = {A.SUM: total, A.MEAN: total / n, A.ONLY_FIRST_REPLICA: 1.0}[aggregation]
+    assert float(v.read_value()) == pytest.approx(expected)
+    v.assign(12.0)
+    assert float(v.read_value()) == pytest.approx(12.0)  # assign(x) reads back as x for every aggregation
+    assert components(v) == pytest.approx([12.0 / n if aggregation is A.SUM else 12.0] * n)
+
+
+def test_sync_on_read_sum_assign_of_an_integer_truncates_like_tensorflow(mirrored_2cpu):
+    v = make(mirrored_2cpu, 0, synchronization=ON_READ, aggregation=A.SUM)
+    v.assign(5)
+    assert [int(c.numpy()) for c in v.values] == [2, 2]  # cast(5 / 2, int32)
+    assert v.dtype == td.int32
+
+
+def test_sync_on_read_local_writes_do_not_leak_between_replicas(mirrored_4cpu):
+    # Components start out sharing one immutable host buffer; a local write replaces only its own.
+    v = make(mirrored_4cpu, np.zeros(3, np.float32), synchronization=ON_READ, aggregation=A.SUM)
+    mirrored_4cpu.run(lambda: v.assign(np.full(3, rid(), np.float32)))
+    for i, c in enumerate(v.values):
+        np.testing.assert_array_equal(c.numpy(), [i, i, i])
+    np.testing.assert_array_equal(v.read_value(), [6.0, 6.0, 6.0])
+
+
+# --- run returns variables (reference 3.1) ---------------------------------------------------
+
+
+def test_run_returns_the_variable_or_its_container(mirrored_strategy):
+    n = mirrored_strategy.num_replicas_in_sync
+    v = make(mirrored_strategy, 1.0)
+    assert mirrored_strategy.run(lambda: v) is v
+    assert mirrored_strategy.run(lambda: v.values[rid()]) is v
+    nested = mirrored_strategy.run(lambda: {"var": v, "component": v.values[rid()], "id": rid()})
+    assert nested["var"] is v and nested["component"] is v
+    assert mirrored_strategy.experimental_local_results(v) == tuple(v.values)
+    assert len(mirrored_strategy.experimental_local_results(v)) == n
+
+
+def test_run_returning_components_of_different_variables_raises(mirrored_2cpu):
+    a, b = make(mirrored_2cpu, 1.0), make(mirrored_2cpu, 2.0)
+    with pytest.raises(td.errors.ValidationError, match="components of different distributed variables"):
+        mirrored_2cpu.run(lambda: (a if rid() == 0 else b).values[rid()])
+    assert_strategy_works(mirrored_2cpu)
+
+
+def test_variables_are_passed_whole_to_replicas(mirrored_2cpu):
+    v = make(mirrored_2cpu, 1.0)
+    seen = mirrored_2cpu.run(lambda x: x is v, args=(v,))
+    assert seen is True
+
+
+# --- snapshots -------------------------------------------------------------------------------
+
+
+def test_reads_are_snapshots(mirrored_2cpu):
+    v = make(mirrored_2cpu, [1.0, 2.0], aggregation=A.MEAN)
+    before = v.read_value()
+    in_replicas = mirrored_2cpu.experimental_local_results(mirrored_2cpu.run(lambda: v.value()))
+    written = v.assign([5.0, 6.0])
+    mirrored_2cpu.run(lambda: v.assign_add(td.ones([2])))
+    np.testing.assert_array_equal(before, [1.0, 2.0])
+    for part in in_replicas:
+        np.testing.assert_array_equal(part, [1.0, 2.0])
+    for part in written.values:
+        np.testing.assert_array_equal(part, [5.0, 6.0])
+    with pytest.raises(ValueError, match="read-only"):
+        before[0] = 9.0  # handed-out arrays cannot be used to corrupt the variable
+    np.testing.assert_array_equal(v.numpy(), [6.0, 7.0])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.sampled_from([1, 2, 3, 4]),
+    values=st.lists(st.floats(-1e3, 1e3, width=32), min_size=4, max_size=4),
+    aggregation=st.sampled_from([A.SUM, A.MEAN, A.ONLY_FIRST_REPLICA]),
+)
+def test_replica_assign_matches_numpy(n, values, aggregation):
+    strategy = mirrored(n)
+    v = make(strategy, 0.0, aggregation=aggregation)
+    strategy.run(lambda: v.assign(np.float32(values[rid()])))
+    own = np.array(values[:n], dtype=np.float32)
+    expected = {A.SUM: own.sum(dtype=np.float32), A.MEAN: own.sum(dtype=np.float32) / n, A.ONLY_FIRST_REPLICA: own[0]}
+    for component in v.values:
+        np.testing.assert_allclose(component.numpy(), expected[aggregation], rtol=1e-6, atol=1e-6)
