@@ -2,8 +2,9 @@
 and leaves the strategy usable.
 
 Each row triggers one error on ``mirrored_2cpu`` and pins the exception type and the first
-words of the message; the test then checks that ``run`` and ``reduce`` still work. Errors
-concerning variables, datasets and MPI are tested with those features.
+words of the message; the test then checks that ``run`` and ``reduce`` still work. The rows
+about variables are here too (and in depth in the variable tests); errors concerning
+datasets and MPI are tested with those features.
 """
 
 from __future__ import annotations
@@ -55,6 +56,26 @@ def _three_component_per_replica(s):
     s.reduce("sum", td.distribute.PerReplica([1.0, 2.0, 3.0]), axis=None)
 
 
+def _variable(s, **kwargs):
+    with s.scope():
+        return td.Variable(1.0, **kwargs)
+
+
+def _variable_of_another_strategy(s):
+    v = _variable(td.distribute.MirroredStrategy(cpus(2)), aggregation=td.VariableAggregation.SUM)
+    s.run(lambda: v.assign_add(td.constant(1.0)))
+
+
+def _none_aggregation_write(s):
+    v = _variable(s)
+    s.run(lambda: v.assign(td.constant(2.0)))
+
+
+def _sync_on_read_sum_assign_add(s):
+    v = _variable(s, synchronization=td.VariableSynchronization.ON_READ, aggregation=td.VariableAggregation.SUM)
+    v.assign_add(1.0)
+
+
 ERRORS: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] = [
     ("unknown reduce op", lambda s: s.reduce("MAX", per_replica(s, float), None), ValueError, "'MAX' is not a valid ReduceOp"),
     ("reduce op of a wrong type", lambda s: s.reduce(5, per_replica(s, float), 0), TypeError, "Expected `reduce_op` to be"),
@@ -77,6 +98,15 @@ ERRORS: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] = [
     ("destinations of a wrong kind", lambda s: s.extended.reduce_to("sum", per_replica(s, float), 3.5), ValueError, "destinations must be one of"),
     ("list destinations", lambda s: s.extended.reduce_to("sum", per_replica(s, float), ["/cpu:0"]), td.errors.ValidationError,
      r"StrategyExtended.reduce_to\(\) takes one destination"),
+    ("a variable of another strategy", _variable_of_another_strategy, td.errors.ContextError, "Mixing different strategies"),
+    ("NONE aggregation write in a replica", _none_aggregation_write, ValueError,
+     "You must specify an aggregation method to update a MirroredVariable"),
+    ("sync-on-read SUM assign_add across replicas", _sync_on_read_sum_assign_add, ValueError,
+     "SyncOnReadVariable does not support `assign_add` in cross-replica context"),
+    ("NONE synchronization in a scope", lambda s: _variable(s, synchronization=td.VariableSynchronization.NONE),
+     ValueError, "`NONE` variable synchronization mode is not supported"),
+    ("variable creation mismatch in run", lambda s: s.run(lambda: td.Variable(1.0, name=f"v{rid()}")), RuntimeError,
+     "Tried to create variable 'v1' with mismatching name"),
     ("gather of scalars", lambda s: s.gather(per_replica(s, float), axis=0), td.errors.InvalidArgumentError, r"Strategy.gather\(\) cannot concatenate scalars"),
 ]
 
