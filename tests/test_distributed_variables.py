@@ -76,7 +76,8 @@ def test_creation_makes_one_component_per_device(mirrored_strategy):
     for c in v.values:
         assert isinstance(c, ResourceVariable)
         np.testing.assert_array_equal(c.numpy(), [1.0, 2.0])
-    assert len({id(c.value()) for c in v.values}) == n  # distinct objects for each replica
+    reads = [c.value() for c in v.values]
+    assert len({id(r) for r in reads}) == n  # distinct objects for each replica
 
 
 def test_synchronization_picks_the_class(mirrored_2cpu):

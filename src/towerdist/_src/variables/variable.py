@@ -383,7 +383,9 @@ class ResourceVariable(Variable):
         return self._constraint
 
     def value(self) -> Any:
-        return self._array
+        # A new read-only object per read, as each TensorFlow read is a new tensor: reads by
+        # different replicas are different objects (so ``run`` regroups them per replica).
+        return self._impl.freeze(self._array)
 
     def assign(self, value: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
         return self._apply(ASSIGN, value, read_value)
@@ -398,7 +400,7 @@ class ResourceVariable(Variable):
 
     def _apply(self, op: str, value: Any, read_value: bool) -> Any:
         self._store(self._prepare(op, value))
-        return self._array if read_value else None
+        return self.value() if read_value else None
 
     def _prepare(self, op: str, value: Any) -> Any:
         """The array ``op(value)`` would store, computed without changing the variable.
