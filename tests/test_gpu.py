@@ -66,3 +66,36 @@ def test_all_reduce_across_gpus(ops):
 
     for part in strategy.experimental_local_results(strategy.run(step)):
         np.testing.assert_allclose(cupy_backend.xp.asnumpy(part), np.arange(1000) * 3.0)
+
+
+@pytest.mark.gpu
+def test_variable_under_a_gpu_device_scope_lives_on_the_gpu():
+    with td.device("GPU:0"):
+        v = td.Variable([1.0, 2.0])
+    assert v.device.endswith("GPU:0") and cupy_backend.owns(v.value())
+    before = v.value()
+    v.assign_add(np.ones(2, np.float32))  # a host value is moved to the variable's device
+    np.testing.assert_array_equal(v.numpy(), [2.0, 3.0])
+    np.testing.assert_array_equal(cupy_backend.xp.asnumpy(before), [1.0, 2.0])  # reads are snapshots
+    assert isinstance(v.numpy(), np.ndarray) and "numpy=array([2., 3.]" in repr(v)
+
+
+@pytest.mark.multi_gpu(2)
+def test_mirrored_variable_on_two_gpus():
+    strategy = td.distribute.MirroredStrategy(gpus(2))
+    with strategy.scope():
+        v = td.Variable(np.zeros(4, np.float32), aggregation=td.VariableAggregation.SUM)
+    assert [c.value().device.id for c in v.values] == [0, 1]
+    def step():
+        replica = td.distribute.get_replica_context().replica_id_in_sync_group
+        v.assign_add(td.ones([4]) * td.cast(replica + 1, td.float32))
+
+    strategy.run(step)
+    for c in v.values:
+        np.testing.assert_array_equal(c.numpy(), [3.0] * 4)
+    with strategy.scope():
+        counter = td.Variable(
+            0.0, synchronization=td.VariableSynchronization.ON_READ, aggregation=td.VariableAggregation.SUM
+        )
+    strategy.run(lambda: counter.assign_add(td.constant(1.0)))
+    assert float(counter.numpy()) == 2.0
