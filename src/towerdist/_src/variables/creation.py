@@ -95,7 +95,7 @@ def _check(
         )
     if name is not None and not isinstance(name, str):
         raise TypeError(f"td.Variable() takes name as a string. Got name={name!r} of type {type(name).__name__}.")
-    label = name or "Variable"
+    label = "Variable" if name is None else name
     if not isinstance(synchronization, VariableSynchronization):
         raise ValueError(
             f"Invalid variable synchronization mode: {synchronization!r} for variable: {name}. Use a "

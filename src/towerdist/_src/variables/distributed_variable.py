@@ -23,6 +23,7 @@ cross-replica / none     mirrored: the component on the  every component
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -238,6 +239,13 @@ def write_components(components: Sequence[ResourceVariable], op: str, parts: Seq
 
     Returns the components' new values.
     """
+    with contextlib.ExitStack() as locks:
+        for component in components:  # always in component order: no lock-order inversion
+            locks.enter_context(component._write_lock)
+        return _write_locked(components, op, parts)
+
+
+def _write_locked(components: Sequence[ResourceVariable], op: str, parts: Sequence[Any]) -> list[Any]:
     host = backend.host()
     prepared: list[Any] = []
     cache: dict[tuple[Any, ...], Any] = {}

@@ -16,6 +16,7 @@ writable host copy, as TensorFlow's does.
 from __future__ import annotations
 
 import operator
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -177,9 +178,10 @@ class Variable(metaclass=_VariableMeta):
         """The current value as an array (the same as ``value()``)."""
         return self.value()
 
-    def numpy(self) -> np.ndarray:
-        """A writable host copy of the current value."""
-        return _host_copy(self.value())
+    def numpy(self) -> Any:
+        """A writable host copy of the current value (a numpy scalar for a scalar variable)."""
+        copy = _host_copy(self.value())
+        return copy[()] if copy.ndim == 0 else copy
 
     def get_shape(self) -> tuple[int, ...]:
         """The shape (TensorFlow's alias of ``shape``)."""
@@ -339,6 +341,8 @@ class ResourceVariable(Variable):
         self._aggregation = aggregation
         self._declared_shape = shape
         self._constraint = constraint
+        # Serialises read-modify-write updates; reads take no lock (the array is swapped whole).
+        self._write_lock = threading.Lock()
         self._distribute_strategy = strategy
         # Set to a weakref of the distributed variable this is a component of, if any.
         self._distributed_container: Any = None
@@ -399,8 +403,10 @@ class ResourceVariable(Variable):
     # --- the write protocol (distributed variables write components through it) ------------
 
     def _apply(self, op: str, value: Any, read_value: bool) -> Any:
-        self._store(self._prepare(op, value))
-        return self.value() if read_value else None
+        with self._write_lock:
+            self._store(self._prepare(op, value))
+            new = self.value() if read_value else None
+        return new
 
     def _prepare(self, op: str, value: Any) -> Any:
         """The array ``op(value)`` would store, computed without changing the variable.
@@ -485,7 +491,8 @@ def to_array(value: Any, dtype: Any, what: str) -> Any:
 
         return constant(value)
     target = np.dtype(dtype)
-    if not np.can_cast(raw.dtype, target, "same_kind") or not _fits(raw, target):
+    integers = raw.dtype.kind in "biu" and target.kind in "iu"  # checked by value in _fits
+    if not (integers or np.can_cast(raw.dtype, target, "same_kind")) or not _fits(raw, target):
         raise TypeError(f"{what}: cannot convert {value!r} to dtype {target.name}.")
     return np.asarray(raw, dtype=target)
 
