@@ -67,6 +67,11 @@ def get_replica_context() -> Any:
     modes = _state.modes
     if modes:
         return modes[-1].replica_context
+    return default_replica_context()
+
+
+def default_replica_context() -> Any:
+    """The replica context outside any strategy scope (the default strategy's)."""
     return default_strategy().extended._default_replica_context
 
 

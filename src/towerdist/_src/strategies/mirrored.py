@@ -20,7 +20,7 @@ from towerdist._src.strategies.replica_context import ReplicaContext
 from towerdist._src.strategies.replica_threads import ReplicaScheduler, StopReplica
 from towerdist._src.strategies.strategy import Strategy, StrategyExtended, update_regroup
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
-from towerdist._src.values.regroup import regroup, select_replica, split_for_replicas
+from towerdist._src.values.regroup import regroup, split_for_replicas
 from towerdist._src.variables import creation
 from towerdist._src.variables.distributed_variable import DistributedVariable
 
@@ -281,10 +281,12 @@ class MirroredExtended(StrategyExtended):
                 f"colocate_with={colocate_with!r}."
             )
         devices = tuple(device_lib.parse(d) for d in colocate_with)
+        args_per = split_for_replicas(args, len(devices), "StrategyExtended.update_non_slot()", "args")
+        kwargs_per = split_for_replicas(kwargs, len(devices), "StrategyExtended.update_non_slot()", "kwargs")
         results = []
         for i, device in enumerate(devices):
             with context.UpdateContext(device, i):
-                results.append(fn(*select_replica(i, args), **select_replica(i, kwargs)))
+                results.append(fn(*args_per[i], **kwargs_per[i]))
         return update_regroup(results, devices, group)
 
     def _non_slot_devices(self, var_list: list[Any]) -> Any:

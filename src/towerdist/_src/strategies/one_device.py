@@ -77,6 +77,9 @@ class OneDeviceExtended(StrategyExtended):
     def _variable_device(self, colocate_with: Any) -> DeviceSpec:
         return self._device
 
+    def _update_device(self, var: Any) -> DeviceSpec | None:
+        return self._device  # as TensorFlow: the strategy's device, wherever var was made
+
     def _non_slot_devices(self, var_list: list[Any]) -> Any:
         return (self._device.name,)
 

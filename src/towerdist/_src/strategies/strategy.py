@@ -363,13 +363,14 @@ class StrategyExtended:
         """
         strategy = self._container_strategy()
         args, kwargs = _check_call_arguments(args, kwargs, "StrategyExtended.update()")
-        if context.has_strategy() and context.get_replica_context() is not None:
-            context.require_strategy_scope(strategy, "StrategyExtended.update()")
-
+        replica_context = context.get_replica_context()
+        if replica_context is not None and replica_context is not context.default_replica_context():
+            # Inside strategy.run (of any strategy, the default one included): meet the other
+            # replicas first, as TensorFlow does.
             def merge_update(merge_strategy: Any, *merged_args: Any, **merged_kwargs: Any) -> Any:
-                return merge_strategy.extended.update(var, fn, merged_args, merged_kwargs, group)
+                return self.update(var, fn, merged_args, merged_kwargs, group)
 
-            return context.get_replica_context()._merge_call(merge_update, args, kwargs, "StrategyExtended.update()")
+            return replica_context._merge_call(merge_update, args, kwargs, "StrategyExtended.update()")
         context.require_cross_replica_or_default(strategy, "StrategyExtended.update()")
         self._check_update_variable(var)
         with strategy.scope():
@@ -498,9 +499,12 @@ class StrategyExtended:
         if isinstance(var, DistributedVariable) and var._distribute_strategy is not self._container_strategy():
             raise _foreign_variable(var, self._describe())
 
+    def _update_device(self, var: Any) -> DeviceSpec | None:
+        """The device ``update`` names for ``var`` (single-device strategies)."""
+        return _devices_of(var)[0] if hasattr(var, "_devices") else None
+
     def _update(self, var: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool) -> Any:
-        device = _devices_of(var)[0] if hasattr(var, "_devices") else None
-        with context.UpdateContext(device, None):
+        with context.UpdateContext(self._update_device(var), None):
             result = fn(var, *args, **kwargs)
         return result if group else nest.map_structure(self._local_results, result)
 
