@@ -331,6 +331,15 @@ def test_cross_replica_write_goes_to_every_component(mirrored_strategy):
     assert components(v) == [4.0] * n
 
 
+@pytest.mark.parametrize("method", ["assign", "assign_add", "assign_sub"])
+def test_cross_replica_write_of_an_array(mirrored_strategy, method):
+    v = make(mirrored_strategy, np.zeros(3, np.float32), aggregation=A.SUM)
+    getattr(v, method)(np.array([1.0, 2.0, 3.0], np.float32))
+    sign = -1.0 if method == "assign_sub" else 1.0
+    for c in v.values:
+        np.testing.assert_array_equal(c.numpy(), sign * np.array([1.0, 2.0, 3.0]))
+
+
 def test_cross_replica_write_with_a_bad_value_changes_no_component(mirrored_4cpu):
     v = make(mirrored_4cpu, [1.0, 2.0])
     bad = mirrored_4cpu.experimental_distribute_values_from_function(

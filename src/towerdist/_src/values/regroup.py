@@ -57,7 +57,7 @@ def split_for_replicas(structure: Any, num_replicas: int, api: str, name: str) -
     Raises:
       ValueError: a distributed leaf has a different number of components than replicas.
     """
-    if not structure and isinstance(structure, (tuple, dict)):
+    if isinstance(structure, (tuple, dict)) and not structure:
         return [structure] * num_replicas  # no arguments
     leaves, spec = nest.flatten(structure)
     split_at = [k for k, leaf in enumerate(leaves) if _is_split(leaf)]
