@@ -816,3 +816,11 @@ def test_concurrent_assign_add_loses_no_update():
     finally:
         sys.setswitchinterval(interval)
     assert totals == [float(threads * per_thread)] * rounds
+
+
+def test_a_read_cannot_be_made_writable_again():
+    v = td.Variable([1.0, 2.0])
+    read = v.value()
+    with pytest.raises(ValueError, match="cannot set WRITEABLE flag"):
+        read.flags.writeable = True
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])

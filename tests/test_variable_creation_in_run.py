@@ -204,3 +204,15 @@ def test_created_in_merge_fn_is_made_once(mirrored_2cpu):
 
     v = mirrored_2cpu.run(fn)
     assert isinstance(v, MirroredVariable) and [float(c.numpy()) for c in v.values] == [3.0, 3.0]
+
+
+def test_the_initial_value_is_computed_in_replica_0s_context(mirrored_2cpu):
+    with mirrored_2cpu.scope():
+        local = td.Variable(0.0, synchronization=td.VariableSynchronization.ON_READ, aggregation=A.SUM)
+    mirrored_2cpu.run(lambda: local.assign(td.constant(float(rid() + 2))))  # components [2, 3]
+    from_read = mirrored_2cpu.run(lambda: td.Variable(lambda: local.read_value()))
+    from_variable = mirrored_2cpu.run(lambda: td.Variable(local))
+    from_id = mirrored_2cpu.run(lambda: td.Variable(lambda: td.cast(rid() + 7, td.float32)))
+    assert [float(c.numpy()) for c in from_read.values] == [2.0, 2.0]  # TF 2.21: replica 0's local value
+    assert [float(c.numpy()) for c in from_variable.values] == [2.0, 2.0]
+    assert [float(c.numpy()) for c in from_id.values] == [7.0, 7.0]

@@ -900,3 +900,25 @@ def test_update_non_slot_checks_per_replica_component_counts(mirrored_2cpu):
     devices = mirrored_2cpu.extended.non_slot_devices([])
     with pytest.raises(ValueError, match="PerReplica with 3 components"):
         mirrored_2cpu.extended.update_non_slot(devices, lambda x: x, args=(td.distribute.PerReplica([1, 2, 3]),))
+
+
+def test_replicas_updating_different_variables_raise(mirrored_2cpu):
+    with mirrored_2cpu.scope():
+        v, w = td.Variable(0.0, name="v"), td.Variable(0.0, name="w")
+
+    def step():
+        ctx = td.distribute.get_replica_context()
+        target = v if int(ctx.replica_id_in_sync_group) == 0 else w
+        mirrored_2cpu.extended.update(target, lambda c, x: c.assign(x), args=(1.0,))
+
+    with pytest.raises(ValueError, match=r"called by the replicas with different variables \(v:0, w:0"):
+        mirrored_2cpu.run(step)
+    assert [float(c.numpy()) for c in v.values] == [0.0, 0.0] and [float(c.numpy()) for c in w.values] == [0.0, 0.0]
+
+
+def test_read_var_needs_cross_replica_context(mirrored_2cpu):
+    with mirrored_2cpu.scope():
+        v = td.Variable(1.0)
+    with pytest.raises(ContextError, match=r"StrategyExtended.read_var\(\) must be called in cross-replica context"):
+        mirrored_2cpu.run(lambda: mirrored_2cpu.extended.read_var(v))
+    assert float(mirrored_2cpu.extended.read_var(v)) == 1.0

@@ -142,6 +142,14 @@ def add_n(arrays: Sequence[Any]) -> Any:
         return total
 
 
+def add(array: Any, other: Any, subtract: bool = False) -> Any:
+    """A new array ``array + other`` (or ``-``) with ``array``'s dtype, on ``array``'s GPU."""
+    cupy = _import()
+    with cupy.cuda.Device(array.device.id):
+        combine = cupy.subtract if subtract else cupy.add
+        return combine(array, cupy.asarray(other), dtype=array.dtype)
+
+
 def true_divide(array: Any, divisor: Any) -> Any:
     return _import().true_divide(array, divisor)
 

@@ -73,9 +73,13 @@ def share(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
 
 
 def freeze(array: np.ndarray) -> np.ndarray:
-    """A new read-only object looking at ``array``'s memory (for a buffer nobody writes)."""
-    view = np.asarray(array).view()  # numpy scalars become 0-d arrays
-    view.flags.writeable = False
+    """A new read-only object looking at ``array``, which becomes read-only too.
+
+    For buffers nobody writes in place any more (a variable's stored value).
+    """
+    base = np.asarray(array)  # numpy scalars become 0-d arrays
+    base.flags.writeable = False  # so that no view of it can be made writable again
+    view = base.view()
     return view
 
 
@@ -132,6 +136,12 @@ def add_n(arrays: Sequence[Any]) -> np.ndarray:
     for x in arrays[2:]:
         np.add(total, x, out=total)
     return total
+
+
+def add(array: Any, other: Any, subtract: bool = False) -> np.ndarray:
+    """A new array ``array + other`` (or ``-``) with ``array``'s dtype."""
+    combine = np.subtract if subtract else np.add
+    return np.asarray(combine(array, other, dtype=array.dtype))
 
 
 def true_divide(array: Any, divisor: Any) -> np.ndarray:

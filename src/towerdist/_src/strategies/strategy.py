@@ -367,10 +367,17 @@ class StrategyExtended:
         if replica_context is not None and replica_context is not context.default_replica_context():
             # Inside strategy.run (of any strategy, the default one included): meet the other
             # replicas first, as TensorFlow does.
-            def merge_update(merge_strategy: Any, *merged_args: Any, **merged_kwargs: Any) -> Any:
-                return self.update(var, fn, merged_args, merged_kwargs, group)
+            def merge_update(merge_strategy: Any, merged_var: Any, *merged_args: Any, **merged_kwargs: Any) -> Any:
+                if isinstance(merged_var, PerReplica):
+                    names = ", ".join(getattr(v, "name", repr(v)) for v in merged_var.values)
+                    raise ValueError(
+                        f"StrategyExtended.update() was called by the replicas with different variables "
+                        f"({names}, in replica order); every replica must update the same variable at the "
+                        f"same point."
+                    )
+                return self.update(merged_var, fn, merged_args, merged_kwargs, group)
 
-            return replica_context._merge_call(merge_update, args, kwargs, "StrategyExtended.update()")
+            return replica_context._merge_call(merge_update, (var, *args), kwargs, "StrategyExtended.update()")
         context.require_cross_replica_or_default(strategy, "StrategyExtended.update()")
         self._check_update_variable(var)
         with strategy.scope():
@@ -429,6 +436,7 @@ class StrategyExtended:
 
     def read_var(self, v: Any) -> Any:
         """The value of ``v`` as cross-replica code sees it (sync-on-read: the aggregate), as a new array."""
+        context.require_cross_replica_or_default(self._container_strategy(), "StrategyExtended.read_var()")
         if isinstance(v, SyncOnReadVariable):
             return v._read_cross_replica()
         return array_ops.identity(v)

@@ -89,6 +89,8 @@ def _aggregate(strategy: Any, variable: Any, value: Any) -> Any:
 
 def _describe(value: Any) -> str:
     if isinstance(value, PerReplica):
-        return "replicas passed " + ", ".join(repr(v) if isinstance(v, str) else getattr(v, "name", repr(v))
-                                              for v in value.values)
-    return repr(value) if isinstance(value, str) else getattr(value, "name", repr(value))
+        return "replicas passed " + ", ".join(_describe(v) for v in value.values)
+    if isinstance(value, str):
+        return repr(value)
+    name = getattr(value, "name", None)
+    return repr(value) if name is None else f"{name} (object {id(value):#x})"

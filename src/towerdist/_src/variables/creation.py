@@ -73,7 +73,8 @@ def create_variable(
     if context.has_strategy():
         replica_context = context.get_replica_context()
         if replica_context is not None:
-            return replica_context._merge_call(_create_shared, (_Request(spec),), {}, "td.Variable()")
+            request = _Request(spec, replica_context)
+            return replica_context._merge_call(_create_shared, (request,), {}, "td.Variable()")
     return context.get_strategy().extended._create_variable(spec)
 
 
@@ -229,10 +230,11 @@ def distributed_variable(spec: VariableSpec, devices: Sequence[DeviceSpec], stra
 class _Request:
     """One replica's request to create a variable (a fresh object per replica and call)."""
 
-    __slots__ = ("spec",)
+    __slots__ = ("replica_context", "spec")
 
-    def __init__(self, spec: VariableSpec) -> None:
+    def __init__(self, spec: VariableSpec, replica_context: Any) -> None:
         self.spec = spec
+        self.replica_context = replica_context
 
 
 def _create_shared(strategy: Any, requests: Any) -> Any:
@@ -249,7 +251,14 @@ def _create_shared(strategy: Any, requests: Any) -> Any:
                 f"point replica 0 created {first.name!r} and replica {replica_id} created "
                 f"{request.spec.name!r}."
             )
-    return strategy.extended._create_variable(first)
+    # The initial value is computed as replica 0 would compute it, in its replica context
+    # and on its device (a sync-on-read variable reads its local copy, as in TensorFlow);
+    # the variable itself is then created in cross-replica context.
+    replica_0 = ordered[0].replica_context
+    with replica_0, device_lib.device(replica_0._device):
+        initial_value = first.initial_value() if callable(first.initial_value) else first.initial_value
+        initial_value = to_array(initial_value, first.dtype, f"td.Variable(name={first.name!r}) initial_value")
+    return strategy.extended._create_variable(first._replace(initial_value=initial_value))
 
 
 def _mismatch(first: VariableSpec, other: VariableSpec) -> str | None:

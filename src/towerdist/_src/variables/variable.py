@@ -426,8 +426,7 @@ class ResourceVariable(Variable):
                 f"value or use assign()."
             )
         array = self._impl.to_device(array, self._device)
-        combine = self._impl.xp.add if op == ASSIGN_ADD else self._impl.xp.subtract
-        return combine(self._array, array, dtype=self._array.dtype)
+        return self._impl.add(self._array, array, subtract=op == ASSIGN_SUB)
 
     def _store(self, array: Any) -> None:
         """Adopts ``array`` (private, on this device) as the new value."""
