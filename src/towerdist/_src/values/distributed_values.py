@@ -14,13 +14,13 @@ when a strategy made the value (None for values built by hand).
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from towerdist._src import context
 from towerdist._src import device as device_lib
 from towerdist._src.device import DeviceSpec
+from towerdist._src.operators import ArrayOperators
 
 __all__ = ["DistributedValues", "Mirrored", "PerReplica"]
 
@@ -124,29 +124,15 @@ def _to_numpy(value: Any, dtype: Any, copy: bool | None) -> Any:
     return np.asarray(value, dtype=dtype)
 
 
-_Binary = Callable[[Any, Any], Any]
-
-
-def _delegate_binary(op: _Binary) -> tuple[_Binary, _Binary]:
-    """The forward and reflected operator methods applying ``op`` to the local component."""
-
-    def forward(self: Mirrored, other: Any) -> Any:
-        return op(self._get(), other)
-
-    def backward(self: Mirrored, other: Any) -> Any:
-        return op(other, self._get())
-
-    return forward, backward
-
-
-class Mirrored(DistributedValues):
+class Mirrored(ArrayOperators, DistributedValues):
     """Values that are equal on every replica (``tf.types.experimental.Mirrored``).
 
     It behaves like its local component: attribute access, ``np.asarray``, indexing,
     arithmetic and comparison operators all act on ``_get()``.
     """
 
-    __array_priority__ = 100  # numpy defers binary operators to us
+    def _operand(self) -> Any:
+        return self._get()
 
     def __getattr__(self, name: str) -> Any:
         # Dunder and private lookups (copy, pickle, half-initialised objects) must not recurse.
@@ -157,36 +143,6 @@ class Mirrored(DistributedValues):
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> Any:
         return _to_numpy(self._get(), dtype, copy)
 
-    def __getitem__(self, key: Any) -> Any:
-        return self._get()[key]
-
-    def __neg__(self) -> Any:
-        return -self._get()
-
-    def __pos__(self) -> Any:
-        return +self._get()
-
-    def __abs__(self) -> Any:
-        return abs(self._get())
-
-    def __invert__(self) -> Any:
-        return ~self._get()
-
-    __add__, __radd__ = _delegate_binary(operator.add)
-    __sub__, __rsub__ = _delegate_binary(operator.sub)
-    __mul__, __rmul__ = _delegate_binary(operator.mul)
-    __truediv__, __rtruediv__ = _delegate_binary(operator.truediv)
-    __floordiv__, __rfloordiv__ = _delegate_binary(operator.floordiv)
-    __mod__, __rmod__ = _delegate_binary(operator.mod)
-    __pow__, __rpow__ = _delegate_binary(operator.pow)
-    __matmul__, __rmatmul__ = _delegate_binary(operator.matmul)
-    __and__, __rand__ = _delegate_binary(operator.and_)
-    __or__, __ror__ = _delegate_binary(operator.or_)
-    __xor__, __rxor__ = _delegate_binary(operator.xor)
-    __lt__ = _delegate_binary(operator.lt)[0]
-    __le__ = _delegate_binary(operator.le)[0]
-    __gt__ = _delegate_binary(operator.gt)[0]
-    __ge__ = _delegate_binary(operator.ge)[0]
     # == and hash stay by identity, as for TensorFlow's Mirrored: results are regrouped and
     # used as dict keys by identity.
     __eq__ = object.__eq__

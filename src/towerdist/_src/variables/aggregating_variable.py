@@ -20,7 +20,7 @@ from towerdist._src.values.distributed_values import DistributedValues
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 from towerdist._src.variables import aggregation
 from towerdist._src.variables.distributed_variable import in_replica_context
-from towerdist._src.variables.variable import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, ResourceVariable, Variable
+from towerdist._src.variables.variable import ResourceVariable, Variable
 
 __all__ = ["AggregatingVariable"]
 
@@ -77,15 +77,6 @@ class AggregatingVariable(Variable):
     def value(self) -> Any:
         return self._v.value()
 
-    def assign(self, value: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
-        return self._write(ASSIGN, value, read_value)
-
-    def assign_add(self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
-        return self._write(ASSIGN_ADD, delta, read_value)
-
-    def assign_sub(self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
-        return self._write(ASSIGN_SUB, delta, read_value)
-
     def _write(self, op: str, value: Any, read_value: bool) -> Any:
         api = f"AggregatingVariable.{op}()"
         if context.has_strategy() and context.get_strategy() is not self._distribute_strategy:
@@ -97,7 +88,7 @@ class AggregatingVariable(Variable):
     def _write_cross_replica(self, op: str, value: Any, read_value: bool) -> Any:
         if isinstance(value, DistributedValues) and not isinstance(value, Variable):
             value = value._values[0]  # TensorFlow's select_single_value: the primary component
-        return self._v._apply(op, value, read_value)
+        return self._v._write(op, value, read_value)
 
     def __repr__(self) -> str:
         return repr(self._v)

@@ -35,7 +35,7 @@ from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 from towerdist._src.variables import aggregation
-from towerdist._src.variables.variable import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, ResourceVariable, Variable, to_array
+from towerdist._src.variables.variable import ASSIGN_ADD, ASSIGN_SUB, ResourceVariable, Variable, to_array
 
 __all__ = ["DistributedVariable", "MirroredVariable", "SyncOnReadVariable", "write_components"]
 
@@ -117,20 +117,11 @@ class DistributedVariable(DistributedValues, Variable):
 
     # --- writes ---------------------------------------------------------------------------
 
-    def assign(self, value: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
-        return self._write(ASSIGN, value, read_value)
-
-    def assign_add(self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
-        return self._write(ASSIGN_ADD, delta, read_value)
-
-    def assign_sub(self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
-        return self._write(ASSIGN_SUB, delta, read_value)
-
     def _write(self, op: str, value: Any, read_value: bool) -> Any:
         self._check_strategy(f"{type(self).__name__}.{op}()")
         component = self._update_component()
         if component is not None:
-            return component._apply(op, value, read_value)
+            return component._write(op, value, read_value)
         if in_replica_context():
             return self._write_in_replica(op, value, read_value)
         return self._write_cross_replica(op, value, read_value)
@@ -202,7 +193,7 @@ class SyncOnReadVariable(DistributedVariable):
         return self._distribute_strategy.reduce(op, self, axis=None)
 
     def _write_in_replica(self, op: str, value: Any, read_value: bool) -> Any:
-        return self._component_here()._apply(op, value, read_value)
+        return self._component_here()._write(op, value, read_value)
 
     def _write_cross_replica(self, op: str, value: Any, read_value: bool) -> Any:
         if self._aggregation is VariableAggregation.SUM:

@@ -25,6 +25,7 @@ import numpy as np
 from towerdist._src import backend, context
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.operators import ArrayOperators, binary
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 
@@ -48,26 +49,7 @@ class _VariableMeta(type):
         return super().__call__(*args, **kwargs)
 
 
-_Binary = Callable[[Any, Any], Any]
-
-
-def _delegate(op: _Binary) -> tuple[_Binary, _Binary]:
-    """The forward and reflected operator methods applying ``op`` to the variable's value."""
-
-    def forward(self: Variable, other: Any) -> Any:
-        return op(self.value(), _unwrap(other))
-
-    def backward(self: Variable, other: Any) -> Any:
-        return op(_unwrap(other), self.value())
-
-    return forward, backward
-
-
-def _unwrap(value: Any) -> Any:
-    return value.value() if isinstance(value, Variable) else value
-
-
-class Variable(metaclass=_VariableMeta):
+class Variable(ArrayOperators, metaclass=_VariableMeta):
     """A mutable array (``tf.Variable``).
 
     ``td.Variable(initial_value, trainable=None, *, name=None, dtype=None, shape=None,
@@ -101,9 +83,6 @@ class Variable(metaclass=_VariableMeta):
       >>> v
       <tf.Variable 'Variable:0' shape=() dtype=float32, numpy=3.0>
     """
-
-    # numpy defers binary operators with a variable on the right to the variable.
-    __array_priority__ = 100
 
     # --- what every kind of variable provides ---------------------------------------------
 
@@ -162,14 +141,18 @@ class Variable(metaclass=_VariableMeta):
         Returns the new value when ``read_value`` is True, else None. ``use_locking`` and
         ``name`` are accepted for TensorFlow compatibility (writes are always atomic).
         """
-        raise NotImplementedError
+        return self._write(ASSIGN, value, read_value)
 
     def assign_add(self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
         """Adds ``delta`` (same shape as the variable); returns the new value or None."""
-        raise NotImplementedError
+        return self._write(ASSIGN_ADD, delta, read_value)
 
     def assign_sub(self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
         """Subtracts ``delta`` (same shape as the variable); returns the new value or None."""
+        return self._write(ASSIGN_SUB, delta, read_value)
+
+    def _write(self, op: str, value: Any, read_value: bool) -> Any:
+        """Applies the write ``op`` (``"assign"``, ``"assign_add"``, ``"assign_sub"``)."""
         raise NotImplementedError
 
     # --- shared behaviour -----------------------------------------------------------------
@@ -237,38 +220,12 @@ class Variable(metaclass=_VariableMeta):
             f"the key. (Variable: {self.name})"
         )
 
-    def __getitem__(self, key: Any) -> Any:
-        return self.value()[_unwrap(key)]
+    def _operand(self) -> Any:
+        return self.value()
 
-    def __neg__(self) -> Any:
-        return -self.value()
-
-    def __pos__(self) -> Any:
-        return +self.value()
-
-    def __abs__(self) -> Any:
-        return abs(self.value())
-
-    def __invert__(self) -> Any:
-        return ~self.value()
-
-    __add__, __radd__ = _delegate(operator.add)
-    __sub__, __rsub__ = _delegate(operator.sub)
-    __mul__, __rmul__ = _delegate(operator.mul)
-    __truediv__, __rtruediv__ = _delegate(operator.truediv)
-    __floordiv__, __rfloordiv__ = _delegate(operator.floordiv)
-    __mod__, __rmod__ = _delegate(operator.mod)
-    __pow__, __rpow__ = _delegate(operator.pow)
-    __matmul__, __rmatmul__ = _delegate(operator.matmul)
-    __and__, __rand__ = _delegate(operator.and_)
-    __or__, __ror__ = _delegate(operator.or_)
-    __xor__, __rxor__ = _delegate(operator.xor)
-    __lt__ = _delegate(operator.lt)[0]
-    __le__ = _delegate(operator.le)[0]
-    __gt__ = _delegate(operator.gt)[0]
-    __ge__ = _delegate(operator.ge)[0]
-    __eq__ = _delegate(operator.eq)[0]
-    __ne__ = _delegate(operator.ne)[0]
+    # Element-wise, as TensorFlow's variables (hence unhashable, above).
+    __eq__ = binary(operator.eq)[0]
+    __ne__ = binary(operator.ne)[0]
 
 
 class VariableRef:
@@ -391,18 +348,9 @@ class ResourceVariable(Variable):
         # different replicas are different objects (so ``run`` regroups them per replica).
         return self._impl.freeze(self._array)
 
-    def assign(self, value: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
-        return self._apply(ASSIGN, value, read_value)
-
-    def assign_add(self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
-        return self._apply(ASSIGN_ADD, delta, read_value)
-
-    def assign_sub(self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
-        return self._apply(ASSIGN_SUB, delta, read_value)
-
     # --- the write protocol (distributed variables write components through it) ------------
 
-    def _apply(self, op: str, value: Any, read_value: bool) -> Any:
+    def _write(self, op: str, value: Any, read_value: bool) -> Any:
         with self._write_lock:
             self._store(self._prepare(op, value))
             new = self.value() if read_value else None
