@@ -13,8 +13,10 @@ See ``towerdist.distribute`` for the concepts (replicas, contexts, distributed v
 """
 
 from towerdist import config as config
+from towerdist import data as data
 from towerdist import distribute as distribute
 from towerdist import errors as errors
+from towerdist import experimental as experimental
 from towerdist import types as types
 from towerdist._src.array_ops import add_n as add_n
 from towerdist._src.array_ops import cast as cast
@@ -27,6 +29,7 @@ from towerdist._src.array_ops import range as range  # noqa: A004
 from towerdist._src.array_ops import reduce_mean as reduce_mean
 from towerdist._src.array_ops import reduce_sum as reduce_sum
 from towerdist._src.array_ops import zeros as zeros
+from towerdist._src.data.spec import TensorSpec as TensorSpec
 from towerdist._src.device import device as device
 from towerdist._src.dtypes import bool as bool  # noqa: A004
 from towerdist._src.dtypes import complex64 as complex64
@@ -52,6 +55,7 @@ from towerdist._src.variables.variable import Variable as Variable
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "TensorSpec",
     "Variable",
     "VariableAggregation",
     "VariableSynchronization",
@@ -63,10 +67,12 @@ __all__ = [
     "config",
     "constant",
     "convert_to_tensor",
+    "data",
     "device",
     "distribute",
     "double",
     "errors",
+    "experimental",
     "float16",
     "float32",
     "float64",

@@ -307,3 +307,24 @@ def require_replica_context(replica_context: Any, api: str) -> None:
         f"call td.distribute.get_replica_context() where you use it instead of keeping it.",
         api=api,
     )
+
+
+def require_outside_replica_fn(strategy: Any, api: str) -> None:
+    """Passes outside ``strategy.run``'s replica functions (and under no other strategy).
+
+    Raises:
+      ContextError: another strategy is current.
+      ValueError: called inside a replica function of ``strategy`` (TensorFlow's type).
+    """
+    modes = _state.modes
+    if not modes:
+        return
+    top = modes[-1]
+    if top.strategy is not strategy and top.strategy is not default_strategy():
+        raise wrong_strategy_scope(strategy, api)
+    if top.replica_context is not None and top.strategy is strategy:
+        raise ValueError(
+            f"next(iterator) should be called from outside of replica_fn. e.g. strategy.run(replica_fn, "
+            f"args=(next(iterator),)). {api} was {describe_location()}; take the next element before "
+            f"strategy.run() and pass it in."
+        )

@@ -10,6 +10,7 @@ class                             raised for                                 als
 ``OpError``                       base of the TensorFlow-style op errors     ``Exception``
 ``InvalidArgumentError``          bad values: mismatched shapes/dtypes       ``OpError``, ``ValueError``
 ``OutOfRangeError``               an exhausted iterator (``get_next``)       ``OpError``
+``NotFoundError``                 something looked for does not exist        ``OpError``
 ``DeadlineExceededError``         a replica or collective ran out of time    ``OpError``, ``TimeoutError``
 ``ValidationError``               arguments TensorFlow rejects with a bare   ``ValueError``,
                                   ``AssertionError``                         ``AssertionError``
@@ -30,6 +31,7 @@ __all__ = [
     "InvalidArgumentError",
     "MergeCallCountError",
     "MissingDependencyError",
+    "NotFoundError",
     "OpError",
     "OutOfRangeError",
     "ReplicaStallWarning",
@@ -57,6 +59,10 @@ class InvalidArgumentError(OpError, ValueError):
 
 class OutOfRangeError(OpError):
     """An iterator has no more elements (``DistributedIterator.get_next()``)."""
+
+
+class NotFoundError(OpError):
+    """Something looked for does not exist, e.g. a file source for ``AutoShardPolicy.FILE``."""
 
 
 class DeadlineExceededError(OpError, TimeoutError):

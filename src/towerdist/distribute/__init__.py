@@ -39,6 +39,11 @@ from towerdist._src.cross_device_ops.hierarchical_copy import HierarchicalCopyAl
 from towerdist._src.cross_device_ops.nccl_all_reduce import NcclAllReduce as NcclAllReduce
 from towerdist._src.cross_device_ops.reduction_to_one_device import ReductionToOneDevice as ReductionToOneDevice
 from towerdist._src.cross_device_ops.shared_memory import SharedMemoryAllReduce as SharedMemoryAllReduce
+from towerdist._src.input.distributed_dataset import DistributedDataset as DistributedDataset
+from towerdist._src.input.distributed_dataset import DistributedIterator as DistributedIterator
+from towerdist._src.input.input_context import InputContext as InputContext
+from towerdist._src.input.input_context import InputOptions as InputOptions
+from towerdist._src.input.input_context import InputReplicationMode as InputReplicationMode
 from towerdist._src.options import RunOptions as RunOptions
 from towerdist._src.reduce_op import ReduceOp as ReduceOp
 from towerdist._src.strategies.default import default_strategy as _default_strategy
@@ -56,8 +61,13 @@ del _default_strategy  # imported for its registration with the context module
 
 __all__ = [
     "CrossDeviceOps",
+    "DistributedDataset",
+    "DistributedIterator",
     "DistributedValues",
     "HierarchicalCopyAllReduce",
+    "InputContext",
+    "InputOptions",
+    "InputReplicationMode",
     "Mirrored",
     "MirroredStrategy",
     "NcclAllReduce",

@@ -5,6 +5,7 @@ from towerdist._src.errors import DeadlineExceededError as DeadlineExceededError
 from towerdist._src.errors import InvalidArgumentError as InvalidArgumentError
 from towerdist._src.errors import MergeCallCountError as MergeCallCountError
 from towerdist._src.errors import MissingDependencyError as MissingDependencyError
+from towerdist._src.errors import NotFoundError as NotFoundError
 from towerdist._src.errors import OpError as OpError
 from towerdist._src.errors import OutOfRangeError as OutOfRangeError
 from towerdist._src.errors import ReplicaStallWarning as ReplicaStallWarning
@@ -16,6 +17,7 @@ __all__ = [
     "InvalidArgumentError",
     "MergeCallCountError",
     "MissingDependencyError",
+    "NotFoundError",
     "OpError",
     "OutOfRangeError",
     "ReplicaStallWarning",

@@ -11,6 +11,7 @@ from typing import Any
 
 from towerdist._src import context
 from towerdist._src.device import DeviceSpec
+from towerdist._src.input.input_context import InputContext
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.replica_context import DefaultReplicaContext, ReplicaContext
@@ -69,6 +70,12 @@ class _DefaultExtended(StrategyExtended):
 
     def _local_results(self, value: Any) -> tuple[Any, ...]:
         return (value,)
+
+    def _experimental_distribute_dataset(self, dataset: Any, options: Any) -> Any:
+        return dataset  # as TensorFlow: the default strategy iterates the dataset itself
+
+    def _distribute_datasets_from_function(self, dataset_fn: Callable[..., Any], options: Any) -> Any:
+        return dataset_fn(InputContext())
 
     def _variable_owner(self) -> Any:
         return None  # variables created outside any scope belong to no strategy

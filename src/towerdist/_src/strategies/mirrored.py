@@ -127,6 +127,8 @@ class MirroredExtended(StrategyExtended):
     def _replica_devices(self) -> tuple[DeviceSpec, ...]:
         return self._devices
 
+    _supports_per_replica_input = True
+
     # --- running replicas -----------------------------------------------------------------
 
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

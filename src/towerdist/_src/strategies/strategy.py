@@ -15,8 +15,11 @@ from towerdist._src import array_ops, backend, context, nest, thread_state
 from towerdist._src import device as device_lib
 from towerdist._src.cross_device_ops.gather import normalize_axis
 from towerdist._src.cross_device_ops.placement import Destinations
+from towerdist._src.data.dataset import Dataset
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
+from towerdist._src.input.distributed_dataset import DistributedDataset, DistributedDatasetsFromFunction, InputWorker
+from towerdist._src.input.input_context import InputContext, InputOptions, InputReplicationMode
 from towerdist._src.options import CommunicationOptions, ValueContext
 from towerdist._src.reduce_op import ReduceOp, parse_reduce_op
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
@@ -81,6 +84,85 @@ class Strategy:
           }
         """
         return self._extended._distribute_values_from_function(value_fn)
+
+    # --- input --------------------------------------------------------------------------
+
+    def experimental_distribute_dataset(self, dataset: Any, options: InputOptions | None = None) -> Any:
+        """Splits each global batch of ``dataset`` across the replicas.
+
+        ``dataset`` yields *global* batches: a ``td.data.Dataset``, a ``tf.data.Dataset``, a
+        PyTorch ``DataLoader`` or any iterable of array structures. With the default
+        auto-shard policy a batch of ``b`` rows becomes ``N`` pieces of ``ceil(b / N)`` rows
+        (the last ones shorter or empty); with ``AutoShardPolicy.OFF``, TensorFlow's cycling
+        rule. The default strategy returns ``dataset`` unchanged; one-replica strategies
+        return its elements unsplit.
+
+        Example:
+          >>> dist = strategy.experimental_distribute_dataset(td.data.Dataset.range(4).batch(2))
+          >>> [strategy.experimental_local_results(x) for x in dist]
+          [(array([0]), array([1])), (array([2]), array([3]))]
+
+        Raises:
+          ValueError: the elements are scalars (call ``batch`` first).
+          NotImplementedError: ``options`` asks for ``InputReplicationMode.PER_REPLICA``.
+          TypeError: ``dataset`` is an array or not iterable, or ``options`` is not ``InputOptions``.
+        """
+        options = _check_input_options(options, "experimental_distribute_dataset()")
+        if options is not None and options.experimental_replication_mode is InputReplicationMode.PER_REPLICA:
+            raise NotImplementedError(
+                "InputReplicationMode.PER_REPLICA is only supported in `distribute_datasets_from_function`."
+            )
+        return self._extended._experimental_distribute_dataset(dataset, options)
+
+    def distribute_datasets_from_function(
+        self, dataset_fn: Callable[[InputContext], Any], options: InputOptions | None = None
+    ) -> Any:
+        """Feeds the replicas from datasets that ``dataset_fn(input_context)`` builds.
+
+        ``dataset_fn`` is called once per worker (once per replica with
+        ``InputOptions(experimental_replication_mode=InputReplicationMode.PER_REPLICA)``) with
+        an ``InputContext``; nothing is split or sharded: each replica takes the next whole
+        element, and replicas left without one at the end get empty pieces.
+
+        Example:
+          >>> def dataset_fn(ctx):
+          ...     batch = ctx.get_per_replica_batch_size(4)
+          ...     return td.data.Dataset.range(8).batch(batch).shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+          >>> dist = strategy.distribute_datasets_from_function(dataset_fn)
+
+        Raises:
+          ValueError: inconsistent ``InputOptions`` (as TensorFlow checks them).
+          NotImplementedError: ``PER_REPLICA`` on a strategy that does not support it.
+        """
+        options = _check_input_options(options, "distribute_datasets_from_function()")
+        if options is not None:
+            per_replica = options.experimental_replication_mode is InputReplicationMode.PER_REPLICA
+            if not per_replica and options.experimental_place_dataset_on_device:
+                raise ValueError(
+                    "When `experimental_place_dataset_on_device` is set for dataset placement, you must also "
+                    "specify `PER_REPLICA` for the replication mode."
+                )
+            if per_replica and options.experimental_place_dataset_on_device and options.experimental_fetch_to_device:
+                raise ValueError(
+                    "`experimental_place_dataset_on_device` can not be set to True when experimental_fetch_to_device "
+                    "is True and replication mode is set to `PER_REPLICA`; pass experimental_fetch_to_device=False."
+                )
+        return self._extended._distribute_datasets_from_function(dataset_fn, options)
+
+    def experimental_distribute_datasets_from_function(
+        self, dataset_fn: Callable[[InputContext], Any], options: InputOptions | None = None
+    ) -> Any:
+        """The TensorFlow 2.0-2.3 name of :meth:`distribute_datasets_from_function`."""
+        return self.distribute_datasets_from_function(dataset_fn, options)
+
+    def experimental_make_numpy_dataset(self, numpy_input: Any, session: Any = None) -> Dataset:
+        """A ``td.data.Dataset`` of the rows of ``numpy_input`` (a nest of arrays).
+
+        Distribute it with ``experimental_distribute_dataset`` (after ``batch``). Lists of
+        arrays are stacked, as ``tf.data`` does.
+        """
+        del session
+        return Dataset.from_tensor_slices(numpy_input)
 
     # --- cross-replica or default context -------------------------------------------------
 
@@ -213,6 +295,12 @@ class Strategy:
 
     def __repr__(self) -> str:
         return self._extended._describe()
+
+
+def _check_input_options(options: Any, api: str) -> InputOptions | None:
+    if options is not None and not isinstance(options, InputOptions):
+        raise TypeError(f"{api} takes options=td.distribute.InputOptions(...). Got options={options!r}.")
+    return options
 
 
 def _axes(axis: Any, ndim: int) -> tuple[int, ...]:
@@ -445,6 +533,31 @@ class StrategyExtended:
 
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         raise NotImplementedError
+
+    # Input: strategies describe this process's replicas; MultiWorker adds its worker index.
+    _supports_per_replica_input = False
+
+    def _input_worker(self) -> InputWorker:
+        return InputWorker(self._replica_devices)
+
+    def _experimental_distribute_dataset(self, dataset: Any, options: InputOptions | None) -> Any:
+        return DistributedDataset(
+            dataset, self._input_worker(), self._container_strategy(), options, "experimental_distribute_dataset()"
+        )
+
+    def _distribute_datasets_from_function(
+        self, dataset_fn: Callable[[InputContext], Any], options: InputOptions | None
+    ) -> Any:
+        per_replica = options is not None and options.experimental_replication_mode is InputReplicationMode.PER_REPLICA
+        if per_replica and not self._supports_per_replica_input:
+            raise NotImplementedError(
+                f"InputReplicationMode.PER_REPLICA is only supported in `distribute_datasets_from_function` of "
+                f"MirroredStrategy, not {self._describe()}."
+            )
+        return DistributedDatasetsFromFunction(
+            dataset_fn, self._input_worker(), self._container_strategy(), options, per_replica,
+            "distribute_datasets_from_function()",
+        )
 
     def _reduce_to(self, reduce_op: ReduceOp, value: Any, destinations: Any, options: CommunicationOptions | None) -> Any:
         raise NotImplementedError

@@ -1,0 +1,417 @@
+"""``td.data.Dataset``: a lazily iterated pipeline of numpy elements (a subset of ``tf.data``).
+
+A dataset is a graph of nodes: sources (``from_tensor_slices``, ``range``, files, ...) and
+transformations (``batch``, ``map``, ``shuffle``, ...), each a subclass of :class:`Dataset`
+implementing a few hooks. Nothing runs until the dataset is iterated; every ``iter()``
+starts a new pass (a new *epoch*: ``shuffle`` reshuffles).
+
+Hooks a node implements:
+
+* ``_iterate()``: a generator of elements for one pass;
+* ``_spec(probe)``: the element spec, derived from the inputs' specs; ``probe=True`` allows
+  running the pipeline up to its first element where user code decides the structure
+  (``map``, ``from_generator`` without a signature);
+* ``_cardinality()``: the number of elements, or ``INFINITE``/``UNKNOWN``;
+* ``_batch_size()``: the global batch size this node's elements come in, when known
+  statically (what TensorFlow's ``compute_batch_size`` finds);
+* ``_gather_plan()``: for nodes that only select and reorder elements, a faster plan that
+  runs the node on element *indices* and gathers whole batches at once.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from towerdist._src import nest
+from towerdist._src.data import options as options_lib
+from towerdist._src.data.optional import Optional
+from towerdist._src.data.spec import TensorSpec
+from towerdist._src.errors import OutOfRangeError
+
+__all__ = ["Dataset", "DatasetIterator", "GatherPlan"]
+
+
+class GatherPlan(NamedTuple):
+    """Run ``indices`` (a dataset of int indices) and gather batches with ``gather(index_array)``."""
+
+    indices: Dataset
+    gather: Callable[[np.ndarray], Any]
+
+
+class Dataset:
+    """A pipeline of elements, each a nested structure (tuple, namedtuple, dict) of arrays.
+
+    Build one from a source and chain transformations; iterate it with ``for``::
+
+        ds = td.data.Dataset.from_tensor_slices((features, labels)).shuffle(1000, seed=0).batch(32)
+        for x, y in ds:
+            ...
+
+    To run a dataset on several replicas, pass it to
+    ``strategy.experimental_distribute_dataset``, which splits each global batch.
+    """
+
+    _inputs: tuple[Dataset, ...] = ()
+
+    # --- sources ----------------------------------------------------------------------------
+
+    @staticmethod
+    def from_tensor_slices(tensors: Any, name: str | None = None) -> Dataset:
+        """One element per row of ``tensors`` (sliced along dimension 0 of every component).
+
+        Example:
+          >>> list(td.data.Dataset.from_tensor_slices(([1, 2], [3.0, 4.0])).as_numpy_iterator())
+          [(np.int32(1), np.float32(3.0)), (np.int32(2), np.float32(4.0))]
+        """
+        from towerdist._src.data import sources
+
+        return sources.TensorSliceDataset(tensors)
+
+    @staticmethod
+    def from_tensors(tensors: Any, name: str | None = None) -> Dataset:
+        """A dataset of exactly one element, ``tensors``."""
+        from towerdist._src.data import sources
+
+        return sources.TensorDataset(tensors)
+
+    @staticmethod
+    def range(*args: int, output_type: Any = np.int64, name: str | None = None) -> Dataset:
+        """``start, start + step, ...`` below ``stop``, like Python's ``range`` (int64 by default)."""
+        from towerdist._src.data import sources
+
+        return sources.RangeDataset(*args, output_type=output_type)
+
+    @staticmethod
+    def from_generator(
+        generator: Callable[..., Any],
+        output_types: Any = None,
+        output_shapes: Any = None,
+        args: tuple[Any, ...] | None = None,
+        output_signature: Any = None,
+        name: str | None = None,
+    ) -> Dataset:
+        """Elements yielded by ``generator(*args)``, called anew for every pass.
+
+        ``output_signature`` (a structure of ``td.TensorSpec``) fixes the structure, dtypes
+        and shapes; yielded values are converted to its dtypes and checked against its
+        shapes. Without it, the first element fixes the structure, dtypes and ranks, and
+        dimension sizes are left unknown. ``output_types``/``output_shapes`` (TensorFlow's
+        older spelling) are accepted too.
+        """
+        from towerdist._src.data import sources
+
+        return sources.GeneratorDataset(generator, output_types, output_shapes, args, output_signature)
+
+    @staticmethod
+    def zip(*datasets: Any, name: str | None = None) -> Dataset:
+        """Elements of several datasets side by side: ``zip(a, b)`` or ``zip((a, b))`` or ``zip({"x": a})``.
+
+        Stops at the end of the shortest input.
+        """
+        from towerdist._src.data import sources
+
+        structure = datasets[0] if len(datasets) == 1 else tuple(datasets)
+        return sources.ZipDataset(structure)
+
+    @staticmethod
+    def list_files(file_pattern: Any, shuffle: bool | None = None, seed: int | None = None,
+                   name: str | None = None) -> Dataset:
+        """The file names (``bytes``) matching a glob pattern or a list of patterns.
+
+        Shuffled by default (``shuffle=None``), as in TensorFlow; pass ``shuffle=False`` for
+        sorted names. Under multi-worker auto-sharding, a ``TextLineDataset`` reading these
+        files is sharded by file.
+
+        Raises:
+          InvalidArgumentError: no file matches.
+        """
+        from towerdist._src.data import files
+
+        return files.list_files(file_pattern, shuffle, seed)
+
+    # --- transformations -------------------------------------------------------------------
+
+    def batch(self, batch_size: int, drop_remainder: bool = False, num_parallel_calls: int | None = None,
+              deterministic: bool | None = None, name: str | None = None) -> Dataset:
+        """Stacks ``batch_size`` consecutive elements into one (the last may be smaller).
+
+        With ``drop_remainder=True`` a last, smaller batch is dropped and the batch
+        dimension of ``element_spec`` is static.
+        """
+        from towerdist._src.data import transforms
+
+        return transforms.BatchDataset(self, batch_size, drop_remainder)
+
+    def unbatch(self, name: str | None = None) -> Dataset:
+        """Splits every element along dimension 0 into its rows (the inverse of ``batch``)."""
+        from towerdist._src.data import transforms
+
+        return transforms.UnbatchDataset(self)
+
+    def rebatch(self, batch_size: Any, drop_remainder: bool = False, name: str | None = None) -> Dataset:
+        """Re-cuts the rows of the elements into batches of ``batch_size`` (an int or a list of sizes, cycled)."""
+        from towerdist._src.data import transforms
+
+        return transforms.RebatchDataset(self, batch_size, drop_remainder)
+
+    def map(self, map_func: Callable[..., Any], num_parallel_calls: int | None = None,
+            deterministic: bool | None = None, name: str | None = None) -> Dataset:
+        """Applies ``map_func`` to every element.
+
+        A tuple element is passed as separate arguments (``map_func(x, y)``); any other
+        element as one argument. With ``num_parallel_calls`` (or ``td.data.AUTOTUNE``) the
+        calls run on a thread pool and results keep their order. An exception raised by
+        ``map_func`` comes out of ``next()`` as it is, with a note naming the element index.
+        """
+        from towerdist._src.data import mapping
+
+        return mapping.MapDataset(self, map_func, num_parallel_calls)
+
+    def filter(self, predicate: Callable[..., Any], name: str | None = None) -> Dataset:
+        """Keeps the elements for which ``predicate`` returns a scalar ``True``."""
+        from towerdist._src.data import mapping
+
+        return mapping.FilterDataset(self, predicate)
+
+    def shuffle(self, buffer_size: int, seed: int | None = None, reshuffle_each_iteration: bool = True,
+                name: str | None = None) -> Dataset:
+        """Randomly shuffles elements through a buffer of ``buffer_size`` elements (TF's algorithm).
+
+        The buffer holds the next ``buffer_size`` elements; each output is drawn uniformly
+        from it and replaced by the next input. With a ``seed`` the order is reproducible
+        run to run; ``reshuffle_each_iteration`` gives every pass (epoch) a new order.
+        The random stream is numpy's, so the orders differ from TensorFlow's.
+        """
+        from towerdist._src.data import transforms
+
+        return transforms.ShuffleDataset(self, buffer_size, seed, reshuffle_each_iteration)
+
+    def repeat(self, count: int | None = None, name: str | None = None) -> Dataset:
+        """Repeats the dataset ``count`` times (forever for ``None`` or -1); each repetition is a new pass."""
+        from towerdist._src.data import transforms
+
+        return transforms.RepeatDataset(self, count)
+
+    def take(self, count: int, name: str | None = None) -> Dataset:
+        """The first ``count`` elements (all of them for -1)."""
+        from towerdist._src.data import transforms
+
+        return transforms.TakeDataset(self, count)
+
+    def skip(self, count: int, name: str | None = None) -> Dataset:
+        """All but the first ``count`` elements (none for -1)."""
+        from towerdist._src.data import transforms
+
+        return transforms.SkipDataset(self, count)
+
+    def shard(self, num_shards: int, index: int, name: str | None = None) -> Dataset:
+        """Every ``num_shards``-th element, starting at ``index``.
+
+        Raises:
+          InvalidArgumentError: ``num_shards`` < 1 or ``index`` outside ``[0, num_shards)``.
+        """
+        from towerdist._src.data import transforms
+
+        return transforms.ShardDataset(self, num_shards, index)
+
+    def prefetch(self, buffer_size: int, name: str | None = None) -> Dataset:
+        """Produces up to ``buffer_size`` elements ahead on a background thread.
+
+        The thread stops when the iterator is exhausted, closed, or garbage collected, and
+        an exception raised upstream comes out of ``next()``. ``td.data.AUTOTUNE`` picks 2.
+        """
+        from towerdist._src.data import prefetch
+
+        return prefetch.PrefetchDataset(self, buffer_size)
+
+    def cache(self, filename: str = "", name: str | None = None) -> Dataset:
+        """Keeps the elements of the first complete pass and replays them on later passes.
+
+        With a ``filename`` the elements are written there (atomically, at the end of a
+        complete pass) and later passes, even in other processes, read them back. A pass
+        stopped early caches nothing.
+        """
+        from towerdist._src.data import transforms
+
+        return transforms.CacheDataset(self, filename)
+
+    def enumerate(self, start: int = 0, name: str | None = None) -> Dataset:
+        """Pairs every element with its int64 position: ``(start + i, element)``."""
+        from towerdist._src.data import transforms
+
+        return transforms.EnumerateDataset(self, start)
+
+    def with_options(self, options: options_lib.Options, name: str | None = None) -> Dataset:
+        """This dataset with ``options`` merged into its options."""
+        from towerdist._src.data import transforms
+
+        if not isinstance(options, options_lib.Options):
+            raise TypeError(f"with_options() takes a td.data.Options. Got options={options!r}.")
+        return transforms.OptionsDataset(self, options)
+
+    # --- inspecting ------------------------------------------------------------------------
+
+    @property
+    def element_spec(self) -> Any:
+        """The structure of ``td.TensorSpec`` of the elements (``None`` dimensions are unknown)."""
+        return self._spec(probe=True)
+
+    def cardinality(self) -> np.int64:
+        """The number of elements, or ``td.data.INFINITE_CARDINALITY`` / ``UNKNOWN_CARDINALITY``."""
+        return np.int64(self._cardinality())
+
+    def options(self) -> options_lib.Options:
+        """The options of this dataset, merged from the whole pipeline."""
+        merged = options_lib.Options()
+        for node in self._walk():
+            own = getattr(node, "_own_options", None)
+            if own is not None:
+                merged = merged.merge(own)
+        return merged
+
+    def __len__(self) -> int:
+        n = self._cardinality()
+        if n == options_lib.INFINITE:
+            raise TypeError("The dataset is infinite.")
+        if n == options_lib.UNKNOWN:
+            raise TypeError("The dataset length is unknown.")
+        return n
+
+    def __bool__(self) -> bool:
+        return True  # a dataset is never falsy, even when empty (as in TensorFlow)
+
+    def __repr__(self) -> str:
+        spec = self._spec(probe=False)
+        shown = "<unknown until iterated>" if spec is None else repr(spec)
+        return f"<{type(self).__name__} element_spec={shown}>"
+
+    # --- iterating -------------------------------------------------------------------------
+
+    def __iter__(self) -> DatasetIterator:
+        return DatasetIterator(self)
+
+    def as_numpy_iterator(self) -> DatasetIterator:
+        """An iterator of the elements (they already are numpy arrays; strings are ``bytes``)."""
+        return DatasetIterator(self)
+
+    def reduce(self, initial_state: Any, reduce_func: Callable[[Any, Any], Any]) -> Any:
+        """Folds the elements: ``state = reduce_func(state, element)`` from ``initial_state``."""
+        state = initial_state
+        for element in self:
+            state = reduce_func(state, element)
+        return state
+
+    # --- hooks (see the module docstring) --------------------------------------------------
+
+    def _iterate(self) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def _spec(self, probe: bool) -> Any:
+        return self._inputs[0]._spec(probe)
+
+    def _cardinality(self) -> int:
+        return self._inputs[0]._cardinality()
+
+    def _batch_size(self) -> int | None:
+        return None
+
+    def _gather_plan(self) -> GatherPlan | None:
+        return None
+
+    def _clone(self, inputs: tuple[Dataset, ...]) -> Dataset:
+        """This node over other inputs (used to rewrite pipelines for sharding)."""
+        clone = copy.copy(self)
+        clone._inputs = inputs
+        return clone
+
+    def _walk(self) -> Iterator[Dataset]:
+        """This node and every node upstream of it."""
+        yield self
+        for node in self._inputs:
+            yield from node._walk()
+
+    def _probe_spec(self) -> Any:
+        """The exact spec of the first element (runs the pipeline up to it)."""
+        iterator = self._iterate()
+        try:
+            first = next(iterator)
+        except StopIteration:
+            raise ValueError(
+                f"Cannot determine the element_spec of {type(self).__name__}: the dataset is empty and "
+                f"its structure is decided by user code. Give from_generator an output_signature."
+            ) from None
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
+        from towerdist._src.data.spec import structure_of
+
+        return structure_of(first)
+
+
+class DatasetIterator:
+    """An iterator over one pass of a dataset (``iter(dataset)``).
+
+    ``next()`` raises ``StopIteration`` at the end; ``get_next()`` raises
+    ``td.errors.OutOfRangeError``; ``get_next_as_optional()`` returns an empty
+    ``td.experimental.Optional``. ``close()`` stops background threads early (dropping the
+    iterator does too).
+    """
+
+    def __init__(self, dataset: Dataset) -> None:
+        self._dataset = dataset
+        self._iterator: Iterator[Any] | None = dataset._iterate()
+
+    @property
+    def element_spec(self) -> Any:
+        return self._dataset.element_spec
+
+    def __iter__(self) -> DatasetIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._iterator is None:
+            raise StopIteration
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            self._iterator = None
+            raise
+
+    def get_next(self) -> Any:
+        """The next element; raises ``td.errors.OutOfRangeError`` at the end."""
+        try:
+            return next(self)
+        except StopIteration:
+            raise OutOfRangeError("End of sequence") from None
+
+    def get_next_as_optional(self) -> Optional:
+        """The next element as an ``Optional`` that is empty at the end."""
+        try:
+            return Optional.from_value(next(self))
+        except StopIteration:
+            return Optional.empty(None)
+
+    def close(self) -> None:
+        """Ends the pass now and stops any background threads it started."""
+        iterator, self._iterator = self._iterator, None
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+
+
+def count_from(start: int = 0) -> Iterator[int]:
+    """``start, start + 1, ...`` (a thread-safe counter of passes)."""
+    return itertools.count(start)
+
+
+def spec_with_batch(spec: Any, batch: int | None) -> Any:
+    """``spec`` with a leading batch dimension added to every component."""
+    return nest.map_structure(
+        lambda s: TensorSpec(None if s.shape is None else (batch, *s.shape), s.dtype), spec
+    )

@@ -1,0 +1,117 @@
+"""File sources: ``list_files`` and ``TextLineDataset``, the datasets FILE auto-sharding splits."""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import os
+import zlib
+from collections.abc import Iterator
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from towerdist._src.data import options as options_lib
+from towerdist._src.data.dataset import Dataset
+from towerdist._src.data.sources import TensorSliceDataset
+from towerdist._src.data.spec import TensorSpec
+from towerdist._src.data.transforms import close_iterator
+from towerdist._src.errors import InvalidArgumentError
+
+__all__ = ["TextLineDataset", "list_files"]
+
+
+def _names(value: Any, what: str) -> list[str]:
+    if isinstance(value, (str, bytes, os.PathLike)):
+        value = [value]
+    if isinstance(value, np.ndarray):
+        value = value.reshape(-1).tolist()
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{what} takes a file name, a list of them, or a dataset of them. Got {value!r}.")
+    out = []
+    for item in value:
+        item = os.fsdecode(item) if isinstance(item, (bytes, os.PathLike)) else item
+        if not isinstance(item, str):
+            raise TypeError(f"{what} takes file names as strings. Got {item!r}.")
+        out.append(item)
+    return out
+
+
+def list_files(file_pattern: Any, shuffle: bool | None, seed: int | None) -> Dataset:
+    patterns = _names(file_pattern, "list_files()")
+    matched = sorted({name for pattern in patterns for name in glob.glob(pattern)})
+    if not matched:
+        raise InvalidArgumentError(f"No files matched pattern: {', '.join(patterns)}")
+    dataset: Dataset = TensorSliceDataset(np.array([os.fsencode(m) for m in matched], dtype=object))
+    if shuffle is None or shuffle:
+        dataset = dataset.shuffle(len(matched), seed=seed)
+    return dataset
+
+
+class TextLineDataset(Dataset):
+    """The lines of text files, as ``bytes`` without the line ending (``tf.data.TextLineDataset``).
+
+    Args:
+      filenames: a file name, a list of them, or a dataset of file names (``list_files``).
+      compression_type: ``""``/``None``, ``"GZIP"`` or ``"ZLIB"``.
+      buffer_size: read buffer in bytes (default 256 KiB).
+      num_parallel_reads: accepted; files are read one after another.
+
+    Under multi-worker auto-sharding (``AutoShardPolicy.FILE`` or ``AUTO``) each worker reads
+    its own subset of the files.
+    """
+
+    def __init__(
+        self,
+        filenames: Any,
+        compression_type: str | None = None,
+        buffer_size: int | None = None,
+        num_parallel_reads: int | None = None,
+        name: str | None = None,
+    ) -> None:
+        if isinstance(filenames, Dataset):
+            self._inputs = (filenames,)
+        else:
+            names = _names(filenames, "TextLineDataset()")
+            self._inputs = (TensorSliceDataset(np.array([os.fsencode(n) for n in names], dtype=object)),)
+        kind = (compression_type or "").upper()
+        if kind not in ("", "GZIP", "ZLIB"):
+            raise ValueError(f"compression_type must be '', 'GZIP' or 'ZLIB'. Got compression_type={compression_type!r}.")
+        self._compression = kind
+        self._buffer_size = buffer_size or 256 * 1024
+
+    @property
+    def _file_source(self) -> Dataset:
+        """The dataset of file names this reader reads (what FILE sharding shards)."""
+        return self._inputs[0]
+
+    def _iterate(self) -> Iterator[Any]:
+        names = self._inputs[0]._iterate()
+        try:
+            for name in names:
+                path = os.fsdecode(name if isinstance(name, bytes) else bytes(name))
+                with self._open(path) as f:
+                    for line in f:
+                        yield line.rstrip(b"\n").rstrip(b"\r")
+        finally:
+            close_iterator(names)
+
+    def _open(self, path: str) -> BinaryIO:
+        try:
+            if self._compression == "GZIP":
+                return gzip.open(path, "rb")  # type: ignore[return-value]
+            if self._compression == "ZLIB":
+                with open(path, "rb") as f:
+                    data = zlib.decompress(f.read())
+                import io
+
+                return io.BytesIO(data)
+            return open(path, "rb", buffering=self._buffer_size)
+        except FileNotFoundError:
+            raise InvalidArgumentError(f"TextLineDataset: {path}; No such file or directory") from None
+
+    def _spec(self, probe: bool) -> Any:
+        return TensorSpec((), np.object_)
+
+    def _cardinality(self) -> int:
+        return options_lib.UNKNOWN

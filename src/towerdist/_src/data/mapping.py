@@ -1,0 +1,153 @@
+"""``map`` and ``filter``: transformations that run user functions, optionally on a thread pool."""
+
+from __future__ import annotations
+
+import collections
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from towerdist._src import nest
+from towerdist._src.data import options as options_lib
+from towerdist._src.data.dataset import Dataset
+from towerdist._src.data.spec import TensorSpec, structure_of
+from towerdist._src.data.structure import normalize_output
+from towerdist._src.data.transforms import close_iterator
+
+__all__ = ["FilterDataset", "MapDataset"]
+
+
+def _call(fn: Callable[..., Any], element: Any) -> Any:
+    # tf.data passes a tuple element as separate arguments (only a plain tuple, not a namedtuple).
+    return fn(*element) if type(element) is tuple else fn(element)
+
+
+def _annotate(error: BaseException, api: str, index: int) -> None:
+    error.add_note(f"td.data.Dataset.{api}(): raised by the user function on element {index} of its input.")
+
+
+def _workers(num_parallel_calls: Any) -> int:
+    if num_parallel_calls is None:
+        return 0
+    if isinstance(num_parallel_calls, bool) or not isinstance(num_parallel_calls, (int, np.integer)):
+        raise TypeError(f"map() takes an integer num_parallel_calls or td.data.AUTOTUNE. Got {num_parallel_calls!r}.")
+    if num_parallel_calls == options_lib.AUTOTUNE:
+        return os.cpu_count() or 1
+    if num_parallel_calls < 1:
+        raise ValueError(
+            f"map() num_parallel_calls must be positive or td.data.AUTOTUNE. Got num_parallel_calls={num_parallel_calls}."
+        )
+    return int(num_parallel_calls)
+
+
+class MapDataset(Dataset):
+    def __init__(self, input_dataset: Dataset, map_func: Callable[..., Any], num_parallel_calls: Any) -> None:
+        if not callable(map_func):
+            raise TypeError(f"map() takes a callable map_func. Got map_func={map_func!r}.")
+        self._inputs = (input_dataset,)
+        self._fn = map_func
+        self._workers = _workers(num_parallel_calls)
+
+    def _apply(self, element: Any, index: int) -> Any:
+        try:
+            return normalize_output(_call(self._fn, element))
+        except Exception as error:
+            _annotate(error, "map", index)
+            raise
+
+    def _iterate(self) -> Iterator[Any]:
+        source = self._inputs[0]._iterate()
+        try:
+            if self._workers <= 1:
+                for index, element in enumerate(source):
+                    yield self._apply(element, index)
+            else:
+                yield from self._iterate_parallel(source)
+        finally:
+            close_iterator(source)
+
+    def _iterate_parallel(self, source: Iterator[Any]) -> Iterator[Any]:
+        # Up to 2 * workers calls in flight; results come out in input order.
+        window: collections.deque[Future[Any]] = collections.deque()
+        pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="towerdist-map")
+        try:
+            index = 0
+            exhausted = False
+            while True:
+                while not exhausted and len(window) < 2 * self._workers:
+                    try:
+                        element = next(source)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    window.append(pool.submit(self._apply, element, index))
+                    index += 1
+                if not window:
+                    return
+                yield window.popleft().result()
+        finally:
+            for future in window:
+                future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _spec(self, probe: bool) -> Any:
+        if not probe:
+            return None
+        input_spec = self._inputs[0]._spec(probe)
+        exact = self._probe_spec()
+        return _relax_batch(exact, input_spec)
+
+
+def _relax_batch(exact: Any, input_spec: Any) -> Any:
+    """The probed spec with the batch dimension unknown where the input's batch dimension is.
+
+    ``map`` is learnt by calling the function on the first element; a leading dimension
+    equal to the input's unknown batch dimension is taken to be that batch dimension.
+    """
+    leaves, _ = nest.flatten(input_spec)
+    unknown_batch = any(s.shape and s.shape[0] is None for s in leaves)
+    if not unknown_batch:
+        return exact
+    return nest.map_structure(lambda s: TensorSpec((None, *s.shape[1:]) if s.shape else s.shape, s.dtype), exact)
+
+
+class FilterDataset(Dataset):
+    def __init__(self, input_dataset: Dataset, predicate: Callable[..., Any]) -> None:
+        if not callable(predicate):
+            raise TypeError(f"filter() takes a callable predicate. Got predicate={predicate!r}.")
+        self._inputs = (input_dataset,)
+        self._predicate = predicate
+
+    def _iterate(self) -> Iterator[Any]:
+        source = self._inputs[0]._iterate()
+        try:
+            for index, element in enumerate(source):
+                try:
+                    keep = _call(self._predicate, element)
+                except Exception as error:
+                    _annotate(error, "filter", index)
+                    raise
+                if not _is_bool_scalar(keep):
+                    raise ValueError(
+                        f"Invalid `predicate`. `predicate` must return a `tf.bool` scalar tensor, but its return "
+                        f"type is {structure_of(normalize_output(keep))!r} (element {index})."
+                    )
+                if keep:
+                    yield element
+        finally:
+            close_iterator(source)
+
+    def _cardinality(self) -> int:
+        return options_lib.UNKNOWN
+
+    def _batch_size(self) -> int | None:
+        return self._inputs[0]._batch_size()
+
+
+def _is_bool_scalar(value: Any) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return True
+    return getattr(value, "dtype", None) == np.bool_ and getattr(value, "ndim", None) == 0

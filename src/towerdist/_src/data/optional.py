@@ -1,0 +1,60 @@
+"""``td.experimental.Optional``: a value that may be absent (what ``get_next_as_optional`` returns)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from towerdist._src.errors import InvalidArgumentError
+
+__all__ = ["Optional"]
+
+_EMPTY = object()
+
+
+class Optional:
+    """Either holds a value or is empty (``tf.experimental.Optional``).
+
+    Example:
+      >>> opt = iterator.get_next_as_optional()
+      >>> if opt.has_value():
+      ...     batch = opt.get_value()
+    """
+
+    __slots__ = ("_element_spec", "_value")
+
+    def __init__(self, value: Any, element_spec: Any) -> None:
+        self._value = value
+        self._element_spec = element_spec
+
+    @staticmethod
+    def from_value(value: Any) -> Optional:
+        """An Optional holding ``value``."""
+        return Optional(value, None)
+
+    @staticmethod
+    def empty(element_spec: Any) -> Optional:
+        """An empty Optional for values described by ``element_spec``."""
+        return Optional(_EMPTY, element_spec)
+
+    def has_value(self) -> bool:
+        """True if the Optional holds a value."""
+        return self._value is not _EMPTY
+
+    def get_value(self) -> Any:
+        """The value.
+
+        Raises:
+          InvalidArgumentError: the Optional is empty.
+        """
+        if self._value is _EMPTY:
+            raise InvalidArgumentError(
+                "The given optional does not have a value. Check has_value() before get_value()."
+            )
+        return self._value
+
+    @property
+    def element_spec(self) -> Any:
+        return self._element_spec
+
+    def __repr__(self) -> str:
+        return f"Optional({self._value!r})" if self.has_value() else "Optional(<empty>)"

@@ -1,0 +1,294 @@
+"""Source datasets: slices and copies of arrays, ranges, generators, and zips of datasets."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from towerdist._src import nest
+from towerdist._src.data import options as options_lib
+from towerdist._src.data.dataset import Dataset, GatherPlan
+from towerdist._src.data.spec import TensorSpec, shapes_compatible, structure_of
+from towerdist._src.data.structure import to_component, to_element
+from towerdist._src.errors import InvalidArgumentError
+
+__all__ = ["GeneratorDataset", "RangeDataset", "TensorDataset", "TensorSliceDataset", "ZipDataset"]
+
+
+def _frozen(component: Any) -> Any:
+    """A private read-only copy, so elements can be views that nobody can change."""
+    if isinstance(component, np.ndarray):
+        if component.flags.writeable or component.base is not None:
+            component = component.copy()
+        component.flags.writeable = False
+    return component
+
+
+class TensorSliceDataset(Dataset):
+    def __init__(self, tensors: Any) -> None:
+        element = to_element(tensors)
+        leaves, self._treespec = nest.flatten(element)
+        if not leaves:
+            raise ValueError("from_tensor_slices() needs at least one component. Got an empty structure.")
+        paths, _, _ = nest.flatten_with_paths(element)
+        sizes = []
+        for path, leaf in zip(paths, leaves, strict=True):
+            if np.ndim(leaf) == 0:
+                raise ValueError(
+                    f"from_tensor_slices() slices every component along dimension 0, but the component at "
+                    f"{nest.format_path(path)} is a scalar ({leaf!r}). Use from_tensors() for a single "
+                    f"element, or give an array."
+                )
+            sizes.append(int(np.shape(leaf)[0]))
+        if len(set(sizes)) > 1:
+            described = ", ".join(f"{nest.format_path(p)}: {n}" for p, n in zip(paths, sizes, strict=True))
+            raise ValueError(
+                f"from_tensor_slices() needs every component to have the same size along dimension 0. "
+                f"Got {described}."
+            )
+        self._leaves = [_frozen(leaf) for leaf in leaves]
+        self._size = sizes[0]
+        self._single = self._treespec.num_leaves == 1 and self._treespec.num_nodes == 1
+
+    def _iterate(self) -> Iterator[Any]:
+        if self._single:
+            yield from self._leaves[0]
+            return
+        unflatten = self._treespec.unflatten
+        leaves = self._leaves
+        for i in range(self._size):
+            yield unflatten([leaf[i] for leaf in leaves])
+
+    def _spec(self, probe: bool) -> Any:
+        specs = [TensorSpec(np.shape(leaf)[1:], leaf.dtype) for leaf in self._leaves]
+        return self._treespec.unflatten(specs)
+
+    def _cardinality(self) -> int:
+        return self._size
+
+    def _batch_size(self) -> int | None:
+        return None
+
+    def _gather_plan(self) -> GatherPlan:
+        leaves, unflatten = self._leaves, self._treespec.unflatten
+        return GatherPlan(RangeDataset(self._size), lambda idx: unflatten([leaf[idx] for leaf in leaves]))
+
+
+class TensorDataset(Dataset):
+    def __init__(self, tensors: Any) -> None:
+        self._element = nest.map_structure(_frozen, to_element(tensors))
+
+    def _iterate(self) -> Iterator[Any]:
+        yield self._element
+
+    def _spec(self, probe: bool) -> Any:
+        return structure_of(self._element)
+
+    def _cardinality(self) -> int:
+        return 1
+
+    def _batch_size(self) -> int | None:
+        leaves, _ = nest.flatten(self._element)
+        sizes = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in leaves}
+        return sizes.pop() if len(sizes) == 1 else None
+
+
+class RangeDataset(Dataset):
+    def __init__(self, *args: int, output_type: Any = np.int64) -> None:
+        if not 1 <= len(args) <= 3:
+            raise TypeError(f"range() takes 1 to 3 arguments (start, stop, step). Got {len(args)}.")
+        self._range = range(*(int(a) for a in args))
+        if self._range.step == 0:
+            raise InvalidArgumentError("range() step must not be zero.")
+        self._dtype = np.dtype(output_type)
+
+    def _iterate(self) -> Iterator[Any]:
+        scalar = self._dtype.type
+        for value in self._range:
+            yield scalar(value)
+
+    def _spec(self, probe: bool) -> Any:
+        return TensorSpec((), self._dtype)
+
+    def _cardinality(self) -> int:
+        return len(self._range)
+
+    def _gather_plan(self) -> GatherPlan:
+        start, step, dtype = self._range.start, self._range.step, self._dtype
+        return GatherPlan(RangeDataset(len(self._range)), lambda idx: (start + step * idx).astype(dtype))
+
+
+class GeneratorDataset(Dataset):
+    def __init__(
+        self,
+        generator: Callable[..., Any],
+        output_types: Any,
+        output_shapes: Any,
+        args: tuple[Any, ...] | None,
+        output_signature: Any,
+    ) -> None:
+        if not callable(generator):
+            raise TypeError(
+                f"from_generator() takes a callable that returns an iterator (e.g. a generator function). "
+                f"Got generator={generator!r}; wrap an existing iterable: lambda: iter(items)."
+            )
+        self._generator = generator
+        self._args = tuple(args) if args is not None else ()
+        self._signature = _signature(output_types, output_shapes, output_signature)
+        if self._signature is not None:
+            self._leaf_specs, self._treespec = nest.flatten(self._signature)
+
+    def _iterate(self) -> Iterator[Any]:
+        iterator = iter(self._generator(*self._args))
+        try:
+            for index in itertools.count():
+                try:
+                    value = next(iterator)
+                except StopIteration:
+                    return
+                except Exception as error:
+                    error.add_note(
+                        f"td.data.Dataset.from_generator(): raised by the generator after {index} elements."
+                    )
+                    raise
+                yield self._convert(value, index)
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
+
+    def _convert(self, value: Any, index: int) -> Any:
+        if self._signature is None:
+            return to_element(value if not isinstance(value, list) else tuple(value))
+        if isinstance(value, list) and self._treespec.num_nodes > 1:
+            value = tuple(value)
+        try:
+            leaves = self._treespec.flatten_up_to(value)
+        except (ValueError, TypeError):
+            raise TypeError(
+                f"`generator` yielded an element that did not match the expected structure. The expected "
+                f"structure was {self._signature}, but element {index} was {_preview(value)}."
+            ) from None
+        converted = []
+        for spec, leaf in zip(self._leaf_specs, leaves, strict=True):
+            try:
+                array = to_component(leaf)
+                if not isinstance(array, bytes):
+                    array = np.asarray(array, dtype=spec.dtype)
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"`generator` yielded an element that could not be converted to the expected type. The "
+                    f"expected type was {spec.dtype}, but element {index} was {_preview(leaf)}."
+                ) from None
+            if not shapes_compatible(spec.shape, np.shape(array)):
+                raise InvalidArgumentError(
+                    f"`generator` yielded an element of shape {np.shape(array)} where an element of shape "
+                    f"{spec.shape} was expected (element {index})."
+                )
+            if isinstance(array, np.ndarray) and array.ndim == 0:
+                array = array[()]
+            converted.append(array)
+        return self._treespec.unflatten(converted)
+
+    def _spec(self, probe: bool) -> Any:
+        if self._signature is not None:
+            return self._signature
+        if not probe:
+            return None
+        exact = self._probe_spec()
+        return nest.map_structure(lambda s: TensorSpec((None,) * len(s.shape), s.dtype), exact)
+
+    def _cardinality(self) -> int:
+        return options_lib.UNKNOWN
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _signature(output_types: Any, output_shapes: Any, output_signature: Any) -> Any:
+    if output_signature is not None:
+        if output_types is not None or output_shapes is not None:
+            raise TypeError(
+                "from_generator() takes either output_signature or output_types/output_shapes, not both."
+            )
+        leaves, _ = nest.flatten(output_signature)
+        for leaf in leaves:
+            if not isinstance(leaf, TensorSpec):
+                raise TypeError(
+                    f"output_signature must be a structure of td.TensorSpec. Got a leaf {leaf!r}."
+                )
+        return output_signature
+    if output_types is None:
+        if output_shapes is not None:
+            raise TypeError("from_generator() got output_shapes without output_types.")
+        return None
+    if output_shapes is None:
+        return nest.map_structure(lambda t: TensorSpec(None, t), output_types)
+    type_leaves, treespec = nest.flatten(output_types)
+    shape_leaves: list[Any] = list(treespec.flatten_up_to(output_shapes))
+    specs = [TensorSpec(None if s is None else tuple(s), t) for t, s in zip(type_leaves, shape_leaves, strict=True)]
+    return treespec.unflatten(specs)
+
+
+def _contains_list(structure: Any) -> bool:
+    if isinstance(structure, list):
+        return True
+    if isinstance(structure, tuple):
+        return any(_contains_list(v) for v in structure)
+    if isinstance(structure, dict):
+        return any(_contains_list(v) for v in structure.values())
+    return False
+
+
+class ZipDataset(Dataset):
+    def __init__(self, structure: Any) -> None:
+        if _contains_list(structure):
+            raise TypeError(
+                "Invalid input to `zip`. Inputs are expected to be (nested) structures of `td.data.Dataset` "
+                "objects. Python `list` is not supported and you should use `tuple` instead."
+            )
+        leaves, self._treespec = nest.flatten(structure)
+        for leaf in leaves:
+            if not isinstance(leaf, Dataset):
+                raise TypeError(
+                    f"Invalid input to `zip`. Inputs are expected to be (nested) structures of "
+                    f"`td.data.Dataset` objects. Got a {type(leaf).__name__}: {_preview(leaf)}."
+                )
+        self._inputs = tuple(leaves)
+
+    def _iterate(self) -> Iterator[Any]:
+        iterators = [node._iterate() for node in self._inputs]
+        unflatten = self._treespec.unflatten
+        try:
+            while True:
+                try:
+                    values = [next(it) for it in iterators]
+                except StopIteration:
+                    return
+                yield unflatten(values)
+        finally:
+            for it in iterators:
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()
+
+    def _spec(self, probe: bool) -> Any:
+        specs = [node._spec(probe) for node in self._inputs]
+        if any(s is None for s in specs):
+            return None
+        return self._treespec.unflatten(specs)
+
+    def _cardinality(self) -> int:
+        counts = [node._cardinality() for node in self._inputs]
+        finite = [c for c in counts if c >= 0]
+        if finite:
+            return min(finite) if options_lib.UNKNOWN not in counts or min(finite) == 0 else options_lib.UNKNOWN
+        return options_lib.UNKNOWN if options_lib.UNKNOWN in counts else options_lib.INFINITE
+
+    def _gather_plan(self) -> GatherPlan | None:
+        return None

@@ -1,0 +1,110 @@
+"""``TensorSpec``: the shape and dtype of one component of a dataset element.
+
+Shapes are tuples whose entries are ints or ``None`` (unknown); dtypes are numpy dtypes
+(``td.string`` is numpy's object dtype holding ``bytes``). The ``repr`` is TensorFlow's, so
+printed element specs read the same as in TensorFlow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from towerdist._src import nest
+
+__all__ = ["TensorSpec", "dtype_name", "is_fully_defined", "spec_of", "structure_of"]
+
+
+def dtype_name(dtype: Any) -> str:
+    """TensorFlow's name of a numpy dtype: ``float32``, ``int64``, ``string`` (object), ..."""
+    dtype = np.dtype(dtype)
+    return "string" if dtype == np.object_ else dtype.name
+
+
+class TensorSpec:
+    """Describes an array: its shape (``None`` for unknown dimensions), dtype and name.
+
+    Example:
+      >>> td.TensorSpec(shape=(None, 2), dtype=td.float32)
+      TensorSpec(shape=(None, 2), dtype=tf.float32, name=None)
+    """
+
+    __slots__ = ("_dtype", "_name", "_shape")
+
+    def __init__(self, shape: Sequence[int | None] | None, dtype: Any = np.float32, name: str | None = None) -> None:
+        self._shape = None if shape is None else tuple(None if d is None else int(d) for d in shape)
+        self._dtype = np.dtype(dtype)
+        self._name = name
+
+    @classmethod
+    def from_tensor(cls, tensor: Any, name: str | None = None) -> TensorSpec:
+        """The spec of an array (exact shape and dtype)."""
+        return cls(np.shape(tensor), _dtype_of(tensor), name)
+
+    @property
+    def shape(self) -> tuple[int | None, ...] | None:
+        """The shape; ``None`` entries are unknown dimensions (``None`` itself: unknown rank)."""
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        dtype: np.dtype[Any] = self._dtype
+        return dtype
+
+    @property
+    def name(self) -> str | None:
+        return self._name
+
+    @property
+    def rank(self) -> int | None:
+        return None if self._shape is None else len(self._shape)
+
+    def is_compatible_with(self, spec_or_value: Any) -> bool:
+        """True if ``spec_or_value`` (a spec or an array) has this dtype and a fitting shape."""
+        other = spec_or_value if isinstance(spec_or_value, TensorSpec) else TensorSpec.from_tensor(spec_or_value)
+        if other.dtype != self._dtype:
+            return False
+        return shapes_compatible(self._shape, other.shape)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TensorSpec):
+            return NotImplemented
+        return (self._shape, self._dtype, self._name) == (other._shape, other._dtype, other._name)
+
+    def __hash__(self) -> int:
+        return hash((self._shape, self._dtype, self._name))
+
+    def __repr__(self) -> str:
+        shape = "None" if self._shape is None else repr(self._shape)
+        return f"TensorSpec(shape={shape}, dtype=tf.{dtype_name(self._dtype)}, name={self._name!r})"
+
+
+def shapes_compatible(a: tuple[int | None, ...] | None, b: tuple[int | None, ...] | None) -> bool:
+    """True if shapes ``a`` and ``b`` could describe the same array."""
+    if a is None or b is None:
+        return True
+    return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b, strict=True))
+
+
+def is_fully_defined(structure: Any) -> bool:
+    """True if every spec in ``structure`` has a known rank and no unknown dimension."""
+    leaves, _ = nest.flatten(structure)
+    return all(spec.shape is not None and None not in spec.shape for spec in leaves)
+
+
+def _dtype_of(value: Any) -> Any:
+    if isinstance(value, (bytes, str)):
+        return np.object_
+    return getattr(value, "dtype", None) or np.asarray(value).dtype
+
+
+def spec_of(value: Any) -> TensorSpec:
+    """The exact spec of one component."""
+    return TensorSpec.from_tensor(value)
+
+
+def structure_of(element: Any) -> Any:
+    """The structure of specs of a dataset element (exact shapes)."""
+    return nest.map_structure(spec_of, element)

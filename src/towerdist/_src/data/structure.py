@@ -1,0 +1,144 @@
+"""Dataset elements: converting Python values to arrays, and batching them.
+
+An element is a nested structure (tuples, namedtuples, dicts) of components. As in
+``tf.data``, a *list* is a value, not a structure: ``from_tensor_slices([1, 2])`` slices an
+int32 array. Components follow TensorFlow's conversion rules: Python floats become float32,
+Python ints int32 (int64 when they do not fit), strings ``bytes`` in object arrays
+(``td.string``); numpy and cupy arrays keep their dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from towerdist._src import backend, nest
+from towerdist._src.array_ops import _python_dtype
+from towerdist._src.errors import InvalidArgumentError
+
+__all__ = ["normalize_output", "stack", "to_component", "to_element", "unstack_count"]
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, list)
+
+
+def to_component(value: Any) -> Any:
+    """One component as an array (strings as ``bytes`` in object arrays)."""
+    if backend.is_array(value):
+        if isinstance(value, np.ndarray) and value.dtype.kind in "US":
+            return _bytes_array(value)
+        if isinstance(value, np.str_):
+            return value.encode()
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bytes):
+        return value
+    if hasattr(value, "__array__") and not isinstance(value, (list, tuple)):
+        return np.asarray(value)
+    raw = np.asarray(value)
+    if raw.dtype.kind in "US":
+        return _bytes_array(raw)
+    if raw.dtype == object:
+        raise TypeError(
+            f"Cannot convert {_preview(value)} to an array: its items are not numbers or strings "
+            f"of one shape. Give each component as an array or a list of numbers."
+        )
+    return raw.astype(_python_dtype(raw), copy=False)
+
+
+def _bytes_array(array: np.ndarray) -> np.ndarray:
+    out = np.empty(array.shape, dtype=object)
+    flat = out.reshape(-1)
+    for i, item in enumerate(array.reshape(-1).tolist()):
+        flat[i] = item.encode() if isinstance(item, str) else item
+    return out
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def to_element(structure: Any) -> Any:
+    """Converts every component of ``structure`` (lists are components, not structures)."""
+    return nest.map_structure(to_component, _lists_as_leaves(structure))
+
+
+def _lists_as_leaves(structure: Any) -> Any:
+    # optree treats lists as structures; wrap them so that they convert as one component.
+    if isinstance(structure, list):
+        return _ListLeaf(structure)
+    if isinstance(structure, tuple) and hasattr(structure, "_fields"):
+        return type(structure)(*(_lists_as_leaves(v) for v in structure))
+    if isinstance(structure, tuple):
+        return tuple(_lists_as_leaves(v) for v in structure)
+    if isinstance(structure, dict):
+        return type(structure)((k, _lists_as_leaves(v)) for k, v in structure.items())
+    return structure
+
+
+class _ListLeaf:
+    """A list standing for one component (numpy converts it through ``__array__``)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        del copy
+        raw = np.asarray([to_component(i) if isinstance(i, (str, bytes)) else i for i in self.items])
+        if dtype is not None:
+            return raw.astype(dtype)
+        if any(backend.is_array(i) for i in self.items):
+            return raw  # a list of arrays stacks with their dtype
+        if raw.dtype.kind in "US":
+            return _bytes_array(raw)
+        return raw.astype(_python_dtype(raw), copy=False)
+
+
+def normalize_output(value: Any) -> Any:
+    """A user function's result as an element: a top-level list becomes a tuple (as ``tf.data``)."""
+    if isinstance(value, list):
+        value = tuple(value)
+    return to_element(value)
+
+
+def stack(components: Sequence[Any], index: int, what: str) -> Any:
+    """Stacks one component of several elements into a batch.
+
+    Raises:
+      InvalidArgumentError: the components' shapes differ (names the component ``index``).
+    """
+    first = components[0]
+    if isinstance(first, bytes):
+        out = np.empty(len(components), dtype=object)
+        out[:] = list(components)
+        return out
+    shape0 = np.shape(first)
+    for k, component in enumerate(components):
+        if np.shape(component) != shape0:
+            raise InvalidArgumentError(
+                f"Cannot {what} tensors with different shapes in component {index}. First element had "
+                f"shape {list(shape0)} and element {k} had shape {list(np.shape(component))}."
+            )
+    return backend.for_array(first).xp.stack(components)
+
+
+def unstack_count(element_leaves: Sequence[Any], what: str) -> int:
+    """The common leading dimension of an element's components (for unbatch/rebatch)."""
+    sizes = []
+    for k, leaf in enumerate(element_leaves):
+        if np.ndim(leaf) == 0:
+            raise ValueError(f"Cannot {what} an input with scalar components (component {k} is a scalar).")
+        sizes.append(int(np.shape(leaf)[0]))
+    if len(set(sizes)) > 1:
+        raise InvalidArgumentError(
+            f"Cannot {what} an element whose components have different batch sizes: {sizes}. Every "
+            f"component must have the same size along dimension 0."
+        )
+    return sizes[0] if sizes else 0

@@ -1,0 +1,507 @@
+"""Transformations that batch, select, reorder or repeat elements without user code.
+
+(``map`` and ``filter`` run user code and live in ``mapping``; ``prefetch`` runs a thread
+and lives in ``prefetch``.)
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from towerdist._src import backend, nest
+from towerdist._src.data import options as options_lib
+from towerdist._src.data.dataset import Dataset, GatherPlan, spec_with_batch
+from towerdist._src.data.spec import TensorSpec
+from towerdist._src.data.structure import stack, unstack_count
+from towerdist._src.errors import InvalidArgumentError
+
+__all__ = [
+    "BatchDataset",
+    "CacheDataset",
+    "EnumerateDataset",
+    "OptionsDataset",
+    "RebatchDataset",
+    "RepeatDataset",
+    "ShardDataset",
+    "ShuffleDataset",
+    "SkipDataset",
+    "TakeDataset",
+    "UnbatchDataset",
+    "close_iterator",
+    "cut_rows",
+]
+
+INFINITE, UNKNOWN = options_lib.INFINITE, options_lib.UNKNOWN
+
+
+def close_iterator(iterator: Any) -> None:
+    """Closes a generator early, so that nodes upstream release threads and files."""
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        close()
+
+
+def _int_arg(value: Any, name: str, api: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu":
+            return int(value)
+        raise TypeError(f"{api} takes an integer {name}. Got {name}={value!r}.")
+    return int(value)
+
+
+class _Transparent(Dataset):
+    """A node that only selects, reorders or repeats elements: it can run on indices."""
+
+    def _batch_size(self) -> int | None:
+        return self._inputs[0]._batch_size()
+
+    def _gather_plan(self) -> GatherPlan | None:
+        inner = self._inputs[0]._gather_plan()
+        return None if inner is None else GatherPlan(self._clone((inner.indices,)), inner.gather)
+
+
+# --- batching --------------------------------------------------------------------------------
+
+
+def stack_elements(elements: Sequence[Any], what: str = "batch") -> Any:
+    """Stacks elements of one structure component-wise."""
+    first = elements[0]
+    if not isinstance(first, (tuple, dict)):
+        return stack(elements, 0, what)
+    columns = None
+    treespec = None
+    for element in elements:
+        leaves, spec = nest.flatten(element)
+        if columns is None:
+            columns, treespec = [[leaf] for leaf in leaves], spec
+            continue
+        if spec != treespec:
+            raise InvalidArgumentError(f"Cannot {what} elements of different structures: {treespec} and {spec}.")
+        for column, leaf in zip(columns, leaves, strict=True):
+            column.append(leaf)
+    assert columns is not None and treespec is not None
+    return treespec.unflatten([stack(column, k, what) for k, column in enumerate(columns)])
+
+
+class BatchDataset(Dataset):
+    def __init__(self, input_dataset: Dataset, batch_size: Any, drop_remainder: bool) -> None:
+        self._inputs = (input_dataset,)
+        self._size = _int_arg(batch_size, "batch_size", "batch()")
+        if self._size <= 0:
+            raise InvalidArgumentError(f"Batch size must be greater than zero. Got batch_size={self._size}.")
+        self._drop = bool(drop_remainder)
+
+    def _iterate(self) -> Iterator[Any]:
+        plan = self._inputs[0]._gather_plan()
+        source = plan.indices._iterate() if plan is not None else self._inputs[0]._iterate()
+        size, drop = self._size, self._drop
+        try:
+            while True:
+                chunk = list(itertools.islice(source, size))
+                if not chunk or (drop and len(chunk) < size):
+                    return
+                if plan is not None:
+                    yield plan.gather(np.array(chunk, dtype=np.intp))
+                else:
+                    yield stack_elements(chunk)
+        finally:
+            close_iterator(source)
+
+    def _spec(self, probe: bool) -> Any:
+        spec = self._inputs[0]._spec(probe)
+        return None if spec is None else spec_with_batch(spec, self._size if self._drop else None)
+
+    def _cardinality(self) -> int:
+        n = self._inputs[0]._cardinality()
+        if n < 0:
+            return n
+        return n // self._size if self._drop else -(-n // self._size)
+
+    def _batch_size(self) -> int | None:
+        return self._size
+
+
+class UnbatchDataset(Dataset):
+    def __init__(self, input_dataset: Dataset) -> None:
+        self._inputs = (input_dataset,)
+        spec = input_dataset._spec(probe=False)
+        if spec is not None:
+            leaves, _ = nest.flatten(spec)
+            if any(s.shape is not None and len(s.shape) == 0 for s in leaves):
+                raise ValueError("Cannot unbatch an input with scalar components.")
+
+    def _iterate(self) -> Iterator[Any]:
+        source = self._inputs[0]._iterate()
+        try:
+            for element in source:
+                if not isinstance(element, (tuple, dict)):
+                    unstack_count([element], "unbatch")
+                    yield from element
+                    continue
+                leaves, treespec = nest.flatten(element)
+                n = unstack_count(leaves, "unbatch")
+                for i in range(n):
+                    yield treespec.unflatten([leaf[i] for leaf in leaves])
+        finally:
+            close_iterator(source)
+
+    def _spec(self, probe: bool) -> Any:
+        spec = self._inputs[0]._spec(probe)
+        if spec is None:
+            return None
+        return nest.map_structure(lambda s: TensorSpec(None if s.shape is None else s.shape[1:], s.dtype), spec)
+
+    def _cardinality(self) -> int:
+        return INFINITE if self._inputs[0]._cardinality() == INFINITE else UNKNOWN
+
+
+def cut_rows(source: Iterator[Any], sizes: Sequence[int], drop_remainder: bool = False) -> Iterator[Any]:
+    """Re-cuts the rows of ``source``'s elements into pieces of ``sizes[0], sizes[1], ...`` (cycled).
+
+    Pieces may span element boundaries (unbatch-then-batch semantics); a piece that fits
+    in one element is a view of it. A size of 0 gives an empty piece that keeps the other
+    dimensions. At the end, a short last piece is yielded unless ``drop_remainder``.
+    """
+    pending: list[tuple[list[Any], int, int]] = []  # (leaves, first unread row, rows)
+    available = 0
+    treespec = None
+    exhausted = False
+    template: list[Any] | None = None
+    for size in itertools.cycle(sizes):
+        while (available < size or available == 0) and not exhausted:
+            try:
+                element = next(source)
+            except StopIteration:
+                exhausted = True
+                break
+            leaves, spec = nest.flatten(element)
+            if treespec is None:
+                treespec = spec
+            elif spec != treespec:
+                raise InvalidArgumentError(f"Cannot rebatch elements of different structures: {treespec} and {spec}.")
+            rows = unstack_count(leaves, "rebatch")
+            template = leaves
+            if rows:
+                pending.append((leaves, 0, rows))
+                available += rows
+        if available == 0 or (available < size and drop_remainder):
+            return
+        assert treespec is not None and template is not None
+        take = min(size, available)
+        yield treespec.unflatten(_take_rows(pending, take, template))
+        available -= take
+
+
+def _take_rows(pending: list[tuple[list[Any], int, int]], count: int, template: list[Any]) -> list[Any]:
+    if count == 0:
+        return [leaf[:0] for leaf in template]
+    parts: list[list[Any]] = []
+    while count:
+        leaves, start, rows = pending[0]
+        take = min(count, rows - start)
+        parts.append([leaf[start:start + take] for leaf in leaves])
+        count -= take
+        if start + take == rows:
+            pending.pop(0)
+        else:
+            pending[0] = (leaves, start + take, rows)
+    if len(parts) == 1:
+        return parts[0]
+    return [backend.for_array(column[0]).concat(list(column), 0) for column in zip(*parts, strict=True)]
+
+
+class RebatchDataset(Dataset):
+    def __init__(self, input_dataset: Dataset, batch_size: Any, drop_remainder: bool) -> None:
+        self._inputs = (input_dataset,)
+        raw = list(batch_size) if isinstance(batch_size, (list, tuple, np.ndarray)) else [batch_size]
+        self._sizes = [_int_arg(s, "batch_size", "rebatch()") for s in raw]
+        if not self._sizes or any(s < 0 for s in self._sizes) or not any(self._sizes):
+            raise InvalidArgumentError(
+                f"rebatch() needs non-negative batch sizes, at least one of them positive. Got {batch_size!r}."
+            )
+        self._drop = bool(drop_remainder)
+
+    def _iterate(self) -> Iterator[Any]:
+        source = self._inputs[0]._iterate()
+        try:
+            yield from cut_rows(source, self._sizes, self._drop)
+        finally:
+            close_iterator(source)
+
+    def _spec(self, probe: bool) -> Any:
+        spec = self._inputs[0]._spec(probe)
+        static = self._sizes[0] if self._drop and len(set(self._sizes)) == 1 else None
+        return None if spec is None else nest.map_structure(
+            lambda s: TensorSpec(None if s.shape is None else (static, *s.shape[1:]), s.dtype), spec
+        )
+
+    def _cardinality(self) -> int:
+        n = self._inputs[0]._cardinality()
+        return INFINITE if n == INFINITE else UNKNOWN
+
+    def _batch_size(self) -> int | None:
+        return self._sizes[0] if len(set(self._sizes)) == 1 else None
+
+
+# --- selecting and reordering ------------------------------------------------------------------
+
+
+class ShuffleDataset(_Transparent):
+    def __init__(self, input_dataset: Dataset, buffer_size: Any, seed: Any, reshuffle_each_iteration: bool) -> None:
+        self._inputs = (input_dataset,)
+        self._buffer_size = _int_arg(buffer_size, "buffer_size", "shuffle()")
+        if self._buffer_size <= 0 and self._buffer_size != UNKNOWN:
+            raise InvalidArgumentError(
+                f"buffer_size must be greater than zero or UNKNOWN_CARDINALITY. Got buffer_size={self._buffer_size}."
+            )
+        if seed is None:
+            self._seed = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
+        else:
+            self._seed = _int_arg(seed, "seed", "shuffle()") & (2**64 - 1)
+        self._reshuffle = bool(reshuffle_each_iteration)
+        self._epochs = itertools.count()
+        self._epoch_lock = threading.Lock()
+
+    def _iterate(self) -> Iterator[Any]:
+        with self._epoch_lock:
+            epoch = next(self._epochs) if self._reshuffle else 0
+        rng = np.random.default_rng([self._seed, epoch])
+        capacity = self._buffer_size if self._buffer_size > 0 else None
+        uniforms: list[float] = []
+        buffer: list[Any] = []
+        source = self._inputs[0]._iterate()
+        try:
+            for element in source:
+                if capacity is None or len(buffer) < capacity:
+                    buffer.append(element)
+                    continue
+                if not uniforms:
+                    uniforms = rng.random(1024).tolist()
+                j = int(uniforms.pop() * len(buffer))
+                chosen, buffer[j] = buffer[j], element
+                yield chosen
+            while buffer:
+                if not uniforms:
+                    uniforms = rng.random(1024).tolist()
+                j = int(uniforms.pop() * len(buffer))
+                buffer[j], buffer[-1] = buffer[-1], buffer[j]
+                yield buffer.pop()
+        finally:
+            close_iterator(source)
+
+
+class RepeatDataset(_Transparent):
+    def __init__(self, input_dataset: Dataset, count: Any) -> None:
+        self._inputs = (input_dataset,)
+        self._count = -1 if count is None else _int_arg(count, "count", "repeat()")
+        if self._count < -1:
+            raise InvalidArgumentError(f"repeat() count must be >= 0, or -1/None for forever. Got count={count}.")
+
+    def _iterate(self) -> Iterator[Any]:
+        passes = itertools.count() if self._count == -1 else range(self._count)
+        for _ in passes:
+            produced = False
+            source = self._inputs[0]._iterate()
+            try:
+                for element in source:
+                    produced = True
+                    yield element
+            finally:
+                close_iterator(source)
+            if not produced:
+                return  # repeating an empty dataset forever yields nothing, as in TensorFlow
+
+    def _cardinality(self) -> int:
+        n = self._inputs[0]._cardinality()
+        if self._count == 0 or n == 0:
+            return 0
+        if self._count == -1:
+            return INFINITE
+        return n * self._count if n >= 0 else n
+
+
+class TakeDataset(_Transparent):
+    def __init__(self, input_dataset: Dataset, count: Any) -> None:
+        self._inputs = (input_dataset,)
+        self._count = _int_arg(count, "count", "take()")
+        if self._count < -1:
+            raise InvalidArgumentError(f"take() count must be >= 0, or -1 for all. Got count={count}.")
+
+    def _iterate(self) -> Iterator[Any]:
+        source = self._inputs[0]._iterate()
+        try:
+            yield from (source if self._count == -1 else itertools.islice(source, self._count))
+        finally:
+            close_iterator(source)
+
+    def _cardinality(self) -> int:
+        n = self._inputs[0]._cardinality()
+        if self._count == -1:
+            return n
+        if n == INFINITE:
+            return self._count
+        return min(n, self._count) if n >= 0 else n
+
+
+class SkipDataset(_Transparent):
+    def __init__(self, input_dataset: Dataset, count: Any) -> None:
+        self._inputs = (input_dataset,)
+        self._count = _int_arg(count, "count", "skip()")
+        if self._count < -1:
+            raise InvalidArgumentError(f"skip() count must be >= 0, or -1 for all. Got count={count}.")
+
+    def _iterate(self) -> Iterator[Any]:
+        source = self._inputs[0]._iterate()
+        try:
+            if self._count == -1:
+                for _ in source:
+                    pass
+                return
+            yield from itertools.islice(source, self._count, None)
+        finally:
+            close_iterator(source)
+
+    def _cardinality(self) -> int:
+        n = self._inputs[0]._cardinality()
+        if self._count == -1:
+            return 0
+        return max(n - self._count, 0) if n >= 0 else n
+
+
+class ShardDataset(_Transparent):
+    def __init__(self, input_dataset: Dataset, num_shards: Any, index: Any) -> None:
+        self._inputs = (input_dataset,)
+        self._num_shards = _int_arg(num_shards, "num_shards", "shard()")
+        self._index = _int_arg(index, "index", "shard()")
+        self._is_hint = self._num_shards == options_lib.SHARD_HINT
+        if self._is_hint:
+            return
+        if self._num_shards <= 0:
+            raise InvalidArgumentError(
+                f"Number of shards must be greater than zero (currently num_shards = {self._num_shards})."
+            )
+        if not 0 <= self._index < self._num_shards:
+            raise InvalidArgumentError(
+                f"Index must be between 0 and {self._num_shards - 1} (currently index = {self._index})."
+            )
+
+    def _filled(self, num_shards: int, index: int) -> ShardDataset:
+        """This hint with ``shard(SHARD_HINT, ...)`` replaced by ``shard(num_shards, index)``."""
+        return ShardDataset(self._inputs[0], num_shards, index)
+
+    def _iterate(self) -> Iterator[Any]:
+        if self._is_hint:
+            raise InvalidArgumentError(
+                "shard(SHARD_HINT, SHARD_HINT) is a placeholder that AutoShardPolicy.HINT fills in when a "
+                "multi-worker strategy distributes the dataset; iterate it through the strategy or give "
+                "shard() real numbers."
+            )
+        source = self._inputs[0]._iterate()
+        try:
+            yield from itertools.islice(source, self._index, None, self._num_shards)
+        finally:
+            close_iterator(source)
+
+    def _cardinality(self) -> int:
+        n = self._inputs[0]._cardinality()
+        if n < 0 or self._is_hint:
+            return n
+        return n // self._num_shards + (1 if self._index < n % self._num_shards else 0)
+
+
+class OptionsDataset(_Transparent):
+    def __init__(self, input_dataset: Dataset, options: options_lib.Options) -> None:
+        self._inputs = (input_dataset,)
+        self._own_options = options
+
+    def _iterate(self) -> Iterator[Any]:
+        return self._inputs[0]._iterate()
+
+
+class EnumerateDataset(Dataset):
+    def __init__(self, input_dataset: Dataset, start: Any) -> None:
+        self._inputs = (input_dataset,)
+        self._start = _int_arg(start, "start", "enumerate()")
+
+    def _iterate(self) -> Iterator[Any]:
+        source = self._inputs[0]._iterate()
+        try:
+            for i, element in enumerate(source, start=self._start):
+                yield np.int64(i), element
+        finally:
+            close_iterator(source)
+
+    def _spec(self, probe: bool) -> Any:
+        spec = self._inputs[0]._spec(probe)
+        return None if spec is None else (TensorSpec((), np.int64), spec)
+
+
+# --- caching -----------------------------------------------------------------------------------
+
+
+class CacheDataset(Dataset):
+    def __init__(self, input_dataset: Dataset, filename: str) -> None:
+        self._inputs = (input_dataset,)
+        self._filename = os.fspath(filename)
+        self._memory: list[Any] | None = None
+        self._lock = threading.Lock()
+
+    def _clone(self, inputs: tuple[Dataset, ...]) -> Dataset:
+        clone = super()._clone(inputs)
+        assert isinstance(clone, CacheDataset)
+        clone._memory, clone._lock = None, threading.Lock()
+        return clone
+
+    def _load(self) -> list[Any] | None:
+        with self._lock:
+            if self._memory is not None or not self._filename:
+                return self._memory
+            if os.path.exists(self._filename):
+                with open(self._filename, "rb") as f:
+                    self._memory = pickle.load(f)
+            return self._memory
+
+    def _store(self, elements: list[Any]) -> None:
+        with self._lock:
+            if self._memory is not None:
+                return
+            self._memory = elements
+            if self._filename:
+                directory = os.path.dirname(os.path.abspath(self._filename))
+                fd, tmp = tempfile.mkstemp(dir=directory, prefix=".td-cache-")
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        pickle.dump(elements, f, protocol=pickle.HIGHEST_PROTOCOL)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(tmp, self._filename)
+                except BaseException:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+                    raise
+
+    def _iterate(self) -> Iterator[Any]:
+        cached = self._load()
+        if cached is not None:
+            yield from cached
+            return
+        collected = []
+        source = self._inputs[0]._iterate()
+        try:
+            for element in source:
+                collected.append(element)
+                yield element
+        finally:
+            close_iterator(source)
+        self._store(collected)  # reached only after a complete pass
+
+    def _batch_size(self) -> int | None:
+        return self._inputs[0]._batch_size()
