@@ -4,16 +4,13 @@ Runs the examples of TensorFlow's ``tf.distribute.DistributedValues`` documentat
 the ``merge_call`` example of TF 1.x's ``MirroredStrategy`` (written with ``run``), with
 ``import towerdist as tf`` and numpy arrays where TensorFlow has tensors.
 
-The global batch ``[5., 6.]`` is split across the two replicas the way a distributed
-dataset splits it (``strategy.experimental_distribute_dataset`` arrives with the input
-pipeline; here ``experimental_distribute_values_from_function`` builds the same values).
+The global batches of ``Dataset.from_tensor_slices([5., 6., 7., 8.]).batch(2)`` are split
+across the two replicas by ``strategy.experimental_distribute_dataset``.
 
 Run:  python examples/quickstart.py
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 import towerdist as tf
 
@@ -26,14 +23,10 @@ def main() -> None:
     print(f"{strategy} with {strategy.num_replicas_in_sync} replicas, "
           f"cross-device ops {strategy.extended._cross_device_ops}\n")
 
-    global_batch = np.array([5.0, 6.0], dtype=np.float32)
-
-    def split(ctx: tf.distribute.experimental.ValueContext) -> np.ndarray:
-        i = ctx.replica_id_in_sync_group
-        return global_batch[i : i + 1]
-
     print("1. Distributed values from a global batch:")
-    distributed_values = strategy.experimental_distribute_values_from_function(split)
+    dataset = tf.data.Dataset.from_tensor_slices([5.0, 6.0, 7.0, 8.0]).batch(2)
+    dataset_iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    distributed_values = next(dataset_iterator)
     print(repr(distributed_values), "\n")
 
     print("2. Returned by run:")

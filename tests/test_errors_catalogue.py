@@ -3,8 +3,8 @@ and leaves the strategy usable.
 
 Each row triggers one error on ``mirrored_2cpu`` and pins the exception type and the first
 words of the message; the test then checks that ``run`` and ``reduce`` still work. The rows
-about variables are here too (and in depth in the variable tests); errors concerning
-datasets and MPI are tested with those features.
+about variables and datasets are here too (and in depth in their own tests); errors
+concerning MPI are tested with that feature.
 """
 
 from __future__ import annotations
@@ -71,6 +71,19 @@ def _none_aggregation_write(s):
     s.run(lambda: v.assign(td.constant(2.0)))
 
 
+def _next_inside_replica_fn(s):
+    iterator = iter(s.experimental_distribute_dataset(td.data.Dataset.range(4).batch(2)))
+    s.run(lambda: next(iterator))
+
+
+def _scalar_dataset(s):
+    next(iter(s.experimental_distribute_dataset(td.data.Dataset.range(4))))
+
+
+def _indivisible_global_batch(s):
+    s.distribute_datasets_from_function(lambda c: td.data.Dataset.range(10).batch(c.get_per_replica_batch_size(5)))
+
+
 def _sync_on_read_sum_assign_add(s):
     v = _variable(s, synchronization=td.VariableSynchronization.ON_READ, aggregation=td.VariableAggregation.SUM)
     v.assign_add(1.0)
@@ -107,6 +120,17 @@ ERRORS: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] = [
      ValueError, "`NONE` variable synchronization mode is not supported"),
     ("variable creation mismatch in run", lambda s: s.run(lambda: td.Variable(1.0, name=f"v{rid()}")), RuntimeError,
      "Tried to create variable 'v1' with mismatching name"),
+    ("next(iterator) inside a replica function", _next_inside_replica_fn, ValueError,
+     r"next\(iterator\) should be called from outside of replica_fn"),
+    ("distributing a dataset of scalars", _scalar_dataset, ValueError, "Call the `batch` method on the input Dataset"),
+    ("global batch not divisible by the replicas", _indivisible_global_batch, ValueError,
+     "The `global_batch_size` 5 is not divisible by `num_replicas_in_sync` 2"),
+    ("PER_REPLICA input in experimental_distribute_dataset",
+     lambda s: s.experimental_distribute_dataset(td.data.Dataset.range(4).batch(2), td.distribute.InputOptions(
+         experimental_replication_mode=td.distribute.InputReplicationMode.PER_REPLICA)),
+     NotImplementedError, "InputReplicationMode.PER_REPLICA is only supported"),
+    ("an array given as a dataset", lambda s: s.experimental_distribute_dataset(np.ones(4)), TypeError,
+     r"experimental_distribute_dataset\(\) takes a dataset whose elements are global batches"),
     ("gather of scalars", lambda s: s.gather(per_replica(s, float), axis=0), td.errors.InvalidArgumentError, r"Strategy.gather\(\) cannot concatenate scalars"),
 ]
 

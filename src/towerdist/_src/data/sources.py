@@ -74,7 +74,7 @@ class TensorSliceDataset(Dataset):
 
     def _gather_plan(self) -> GatherPlan:
         leaves, unflatten = self._leaves, self._treespec.unflatten
-        return GatherPlan(RangeDataset(self._size), lambda idx: unflatten([leaf[idx] for leaf in leaves]))
+        return GatherPlan(IndexDataset(self._size), lambda idx: unflatten([leaf[idx] for leaf in leaves]))
 
 
 class TensorDataset(Dataset):
@@ -118,7 +118,23 @@ class RangeDataset(Dataset):
 
     def _gather_plan(self) -> GatherPlan:
         start, step, dtype = self._range.start, self._range.step, self._dtype
-        return GatherPlan(RangeDataset(len(self._range)), lambda idx: (start + step * idx).astype(dtype))
+        return GatherPlan(IndexDataset(len(self._range)), lambda idx: (start + step * idx).astype(dtype))
+
+
+class IndexDataset(Dataset):
+    """``0 .. n-1`` as Python ints: the indices a gather plan runs through its transformations."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+
+    def _iterate(self) -> Iterator[Any]:
+        return iter(range(self._size))
+
+    def _spec(self, probe: bool) -> Any:
+        return TensorSpec((), np.int64)
+
+    def _cardinality(self) -> int:
+        return self._size
 
 
 class GeneratorDataset(Dataset):
