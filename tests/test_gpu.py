@@ -99,3 +99,24 @@ def test_mirrored_variable_on_two_gpus():
         )
     strategy.run(lambda: counter.assign_add(td.constant(1.0)))
     assert float(counter.numpy()) == 2.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fetch", [True, False])
+def test_distributed_dataset_places_pieces_on_the_gpu_unless_told_not_to(fetch):
+    cupy = cupy_backend._import()
+    strategy = td.distribute.MirroredStrategy(gpus(1))
+    options = td.distribute.InputOptions(experimental_fetch_to_device=fetch)
+    batches = list(strategy.experimental_distribute_dataset(td.data.Dataset.range(6).batch(4), options))
+    assert [isinstance(b, cupy.ndarray) for b in batches] == [fetch, fetch]
+    np.testing.assert_array_equal(np.concatenate([cupy.asnumpy(b) if fetch else b for b in batches]), np.arange(6))
+
+
+@pytest.mark.multi_gpu(2)
+def test_distributed_dataset_pieces_live_on_their_replicas_gpus():
+    cupy = cupy_backend._import()
+    strategy = td.distribute.MirroredStrategy(gpus(2))
+    batch = next(iter(strategy.experimental_distribute_dataset(td.data.Dataset.range(3).batch(3))))
+    pieces = strategy.experimental_local_results(batch)
+    assert [p.device.id for p in pieces] == [0, 1]
+    assert [cupy.asnumpy(p).tolist() for p in pieces] == [[0, 1], [2]]

@@ -184,17 +184,9 @@ def _check_cycling_split(size, global_batch, num_replicas, drop_remainder):
     drop_remainder=st.booleans(),
 )
 def test_off_policy_keeps_every_row_once_in_order(size, global_batch, num_replicas, drop_remainder):
-    if drop_remainder and global_batch < num_replicas:
-        drop_remainder = False  # that corner loses data: see test_off_policy_drop_remainder_small_batch_keeps_rows
     _check_cycling_split(size, global_batch, num_replicas, drop_remainder)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: AutoShardPolicy.OFF with drop_remainder=True and a global batch smaller than the number of "
-    "replicas drops the last step (its zero-size pieces come out as missing pieces, and a statically shaped "
-    "step with missing pieces ends iteration)",
-)
 @pytest.mark.parametrize(
     ("size", "global_batch", "num_replicas"), [(4, 2, 4), (2, 2, 4), (3, 1, 2), (6, 2, 3)]
 )
@@ -377,11 +369,6 @@ def test_auto_with_fewer_files_than_workers_shards_by_data(tmp_path, num_local):
     assert ordered == lines
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: with AutoShardPolicy.HINT the filled-in shard(W, w) is followed by the DATA-style split that "
-    "keeps only this worker's 1/W of each of its own batches, so most rows are never delivered",
-)
 @pytest.mark.parametrize("num_workers", [2, 3])
 @pytest.mark.parametrize("num_local", [1, 2])
 def test_hint_policy_shards_disjoint_and_complete(num_workers, num_local):
@@ -431,7 +418,7 @@ def test_auto_shard_by_file_rewrites_the_reader(tmp_path, policy, worker_index):
     lines = write_text_files(tmp_path, num_files=4, lines_per_file=3)
     dataset = text_dataset(tmp_path, batch=2)
     sharded, mode = auto_shard(dataset, 2, worker_index, policy)
-    assert mode is ShardMode.FILES
+    assert mode is ShardMode.OWN
     got = [line for batch in sharded.as_numpy_iterator() for line in batch.tolist()]
     assert got == [line for line in lines if file_of(line) % 2 == worker_index]
     # the original pipeline is untouched
@@ -449,7 +436,7 @@ def test_auto_shard_auto_without_files_keeps_the_data():
 def test_auto_shard_fills_shard_hints(worker_index):
     dataset = td.data.Dataset.range(10).shard(SHARD_HINT, SHARD_HINT).map(lambda x: x * 2)
     sharded, mode = auto_shard(dataset, 3, worker_index, Policy.HINT)
-    assert mode is ShardMode.ALL
+    assert mode is ShardMode.OWN
     assert [int(v) for v in sharded.as_numpy_iterator()] == [2 * v for v in range(worker_index, 10, 3)]
 
 
@@ -508,11 +495,6 @@ def test_hook_is_consulted_and_ends_iteration_when_no_worker_has_data():
     assert hook.calls == [True, True, False]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a worker whose own data is empty from the start cannot build dummy pieces (no template): "
-    "StopIteration leaks out of get_next() and iteration ends while other workers still have data",
-)
 def test_worker_with_no_data_at_all_still_follows_the_others():
     hook = AgreeingWorkers(extra=2)
     iterator = iter(worker_dataset(td.data.Dataset.range(0).batch(4), 2, 0, 1, hook))
@@ -556,11 +538,6 @@ def test_one_shot_generator_works_once():
         list(dist)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: element_spec of a distributed one-shot generator probes it by starting an iteration, "
-    "so the data can no longer be iterated (ValueError 'one-shot ... already iterated')",
-)
 def test_element_spec_of_a_generator_does_not_use_it_up():
     strategy = mirrored(2)
     dist = strategy.experimental_distribute_dataset(np.arange(i, i + 3) for i in (0, 3))
@@ -679,7 +656,7 @@ def test_per_replica_buffer_bounds_read_ahead(buffer_size):
 @pytest.mark.timeout(60)
 def test_prefetch_thread_ends_when_iterator_is_dropped():
     strategy = mirrored(2)
-    dataset = td.data.Dataset.range(1000).batch(4).prefetch(2)
+    dataset = td.data.Dataset.range(1000).batch(4).repeat().prefetch(2)  # endless: only closing stops it
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     assert [p.tolist() for p in pieces(strategy, next(iterator))] == [[0, 1], [2, 3]]
     assert any(t.is_alive() for t in prefetch_threads())  # the pipeline really runs a thread
@@ -728,7 +705,9 @@ def test_map_error_surfaces_with_its_type(prefetch, error, num_ok):
     dataset = td.data.Dataset.range(12).batch(4).map(fn)
     if prefetch:
         dataset = dataset.prefetch(2)
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    # No read-ahead, so that the error surfaces exactly at the step that hits it.
+    no_read_ahead = td.distribute.InputOptions(experimental_per_replica_buffer_size=0)
+    iterator = iter(strategy.experimental_distribute_dataset(dataset, no_read_ahead))
     for _ in range(num_ok):
         next(iterator)
     with pytest.raises(error):

@@ -108,14 +108,21 @@ class Dataset:
         return sources.GeneratorDataset(generator, output_types, output_shapes, args, output_signature)
 
     @staticmethod
-    def zip(*datasets: Any, name: str | None = None) -> Dataset:
+    def zip(*args: Any, datasets: Any = None, name: str | None = None) -> Dataset:
         """Elements of several datasets side by side: ``zip(a, b)`` or ``zip((a, b))`` or ``zip({"x": a})``.
 
         Stops at the end of the shortest input.
         """
         from towerdist._src.data import sources
 
-        structure = datasets[0] if len(datasets) == 1 else tuple(datasets)
+        if datasets is not None:
+            if args:
+                raise TypeError("zip() takes the datasets either positionally or as datasets=, not both.")
+            structure = datasets
+        else:
+            if not args:
+                raise TypeError("zip() needs at least one dataset.")
+            structure = args[0] if len(args) == 1 else tuple(args)
         return sources.ZipDataset(structure)
 
     @staticmethod

@@ -176,7 +176,9 @@ def cut_rows(source: Iterator[Any], sizes: Sequence[int], drop_remainder: bool =
     exhausted = False
     template: list[Any] | None = None
     for size in itertools.cycle(sizes):
-        while (available < size or available == 0) and not exhausted:
+        # A positive size needs rows; a zero size only needs to know the structure, so that
+        # the empty pieces of a cycle are produced even after the last row (no row is lost).
+        while (available < size or template is None) and not exhausted:
             try:
                 element = next(source)
             except StopIteration:
@@ -192,9 +194,9 @@ def cut_rows(source: Iterator[Any], sizes: Sequence[int], drop_remainder: bool =
             if rows:
                 pending.append((leaves, 0, rows))
                 available += rows
-        if available == 0 or (available < size and drop_remainder):
+        if template is None or (size > 0 and available == 0) or (available < size and drop_remainder):
             return
-        assert treespec is not None and template is not None
+        assert treespec is not None
         take = min(size, available)
         yield treespec.unflatten(_take_rows(pending, take, template))
         available -= take

@@ -28,7 +28,7 @@ class ShardMode(enum.Enum):
     """What a worker's dataset holds after auto-sharding."""
 
     ALL = "all"  # the whole dataset: split every global batch across all replicas of all workers
-    FILES = "files"  # this worker's files: split its own batches
+    OWN = "own"  # this worker's share (its files, or its hinted shard): split its own batches
 
 
 def _rewrite(node: Dataset, change: Callable[[Dataset, tuple[Dataset, ...]], Dataset | None]) -> Dataset:
@@ -73,7 +73,7 @@ def auto_shard(
       InvalidArgumentError: FILE policy with fewer files than workers.
     """
     if policy == AutoShardPolicy.HINT:
-        return _fill_hints(dataset, num_workers, worker_index), ShardMode.ALL
+        return _fill_hints(dataset, num_workers, worker_index), ShardMode.OWN
     if num_workers == 1 or policy == AutoShardPolicy.OFF:
         return dataset, ShardMode.ALL
     readers = _readers(dataset)
@@ -90,7 +90,7 @@ def auto_shard(
                     f"There are {count} files to shard over {num_workers} workers, so some workers would get no "
                     f"files. Use AutoShardPolicy.DATA, or provide at least one file per worker."
                 )
-        return _shard_files(dataset, num_workers, worker_index), ShardMode.FILES
+        return _shard_files(dataset, num_workers, worker_index), ShardMode.OWN
     if policy == AutoShardPolicy.AUTO and readers and all(c >= num_workers for c in file_counts):
-        return _shard_files(dataset, num_workers, worker_index), ShardMode.FILES
+        return _shard_files(dataset, num_workers, worker_index), ShardMode.OWN
     return dataset, ShardMode.ALL  # DATA, or AUTO without (enough) files

@@ -19,12 +19,12 @@ from typing import Any
 from towerdist._src import backend, context, nest
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.optional import Optional
-from towerdist._src.data.spec import TensorSpec, is_fully_defined, structure_of
+from towerdist._src.data.spec import is_fully_defined
 from towerdist._src.data.transforms import close_iterator, cut_rows
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import OutOfRangeError
 from towerdist._src.input.auto_shard import ShardMode, auto_shard
-from towerdist._src.input.foreign import as_dataset
+from towerdist._src.input.foreign import IterableDataset, as_dataset
 from towerdist._src.input.input_context import InputContext, InputOptions
 from towerdist._src.input.split import (
     _needs_batch,
@@ -109,25 +109,10 @@ class _DistributedInput:
         With one replica, the plain specs.
         """
         spec = self._replica_spec(probe=True)
-        if spec is None:
-            spec = self._probe_foreign_spec()
         if self._worker.num_replicas_in_sync == 1:
             return spec
         copies = self._worker.num_local
         return nest.map_structure(lambda s: PerReplicaSpec(*([s] * copies)), spec)
-
-    def _probe_foreign_spec(self) -> Any:
-        iterator = DistributedIterator(self)
-        try:
-            step = iterator._step()
-        finally:
-            iterator._finish()
-        if step is None:
-            raise ValueError("Cannot determine the element_spec of an empty input that is not a td.data.Dataset.")
-        present = next(piece for piece in step if piece is not _MISSING)
-        return nest.map_structure(
-            lambda s: TensorSpec((None, *s.shape[1:]) if s.shape else (), s.dtype), structure_of(present)
-        )
 
     def __iter__(self) -> DistributedIterator:
         return DistributedIterator(self)
@@ -186,6 +171,8 @@ class DistributedDataset(_DistributedInput):
         return self._source._cardinality()
 
     def _source_fully_defined(self) -> bool:
+        if isinstance(self._source, IterableDataset):
+            return False  # its batch dimension is never known in advance
         spec = self._source._spec(probe=True)
         return spec is not None and is_fully_defined(spec)
 
@@ -205,7 +192,7 @@ class DistributedDataset(_DistributedInput):
                     yield [element]
             elif self._sizes is not None:
                 yield from _group(cut_rows(source, self._sizes), local)
-            elif self._mode is ShardMode.FILES:
+            elif self._mode is ShardMode.OWN:
                 for element in source:
                     pieces = legacy_split(element, n)
                     for start in range(0, n, local):
@@ -243,6 +230,8 @@ class DistributedDatasetsFromFunction(_DistributedInput):
         return self._datasets[0]._cardinality()
 
     def _source_fully_defined(self) -> bool:
+        if isinstance(self._datasets[0], IterableDataset):
+            return False
         spec = self._datasets[0]._spec(probe=True)
         return spec is not None and is_fully_defined(spec)
 
@@ -344,7 +333,8 @@ class DistributedIterator:
     def _step(self) -> list[Any] | None:
         if self._steps is None:
             self._steps = self._source._steps()
-        ahead = max(self._source._options.experimental_per_replica_buffer_size, 1)
+        # The step returned now plus ``experimental_per_replica_buffer_size`` steps ahead.
+        ahead = self._source._options.experimental_per_replica_buffer_size + 1
         while len(self._ahead) < ahead:
             raw = next(self._steps, None)
             if raw is None:
@@ -381,8 +371,17 @@ class DistributedIterator:
         if present is not None:
             self._template = step
         if _has_missing(step):
-            spec = self._source._replica_spec(probe=False)
-            example = present if present is not None else next(p for p in self._template or [] if p is not _MISSING)
+            example = present
+            if example is None and self._template is not None:
+                example = next((p for p in self._template if p is not _MISSING), None)
+            # A worker with no data yet has no piece to copy shapes from: ask the spec.
+            spec = self._source._replica_spec(probe=example is None)
+            if spec is None and example is None:
+                raise ValueError(
+                    "This worker has no data for a step that other workers have data for, and the input's "
+                    "element structure is unknown, so no empty pieces can be made. Use a td.data.Dataset (or a "
+                    "tf.data.Dataset) so that its element_spec is known."
+                )
             step = [
                 _to_device(dummy_like(spec, example), device) if piece is _MISSING else piece
                 for piece, device in zip(step, self._source._worker.devices, strict=True)

@@ -16,7 +16,7 @@ import numpy as np
 from towerdist._src import backend, nest
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
-from towerdist._src.data.spec import TensorSpec
+from towerdist._src.data.spec import TensorSpec, structure_of
 from towerdist._src.data.structure import normalize_output
 from towerdist._src.data.transforms import close_iterator
 
@@ -74,6 +74,7 @@ class IterableDataset(Dataset):
         self._iterable = iterable
         self._one_shot = iter(iterable) is iterable
         self._started = False
+        self._peeked: list[Any] = []  # a one-shot input's first element, read for its spec
         self._lock = threading.Lock()
 
     def _iterate(self) -> Iterator[Any]:
@@ -85,6 +86,8 @@ class IterableDataset(Dataset):
                     f"td.data.Dataset.from_generator with a generator function."
                 )
             self._started = True
+            peeked, self._peeked = self._peeked, []
+        yield from peeked
         source = iter(self._iterable)
         try:
             for value in source:
@@ -93,7 +96,31 @@ class IterableDataset(Dataset):
             close_iterator(source)
 
     def _spec(self, probe: bool) -> Any:
-        return None
+        """Learnt from the first element, with an unknown batch dimension (kept for one-shot inputs)."""
+        if not probe:
+            return None
+        with self._lock:
+            if self._one_shot and not self._started and not self._peeked:
+                try:
+                    self._peeked.append(_element(next(iter(self._iterable))))
+                except StopIteration:
+                    pass
+            first = self._peeked[0] if self._peeked else None
+        if first is None:
+            if self._one_shot:
+                raise ValueError(
+                    "Cannot determine the element_spec of a one-shot input that is empty or already iterated."
+                )
+            source = iter(self._iterable)
+            try:
+                first = _element(next(source))
+            except StopIteration:
+                raise ValueError("Cannot determine the element_spec of an empty input.") from None
+            finally:
+                close_iterator(source)
+        return nest.map_structure(
+            lambda s: TensorSpec((None, *s.shape[1:]) if s.shape else (), s.dtype), structure_of(first)
+        )
 
     def _cardinality(self) -> int:
         try:
