@@ -108,10 +108,6 @@ class Strategy:
           TypeError: ``dataset`` is an array or not iterable, or ``options`` is not ``InputOptions``.
         """
         options = _check_input_options(options, "experimental_distribute_dataset()")
-        if options is not None and options.experimental_replication_mode is InputReplicationMode.PER_REPLICA:
-            raise NotImplementedError(
-                "InputReplicationMode.PER_REPLICA is only supported in `distribute_datasets_from_function`."
-            )
         return self._extended._experimental_distribute_dataset(dataset, options)
 
     def distribute_datasets_from_function(
@@ -135,18 +131,6 @@ class Strategy:
           NotImplementedError: ``PER_REPLICA`` on a strategy that does not support it.
         """
         options = _check_input_options(options, "distribute_datasets_from_function()")
-        if options is not None:
-            per_replica = options.experimental_replication_mode is InputReplicationMode.PER_REPLICA
-            if not per_replica and options.experimental_place_dataset_on_device:
-                raise ValueError(
-                    "When `experimental_place_dataset_on_device` is set for dataset placement, you must also "
-                    "specify `PER_REPLICA` for the replication mode."
-                )
-            if per_replica and options.experimental_place_dataset_on_device and options.experimental_fetch_to_device:
-                raise ValueError(
-                    "`experimental_place_dataset_on_device` can not be set to True when experimental_fetch_to_device "
-                    "is True and replication mode is set to `PER_REPLICA`; pass experimental_fetch_to_device=False."
-                )
         return self._extended._distribute_datasets_from_function(dataset_fn, options)
 
     def experimental_distribute_datasets_from_function(
@@ -301,6 +285,23 @@ def _check_input_options(options: Any, api: str) -> InputOptions | None:
     if options is not None and not isinstance(options, InputOptions):
         raise TypeError(f"{api} takes options=td.distribute.InputOptions(...). Got options={options!r}.")
     return options
+
+
+def _check_replication_options(options: InputOptions | None) -> None:
+    """TensorFlow's consistency checks of ``InputOptions`` for ``distribute_datasets_from_function``."""
+    if options is None:
+        return
+    per_replica = options.experimental_replication_mode is InputReplicationMode.PER_REPLICA
+    if not per_replica and options.experimental_place_dataset_on_device:
+        raise ValueError(
+            "When `experimental_place_dataset_on_device` is set for dataset placement, you must also "
+            "specify `PER_REPLICA` for the replication mode."
+        )
+    if per_replica and options.experimental_place_dataset_on_device and options.experimental_fetch_to_device:
+        raise ValueError(
+            "`experimental_place_dataset_on_device` can not be set to True when experimental_fetch_to_device "
+            "is True and replication mode is set to `PER_REPLICA`; pass experimental_fetch_to_device=False."
+        )
 
 
 def _axes(axis: Any, ndim: int) -> tuple[int, ...]:
@@ -541,6 +542,10 @@ class StrategyExtended:
         return InputWorker(self._replica_devices)
 
     def _experimental_distribute_dataset(self, dataset: Any, options: InputOptions | None) -> Any:
+        if options is not None and options.experimental_replication_mode is InputReplicationMode.PER_REPLICA:
+            raise NotImplementedError(
+                "InputReplicationMode.PER_REPLICA is only supported in `distribute_datasets_from_function`."
+            )
         return DistributedDataset(
             dataset, self._input_worker(), self._container_strategy(), options, "experimental_distribute_dataset()"
         )
@@ -548,6 +553,7 @@ class StrategyExtended:
     def _distribute_datasets_from_function(
         self, dataset_fn: Callable[[InputContext], Any], options: InputOptions | None
     ) -> Any:
+        _check_replication_options(options)
         per_replica = options is not None and options.experimental_replication_mode is InputReplicationMode.PER_REPLICA
         if per_replica and not self._supports_per_replica_input:
             raise NotImplementedError(
