@@ -19,7 +19,6 @@ import pytest
 
 import towerdist as td
 from towerdist._src.values.per_replica_spec import PerReplicaSpec
-from towerdist._src.variables.distributed_variable import MirroredVariable
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -632,22 +631,8 @@ def test_d2_distribute_dataset_then_run(mirrored_2cpu):
     assert all(p.shape == (1,) and p.dtype == np.int64 for p in pieces)
 
 
-def test_d16_variable_created_once_in_function_is_mirrored(mirrored_2cpu):
-    x = []
-
-    @td.function
-    def create_variable():
-        if not x:
-            x.append(td.Variable(1.0))
-        return x[0]
-
-    with mirrored_2cpu.scope():
-        create_variable()
-        create_variable()
-    assert len(x) == 1
-    assert isinstance(x[0], MirroredVariable)
-    components = mirrored_2cpu.experimental_local_results(x[0])
-    assert len(components) == 2 and [float(np.asarray(c)) for c in components] == [1.0, 1.0]
+# D16 (a variable created once inside a td.function in scope is mirrored) is tested in
+# test_distributed_variables.py.
 
 
 @pytest.fixture

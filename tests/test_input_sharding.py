@@ -394,20 +394,14 @@ def test_iterating_an_unfilled_shard_hint_is_invalid():
 # auto_shard itself
 
 
-@pytest.mark.parametrize("policy", [Policy.OFF, Policy.AUTO, Policy.DATA, Policy.FILE])
-def test_auto_shard_with_one_worker_changes_nothing(tmp_path, policy):
-    write_text_files(tmp_path, num_files=2, lines_per_file=2)
-    dataset = text_dataset(tmp_path)
-    sharded, mode = auto_shard(dataset, 1, 0, policy)
-    assert sharded is dataset
-    assert mode is ShardMode.ALL
-
-
-@pytest.mark.parametrize("policy", [Policy.OFF, Policy.DATA])
-def test_auto_shard_off_and_data_keep_the_whole_pipeline(tmp_path, policy):
+@pytest.mark.parametrize(
+    ("num_workers", "policy"),
+    [(1, Policy.OFF), (1, Policy.AUTO), (1, Policy.DATA), (1, Policy.FILE), (2, Policy.OFF), (2, Policy.DATA)],
+)
+def test_auto_shard_keeps_the_whole_pipeline_for_one_worker_or_off_or_data(tmp_path, num_workers, policy):
     write_text_files(tmp_path, num_files=4, lines_per_file=2)
     dataset = text_dataset(tmp_path)
-    sharded, mode = auto_shard(dataset, 2, 1, policy)
+    sharded, mode = auto_shard(dataset, num_workers, num_workers - 1, policy)
     assert sharded is dataset
     assert mode is ShardMode.ALL
 
