@@ -142,7 +142,7 @@ def test_map_errors_keep_their_type_and_name_the_element(parallel, prefetch):
     with pytest.raises(ZeroDivisionError, match="boom") as info:
         list(ds)
     assert any("element 3" in note for note in info.value.__notes__)
-    _assert_no_threads("towerdist-")
+    _assert_no_threads(("towerdist-map", "towerdist-prefetch"))
 
 
 def _assert_no_threads(prefix):
