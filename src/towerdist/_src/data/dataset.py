@@ -275,7 +275,7 @@ class Dataset:
     def options(self) -> options_lib.Options:
         """The options of this dataset, merged from the whole pipeline."""
         merged = options_lib.Options()
-        for node in self._walk():
+        for node in reversed(list(self._walk())):  # upstream first: later with_options calls win
             own = getattr(node, "_own_options", None)
             if own is not None:
                 merged = merged.merge(own)
@@ -399,10 +399,11 @@ class DatasetIterator:
 
     def get_next_as_optional(self) -> Optional:
         """The next element as an ``Optional`` that is empty at the end."""
+        spec = self._dataset._spec(probe=False)
         try:
-            return Optional.from_value(next(self))
+            return Optional(next(self), spec)
         except StopIteration:
-            return Optional.empty(None)
+            return Optional.empty(spec)
 
     def close(self) -> None:
         """Ends the pass now and stops any background threads it started."""

@@ -16,7 +16,7 @@ from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.sources import TensorSliceDataset
 from towerdist._src.data.spec import TensorSpec
 from towerdist._src.data.transforms import close_iterator
-from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.errors import InvalidArgumentError, NotFoundError
 
 __all__ = ["TextLineDataset", "list_files"]
 
@@ -108,7 +108,7 @@ class TextLineDataset(Dataset):
                 return io.BytesIO(data)
             return open(path, "rb", buffering=self._buffer_size)
         except FileNotFoundError:
-            raise InvalidArgumentError(f"TextLineDataset: {path}; No such file or directory") from None
+            raise NotFoundError(f"TextLineDataset: {path}; No such file or directory") from None
 
     def _spec(self, probe: bool) -> Any:
         return TensorSpec((), np.object_)

@@ -28,8 +28,15 @@ class Optional:
 
     @staticmethod
     def from_value(value: Any) -> Optional:
-        """An Optional holding ``value``."""
-        return Optional(value, None)
+        """An Optional holding ``value`` (its ``element_spec`` is that of ``value``, when it is arrays)."""
+        from towerdist._src.data.spec import structure_of
+        from towerdist._src.data.structure import to_element
+
+        try:
+            spec = structure_of(to_element(value))
+        except (TypeError, ValueError):
+            spec = None  # e.g. per-replica values
+        return Optional(value, spec)
 
     @staticmethod
     def empty(element_spec: Any) -> Optional:

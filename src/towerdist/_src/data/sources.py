@@ -100,9 +100,10 @@ class RangeDataset(Dataset):
     def __init__(self, *args: int, output_type: Any = np.int64) -> None:
         if not 1 <= len(args) <= 3:
             raise TypeError(f"range() takes 1 to 3 arguments (start, stop, step). Got {len(args)}.")
-        self._range = range(*(int(a) for a in args))
-        if self._range.step == 0:
-            raise InvalidArgumentError("range() step must not be zero.")
+        bounds = [int(a) for a in args]
+        if len(bounds) == 3 and bounds[2] == 0:
+            raise InvalidArgumentError("range() step must not be zero. Got step=0.")
+        self._range = range(*bounds)
         self._dtype = np.dtype(output_type)
 
     def _iterate(self) -> Iterator[Any]:

@@ -77,7 +77,7 @@ class TensorSpec:
         return hash((self._shape, self._dtype, self._name))
 
     def __repr__(self) -> str:
-        shape = "None" if self._shape is None else repr(self._shape)
+        shape = "<unknown>" if self._shape is None else repr(self._shape)
         return f"TensorSpec(shape={shape}, dtype=tf.{dtype_name(self._dtype)}, name={self._name!r})"
 
 

@@ -373,9 +373,9 @@ class SkipDataset(_Transparent):
 
     def _cardinality(self) -> int:
         n = self._inputs[0]._cardinality()
-        if self._count == -1:
-            return 0
-        return max(n - self._count, 0) if n >= 0 else n
+        if n < 0:
+            return n  # skipping from an infinite (or unknown) dataset leaves it so
+        return 0 if self._count == -1 else max(n - self._count, 0)
 
 
 class ShardDataset(_Transparent):
