@@ -622,8 +622,8 @@ def test_input_options_do_not_change_values(options, policy):
             np.testing.assert_array_equal(pa, pb)
 
 
-@pytest.mark.parametrize("buffer_size", [0, 3])
-def test_per_replica_buffer_bounds_read_ahead(buffer_size):
+@pytest.mark.parametrize("buffer_size", [0, 1, 3])
+def test_per_replica_buffer_reads_exactly_that_many_steps_ahead(buffer_size):
     produced: list[int] = []
 
     def generate():
@@ -639,7 +639,7 @@ def test_per_replica_buffer_bounds_read_ahead(buffer_size):
     first = next(iterator)
 
     assert [p.tolist() for p in pieces(strategy, first)] == [[0], [1]]
-    assert 1 <= len(produced) <= 1 + buffer_size
+    assert len(produced) == 1 + buffer_size  # the step returned, and buffer_size steps prepared
     rest = [p for x in iterator for p in pieces(strategy, x)]
     np.testing.assert_array_equal(np.concatenate(rest), np.arange(2, 40))
 
