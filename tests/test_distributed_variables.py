@@ -444,10 +444,14 @@ def test_sync_on_read_rules_on_1_2_4_replicas(mirrored_strategy, aggregation):
     assert components(v) == pytest.approx([12.0 / n if aggregation is A.SUM else 12.0] * n)
 
 
-def test_sync_on_read_sum_assign_of_an_integer_truncates_like_tensorflow(mirrored_2cpu):
+def test_sync_on_read_sum_assign_of_an_integer_keeps_the_exact_sum(mirrored_2cpu):
+    # Deliberate difference: TensorFlow stores cast(5 / 2, int32) == 2 in both copies and reads back 4.
     v = make(mirrored_2cpu, 0, synchronization=ON_READ, aggregation=A.SUM)
     v.assign(5)
-    assert [int(c.numpy()) for c in v.values] == [2, 2]  # cast(5 / 2, int32)
+    assert [int(c.numpy()) for c in v.values] == [3, 2]
+    assert int(v.read_value()) == 5
+    v.assign(-7)
+    assert int(v.read_value()) == -7
     assert v.dtype == td.int32
 
 

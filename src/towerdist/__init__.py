@@ -17,6 +17,10 @@ from towerdist import data as data
 from towerdist import distribute as distribute
 from towerdist import errors as errors
 from towerdist import experimental as experimental
+from towerdist import metrics as metrics
+from towerdist import nn as nn
+from towerdist import optimizers as optimizers
+from towerdist import train as train
 from towerdist import types as types
 from towerdist._src.array_ops import add_n as add_n
 from towerdist._src.array_ops import cast as cast
@@ -48,6 +52,7 @@ from towerdist._src.dtypes import uint8 as uint8
 from towerdist._src.dtypes import uint16 as uint16
 from towerdist._src.dtypes import uint32 as uint32
 from towerdist._src.dtypes import uint64 as uint64
+from towerdist._src.module import Module as Module
 from towerdist._src.variable_enums import VariableAggregation as VariableAggregation
 from towerdist._src.variable_enums import VariableSynchronization as VariableSynchronization
 from towerdist._src.variables.variable import Variable as Variable
@@ -55,6 +60,7 @@ from towerdist._src.variables.variable import Variable as Variable
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "Module",
     "TensorSpec",
     "Variable",
     "VariableAggregation",
@@ -83,11 +89,15 @@ __all__ = [
     "int16",
     "int32",
     "int64",
+    "metrics",
+    "nn",
     "ones",
+    "optimizers",
     "range",
     "reduce_mean",
     "reduce_sum",
     "string",
+    "train",
     "types",
     "uint8",
     "uint16",

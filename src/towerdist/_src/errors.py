@@ -11,6 +11,7 @@ class                             raised for                                 als
 ``InvalidArgumentError``          bad values: mismatched shapes/dtypes       ``OpError``, ``ValueError``
 ``OutOfRangeError``               an exhausted iterator (``get_next``)       ``OpError``
 ``NotFoundError``                 something looked for does not exist        ``OpError``
+``DataLossError``                 a checkpoint file is truncated or corrupt  ``OpError``
 ``DeadlineExceededError``         a replica or collective ran out of time    ``OpError``, ``TimeoutError``
 ``ValidationError``               arguments TensorFlow rejects with a bare   ``ValueError``,
                                   ``AssertionError``                         ``AssertionError``
@@ -27,6 +28,7 @@ from typing import Any
 
 __all__ = [
     "ContextError",
+    "DataLossError",
     "DeadlineExceededError",
     "InvalidArgumentError",
     "MergeCallCountError",
@@ -63,6 +65,14 @@ class OutOfRangeError(OpError):
 
 class NotFoundError(OpError):
     """Something looked for does not exist, e.g. a file source for ``AutoShardPolicy.FILE``."""
+
+
+class DataLossError(OpError):
+    """Stored data is unreadable: a truncated or corrupt checkpoint.
+
+    Attributes:
+      path: the file at fault.
+    """
 
 
 class DeadlineExceededError(OpError, TimeoutError):

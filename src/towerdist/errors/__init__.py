@@ -1,6 +1,7 @@
 """towerdist's exceptions (``tf.errors`` names where TensorFlow has them)."""
 
 from towerdist._src.errors import ContextError as ContextError
+from towerdist._src.errors import DataLossError as DataLossError
 from towerdist._src.errors import DeadlineExceededError as DeadlineExceededError
 from towerdist._src.errors import InvalidArgumentError as InvalidArgumentError
 from towerdist._src.errors import MergeCallCountError as MergeCallCountError
@@ -13,6 +14,7 @@ from towerdist._src.errors import ValidationError as ValidationError
 
 __all__ = [
     "ContextError",
+    "DataLossError",
     "DeadlineExceededError",
     "InvalidArgumentError",
     "MergeCallCountError",

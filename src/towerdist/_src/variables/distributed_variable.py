@@ -32,7 +32,7 @@ import numpy as np
 
 from towerdist._src import backend, context, thread_state
 from towerdist._src.reduce_op import ReduceOp
-from towerdist._src.values.distributed_values import DistributedValues, Mirrored
+from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 from towerdist._src.variables import aggregation
 from towerdist._src.variables.variable import ASSIGN_ADD, ASSIGN_SUB, ResourceVariable, Variable, to_array
@@ -209,12 +209,23 @@ class SyncOnReadVariable(DistributedVariable):
         return self.value() if read_value else None
 
     def _split_sum(self, value: Any) -> Any:
-        """``value / num_replicas`` in the variable's dtype, so the components sum to ``value``."""
+        """Parts of ``value``, one per component, that sum to ``value``.
+
+        Floating point: ``value / num_replicas`` in every component (TensorFlow's rule).
+        Integers: ``value // num_replicas`` in every component and the remainder added to
+        the first, so the sum reads back exactly (TensorFlow truncates and loses it).
+        """
         if isinstance(value, DistributedValues) and not isinstance(value, Variable):
             return value  # already one value per component
         array = to_array(value, None, f"{self.name}.assign()")
         impl = backend.for_array(array)
-        return impl.true_divide(array, len(self._components)).astype(self.dtype)
+        n = len(self._components)
+        if self.dtype.kind not in "iu":
+            return impl.true_divide(array, n).astype(self.dtype)
+        whole = impl.xp.asarray(array).astype(self.dtype)
+        share = whole // n
+        first = share + (whole - share * n)
+        return PerReplica([first] + [share] * (n - 1))
 
 
 # --- writing components as one transaction ---------------------------------------------------

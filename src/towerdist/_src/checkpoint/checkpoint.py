@@ -1,0 +1,416 @@
+"""``td.train.Checkpoint``: save and restore variables, optimizers, metrics and modules.
+
+What is saved is one value per variable, whatever the strategy: the common value of a
+mirrored variable, the aggregate of a sync-on-read one (its SUM, MEAN or first copy).
+Restoring assigns that value in cross-replica context, so a mirrored variable gets it on
+every device and a SUM sync-on-read variable gets ``value / replicas`` on each copy. A
+checkpoint therefore restores into any strategy and any number of replicas, inside or
+outside ``strategy.scope()``.
+
+Restore is all or nothing: the files are verified (size, SHA-256, shapes, dtypes) and
+every value is matched to its variable before the first one is assigned.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from towerdist._src import backend, context
+from towerdist._src.checkpoint import files, graph
+from towerdist._src.device import HOST
+from towerdist._src.errors import ContextError
+from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
+from towerdist._src.variables import creation
+from towerdist._src.variables.aggregating_variable import AggregatingVariable
+from towerdist._src.variables.distributed_variable import DistributedVariable, SyncOnReadVariable
+from towerdist._src.variables.variable import ASSIGN, Variable
+
+__all__ = ["Checkpoint", "CheckpointLoadStatus", "InitializationOnlyStatus"]
+
+_SAVE_COUNTER = "save_counter"
+
+
+class Checkpoint:
+    """Groups trackable objects so they can be saved and restored together.
+
+    Args:
+      root: optional object whose own dependencies become the checkpoint's (as if passed
+        one by one as keyword arguments).
+      **kwargs: the objects to save, by name: variables, optimizers, metrics,
+        ``td.Module``\\ s, other checkpoints, or lists/dicts of them.
+
+    Example:
+      >>> ckpt = td.train.Checkpoint(model=model, optimizer=optimizer)
+      >>> path = ckpt.save("/tmp/ckpts/ckpt")        # '/tmp/ckpts/ckpt-1'
+      >>> ckpt.restore(path).assert_consumed()
+
+    Call ``save``, ``write`` and ``restore`` outside ``strategy.run`` (in cross-replica
+    context or with no strategy).
+    """
+
+    def __init__(self, root: Any = None, **kwargs: Any) -> None:
+        objects: dict[str, Any] = {}
+        if root is not None:
+            dependencies = getattr(root, "_checkpoint_dependencies", None)
+            if dependencies is None:
+                raise ValueError(
+                    f"Checkpoint was expecting root to be a trackable object (a td.Module, optimizer, metric or "
+                    f"Checkpoint), got {root!r}."
+                )
+            objects.update(dependencies())
+        for name, value in kwargs.items():
+            if name == _SAVE_COUNTER or name.startswith("_"):
+                raise ValueError(
+                    f"Checkpoint: the name {name!r} is reserved; pass the object under another keyword argument."
+                )
+            if not graph.is_trackable(value):
+                raise ValueError(
+                    f"Checkpoint was expecting {name} to be a trackable object (a td.Variable, td.Module, optimizer, "
+                    f"metric, Checkpoint, or a list or dict of them), got {value!r} of type {type(value).__name__}."
+                )
+            objects[name] = value
+        self._objects = objects
+        self._save_counter: Variable | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        objects = self.__dict__.get("_objects", {})
+        if name in objects:
+            return objects[name]
+        raise AttributeError(f"'Checkpoint' object has no attribute {name!r}")
+
+    @property
+    def save_counter(self) -> Variable:
+        """How many times :meth:`save` has run (an int64 variable, saved with the checkpoint)."""
+        if self._save_counter is None:
+            spec = creation.VariableSpec(
+                np.int64(0), False, _SAVE_COUNTER, np.dtype(np.int64), (), True,
+                VariableSynchronization.AUTO, VariableAggregation.ONLY_FIRST_REPLICA, None, None,
+            )
+            # A host variable of no strategy: it is the same in every scope.
+            self._save_counter = creation.plain_variable(spec, HOST, None)
+        return self._save_counter
+
+    def _checkpoint_dependencies(self) -> list[tuple[str, Any]]:
+        return [*self._objects.items(), (_SAVE_COUNTER, self.save_counter)]
+
+    # --- saving --------------------------------------------------------------------------
+
+    def save(self, file_prefix: str) -> str:
+        """Writes a numbered checkpoint ``<file_prefix>-<save_counter>`` and records it as the latest.
+
+        Increments ``save_counter``, writes like :meth:`write`, then updates the directory's
+        ``checkpoint`` state file so that ``td.train.latest_checkpoint(directory)`` finds it.
+
+        Returns:
+          The checkpoint's path prefix, for :meth:`restore`.
+        """
+        from towerdist._src.checkpoint.manager import record_latest  # noqa: PLC0415  (manager imports this)
+
+        _require_outside_run("Checkpoint.save()")
+        counter = self.save_counter
+        number = int(counter.numpy()) + 1
+        counter.assign(number, read_value=False)
+        try:
+            path = self.write(f"{os.fspath(file_prefix)}-{number}")
+        except BaseException:
+            counter.assign(number - 1, read_value=False)
+            raise
+        record_latest(path)
+        return path
+
+    def write(self, file_prefix: str) -> str:
+        """Writes the checkpoint at exactly ``file_prefix`` (``.index.json`` and ``.data-*.npz`` files).
+
+        The write is atomic: an earlier checkpoint at the same prefix stays readable until
+        the new one is complete. Does not touch ``save_counter`` or the state file.
+
+        Returns:
+          ``file_prefix``.
+
+        Raises:
+          ValueError: a variable has no single value to save (sync-on-read with
+            aggregation NONE), or an optimizer slot's variable is not in the checkpoint.
+        """
+        _require_outside_run("Checkpoint.write()")
+        prefix = os.fspath(file_prefix)
+        found = graph.walk(self._checkpoint_dependencies())
+        arrays: dict[str, np.ndarray] = {}
+        entries: dict[str, dict[str, Any]] = {}
+        for key, variable in _saved_variables(found).items():
+            array = _saved_value(variable, key)
+            arrays[key] = array
+            entries[key] = {
+                "shape": list(array.shape),
+                "dtype": array.dtype.str if array.dtype.byteorder == ">" else array.dtype.name,
+                "variable": variable.name,
+                "class": type(variable).__name__,
+                "synchronization": variable.synchronization.name,
+                "aggregation": variable.aggregation.name,
+            }
+        files.write_checkpoint(prefix, arrays, entries)
+        return prefix
+
+    # --- restoring -----------------------------------------------------------------------
+
+    def restore(self, save_path: str | None) -> CheckpointLoadStatus | InitializationOnlyStatus:
+        """Restores every variable of this checkpoint's objects from ``save_path``.
+
+        Values are matched by key (see ``towerdist._src.checkpoint.graph``). An optimizer's
+        slots that do not exist yet are restored when the optimizer creates them (on its
+        first step or ``build``). Works inside or outside ``strategy.scope()`` and into
+        any number of replicas.
+
+        Args:
+          save_path: what :meth:`save`/:meth:`write` returned, or
+            ``td.train.latest_checkpoint(dir)``. None restores nothing.
+
+        Returns:
+          A status with ``assert_consumed()`` and friends.
+
+        Raises:
+          NotFoundError: no checkpoint at ``save_path``.
+          DataLossError: the files are truncated or corrupt. No variable is changed.
+          ValueError: a saved value's shape or dtype differs from its variable's. No
+            variable is changed.
+        """
+        _require_outside_run("Checkpoint.restore()")
+        if save_path is None:
+            return InitializationOnlyStatus()
+        prefix = os.fspath(save_path)
+        entries, arrays = files.read_checkpoint(prefix)
+        found = graph.walk(self._checkpoint_dependencies())
+        plan = _match(found, entries, arrays, prefix)
+        for variable, array in plan.assignments:
+            _assign(variable, array)
+        for optimizer, slot, array in plan.deferred:
+            optimizer._deferred_slots[slot] = array
+        return CheckpointLoadStatus(self, prefix, set(entries), plan)
+
+    def read(self, save_path: str) -> CheckpointLoadStatus | InitializationOnlyStatus:
+        """Restores from ``save_path`` (a checkpoint from :meth:`write`); the same as :meth:`restore`."""
+        return self.restore(save_path)
+
+    def __repr__(self) -> str:
+        names = ", ".join(self._objects)
+        return f"<td.train.Checkpoint({names})>"
+
+
+class _Plan:
+    """What a restore does: assign now, defer until a slot exists, and what it left out."""
+
+    def __init__(self) -> None:
+        self.assignments: list[tuple[Variable, np.ndarray]] = []
+        self.deferred: list[tuple[Any, Any, np.ndarray]] = []  # (optimizer, (variable ref, slot), array)
+        self.deferred_keys: dict[str, tuple[Any, Any]] = {}
+        self.matched: set[str] = set()
+
+
+class CheckpointLoadStatus:
+    """The result of :meth:`Checkpoint.restore`: checks on how well the checkpoint matched."""
+
+    def __init__(self, checkpoint: Checkpoint, prefix: str, entries: set[str], plan: _Plan) -> None:
+        self._checkpoint = checkpoint
+        self._prefix = prefix
+        self._entries = entries
+        self._plan = plan
+
+    def _pending(self) -> list[str]:
+        return sorted(k for k, (opt, slot) in self._plan.deferred_keys.items() if slot in opt._deferred_slots)
+
+    def _unmatched_objects(self) -> list[str]:
+        found = graph.walk(self._checkpoint._checkpoint_dependencies())
+        return sorted(k for k in _saved_variables(found, strict=False) if k not in self._entries)
+
+    def assert_consumed(self) -> CheckpointLoadStatus:
+        """Asserts that every saved value was restored and every variable received one.
+
+        Values for optimizer slots that do not exist yet count as unrestored until the
+        optimizer creates them.
+
+        Raises:
+          AssertionError: listing the keys at fault.
+        """
+        unused = sorted(self._entries - self._plan.matched - set(self._plan.deferred_keys))
+        pending = self._pending()
+        missing = self._unmatched_objects()
+        problems = []
+        if unused:
+            problems.append(f"values in the checkpoint matched to no object: {unused}")
+        if pending:
+            problems.append(
+                f"optimizer slot values waiting for their slot to be created (run a step or optimizer.build()): "
+                f"{pending}"
+            )
+        if missing:
+            problems.append(f"variables with no value in the checkpoint: {missing}")
+        if problems:
+            raise AssertionError(f"Checkpoint {self._prefix} was not fully consumed: " + "; ".join(problems) + ".")
+        return self
+
+    def assert_existing_objects_matched(self) -> CheckpointLoadStatus:
+        """Asserts that every variable that exists now received a value (extra saved values are fine).
+
+        Raises:
+          AssertionError: listing the variables with no saved value.
+        """
+        missing = self._unmatched_objects()
+        if missing:
+            raise AssertionError(f"Checkpoint {self._prefix} has no value for these variables: {missing}.")
+        return self
+
+    def assert_nontrivial_match(self) -> CheckpointLoadStatus:
+        """Asserts that at least one variable other than ``save_counter`` was restored.
+
+        Raises:
+          AssertionError: nothing but the save counter matched.
+        """
+        if not (self._plan.matched | set(self._plan.deferred_keys)) - {_SAVE_COUNTER}:
+            raise AssertionError(
+                f"Nothing except the save counter was restored from {self._prefix}: no key of the checkpoint "
+                f"matches this Checkpoint's objects. Check the keyword names you passed to td.train.Checkpoint."
+            )
+        return self
+
+    def expect_partial(self) -> CheckpointLoadStatus:
+        """Declares a partial restore intended (towerdist warns about nothing anyway)."""
+        return self
+
+    def run_restore_ops(self, session: Any = None) -> None:
+        """Does nothing: restores happen eagerly (TensorFlow graph-mode compatibility)."""
+        del session
+
+
+class InitializationOnlyStatus:
+    """The status of ``restore(None)``: nothing was restored."""
+
+    def assert_consumed(self) -> InitializationOnlyStatus:
+        """Always raises: there was no checkpoint."""
+        raise AssertionError("No checkpoint specified (save_path=None); nothing is being restored.")
+
+    def assert_existing_objects_matched(self) -> InitializationOnlyStatus:
+        """Always raises: there was no checkpoint."""
+        raise AssertionError("No checkpoint specified (save_path=None); nothing is being restored.")
+
+    def assert_nontrivial_match(self) -> InitializationOnlyStatus:
+        """Always raises: there was no checkpoint."""
+        raise AssertionError("No checkpoint specified (save_path=None); nothing is being restored.")
+
+    def expect_partial(self) -> InitializationOnlyStatus:
+        """Returns this status."""
+        return self
+
+    def run_restore_ops(self, session: Any = None) -> None:
+        """Does nothing."""
+        del session
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def _require_outside_run(api: str) -> None:
+    replica_context = context.get_replica_context()
+    if replica_context is not None and replica_context is not context.default_replica_context():
+        raise ContextError(
+            f"{api} must be called outside strategy.run(), but was {context.describe_location()}; save and "
+            f"restore checkpoints between steps.",
+            api=api,
+        )
+
+
+def _saved_variables(found: graph.Graph, strict: bool = True) -> dict[str, Variable]:
+    """Every variable to save, by key: the graph's variables and its optimizers' slots."""
+    saved = dict(found.variables)
+    for path, optimizer in found.optimizers:
+        for ref, slots in optimizer._slots.items():
+            variable = ref.deref()
+            key = found.keys.get(id(variable))
+            if key is None:
+                if not strict:
+                    continue
+                raise ValueError(
+                    f"Checkpoint: the optimizer at {path!r} has slots for {variable.name}, which this checkpoint does "
+                    f"not save, so they could not be restored. Pass the model too, e.g. "
+                    f"td.train.Checkpoint(model=model, optimizer=optimizer)."
+                )
+            for name, slot in slots.items():
+                saved[graph.slot_key(path, key, name)] = slot
+    return saved
+
+
+def _saved_value(variable: Variable, key: str) -> np.ndarray:
+    """The one value saved for ``variable``, as a host array."""
+    if isinstance(variable, SyncOnReadVariable):
+        if variable.aggregation is VariableAggregation.NONE:
+            raise ValueError(
+                f"Checkpoint cannot save {variable.name} (at {key!r}): a sync-on-read variable with aggregation "
+                f"NONE has no single value across replicas. Create it with aggregation SUM, MEAN or "
+                f"ONLY_FIRST_REPLICA."
+            )
+        value = variable._read_cross_replica()
+    elif isinstance(variable, DistributedVariable):
+        value = variable._values[0].value()
+    elif isinstance(variable, AggregatingVariable):
+        value = variable.get().value()
+    else:
+        value = variable.value()
+    return np.array(backend.host().to_device(value, None), copy=True)
+
+
+def _match(found: graph.Graph, entries: dict[str, Any], arrays: dict[str, np.ndarray], prefix: str) -> _Plan:
+    """Pairs saved arrays with live variables; raises (changing nothing) on any mismatch."""
+    plan = _Plan()
+    problems: list[str] = []
+    live = _saved_variables(found, strict=False)
+    for key, variable in live.items():
+        if key not in arrays:
+            continue
+        array = arrays[key]
+        problem = _mismatch(variable, array)
+        if problem:
+            problems.append(f"{key!r} ({variable.name}): {problem}")
+        else:
+            plan.assignments.append((variable, array))
+            plan.matched.add(key)
+    for path, optimizer in found.optimizers:
+        for key, array in arrays.items():
+            parsed = graph.parse_slot_key(path, key)
+            if key in plan.matched or parsed is None:
+                continue
+            variable_key, slot_name = parsed
+            primary = found.variables.get(variable_key)
+            if primary is None or slot_name not in optimizer.get_slot_names():
+                continue
+            if primary.ref() in optimizer._slots:
+                continue  # the slot exists but was not saved under this key: left unmatched
+            problem = _mismatch(primary, array)
+            if problem:
+                problems.append(f"{key!r} (slot {slot_name!r} of {primary.name}): {problem}")
+                continue
+            slot = (primary.ref(), slot_name)
+            plan.deferred.append((optimizer, slot, array))
+            plan.deferred_keys[key] = (optimizer, slot)
+    if problems:
+        raise ValueError(
+            f"Cannot restore {prefix}: " + "; ".join(problems) + ". No variable was changed; restore into variables "
+            "of the saved shapes and dtypes."
+        )
+    return plan
+
+
+def _mismatch(variable: Variable, array: np.ndarray) -> str | None:
+    if tuple(array.shape) != tuple(variable.shape):
+        return f"the checkpoint holds shape {tuple(array.shape)}, the variable has shape {tuple(variable.shape)}"
+    if array.dtype != variable.dtype:
+        return f"the checkpoint holds dtype {array.dtype}, the variable has dtype {variable.dtype}"
+    return None
+
+
+def _assign(variable: Variable, array: np.ndarray) -> None:
+    """Assigns ``array`` as cross-replica code does, in any scope (SUM sync-on-read: split)."""
+    if isinstance(variable, (DistributedVariable, AggregatingVariable)):
+        variable._write_cross_replica(ASSIGN, array, False)
+    else:
+        variable._write(ASSIGN, array, False)

@@ -1,0 +1,116 @@
+"""``td.Module``: a container of variables and other modules (TensorFlow's ``tf.Module``).
+
+Subclass it for a model; the variables assigned to its attributes (directly, or inside
+lists, tuples and dicts, or inside sub-modules) are found by ``variables`` and
+``trainable_variables`` and saved by ``td.train.Checkpoint``::
+
+    class Dense(td.Module):
+        def __init__(self, n_in, n_out):
+            super().__init__()
+            self.w = td.Variable(np.zeros((n_in, n_out), np.float32))
+            self.b = td.Variable(np.zeros(n_out, np.float32))
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from towerdist._src.variables.variable import Variable
+
+__all__ = ["Module"]
+
+
+class Module:
+    """A named container that tracks the variables and modules in its attributes.
+
+    Attributes are walked in name order; a variable reachable twice is listed once.
+    """
+
+    def __init__(self, name: str | None = None) -> None:
+        if name is None:
+            name = _snake_case(type(self).__name__)
+        elif not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(
+                f"td.Module name must be a valid Python identifier. Got name={name!r}; use letters, digits and "
+                f"underscores."
+            )
+        self._module_name = name
+
+    @property
+    def name(self) -> str:
+        """The module's name (the snake-cased class name unless given)."""
+        return self._module_name
+
+    @property
+    def variables(self) -> tuple[Variable, ...]:
+        """Every variable of this module and its sub-modules, in attribute-name order."""
+        return tuple(_unique(v for v in _walk(self, set()) if isinstance(v, Variable)))
+
+    @property
+    def trainable_variables(self) -> tuple[Variable, ...]:
+        """The variables created with ``trainable=True`` (the default for on-write variables)."""
+        return tuple(v for v in self.variables if v.trainable)
+
+    @property
+    def non_trainable_variables(self) -> tuple[Variable, ...]:
+        """The variables created with ``trainable=False``."""
+        return tuple(v for v in self.variables if not v.trainable)
+
+    @property
+    def submodules(self) -> tuple[Module, ...]:
+        """Every module nested in this one (not this one itself)."""
+        return tuple(_unique(m for m in _walk(self, set()) if isinstance(m, Module) and m is not self))
+
+    def _checkpoint_dependencies(self) -> list[tuple[str, Any]]:
+        return [(name, value) for name, value in _attributes(self) if _tracks(value)]
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} name={self.name!r}>"
+
+
+def _attributes(module: Module) -> list[tuple[str, Any]]:
+    return sorted((k, v) for k, v in vars(module).items() if k != "_module_name")
+
+
+def _tracks(value: Any) -> bool:
+    """True if ``value`` is, or contains, something a module tracks."""
+    if isinstance(value, (Variable, Module)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_tracks(v) for v in value)
+    if isinstance(value, dict):
+        return any(_tracks(v) for v in value.values())
+    return hasattr(value, "_checkpoint_dependencies")
+
+
+def _walk(value: Any, seen: set[int]) -> Iterator[Any]:
+    if id(value) in seen:
+        return
+    if isinstance(value, Variable):
+        yield value
+        return
+    if isinstance(value, Module):
+        seen.add(id(value))
+        yield value
+        for _, attribute in _attributes(value):
+            yield from _walk(attribute, seen)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _walk(item, seen)
+    elif isinstance(value, dict):
+        for key in sorted(value, key=str):
+            yield from _walk(value[key], seen)
+
+
+def _unique(items: Iterator[Any]) -> Iterator[Any]:
+    seen: set[int] = set()
+    for item in items:
+        if id(item) not in seen:
+            seen.add(id(item))
+            yield item
+
+
+def _snake_case(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()

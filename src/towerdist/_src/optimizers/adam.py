@@ -1,0 +1,100 @@
+"""The Adam optimizer (``td.optimizers.Adam``)."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+from towerdist._src.optimizers.optimizer import LearningRate, Optimizer, check_unit_interval
+
+__all__ = ["Adam"]
+
+
+class Adam(Optimizer):
+    """Adam (Kingma and Ba, 2014), with Keras's update rule and defaults.
+
+    With ``t = iterations + 1`` and slots ``m`` and ``v`` (and ``vhat`` with ``amsgrad``)::
+
+        alpha = lr * sqrt(1 - beta_2**t) / (1 - beta_1**t)
+        m += (g - m) * (1 - beta_1)
+        v += (g**2 - v) * (1 - beta_2)
+        vhat = max(vhat, v)                  # amsgrad only; then v = vhat below
+        w -= alpha * m / (sqrt(v) + epsilon)
+
+    Args:
+      learning_rate: a float >= 0 or a schedule (a callable of the step).
+      beta_1: decay of the first moment, in [0, 1).
+      beta_2: decay of the second moment, in [0, 1).
+      epsilon: a small float >= 0 added to the denominator.
+      amsgrad: use the AMSGrad variant (keeps the running maximum of ``v``).
+      name: the optimizer's name.
+    """
+
+    def __init__(
+        self,
+        learning_rate: LearningRate = 0.001,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-7,
+        amsgrad: bool = False,
+        name: str = "Adam",
+    ) -> None:
+        super().__init__(learning_rate, name)
+        self._beta_1 = check_unit_interval("beta_1", beta_1, closed=False)
+        self._beta_2 = check_unit_interval("beta_2", beta_2, closed=False)
+        if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real) or not epsilon >= 0:
+            raise ValueError(f"`epsilon` must be a float >= 0. Received: epsilon={epsilon!r}")
+        self._epsilon: float = float(epsilon)
+        self._amsgrad: bool = bool(amsgrad)
+        self._slot_names = ("m", "v", "vhat") if self._amsgrad else ("m", "v")
+
+    @property
+    def beta_1(self) -> float:
+        """The first-moment decay."""
+        return self._beta_1
+
+    @property
+    def beta_2(self) -> float:
+        """The second-moment decay."""
+        return self._beta_2
+
+    @property
+    def epsilon(self) -> float:
+        """The denominator's epsilon."""
+        return self._epsilon
+
+    @property
+    def amsgrad(self) -> bool:
+        """Whether the AMSGrad variant is used."""
+        return self._amsgrad
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "beta_1": self._beta_1, "beta_2": self._beta_2, "epsilon": self._epsilon, "amsgrad": self._amsgrad,
+        }
+
+    def _coefficients(self, learning_rate: float, step: int, dtype: np.dtype[Any]) -> dict[str, Any]:
+        # Computed in the variable's dtype, as Keras does.
+        t = dtype.type(step + 1)
+        one = dtype.type(1)
+        beta_1, beta_2 = dtype.type(self._beta_1), dtype.type(self._beta_2)
+        alpha = dtype.type(learning_rate) * np.sqrt(one - beta_2**t) / (one - beta_1**t)
+        return {
+            "alpha": dtype.type(alpha),
+            "one_minus_beta_1": one - beta_1,
+            "one_minus_beta_2": one - beta_2,
+            "epsilon": dtype.type(self._epsilon),
+        }
+
+    def _compute(
+        self, xp: Any, var: Any, grad: Any, slots: dict[str, Any], coefficients: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
+        m = slots["m"] + (grad - slots["m"]) * coefficients["one_minus_beta_1"]
+        v = slots["v"] + (grad * grad - slots["v"]) * coefficients["one_minus_beta_2"]
+        new_slots = {"m": m, "v": v}
+        if self._amsgrad:
+            v = new_slots["vhat"] = xp.maximum(slots["vhat"], v)
+        return var - m * coefficients["alpha"] / (xp.sqrt(v) + coefficients["epsilon"]), new_slots

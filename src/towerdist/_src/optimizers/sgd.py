@@ -1,0 +1,72 @@
+"""Stochastic gradient descent, with optional (Nesterov) momentum (``td.optimizers.SGD``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from towerdist._src.optimizers.optimizer import LearningRate, Optimizer, check_unit_interval
+
+__all__ = ["SGD"]
+
+
+class SGD(Optimizer):
+    """Gradient descent with momentum, with Keras's update rule.
+
+    Without momentum: ``w -= lr * g``. With momentum (slot ``"momentum"``)::
+
+        m = momentum * m - lr * g
+        w += m                               # nesterov=False
+        w += momentum * m - lr * g           # nesterov=True
+
+    Args:
+      learning_rate: a float >= 0 or a schedule (a callable of the step).
+      momentum: a float in [0, 1]; 0 keeps no slot.
+      nesterov: use Nesterov momentum.
+      name: the optimizer's name.
+
+    Example:
+      >>> with strategy.scope():
+      ...     w = td.Variable([1.0, 2.0])
+      ...     opt = td.optimizers.SGD(learning_rate=0.1)
+      >>> opt.apply_gradients([(np.array([1.0, 1.0], np.float32), w)])
+      >>> w.numpy()
+      array([0.9, 1.9], dtype=float32)
+    """
+
+    def __init__(
+        self, learning_rate: LearningRate = 0.01, momentum: float = 0.0, nesterov: bool = False, name: str = "SGD"
+    ) -> None:
+        super().__init__(learning_rate, name)
+        self._momentum = check_unit_interval("momentum", momentum, closed=True)
+        self._nesterov = bool(nesterov)
+        self._slot_names = ("momentum",) if self._momentum else ()
+
+    @property
+    def momentum(self) -> float:
+        """The momentum coefficient."""
+        return self._momentum
+
+    @property
+    def nesterov(self) -> bool:
+        """Whether the update uses Nesterov momentum."""
+        return self._nesterov
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "momentum": self._momentum, "nesterov": self._nesterov}
+
+    def _coefficients(self, learning_rate: float, step: int, dtype: np.dtype[Any]) -> dict[str, Any]:
+        return {"lr": dtype.type(learning_rate), "momentum": dtype.type(self._momentum)}
+
+    def _compute(
+        self, xp: Any, var: Any, grad: Any, slots: dict[str, Any], coefficients: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
+        lr = coefficients["lr"]
+        if not self._momentum:
+            return var - grad * lr, {}
+        momentum = coefficients["momentum"]
+        m = slots["momentum"] * momentum - grad * lr
+        if self._nesterov:
+            return var + (m * momentum - grad * lr), {"momentum": m}
+        return var + m, {"momentum": m}
