@@ -20,7 +20,7 @@ def quick_start_commands() -> list[str]:
 def test_quick_start_has_exactly_two_commands():
     commands = quick_start_commands()
     assert len(commands) == 2 and all("\n" not in c for c in commands)
-    assert "examples/quickstart.py" in commands[0]
+    assert 'pip install -e ".[examples]"' in commands[0] and commands[0].endswith("examples/train_digits.py")
     assert 'pip install -e ".[test]"' in commands[1] and commands[1].endswith("-m pytest")
 
 
@@ -38,7 +38,10 @@ def test_runtime_dependencies_are_numpy_and_optree_only():
     names = sorted(re.split(r"[<>=!~ ]", dep, maxsplit=1)[0] for dep in project["dependencies"])
     assert names == ["numpy", "optree"]
     extras = project["optional-dependencies"]
-    assert {"test", "cuda12", "cuda13"} <= set(extras)
+    assert {"test", "examples", "cuda12", "cuda13"} <= set(extras)
+    example_needs = {re.split(r"[<>=!~ ]", dep, maxsplit=1)[0] for dep in extras["examples"]}
+    test_needs = {re.split(r"[<>=!~ ]", dep, maxsplit=1)[0] for dep in extras["test"]}
+    assert example_needs <= test_needs  # the test run exercises the examples
     assert any(dep.startswith("cupy-cuda12x") for dep in extras["cuda12"])
     assert any(dep.startswith("cupy-cuda13x") for dep in extras["cuda13"])
 
@@ -49,7 +52,8 @@ def test_package_is_typed():
 
 @pytest.mark.parametrize(
     "module", ["towerdist", "towerdist.distribute", "towerdist.distribute.experimental", "towerdist.config",
-               "towerdist.errors", "towerdist.types.experimental"]
+               "towerdist.errors", "towerdist.types.experimental", "towerdist.optimizers", "towerdist.metrics",
+               "towerdist.nn", "towerdist.train", "towerdist.data"]
 )
 def test_public_namespaces_export_what_they_list(module):
     namespace = importlib.import_module(module)

@@ -29,8 +29,9 @@ def compute_average_loss(per_example_loss: Any, sample_weight: Any = None, globa
 
     Args:
       per_example_loss: an array of rank >= 1 (one loss per example).
-      sample_weight: optional weights, broadcast to the losses: a scalar, or an array whose
-        rank differs from the loss's by at most one (its last axis is added or squeezed).
+      sample_weight: optional weights multiplied with the losses (numpy broadcasting), after
+        a trailing axis is squeezed (weights of one more rank, last axis 1) or added (one
+        less rank), as TensorFlow does.
         As in TensorFlow, the weighted losses are computed in float32 and cast back.
       global_batch_size: an integer >= 0; default ``len(per_example_loss) *
         num_replicas_in_sync``. Zero gives zero.
@@ -114,15 +115,13 @@ def _scale_by_sample_weight(losses: Any, weights: Any, impl: Any) -> Any:
     elif weights.ndim == losses.ndim - 1 and weights.ndim > 0:
         weights = weights[..., None]
     try:
-        shape = np.broadcast_shapes(losses.shape, weights.shape)
+        np.broadcast_shapes(losses.shape, weights.shape)
     except ValueError:
-        shape = None
-    if shape != losses.shape:
         raise InvalidArgumentError(
-            f"compute_average_loss(): sample_weight of shape {tuple(weights.shape)} does not broadcast to "
+            f"compute_average_loss(): sample_weight of shape {tuple(weights.shape)} does not broadcast with "
             f"per_example_loss of shape {tuple(losses.shape)}. Pass one weight per example (shape "
             f"{tuple(losses.shape[:1])}), a scalar, or weights of the loss's shape."
-        )
+        ) from None
     return losses * weights
 
 

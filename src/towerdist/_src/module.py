@@ -21,6 +21,8 @@ from towerdist._src.variables.variable import Variable
 
 __all__ = ["Module"]
 
+_VALID_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
 
 class Module:
     """A named container that tracks the variables and modules in its attributes.
@@ -31,7 +33,7 @@ class Module:
     def __init__(self, name: str | None = None) -> None:
         if name is None:
             name = _snake_case(type(self).__name__)
-        elif not isinstance(name, str) or not name.isidentifier():
+        elif not isinstance(name, str) or not _VALID_NAME.fullmatch(name):
             raise ValueError(
                 f"td.Module name must be a valid Python identifier. Got name={name!r}; use letters, digits and "
                 f"underscores."
@@ -113,4 +115,6 @@ def _unique(items: Iterator[Any]) -> Iterator[Any]:
 
 
 def _snake_case(name: str) -> str:
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
+    """TensorFlow's rule: ``_`` before a capital that follows a lower-case letter or digit, or
+    that starts a word (a capital followed by a lower-case letter, not at the start)."""
+    return re.sub(r"((?<=[a-z0-9])[A-Z]|(?!^)[A-Z](?=[a-z]))", r"_\1", name).lower()

@@ -133,7 +133,7 @@ class Sum(Metric):
 
     def update_state(self, values: Any, sample_weight: Any = None) -> None:
         xp, values = _as_array(values, self._dtype)
-        values, _ = _samplewise(xp, values, sample_weight, self._dtype, xp.sum)
+        values, _ = _samplewise(xp, values, sample_weight, self._dtype, xp.sum, self)
         self._accumulate(self.total, xp.sum(values))
 
     def _result(self) -> Any:
@@ -160,7 +160,7 @@ class Mean(Metric):
 
     def update_state(self, values: Any, sample_weight: Any = None) -> None:
         xp, values = _as_array(values, self._dtype)
-        values, weights = _samplewise(xp, values, sample_weight, self._dtype, xp.mean)
+        values, weights = _samplewise(xp, values, sample_weight, self._dtype, xp.mean, self)
         self._accumulate(self.total, xp.sum(values))
         if weights is not None:
             count = xp.sum(weights)
@@ -181,12 +181,16 @@ class MeanMetricWrapper(Mean):
 
     Args:
       fn: computes one value per sample from ``y_true`` and ``y_pred`` arrays.
-      name, dtype: as for :class:`Mean`.
+      name, dtype: as for :class:`Mean` (the name defaults to ``"mean_metric_wrapper"``).
+      **kwargs: passed on to ``fn`` after ``y_true`` and ``y_pred``.
     """
 
-    def __init__(self, fn: Callable[[Any, Any], Any], name: str, dtype: Any = None) -> None:
-        super().__init__(name, dtype)
+    def __init__(
+        self, fn: Callable[..., Any], name: str | None = None, dtype: Any = None, **kwargs: Any
+    ) -> None:
+        super().__init__(name or "mean_metric_wrapper", dtype)
         self._fn = fn
+        self._fn_kwargs = kwargs
 
     def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:  # type: ignore[override]
         xp, y_pred = _as_array(y_pred, None)
@@ -196,7 +200,7 @@ class MeanMetricWrapper(Mean):
                 f"{type(self).__name__}.update_state(): y_true and y_pred must have the same number of samples. "
                 f"Got y_true of shape {tuple(y_true.shape)} and y_pred of shape {tuple(y_pred.shape)}."
             )
-        super().update_state(self._fn(y_true, y_pred), sample_weight=sample_weight)
+        super().update_state(self._fn(y_true, y_pred, **self._fn_kwargs), sample_weight=sample_weight)
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -214,7 +218,9 @@ def _as_array(value: Any, dtype: Any) -> tuple[Any, Any]:
     return xp, value
 
 
-def _samplewise(xp: Any, values: Any, sample_weight: Any, dtype: np.dtype[Any], reduce: Any) -> tuple[Any, Any]:
+def _samplewise(
+    xp: Any, values: Any, sample_weight: Any, dtype: np.dtype[Any], reduce: Any, metric: Metric
+) -> tuple[Any, Any]:
     """Keras's ``reduce_to_samplewise_values``: weigh, then reduce each sample to one value."""
     weights = None
     if sample_weight is not None:
@@ -227,7 +233,8 @@ def _samplewise(xp: Any, values: Any, sample_weight: Any, dtype: np.dtype[Any], 
             weights = xp.broadcast_to(weights, values.shape)
         except ValueError:
             raise ValueError(
-                f"sample_weight of shape {tuple(weights.shape)} cannot be broadcast to the values' shape "
+                f"{type(metric).__name__}({metric.name!r}).update_state(): sample_weight of shape "
+                f"{tuple(weights.shape)} cannot be broadcast to the values' shape "
                 f"{tuple(values.shape)}; pass one weight per sample."
             ) from None
         values = values * weights

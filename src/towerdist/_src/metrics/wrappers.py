@@ -15,7 +15,8 @@ __all__ = ["MeanSquaredError", "SparseCategoricalAccuracy", "mean_squared_error"
 def sparse_categorical_accuracy(y_true: Any, y_pred: Any) -> Any:
     """1.0 where ``argmax(y_pred, -1)`` equals the integer label ``y_true``, else 0.0 (float32).
 
-    ``y_true`` has shape ``(n,)`` or ``(n, 1)``; ``y_pred`` has shape ``(n, classes)``.
+    ``y_true`` has shape ``(n,)`` or ``(n, 1)``; ``y_pred`` has shape ``(n, classes)``; the
+    result has shape ``(n,)``.
     """
     xp = backend.for_array(y_pred).xp
     y_true = xp.asarray(y_true)
@@ -23,7 +24,9 @@ def sparse_categorical_accuracy(y_true: Any, y_pred: Any) -> Any:
     labels = y_true.reshape(y_true.shape[:-1]) if squeezed else y_true
     predicted = xp.argmax(y_pred, axis=-1)
     matches = (labels.astype(y_pred.dtype) == predicted.astype(y_pred.dtype)).astype(np.float32)
-    return matches.reshape(y_true.shape) if squeezed else matches
+    if matches.ndim > 1 and matches.shape[-1] == 1:  # as Keras: (n, 1) -> (n,)
+        matches = matches.reshape(matches.shape[:-1])
+    return matches
 
 
 def mean_squared_error(y_true: Any, y_pred: Any) -> Any:

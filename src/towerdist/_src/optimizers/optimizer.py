@@ -21,6 +21,7 @@ Subclasses name their slots (``_slot_names``) and implement ``_update_step``; se
 
 from __future__ import annotations
 
+import functools
 import numbers
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -198,7 +199,8 @@ class Optimizer:
         Call it inside ``strategy.run`` (every replica passes its own gradients; they are
         summed, so scale each replica's loss by the *global* batch size, e.g. with
         ``td.nn.compute_average_loss``), or in cross-replica context / with no strategy
-        (a ``PerReplica`` gradient is summed, any other value is applied as given).
+        (a ``PerReplica`` gradient of a multi-replica strategy is summed, any other value
+        is applied as given).
 
         Args:
           grads_and_vars: pairs ``(gradient, variable)``; a ``None`` gradient skips its
@@ -242,11 +244,15 @@ class Optimizer:
         step = self._step()
         learning_rate = self._current_learning_rate(step)
         extended = strategy.extended
+        coefficients_by_dtype: dict[np.dtype[Any], dict[str, Any]] = {}
         for grad, var in zip(grads, variables):
-            coefficients = self._coefficients(learning_rate, step, var.dtype)
+            coefficients = coefficients_by_dtype.get(var.dtype)
+            if coefficients is None:
+                coefficients = coefficients_by_dtype[var.dtype] = self._coefficients(learning_rate, step, var.dtype)
             slots = self._slots[var.ref()]
-            memo: dict[Any, Any] = {}
-            extended.update(var, self._update_component, args=(grad, coefficients, slots, memo), group=False)
+            # The memo is bound into the function: update() rebuilds containers passed as arguments.
+            update = functools.partial(self._update_component, memo={})
+            extended.update(var, update, args=(grad, coefficients, slots), group=False)
         extended.update_non_slot(self._non_slot, self._increment_iterations, group=False)
         assert self._iterations is not None
         return self._iterations
@@ -420,7 +426,7 @@ def _check_pairs(grads_and_vars: Iterable[tuple[Any, Variable]], optimizer: str)
         if grad is None:
             skipped.append(var.name)
         else:
-            kept.append((grad, var))
+            kept.append((_as_gradient(grad, var, api), var))
     if not kept:
         names = ", ".join(skipped) or "(no variables)"
         raise ValueError(f"No gradients provided for any variable: {names}. {api} needs at least one gradient.")
@@ -431,6 +437,20 @@ def _check_pairs(grads_and_vars: Iterable[tuple[Any, Variable]], optimizer: str)
             stacklevel=4,
         )
     return kept
+
+
+def _as_gradient(grad: Any, var: Variable, api: str) -> Any:
+    """``grad`` as an array (or distributed value): lists and numbers become one array, so
+    that ``merge_call`` treats them as one value per replica, not as nested structures."""
+    if isinstance(grad, (Variable, DistributedValues)) or backend.is_array(grad):
+        return grad
+    array = np.asarray(grad)
+    if array.dtype.kind not in "biufc":
+        raise TypeError(
+            f"{api}: the gradient of {var.name} must be an array of numbers. Got {grad!r} of type "
+            f"{type(grad).__name__}."
+        )
+    return array
 
 
 def _check_gradient(grad: Any, var: Variable, optimizer: str) -> None:
@@ -491,12 +511,13 @@ def _adopt(component: Any, array: Any) -> None:
 
 
 def _buffer_key(*arrays: Any) -> tuple[Any, ...] | None:
-    """Equal keys mean the same host memory viewed the same way; None for device arrays."""
-    host = backend.host()
+    """Equal keys mean the same host memory viewed the same way; None for device arrays.
+
+    The arrays are alive (held by variables), so equal data pointers mean the same memory.
+    """
     key = []
     for array in arrays:
-        if not isinstance(array, np.ndarray):
+        if type(array) is not np.ndarray:
             return None
-        key.append((host.buffer_id(array), array.__array_interface__["data"][0], array.shape, array.strides,
-                    array.dtype.str))
+        key.append((array.__array_interface__["data"][0], array.shape, array.strides, array.dtype.str))
     return tuple(key)
