@@ -89,6 +89,50 @@ def _sync_on_read_sum_assign_add(s):
     v.assign_add(1.0)
 
 
+def _model(s):
+    with s.scope():
+        return td.Variable(np.zeros(3, np.float32), name="w"), td.optimizers.SGD(0.1)
+
+
+def _gradient_of_the_wrong_shape(s):
+    w, optimizer = _model(s)
+    s.run(lambda: optimizer.apply_gradients([(np.ones(3 + rid(), np.float32), w)]))
+
+
+def _no_gradients(s):
+    w, optimizer = _model(s)
+    s.run(lambda: optimizer.apply_gradients([(None, w)]))
+
+
+def _corrupt_checkpoint(s, tmp):
+    w, _ = _model(s)
+    checkpoint = td.train.Checkpoint(w=w)
+    path = checkpoint.write(str(tmp / "ckpt"))
+    data = next(tmp.glob("ckpt.data-*.npz"))
+    data.write_bytes(data.read_bytes()[:-10])
+    checkpoint.restore(path)
+
+
+def _checkpoint_shape_mismatch(s, tmp):
+    w, _ = _model(s)
+    path = td.train.Checkpoint(w=w).write(str(tmp / "ckpt"))
+    with s.scope():
+        other = td.Variable(np.zeros(4, np.float32))
+    td.train.Checkpoint(w=other).restore(path)
+
+
+def _save_inside_run(s, tmp):
+    w, _ = _model(s)
+    checkpoint = td.train.Checkpoint(w=w)
+    s.run(lambda: checkpoint.save(str(tmp / "ckpt")))
+
+
+def _metric_sample_mismatch(s):
+    with s.scope():
+        accuracy = td.metrics.SparseCategoricalAccuracy()
+    s.run(lambda: accuracy.update_state(np.zeros(3), np.zeros((2, 4), np.float32)))
+
+
 ERRORS: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] = [
     ("unknown reduce op", lambda s: s.reduce("MAX", per_replica(s, float), None), ValueError, "'MAX' is not a valid ReduceOp"),
     ("reduce op of a wrong type", lambda s: s.reduce(5, per_replica(s, float), 0), TypeError, "Expected `reduce_op` to be"),
@@ -132,6 +176,21 @@ ERRORS: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] = [
     ("an array given as a dataset", lambda s: s.experimental_distribute_dataset(np.ones(4)), TypeError,
      r"experimental_distribute_dataset\(\) takes a dataset whose elements are global batches"),
     ("gather of scalars", lambda s: s.gather(per_replica(s, float), axis=0), td.errors.InvalidArgumentError, r"Strategy.gather\(\) cannot concatenate scalars"),
+    ("a gradient of the wrong shape", _gradient_of_the_wrong_shape, ValueError,
+     r"SGD.apply_gradients\(\): the gradient of w:0 from replica 1 has shape \(4,\)"),
+    ("no gradients at all", _no_gradients, ValueError, "No gradients provided for any variable: w:0"),
+    ("a metric given mismatched labels", _metric_sample_mismatch, ValueError,
+     r"SparseCategoricalAccuracy.update_state\(\): y_true and y_pred must have the same number of samples"),
+    ("compute_average_loss of a scalar", lambda s: s.run(lambda: td.nn.compute_average_loss(td.constant(1.0))),
+     ValueError, "Invalid value passed for `per_example_loss`"),
+]
+
+CHECKPOINT_ERRORS: list[tuple[str, Callable[[Any, Any], Any], type[BaseException], str]] = [
+    ("a truncated checkpoint", _corrupt_checkpoint, td.errors.DataLossError, "Checkpoint data file .* is truncated or corrupt"),
+    ("a checkpoint of another shape", _checkpoint_shape_mismatch, ValueError, "Cannot restore .*: 'w' .* shape"),
+    ("save inside strategy.run", _save_inside_run, td.errors.ContextError, r"Checkpoint.save\(\) must be called outside"),
+    ("a missing checkpoint", lambda s, tmp: td.train.Checkpoint().restore(str(tmp / "nothing")), td.errors.NotFoundError,
+     "Failed to find any matching files"),
 ]
 
 
@@ -139,6 +198,17 @@ ERRORS: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] = [
 def test_bad_input_raises_clearly_and_leaves_the_strategy_usable(mirrored_2cpu, name, trigger, error, first_words):
     with pytest.raises(error, match=first_words):
         trigger(mirrored_2cpu)
+    assert not td.distribute.has_strategy()
+    ids = mirrored_2cpu.run(lambda: ctx().replica_id_in_sync_group)
+    assert mirrored_2cpu.reduce("sum", ids, axis=None) == 1
+
+
+@pytest.mark.parametrize("name, trigger, error, first_words", CHECKPOINT_ERRORS, ids=[row[0] for row in CHECKPOINT_ERRORS])
+def test_bad_checkpoints_raise_clearly_and_leave_the_strategy_usable(
+    mirrored_2cpu, tmp_path, name, trigger, error, first_words
+):
+    with pytest.raises(error, match=first_words):
+        trigger(mirrored_2cpu, tmp_path)
     assert not td.distribute.has_strategy()
     ids = mirrored_2cpu.run(lambda: ctx().replica_id_in_sync_group)
     assert mirrored_2cpu.reduce("sum", ids, axis=None) == 1

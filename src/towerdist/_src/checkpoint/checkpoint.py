@@ -109,7 +109,7 @@ class Checkpoint:
         """
         from towerdist._src.checkpoint.manager import record_latest  # noqa: PLC0415  (manager imports this)
 
-        _require_outside_run("Checkpoint.save()")
+        require_outside_run("Checkpoint.save()")
         counter = self.save_counter
         number = int(counter.numpy()) + 1
         counter.assign(number, read_value=False)
@@ -134,7 +134,7 @@ class Checkpoint:
           ValueError: a variable has no single value to save (sync-on-read with
             aggregation NONE), or an optimizer slot's variable is not in the checkpoint.
         """
-        _require_outside_run("Checkpoint.write()")
+        require_outside_run("Checkpoint.write()")
         prefix = os.fspath(file_prefix)
         found = graph.walk(self._checkpoint_dependencies())
         arrays: dict[str, np.ndarray] = {}
@@ -176,7 +176,7 @@ class Checkpoint:
           ValueError: a saved value's shape or dtype differs from its variable's. No
             variable is changed.
         """
-        _require_outside_run("Checkpoint.restore()")
+        require_outside_run("Checkpoint.restore()")
         if save_path is None:
             return InitializationOnlyStatus()
         prefix = os.fspath(save_path)
@@ -310,7 +310,7 @@ class InitializationOnlyStatus:
 # --- helpers --------------------------------------------------------------------------------
 
 
-def _require_outside_run(api: str) -> None:
+def require_outside_run(api: str) -> None:
     replica_context = context.get_replica_context()
     if replica_context is not None and replica_context is not context.default_replica_context():
         raise ContextError(

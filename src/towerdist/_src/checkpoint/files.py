@@ -136,6 +136,7 @@ def _write_temporary(directory: str, write: Callable[[IO[bytes]], Any]) -> str:
     """Writes a durable temporary file in ``directory``; returns its path."""
     descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".part")
     try:
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes 0600; give the mode open() would
         with os.fdopen(descriptor, "wb") as stream:
             write(stream)
             stream.flush()
@@ -145,6 +146,20 @@ def _write_temporary(directory: str, write: Callable[[IO[bytes]], Any]) -> str:
             os.remove(temporary)
         raise
     return temporary
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where the OS allows (Linux)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore (briefly process-wide)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_directory(directory: str) -> None:
@@ -209,12 +224,18 @@ def read_checkpoint(prefix: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]
     try:
         with np.load(io.BytesIO(blob), allow_pickle=False) as archive:
             for key, entry in index["entries"].items():
+                if entry["member"] not in archive.files:
+                    raise DataLossError(
+                        f"Checkpoint {prefix}: the index {path} names array {entry['member']!r} for entry {key!r}, "
+                        f"which {data_path} does not hold. The index is corrupt.",
+                        path=path,
+                    )
                 array = archive[entry["member"]]
-                if list(array.shape) != list(entry["shape"]) or array.dtype != np.dtype(entry["dtype"]):
+                if list(array.shape) != list(entry["shape"]) or array.dtype != _dtype(entry["dtype"], path):
                     raise DataLossError(
                         f"Checkpoint {prefix}: entry {key!r} holds an array of shape {array.shape} and dtype "
-                        f"{array.dtype}, but its index says {tuple(entry['shape'])} and {entry['dtype']}.",
-                        path=data_path,
+                        f"{array.dtype}, but the index {path} says {tuple(entry['shape'])} and {entry['dtype']}.",
+                        path=path,
                     )
                 arrays[key] = array
     except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError) as error:
@@ -224,6 +245,13 @@ def read_checkpoint(prefix: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]
             path=data_path,
         ) from error
     return index["entries"], arrays
+
+
+def _dtype(name: str, path: str) -> np.dtype[Any]:
+    try:
+        return np.dtype(name)
+    except TypeError:
+        raise DataLossError(f"Checkpoint index {path} is corrupt: {name!r} is not a dtype.", path=path) from None
 
 
 def _read_index(path: str) -> dict[str, Any]:
@@ -237,7 +265,7 @@ def _read_index(path: str) -> dict[str, Any]:
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         raise DataLossError(f"{path} is not a towerdist checkpoint index (no \"format\": {FORMAT!r}).", path=path)
     version = index.get("format_version")
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version != FORMAT_VERSION:
         raise DataLossError(
             f"Checkpoint {path} has format_version {version!r}; this towerdist reads version {FORMAT_VERSION}. "
             f"It was written by towerdist {index.get('towerdist_version', '?')}: read it with that version.",

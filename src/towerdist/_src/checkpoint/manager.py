@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from towerdist._src.checkpoint import files
-from towerdist._src.checkpoint.checkpoint import Checkpoint
+from towerdist._src.checkpoint.checkpoint import Checkpoint, require_outside_run
 
 __all__ = ["CheckpointManager", "latest_checkpoint", "record_latest"]
 
@@ -157,6 +157,7 @@ class CheckpointManager:
         Returns:
           The new checkpoint's path prefix, or None if skipped by ``checkpoint_interval``.
         """
+        require_outside_run("CheckpointManager.save()")
         step = None
         if self._step_counter is not None:
             step = int(self._step_counter.numpy())

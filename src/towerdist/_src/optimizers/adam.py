@@ -92,9 +92,19 @@ class Adam(Optimizer):
     def _compute(
         self, xp: Any, var: Any, grad: Any, slots: dict[str, Any], coefficients: dict[str, Any]
     ) -> tuple[Any, dict[str, Any]]:
-        m = slots["m"] + (grad - slots["m"]) * coefficients["one_minus_beta_1"]
-        v = slots["v"] + (grad * grad - slots["v"]) * coefficients["one_minus_beta_2"]
+        # In-place arithmetic on fresh arrays: five allocations per step, not a dozen.
+        m = grad - slots["m"]
+        m *= coefficients["one_minus_beta_1"]
+        m += slots["m"]
+        v = grad * grad
+        v -= slots["v"]
+        v *= coefficients["one_minus_beta_2"]
+        v += slots["v"]
         new_slots = {"m": m, "v": v}
         if self._amsgrad:
             v = new_slots["vhat"] = xp.maximum(slots["vhat"], v)
-        return var - m * coefficients["alpha"] / (xp.sqrt(v) + coefficients["epsilon"]), new_slots
+        denominator = xp.sqrt(v)
+        denominator += coefficients["epsilon"]
+        step = m * coefficients["alpha"]
+        step /= denominator
+        return var - step, new_slots

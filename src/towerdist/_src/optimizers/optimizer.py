@@ -251,7 +251,8 @@ class Optimizer:
                 coefficients = coefficients_by_dtype[var.dtype] = self._coefficients(learning_rate, step, var.dtype)
             slots = self._slots[var.ref()]
             # The memo is bound into the function: update() rebuilds containers passed as arguments.
-            update = functools.partial(self._update_component, memo={})
+            shared = isinstance(var, DistributedVariable) and len(var._values) > 1
+            update = functools.partial(self._update_component, memo={} if shared else None)
             extended.update(var, update, args=(grad, coefficients, slots), group=False)
         extended.update_non_slot(self._non_slot, self._increment_iterations, group=False)
         assert self._iterations is not None
@@ -282,26 +283,34 @@ class Optimizer:
         return grads
 
     def _update_component(
-        self, component: Any, grad: Any, coefficients: dict[str, Any], slots: dict[str, Any], memo: dict[Any, Any]
+        self,
+        component: Any,
+        grad: Any,
+        coefficients: dict[str, Any],
+        slots: dict[str, Any],
+        memo: dict[Any, Any] | None,
     ) -> None:
         """Runs in the update context of one component of the variable.
 
         The rule is a pure function of the component's array, the gradient and the slot
         arrays. Logical CPU replicas hold one shared buffer for each of these, so the
         result computed for the first component is ``memo``-ized and adopted by the
-        others: a step costs one update per variable, not one per replica.
+        others: a step costs one update per variable, not one per replica. (``memo`` is
+        None when the variable has a single component.)
         """
         slot_components = {name: _component(slot) for name, slot in slots.items()}
         grad = _on_device(grad, component)
-        key = _buffer_key(component._array, grad, *(c._array for c in slot_components.values()))
-        result = memo.get(key) if key is not None else None
+        key = None
+        if memo is not None:
+            key = _buffer_key(component._array, grad, *(c._array for c in slot_components.values()))
+        result = memo.get(key) if memo is not None and key is not None else None
         if result is None:
             xp = backend.for_device(component._device).xp
             if grad.dtype != component.dtype:
                 grad = grad.astype(component.dtype)
             slot_arrays = {name: c._array for name, c in slot_components.items()}
             result = self._compute(xp, component._array, grad, slot_arrays, coefficients)
-            if key is not None:
+            if memo is not None and key is not None:
                 memo[key] = result
         new_value, new_slots = result
         _adopt(component, new_value)
