@@ -7,6 +7,8 @@ scaling: the global batch grows with the replicas), cut from the digits data onc
 kept on the replicas, so the figure is the step alone. Variants, timed in rotation:
 
 * ``numpy loop``        the same model and Adam update in one plain numpy process (no towerdist);
+* ``numpy x2 threads``  two independent numpy loops on two threads, no communication at all:
+                        the most 2 replicas could reach on this machine (the ceiling);
 * ``towerdist N``       ``MirroredStrategy`` over N logical CPUs, N = 1, 2, 4;
 * ``PyTorch DDP N``     (when torch is importable) the same model, batch and Adam in
                         ``DistributedDataParallel`` over gloo with N = 1, 2 processes.
@@ -110,6 +112,32 @@ def numpy_step_fn(batch: int) -> Callable[[], None]:
     return step
 
 
+def threaded_numpy_step_fn(threads: int, batch: int) -> Callable[[], None]:
+    """``threads`` independent numpy loops, one step each per call, on persistent threads."""
+    import queue
+    import threading
+
+    steps = [numpy_step_fn(batch) for _ in range(threads)]
+    inboxes: list[queue.SimpleQueue[int]] = [queue.SimpleQueue() for _ in range(threads)]
+    done: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def worker(k: int) -> None:
+        while inboxes[k].get():
+            steps[k]()
+            done.put(k)
+
+    for k in range(threads):
+        threading.Thread(target=worker, args=(k,), daemon=True).start()
+
+    def step() -> None:
+        for inbox in inboxes:
+            inbox.put(1)
+        for _ in range(threads):
+            done.get(timeout=60)
+
+    return step
+
+
 # --- towerdist --------------------------------------------------------------------------------
 
 
@@ -185,7 +213,10 @@ def main() -> None:
     print(f"medians of {args.repeats} samples of ~{args.seconds}s, variants in rotation; examples/s\n")
 
     for batch in args.batch:
-        variants: dict[str, tuple[Callable[[], None], int]] = {"numpy loop": (numpy_step_fn(batch), 1)}
+        variants: dict[str, tuple[Callable[[], None], int]] = {
+            "numpy loop": (numpy_step_fn(batch), 1),
+            "numpy x2 threads": (threaded_numpy_step_fn(2, batch), 2),
+        }
         for n in REPLICAS:
             variants[f"towerdist {n}"] = (towerdist_step_fn(n, batch), n)
         steps = {name: calibrate(step, args.seconds) for name, (step, _) in variants.items()}
@@ -209,7 +240,9 @@ def main() -> None:
             print(f"  {name:<18}{medians[name]:>12,.0f}{deciles[0]:>10,.0f}{deciles[-1]:>10,.0f}"
                   f"{medians[name] / one:>15.2f}x{medians[name] / medians['numpy loop']:>9.2f}x")
         verdict = "meets" if medians["towerdist 2"] / one >= 1.7 else "misses"
-        print(f"  2 replicas / 1 replica = {medians['towerdist 2'] / one:.2f}x ({verdict} the 1.7x target)")
+        ceiling = medians["numpy x2 threads"] / medians["numpy loop"]
+        print(f"  2 replicas / 1 replica = {medians['towerdist 2'] / one:.2f}x ({verdict} the 1.7x target); "
+              f"this machine's ceiling (2 numpy threads / 1) = {ceiling:.2f}x")
         if "PyTorch DDP 1" not in rates:
             print("  PyTorch DDP: torch is not importable here; skipped")
         print()

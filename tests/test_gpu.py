@@ -120,3 +120,64 @@ def test_distributed_dataset_pieces_live_on_their_replicas_gpus():
     pieces = strategy.experimental_local_results(batch)
     assert [p.device.id for p in pieces] == [0, 1]
     assert [cupy.asnumpy(p).tolist() for p in pieces] == [[0, 1], [2]]
+
+
+# --- the training kit on GPUs ---------------------------------------------------------------
+
+
+def _adam_reference(w0: np.ndarray, grads: list[np.ndarray], lr: float = 0.01) -> np.ndarray:
+    w, m, v = w0.copy(), np.zeros_like(w0), np.zeros_like(w0)
+    b1, b2, one = np.float32(0.9), np.float32(0.999), np.float32(1)
+    for t, g in enumerate(grads, start=1):
+        alpha = np.float32(lr) * np.sqrt(one - b2 ** np.float32(t)) / (one - b1 ** np.float32(t))
+        m = m + (g - m) * (one - b1)
+        v = v + (g * g - v) * (one - b2)
+        w = w - m * alpha / (np.sqrt(v) + np.float32(1e-7))
+    return w
+
+
+@pytest.mark.gpu
+def test_adam_on_one_gpu_matches_numpy_and_keeps_slots_on_the_gpu():
+    strategy = td.distribute.MirroredStrategy(gpus(1))
+    w0 = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    grads = [np.full((3, 4), k + 1, np.float32) for k in range(3)]
+    with strategy.scope():
+        w = td.Variable(w0)
+        optimizer = td.optimizers.Adam(0.01)
+    for g in grads:
+        strategy.run(lambda g=g: optimizer.apply_gradients([(td.constant(g), w)]))
+    assert cupy_backend.owns(optimizer.get_slot(w, "m").values[0].value())
+    np.testing.assert_allclose(w.numpy(), _adam_reference(w0, grads), rtol=1e-5)
+
+
+@pytest.mark.multi_gpu(2)
+def test_adam_across_gpus_sums_the_replicas_gradients():
+    strategy = td.distribute.MirroredStrategy(gpus(2))
+    w0 = np.zeros(5, np.float32)
+    with strategy.scope():
+        w = td.Variable(w0)
+        optimizer = td.optimizers.Adam(0.01)
+
+    def step():
+        rid = td.distribute.get_replica_context().replica_id_in_sync_group
+        optimizer.apply_gradients([(td.constant(np.arange(5, dtype=np.float32) * (rid + 1)), w)])
+
+    strategy.run(step)
+    summed = np.arange(5, dtype=np.float32) * 3
+    for component in w.values:
+        np.testing.assert_allclose(cupy_backend.xp.asnumpy(component.value()), _adam_reference(w0, [summed]), rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_checkpoint_of_gpu_variables_restores_on_the_cpu(tmp_path):
+    strategy = td.distribute.MirroredStrategy(gpus(1))
+    with strategy.scope():
+        w = td.Variable(np.arange(6, dtype=np.float32))
+        mean = td.metrics.Mean()
+    strategy.run(lambda: mean.update_state(td.constant([1.0, 3.0])))
+    path = td.train.Checkpoint(w=w, mean=mean).save(str(tmp_path / "ckpt"))
+    cpu_w = td.Variable(np.zeros(6, np.float32))
+    cpu_mean = td.metrics.Mean()
+    td.train.Checkpoint(w=cpu_w, mean=cpu_mean).restore(path).assert_consumed()
+    np.testing.assert_array_equal(cpu_w.numpy(), np.arange(6))
+    assert float(cpu_mean.result()) == 2.0
