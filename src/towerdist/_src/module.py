@@ -19,7 +19,7 @@ from typing import Any
 
 from towerdist._src.variables.variable import Variable
 
-__all__ = ["Module"]
+__all__ = ["Module", "snake_case"]
 
 _VALID_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -32,7 +32,7 @@ class Module:
 
     def __init__(self, name: str | None = None) -> None:
         if name is None:
-            name = _snake_case(type(self).__name__)
+            name = snake_case(type(self).__name__)
         elif not isinstance(name, str) or not _VALID_NAME.fullmatch(name):
             raise ValueError(
                 f"td.Module name must be a valid Python identifier. Got name={name!r}; use letters, digits and "
@@ -114,7 +114,7 @@ def _unique(items: Iterator[Any]) -> Iterator[Any]:
             yield item
 
 
-def _snake_case(name: str) -> str:
+def snake_case(name: str) -> str:
     """TensorFlow's rule: ``_`` before a capital that follows a lower-case letter or digit, or
     that starts a word (a capital followed by a lower-case letter, not at the start)."""
     return re.sub(r"((?<=[a-z0-9])[A-Z]|(?!^)[A-Z](?=[a-z]))", r"_\1", name).lower()

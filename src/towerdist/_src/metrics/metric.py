@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from towerdist._src import backend, context
+from towerdist._src.module import snake_case
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 from towerdist._src.variables import creation
 from towerdist._src.variables.variable import Variable
@@ -38,7 +39,7 @@ class Metric:
     """
 
     def __init__(self, name: str | None = None, dtype: Any = None) -> None:
-        self._name = name or _snake_case(type(self).__name__)
+        self._name = name or snake_case(type(self).__name__)
         self._dtype = np.dtype(dtype if dtype is not None else np.float32)
         if self._dtype.kind != "f":
             raise ValueError(f"{type(self).__name__}: the metric dtype must be a floating dtype. Received: dtype={dtype!r}")
@@ -264,8 +265,3 @@ def _read(variable: Variable) -> Any:
     """The variable's value as cross-replica code sees it (the sum over replicas)."""
     return variable.value()
 
-
-def _snake_case(name: str) -> str:
-    import re  # noqa: PLC0415
-
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
