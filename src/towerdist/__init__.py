@@ -12,7 +12,9 @@ Code written against ``tf.distribute`` runs with ``import towerdist as tf``, wit
 See ``towerdist.distribute`` for the concepts (replicas, contexts, distributed values).
 """
 
+from towerdist import compat as compat
 from towerdist import config as config
+from towerdist import contrib as contrib
 from towerdist import data as data
 from towerdist import distribute as distribute
 from towerdist import errors as errors
@@ -70,8 +72,10 @@ __all__ = [
     "cast",
     "complex64",
     "complex128",
+    "compat",
     "config",
     "constant",
+    "contrib",
     "convert_to_tensor",
     "data",
     "device",

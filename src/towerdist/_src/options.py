@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import Any, NamedTuple
 
-__all__ = ["CommunicationImplementation", "CommunicationOptions", "RunOptions", "ValueContext"]
+__all__ = ["CollectiveHints", "CommunicationImplementation", "CommunicationOptions", "RunOptions", "ValueContext"]
 
 
 class CommunicationImplementation(enum.Enum):
@@ -99,6 +99,17 @@ class CommunicationOptions:
     __repr__ = __str__
 
 
+
+class CollectiveHints:
+    """TF 2.2/2.3's hints for collectives: builds a ``CommunicationOptions`` (deprecated).
+
+    ``CollectiveHints(bytes_per_pack, timeout_seconds)`` returns
+    ``CommunicationOptions(bytes_per_pack=..., timeout_seconds=...)``, as TensorFlow does.
+    """
+
+    def __new__(cls, bytes_per_pack: int = 0, timeout_seconds: float | None = None) -> CommunicationOptions:  # type: ignore[misc]
+        return CommunicationOptions(bytes_per_pack=bytes_per_pack, timeout_seconds=timeout_seconds)
+
 class RunOptions(NamedTuple):
     """Options for ``Strategy.run``; TensorFlow uses them on TPUs only and so does ``run`` ignore them."""
 
@@ -124,10 +135,12 @@ class ValueContext:
 
     @property
     def replica_id_in_sync_group(self) -> int:
+        """The replica whose value is being made, ``0 .. num_replicas_in_sync - 1``."""
         return self._replica_id_in_sync_group
 
     @property
     def num_replicas_in_sync(self) -> int:
+        """How many replicas there are."""
         return self._num_replicas_in_sync
 
     def __str__(self) -> str:

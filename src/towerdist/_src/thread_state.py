@@ -54,6 +54,9 @@ class _State(threading.local):
         self.helpers: Any = None
         # ``(strategy, target)`` of active ``colocate_vars_with`` blocks (innermost last).
         self.colocations: list[Any] = []
+        # ``(strategy, aggregation)`` of active TF 1.x ``tower_local_var_scope`` blocks
+        # (innermost last): variables created there are sync-on-read.
+        self.sync_on_read: list[Any] = []
 
 
 state = _State()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from towerdist._src import aliases
+
 __all__ = ["VariableAggregation", "VariableSynchronization"]
 
 
@@ -31,3 +33,7 @@ class VariableAggregation(enum.Enum):
         return f"VariableAggregationV2.{self.name}"
 
     __str__ = __repr__
+
+
+# TF 1.11-1.15 called ONLY_FIRST_REPLICA "ONLY_FIRST_TOWER"; the alias table serves the old name.
+aliases.install(VariableAggregation, aliases.AGGREGATION)

@@ -376,6 +376,7 @@ class DatasetIterator:
 
     @property
     def element_spec(self) -> Any:
+        """The structure of ``td.TensorSpec`` of the elements this iterator yields."""
         return self._dataset.element_spec
 
     def __iter__(self) -> DatasetIterator:

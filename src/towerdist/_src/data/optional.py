@@ -61,6 +61,7 @@ class Optional:
 
     @property
     def element_spec(self) -> Any:
+        """The structure of ``td.TensorSpec`` of the value this optional may hold."""
         return self._element_spec
 
     def __repr__(self) -> str:

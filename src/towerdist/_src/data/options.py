@@ -52,6 +52,7 @@ class DistributeOptions:
 
     @property
     def auto_shard_policy(self) -> AutoShardPolicy:
+        """How a distributed dataset is sharded across workers (``AutoShardPolicy``; AUTO by default)."""
         return self._auto_shard_policy
 
     @auto_shard_policy.setter

@@ -50,15 +50,18 @@ class TensorSpec:
 
     @property
     def dtype(self) -> np.dtype[Any]:
+        """The numpy dtype of the described arrays."""
         dtype: np.dtype[Any] = self._dtype
         return dtype
 
     @property
     def name(self) -> str | None:
+        """The optional name given at construction."""
         return self._name
 
     @property
     def rank(self) -> int | None:
+        """The number of dimensions, or None when the shape is unknown."""
         return None if self._shape is None else len(self._shape)
 
     def is_compatible_with(self, spec_or_value: Any) -> bool:

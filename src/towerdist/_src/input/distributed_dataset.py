@@ -37,7 +37,7 @@ from towerdist._src.input.split import (
 from towerdist._src.values.per_replica_spec import PerReplicaSpec
 from towerdist._src.values.regroup import regroup
 
-__all__ = ["DistributedDataset", "DistributedDatasetsFromFunction", "DistributedIterator", "InputWorker"]
+__all__ = ["DistributedDataset", "DistributedDatasetsFromFunction", "DistributedIterator", "InputWorker", "place_on_device"]
 
 _MISSING: Any = object()  # a replica without data in this step
 
@@ -362,7 +362,7 @@ class DistributedIterator:
         if not (options.experimental_fetch_to_device or options.experimental_place_dataset_on_device):
             return step
         return [
-            piece if piece is _MISSING else _to_device(piece, device)
+            piece if piece is _MISSING else place_on_device(piece, device)
             for piece, device in zip(step, self._source._worker.devices, strict=True)
         ]
 
@@ -383,7 +383,7 @@ class DistributedIterator:
                     "tf.data.Dataset) so that its element_spec is known."
                 )
             step = [
-                _to_device(dummy_like(spec, example), device) if piece is _MISSING else piece
+                place_on_device(dummy_like(spec, example), device) if piece is _MISSING else piece
                 for piece, device in zip(step, self._source._worker.devices, strict=True)
             ]
         worker = self._source._worker
@@ -396,7 +396,8 @@ def _has_missing(step: list[Any]) -> bool:
     return any(piece is _MISSING for piece in step)
 
 
-def _to_device(piece: Any, device: DeviceSpec) -> Any:
+def place_on_device(piece: Any, device: DeviceSpec) -> Any:
+    """``piece`` (a nest of arrays) with its arrays on ``device``; host memory serves every CPU."""
     if device.device_type != "GPU":
         return piece  # host memory serves every CPU device
     impl = backend.for_device(device)

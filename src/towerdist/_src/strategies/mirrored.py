@@ -131,7 +131,9 @@ class MirroredExtended(StrategyExtended):
 
     # --- running replicas -----------------------------------------------------------------
 
-    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call_for_each_replica(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], sequential: bool = False
+    ) -> Any:
         n = len(self._devices)
         args_per_replica = split_for_replicas(args, n, "Strategy.run()", "args")
         kwargs_per_replica = split_for_replicas(kwargs, n, "Strategy.run()", "kwargs")
@@ -141,6 +143,7 @@ class MirroredExtended(StrategyExtended):
             args_per_replica,
             kwargs_per_replica,
             lambda i, step: _MirroredReplicaContext(strategy, i, step, self._devices[i]),
+            sequential,
         )
         return regroup(results, self._devices)
 

@@ -11,7 +11,10 @@ Threads wait on a mailbox (``queue.SimpleQueue``) for messages:
 * ``(SHUTDOWN,)``   exit (the strategy was garbage-collected, or the pool abandoned).
 
 **A step.** The caller posts RUN to every thread and waits. Replicas run concurrently
-(numpy and cupy release the GIL in their kernels). A replica that calls ``merge_call``
+(numpy and cupy release the GIL in their kernels), or, for a sequential step (TF 1.x's
+``run_concurrently=False``), one at a time in replica order: replica 0 runs until its
+next ``merge_call`` or its return, then replica 1, and so on; after each ``merge_fn``
+the turn goes back to replica 0. A replica that calls ``merge_call``
 records its request and parks on its mailbox. The *last* replica to arrive regroups the
 requests, runs replica 0's ``merge_fn`` once in the caller's context (cross-replica
 context, the caller's device scope) and resumes the others with their part of the
@@ -214,15 +217,17 @@ class ReplicaScheduler:
         args: Sequence[Any],
         kwargs: Sequence[dict[str, Any]],
         make_context: Callable[[int, _Step], Any],
+        sequential: bool = False,
     ) -> list[Any]:
         """Calls ``fn(*args[i], **kwargs[i])`` on replica ``i``'s thread for every replica.
 
         Returns the results in replica order. Must be called in cross-replica context of
-        the strategy (``merge_fn`` runs in a snapshot of the caller's context).
+        the strategy (``merge_fn`` runs in a snapshot of the caller's context). With
+        ``sequential``, the replicas take turns between barriers instead of running at once.
         """
         strategy = self._strategy_ref()
         pool = self._acquire()
-        step = _Step(strategy, self._devices, pool.mailboxes, fn, args, kwargs, make_context)
+        step = _Step(strategy, self._devices, pool.mailboxes, fn, args, kwargs, make_context, sequential)
         abandon = dispatched = False
         try:
             for mailbox in pool.mailboxes:
@@ -280,6 +285,7 @@ class _Step:
         args: Sequence[Any],
         kwargs: Sequence[dict[str, Any]],
         make_context: Callable[[int, _Step], Any],
+        sequential: bool = False,
     ) -> None:
         n = len(devices)
         self.strategy = strategy
@@ -294,7 +300,12 @@ class _Step:
         self._make_context = make_context
         self._contexts: list[Any] = [None] * n
         self._caller = thread_state.snapshot()
+        self._sync_on_read = list(thread_state.state.sync_on_read)
         self._lock = threading.Lock()
+        # A sequential step runs one replica at a time: the one whose number is in _turn.
+        self._sequential = sequential
+        self._turn = 0
+        self._turn_changed = threading.Condition(self._lock)
         self._done: queue.SimpleQueue[bool] = queue.SimpleQueue()
         self._remaining = n
         self._exited = [False] * n
@@ -329,12 +340,14 @@ class _Step:
     def execute(self, i: int) -> None:
         """Runs replica ``i`` (on its thread) and reports the outcome."""
         state = thread_state.state
-        saved = (state.modes, state.devices, state.updates)
+        saved = (state.modes, state.devices, state.updates, state.sync_on_read)
         try:
             ctx = self._contexts[i] = self._make_context(i, self)
             state.modes = [Mode(self.strategy, None, ctx)]
             state.devices = [self.devices[i]]
             state.updates = []
+            state.sync_on_read = list(self._sync_on_read)
+            self._await_turn(i)
             result = self.fn(*self._args[i], **self._kwargs[i])
         except StopReplica:
             pass
@@ -343,7 +356,7 @@ class _Step:
         else:
             self._arrive_done(i, result)
         finally:
-            state.modes, state.devices, state.updates = saved
+            state.modes, state.devices, state.updates, state.sync_on_read = saved
             self._exit(i)
 
     def merge_call(self, i: int, merge_fn: Callable[..., Any], args: Any, kwargs: Any, api: str = "merge_call()") -> Any:
@@ -360,14 +373,18 @@ class _Step:
             self._merge_counts[i] += 1
             self._kinds[i] = _MERGE
             self._requests[i] = (merge_fn, args, kwargs, api)
+            self._pass_turn(i)
             outcome = self._arrive(i)
         if outcome is None:
-            return self._park(i)
-        error, waiting, requests = outcome
-        if error is not None:
-            self._fail(error, ("barrier", None), stop=waiting)
-            raise StopReplica
-        return self._run_merge(i, requests)
+            part = self._park(i)
+        else:
+            error, waiting, requests = outcome
+            if error is not None:
+                self._fail(error, ("barrier", None), stop=waiting)
+                raise StopReplica
+            part = self._run_merge(i, requests)
+        self._await_turn(i)
+        return part
 
     def _arrive_done(self, i: int, result: Any) -> None:
         self.results[i] = result
@@ -375,6 +392,7 @@ class _Step:
             if self._failure is not None:
                 return
             self._kinds[i] = _DONE
+            self._pass_turn(i)
             outcome = self._arrive(i)
         if outcome is not None and outcome[0] is not None:
             self._fail(outcome[0], ("barrier", None), stop=outcome[1])
@@ -451,11 +469,35 @@ class _Step:
         with self._lock:
             self._merge_started = None
             failed = self._failure is not None
+            self._turn = 0
+            self._turn_changed.notify_all()
         for r in others:
             self._mailboxes[r].put((STOP,) if failed else (RESUME, parts[r]))
         if failed:
             raise StopReplica
         return parts[i]
+
+    # --- turns (sequential steps) -----------------------------------------------------------
+
+    def _await_turn(self, i: int) -> None:
+        """In a sequential step, blocks replica ``i`` until it is its turn (or the step failed).
+
+        The wait ends when the replica before it reaches a barrier or returns, or when the
+        step fails (``_fail`` wakes every waiter); the caller bounds both with its watch.
+        """
+        if not self._sequential:
+            return
+        with self._lock:
+            while self._turn != i and self._failure is None:
+                self._turn_changed.wait()
+            if self._failure is not None:
+                raise StopReplica
+
+    def _pass_turn(self, i: int) -> None:
+        """Replica ``i`` reached a barrier or returned: the next replica may run (lock held)."""
+        if self._sequential:
+            self._turn = i + 1
+            self._turn_changed.notify_all()
 
     def _exit(self, i: int) -> None:
         with self._lock:
@@ -500,6 +542,7 @@ class _Step:
                     stop = [r for r, kind in enumerate(self._kinds) if kind is _MERGE]
             else:
                 self._other_failures.append((origin[1], error))
+            self._turn_changed.notify_all()
         for r in stop or ():
             self._mailboxes[r].put((STOP,))
 

@@ -11,11 +11,10 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from towerdist._src import array_ops, backend, context, nest, thread_state
+from towerdist._src import aliases, array_ops, backend, context, nest, thread_state
 from towerdist._src import device as device_lib
 from towerdist._src.cross_device_ops.gather import normalize_axis
 from towerdist._src.cross_device_ops.placement import Destinations
-from towerdist._src.data.dataset import Dataset
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
 from towerdist._src.input.distributed_dataset import DistributedDataset, DistributedDatasetsFromFunction, InputWorker
@@ -133,21 +132,6 @@ class Strategy:
         options = _check_input_options(options, "distribute_datasets_from_function()")
         return self._extended._distribute_datasets_from_function(dataset_fn, options)
 
-    def experimental_distribute_datasets_from_function(
-        self, dataset_fn: Callable[[InputContext], Any], options: InputOptions | None = None
-    ) -> Any:
-        """The TensorFlow 2.0-2.3 name of :meth:`distribute_datasets_from_function`."""
-        return self.distribute_datasets_from_function(dataset_fn, options)
-
-    def experimental_make_numpy_dataset(self, numpy_input: Any, session: Any = None) -> Dataset:
-        """A ``td.data.Dataset`` of the rows of ``numpy_input`` (a nest of arrays).
-
-        Distribute it with ``experimental_distribute_dataset`` (after ``batch``). Lists of
-        arrays are stacked, as ``tf.data`` does.
-        """
-        del session
-        return Dataset.from_tensor_slices(numpy_input)
-
     # --- cross-replica or default context -------------------------------------------------
 
     def scope(self) -> Any:
@@ -199,16 +183,6 @@ class Strategy:
         with self.scope():
             return self._extended._call_for_each_replica(fn, tuple(args), kwargs or {})
 
-    def experimental_run_v2(
-        self,
-        fn: Callable[..., Any],
-        args: Sequence[Any] = (),
-        kwargs: dict[str, Any] | None = None,
-        options: Any = None,
-    ) -> Any:
-        """The TensorFlow 2.0/2.1 name of :meth:`run`."""
-        return self.run(fn, args, kwargs, options)
-
     def reduce(self, reduce_op: Any, value: Any, axis: Any) -> Any:
         """Reduces ``value`` across replicas (and along ``axis`` when given).
 
@@ -248,6 +222,23 @@ class Strategy:
         return nest.map_structure(
             lambda v: local_results(self._extended._gather_to(v, destination, axis), 1)[0], value
         )
+
+    def group(self, value: Any, name: str | None = None) -> None:
+        """Waits until every component of ``value`` (a nest of arrays or distributed values) is computed.
+
+        TensorFlow's ``tf.group(strategy.experimental_local_results(value))``: in graph mode
+        an op that runs them all; eagerly, numpy arrays are already computed and cupy
+        arrays are synchronised with their device. Returns None, like eager ``tf.group``.
+        Callable in any context.
+        """
+        del name
+        pending = set()
+        for component in nest.flatten(self.experimental_local_results(value))[0]:
+            if backend.for_array(component) is not backend.host():
+                pending.add(int(component.device.id))
+        for index in sorted(pending):
+            gpu = device_lib.DeviceSpec(device_type="GPU", device_index=index)
+            backend.for_device(gpu).synchronize(gpu)
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -709,3 +700,6 @@ def _check_destinations(destinations: Any, api: str) -> None:
             f"list. Got destinations={destinations!r}; to reach several devices pass a distributed value "
             f"that lives on them."
         )
+
+
+aliases.install(Strategy, aliases.STRATEGY)

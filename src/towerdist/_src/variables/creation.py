@@ -114,6 +114,11 @@ def _check(
         if isinstance(shape, (int, np.integer)):
             shape = (shape,)
         declared = tuple(None if d is None else int(d) for d in shape)
+    if synchronization is VariableSynchronization.AUTO:
+        sync_on_read = thread_state.state.sync_on_read
+        if sync_on_read and sync_on_read[-1][0] is context.get_strategy():
+            # Inside TF 1.x's tower_local_var_scope: a sync-on-read variable, never trainable.
+            synchronization, aggregation, trainable = VariableSynchronization.ON_READ, sync_on_read[-1][1], False
     colocations = thread_state.state.colocations
     colocate_with = None
     if colocations and colocations[-1][0] is context.get_strategy():

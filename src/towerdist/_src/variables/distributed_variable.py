@@ -190,7 +190,7 @@ class SyncOnReadVariable(DistributedVariable):
         if self._aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
             return self._components[0].value()
         op = ReduceOp.from_variable_aggregation(self._aggregation)
-        return self._distribute_strategy.reduce(op, self, axis=None)
+        return self._distribute_strategy.extended._reduce(op, self)
 
     def _write_in_replica(self, op: str, value: Any, read_value: bool) -> Any:
         return self._component_here()._write(op, value, read_value)

@@ -1,5 +1,9 @@
-"""``tf.distribute.experimental``: CentralStorageStrategy, communication options, value contexts."""
+"""``tf.distribute.experimental``: CentralStorageStrategy, communication options, value contexts.
 
+``CollectiveHints`` (TF 2.2/2.3) is served by the alias table with a one-time ``DeprecationWarning``.
+"""
+
+from towerdist._src import aliases as _aliases
 from towerdist._src.options import CommunicationImplementation as CollectiveCommunication
 from towerdist._src.options import CommunicationImplementation as CommunicationImplementation
 from towerdist._src.options import CommunicationOptions as CommunicationOptions
@@ -13,3 +17,6 @@ __all__ = [
     "CommunicationOptions",
     "ValueContext",
 ]
+
+__getattr__ = _aliases.module_getattr(__name__)
+__dir__ = _aliases.module_dir(__name__, __all__)

@@ -1,0 +1,427 @@
+"""TF 1.x's ``tf.contrib.distribute.MirroredStrategy`` (seed 000) on the modern core.
+
+:class:`MirroredStrategy` here is a ``td.distribute.MirroredStrategy`` that also speaks
+the tower-era API: ``call_for_each_tower``, ``unwrap`` returning lists, string reduce
+methods ``"sum"``/``"mean"`` with optional destinations, ``fetch``, ``map``,
+``distribute_dataset`` with TF 1.x's one-element-per-tower batching, and the members that
+later moved to ``StrategyExtended``. Everything modern (``run``, ``scope``, variables,
+datasets, ``extended``) works unchanged, except ``reduce``, which keeps its TF 1.x
+signature ``reduce(method_string, value, destinations=None)``.
+
+The tower-era members are implemented by the functions of this module; the alias table
+(``towerdist._src.aliases``) installs them on the class under their old names, each with
+a one-time ``DeprecationWarning`` naming its TF 2 replacement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from towerdist._src import aliases, backend, context, nest
+from towerdist._src import device as device_lib
+from towerdist._src.compat import tower_context
+from towerdist._src.compat.per_tower_dataset import PerTowerDataset
+from towerdist._src.cross_device_ops.base import CrossDeviceOps
+from towerdist._src.cross_device_ops.placement import Destinations
+from towerdist._src.device import DeviceSpec
+from towerdist._src.reduce_op import ReduceOp
+from towerdist._src.strategies.mirrored import MirroredExtended
+from towerdist._src.strategies.mirrored import MirroredStrategy as _ModernMirroredStrategy
+from towerdist._src.strategies.strategy import Strategy
+from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
+from towerdist._src.variable_enums import VariableAggregation
+from towerdist._src.variables.distributed_variable import SyncOnReadVariable
+
+__all__ = ["MapOutput", "MirroredStrategy"]
+
+
+class MirroredStrategy(_ModernMirroredStrategy):
+    """Mirrors variables over the devices of one machine, with TF 1.x's tower API (seed 000).
+
+    ``td.compat.v1.distribute.MirroredStrategy`` and ``td.contrib.distribute.MirroredStrategy``
+    are this class. Code written for ``tf.contrib.distribute`` runs with only its import
+    changed (``import towerdist.compat.v1 as tf``); the tower-era members warn once that
+    they are deprecated and name their TF 2 replacement.
+
+    Args:
+      devices: the devices, e.g. ``["/device:GPU:0", "/device:GPU:1"]``. By default all GPUs,
+        or all logical CPUs when there is no GPU (TF 1.x required GPUs).
+      num_gpus: use ``/device:GPU:0 .. num_gpus-1`` (give this or ``devices``, not both).
+      cross_tower_ops: a ``td.distribute.CrossDeviceOps`` (TF 1.x's name for ``cross_device_ops``).
+      prefetch_on_device: when True, ``distribute_dataset`` produces elements ahead of the
+        towers on a background thread.
+
+    Raises:
+      ValueError: both ``devices`` and ``num_gpus`` are given, no device is left
+        (``devices=[]``, ``num_gpus=0``), or a device does not exist or repeats.
+
+    Example (seed 000's ``merge_call`` example):
+      >>> import towerdist.compat.v1 as tf
+      >>> distribution = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+      >>> def merge_fn(distribution, three_plus_tower_id):
+      ...     return sum(distribution.unwrap(three_plus_tower_id))
+      >>> def fn(three):
+      ...     tower_ctx = tf.get_tower_context()
+      ...     v = three + tower_ctx.tower_id
+      ...     s = tower_ctx.merge_call(merge_fn, v)
+      ...     return s + v
+      >>> with distribution.scope():
+      ...     merged_results = distribution.call_for_each_tower(fn, 3)
+      ...     print(distribution.unwrap(merged_results))
+      [10, 11]
+    """
+
+    def __init__(
+        self,
+        devices: Sequence[Any] | None = None,
+        num_gpus: int | None = None,
+        cross_tower_ops: CrossDeviceOps | None = None,
+        prefetch_on_device: bool | None = None,
+    ) -> None:
+        if devices is not None and num_gpus is not None:
+            raise ValueError(
+                f"Must only specify one of `devices` and `num_gpus`. Got devices={devices!r} and num_gpus={num_gpus!r}."
+            )
+        if num_gpus is not None:
+            if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 0:
+                raise ValueError(f"num_gpus must be a non-negative int. Got num_gpus={num_gpus!r}.")
+            devices = [f"/device:GPU:{i}" for i in range(num_gpus)]
+        if devices is not None and len(devices) == 0:
+            raise ValueError(
+                "Must specify at least one device: got an empty device list "
+                f"({'num_gpus=0' if num_gpus is not None else 'devices=[]'}). Pass devices=None to use every "
+                f"GPU (or the logical CPUs)."
+            )
+        if prefetch_on_device is not None and not isinstance(prefetch_on_device, bool):
+            raise TypeError(f"prefetch_on_device must be a bool or None. Got {prefetch_on_device!r}.")
+        self._prefetch_on_device = bool(prefetch_on_device)
+        self._tower_init_args = (devices, cross_tower_ops, prefetch_on_device)
+        Strategy.__init__(self, _TowerMirroredExtended(self, devices, cross_tower_ops))
+
+    def reduce(self, method_string: Any, value: Any, destinations: Any = None) -> Any:
+        """Combines the towers' values with ``"sum"`` or ``"mean"`` and mirrors the result (TF 1.x).
+
+        Args:
+          method_string: ``"sum"`` or ``"mean"`` (also ``ReduceOp``/``VariableAggregation``
+            SUM or MEAN, or ``VariableAggregation.ONLY_FIRST_TOWER``: tower 0's value).
+          value: a per-tower value (``call_for_each_tower``'s result), or the result of ``map``.
+          destinations: a device string, a list of them, or a distributed value or variable
+            (its devices). By default, the devices ``value`` lives on.
+
+        Returns:
+          A ``Mirrored`` value on the destinations (the bare array for one device).
+
+        Raises:
+          ValueError: an unknown method, or a value that is not per-tower summed over
+            several towers.
+          ContextError: called in a tower (use ``get_tower_context().merge_call``).
+
+        This is TF 1.x's ``reduce``; TF 2's ``reduce(reduce_op, value, axis)`` is on
+        ``td.distribute.MirroredStrategy`` and its ``extended.reduce_to``.
+        """
+        api = "MirroredStrategy.reduce()"
+        aggregation = tower_context.parse_method_string(method_string, api, allow_only_first=True)
+        context.require_cross_replica_or_default(self, api, fix="use get_tower_context().merge_call()")
+        targets = _destinations(self, value if destinations is None else destinations)
+        if _is_map_result(value):
+            return self.extended.broadcast_to(_reduce_map_outputs(aggregation, value, api), targets)
+        if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
+            first = value._values[0] if isinstance(value, DistributedValues) else value
+            return self.extended.broadcast_to(_read(first), targets)
+        op = ReduceOp.from_variable_aggregation(aggregation)
+        if not isinstance(value, DistributedValues) and (op is ReduceOp.MEAN or self.num_replicas_in_sync == 1):
+            return self.extended.broadcast_to(value, targets)
+        return self.extended.reduce_to(op, value, targets)
+
+    def configure(self, session_config: Any = None) -> None:
+        """Accepts a TF 1.x session config and changes nothing (the cross-tower ops are chosen at construction)."""
+        del session_config
+
+
+class _TowerMirroredExtended(MirroredExtended):
+    """``MirroredExtended`` of the tower-era class (its copies and description)."""
+
+    def _deepcopy_strategy(self) -> Strategy:
+        strategy = self._container_strategy()
+        assert isinstance(strategy, MirroredStrategy)
+        devices, cross_tower_ops, prefetch_on_device = strategy._tower_init_args
+        return MirroredStrategy(devices, None, cross_tower_ops, prefetch_on_device)
+
+    def _describe(self) -> str:
+        return f"compat.v1.MirroredStrategy(devices={tuple(d.short_name for d in self._devices)!r})"
+
+
+# --- the tower-era members (installed by the alias table) -----------------------------------
+
+
+def call_for_each_tower(self: MirroredStrategy, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Runs ``fn(*args, **kwargs)`` once per tower and merges the results (TF 1.x).
+
+    Per-tower arguments (``PerReplica``, ``worker_device_index``) give each tower its own
+    component. ``fn`` may call ``get_tower_context()`` for ``tower_id`` and ``merge_call``.
+
+    Keyword arguments:
+      run_concurrently: True (the default) runs the towers at once on their threads; False
+        runs them one at a time in tower order, switching at each ``merge_call``.
+
+    Call it in cross-tower context (inside ``scope()``) or outside any scope.
+    """
+    run_concurrently = kwargs.pop("run_concurrently", True)
+    if not isinstance(run_concurrently, bool):
+        raise TypeError(f"call_for_each_tower() takes run_concurrently as a bool. Got {run_concurrently!r}.")
+    context.require_cross_replica_or_default(self, "call_for_each_tower()", fix="use get_tower_context().merge_call()")
+    extended = self.extended
+    assert isinstance(extended, MirroredExtended)
+    with self.scope():
+        return extended._call_for_each_replica(fn, args, kwargs, sequential=not run_concurrently)
+
+
+def tower_local_var_scope(self: MirroredStrategy, reduce_method: Any) -> Any:
+    """A scope whose new variables are sync-on-read, aggregated with ``reduce_method`` ("sum"/"mean").
+
+    Must be used inside ``scope()`` (or in a tower). See
+    :func:`towerdist._src.compat.tower_context.tower_local_var_scope`.
+    """
+    return tower_context.tower_local_var_scope(self, reduce_method)
+
+
+def is_single_tower(self: MirroredStrategy) -> bool:
+    """True when there is one tower, so ``call_for_each_tower(fn)`` calls ``fn`` once."""
+    return self.num_replicas_in_sync == 1
+
+
+def num_towers(self: MirroredStrategy) -> int:
+    """How many towers there are (``num_replicas_in_sync``)."""
+    return self.num_replicas_in_sync
+
+
+def worker_device_index(self: MirroredStrategy) -> Any:
+    """Each tower's index as a per-tower value (the int 0 with a single tower).
+
+    Pass it to ``call_for_each_tower(fn, strategy.worker_device_index)``: tower ``i``'s
+    ``fn`` receives the int ``i``.
+    """
+    n = self.num_replicas_in_sync
+    if n == 1:
+        return 0
+    return PerReplica(tuple(range(n)), self.extended._replica_devices)
+
+
+def worker_devices(self: MirroredStrategy) -> list[str]:
+    """The canonical names of the devices running the towers (a new list)."""
+    return list(self.extended.worker_devices)
+
+
+def parameter_devices(self: MirroredStrategy) -> list[str]:
+    """The canonical names of the devices holding variables (a new list)."""
+    return list(self.extended.parameter_devices)
+
+
+def unwrap(self: MirroredStrategy, value: Any) -> list[Any]:
+    """The per-tower values contained in ``value`` as a list (``[value]`` for a plain value).
+
+    For a ``PerReplica``/``Mirrored`` value or a mirrored or tower-local variable, its
+    components in tower order.
+    """
+    if isinstance(value, DistributedValues):
+        return list(value._values)
+    return [value]
+
+
+def fetch(
+    self: MirroredStrategy, val: Any, destination: Any = "/device:CPU:0", fn: Callable[[Any], Any] = lambda x: x
+) -> Any:
+    """``fn(val)`` copied to ``destination`` (TF 1.x).
+
+    A tower-local (sync-on-read) variable contributes its aggregate over the towers; a
+    mirrored value or variable its copy on ``destination`` if it has one, else its
+    first copy. ``fn`` runs on the device of the value it is given.
+    """
+    context.require_cross_replica_or_default(self, "fetch()")
+    target = device_lib.parse(destination)
+    source: DeviceSpec | None = None
+    if isinstance(val, SyncOnReadVariable):
+        value, source = self.extended.read_var(val), target
+    elif isinstance(val, DistributedValues):
+        index = val._devices.index(target) if val._devices and target in val._devices else 0
+        source = val._devices[index] if val._devices else None
+        value = _read(val._values[index])
+    else:
+        value, source = _read(val), None
+    with device_lib.device(source) if source is not None else contextlib.nullcontext():
+        result = fn(value)
+    return _copy_to(result, target)
+
+
+def map(self: MirroredStrategy, map_over: Sequence[Any], fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Calls ``fn(x, *args, **kwargs)`` for each element ``x`` of ``map_over``, spread over the towers.
+
+    Element ``i`` runs on tower ``i % num_towers``'s device (in this thread, one after the
+    other). Mirrored arguments give each call the copy on its device. Returns a per-tower
+    value whose components are :class:`MapOutput` lists; ``reduce("sum"/"mean", result)``
+    sums all outputs (``"mean"`` divides by their number).
+
+    Raises:
+      TypeError: an argument is a per-tower (``PerReplica``) value.
+    """
+    _require_mirrored_args(args, kwargs, "map()")
+    devices = self.extended._replica_devices
+    outputs: list[MapOutput] = [MapOutput() for _ in devices]
+    for i, element in enumerate(map_over):
+        tower = i % len(devices)
+        with device_lib.device(devices[tower]):
+            outputs[tower].append(fn(element, *_select(tower, args), **_select(tower, kwargs)))
+    if len(devices) == 1:
+        return outputs[0]
+    return PerReplica(outputs, devices)
+
+
+def distribute_dataset(self: MirroredStrategy, dataset: Any) -> PerTowerDataset:
+    """Splits ``dataset`` across the towers TF 1.x's way: one whole element per tower.
+
+    ``dataset`` is a dataset or a function returning one. Each step takes the next
+    ``num_towers`` elements and gives element ``i`` to tower ``i`` (on its device); a last
+    group too short to feed every tower is dropped. So the dataset's batch size is the
+    *per-tower* batch size (TF 2's ``experimental_distribute_dataset`` splits global
+    batches instead).
+
+    Returns an object with ``get_next()`` (TF 1.8), ``make_one_shot_iterator()`` and
+    ``make_initializable_iterator()`` (TF 1.9-1.11) and Python iteration.
+    """
+    return PerTowerDataset(self, dataset, prefetch=self._prefetch_on_device)
+
+
+def batch_reduce(self: MirroredStrategy, method_string: Any, value_destination_pairs: Sequence[Any]) -> list[Any]:
+    """Several ``reduce`` calls in one (packed where possible): a list of mirrored values.
+
+    Args:
+      method_string: ``"sum"`` or ``"mean"``.
+      value_destination_pairs: a list of ``(value, destinations)`` pairs; ``destinations``
+        may be None (the value's devices).
+    """
+    api = "MirroredStrategy.batch_reduce()"
+    aggregation = tower_context.parse_method_string(method_string, api)
+    context.require_cross_replica_or_default(self, api, fix="use get_tower_context().merge_call()")
+    pairs = list(value_destination_pairs)
+    for k, pair in enumerate(pairs):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ValueError(
+                f"`value_destination_pairs` must be a list or a tuple of (value, destinations) pairs; "
+                f"element {k} is {pair!r}."
+            )
+    if any(not isinstance(v, PerReplica) or _is_map_result(v) for v, _ in pairs):
+        return [self.reduce(aggregation, v, d) for v, d in pairs]
+    op = ReduceOp.from_variable_aggregation(aggregation)
+    resolved = [(v, _destinations(self, v if d is None else d)) for v, d in pairs]
+    return self.extended.batch_reduce_to(op, resolved)
+
+
+def broadcast(self: MirroredStrategy, tensor: Any, destinations: Any = None) -> Any:
+    """Copies ``tensor`` to every tower's device (or to ``destinations``): a mirrored value."""
+    context.require_cross_replica_or_default(self, "broadcast()")
+    targets = Destinations(self.extended._replica_devices) if destinations is None else _destinations(self, destinations)
+    return self.extended.broadcast_to(tensor, targets)
+
+
+def update(self: MirroredStrategy, var: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Runs ``fn(v, *args, **kwargs)`` on each copy ``v`` of ``var`` (on its device); merges the results.
+
+    Mirrored arguments give each call the copy on its device.
+
+    Raises:
+      TypeError: an argument is a per-tower (``PerReplica``) value; reduce it first.
+    """
+    _require_mirrored_args(args, kwargs, "update()")
+    return self.extended.update(var, fn, args, kwargs)
+
+
+def update_non_slot(self: MirroredStrategy, colocate_with: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Runs ``fn(*args, **kwargs)`` on the devices of ``colocate_with`` (from ``non_slot_devices``)."""
+    if isinstance(colocate_with, list):
+        colocate_with = tuple(colocate_with)
+    return self.extended.update_non_slot(colocate_with, fn, args, kwargs)
+
+
+def non_slot_devices(self: MirroredStrategy, var_list: Sequence[Any]) -> list[str]:
+    """The devices for variables that are not slots of one variable (a list of device names)."""
+    return list(self.extended.non_slot_devices(var_list))
+
+
+def read_var(self: MirroredStrategy, v: Any) -> Any:
+    """The value of ``v`` in cross-tower context: a tower-local variable's aggregate, else its value."""
+    return self.extended.read_var(v)
+
+
+aliases.install(MirroredStrategy, aliases.TOWER_STRATEGY)
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+class MapOutput(list):  # type: ignore[type-arg]
+    """The outputs of ``map`` that ran on one tower's device, in element order."""
+
+
+def _is_map_result(value: Any) -> bool:
+    if isinstance(value, MapOutput):
+        return True
+    return isinstance(value, PerReplica) and all(isinstance(v, MapOutput) for v in value._values)
+
+
+def _reduce_map_outputs(aggregation: VariableAggregation, value: Any, api: str) -> Any:
+    outputs = [x for part in (value._values if isinstance(value, PerReplica) else [value]) for x in part]
+    if not outputs:
+        raise ValueError(f"{api} got the result of map() over no elements; there is nothing to reduce.")
+    if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
+        return outputs[0]
+    arrays = [_on_host(x) for x in outputs]
+    total = backend.host().add_n(arrays)
+    if aggregation is VariableAggregation.MEAN:
+        return backend.host().true_divide(total, len(arrays))
+    return total
+
+
+def _on_host(value: Any) -> Any:
+    impl = backend.for_array(value)
+    return backend.host().asarray(impl.to_device(value, device_lib.HOST) if impl is not backend.host() else value)
+
+
+def _destinations(strategy: MirroredStrategy, destinations: Any) -> Destinations:
+    """TF 1.x destinations (a device, a list of devices, or a value) as resolved devices."""
+    if isinstance(destinations, (list, tuple)) and not isinstance(destinations, Destinations):
+        if not destinations:
+            raise ValueError("destinations can not be empty: got an empty list of devices.")
+        return Destinations(device_lib.parse(d) for d in destinations)
+    if isinstance(destinations, DistributedValues) and destinations._devices is None:
+        return Destinations(strategy.extended._replica_devices)
+    if isinstance(destinations, (str, DeviceSpec)) or hasattr(destinations, "_devices"):
+        extended = strategy.extended
+        assert isinstance(extended, MirroredExtended)
+        return Destinations(extended._destinations(destinations))
+    return Destinations(strategy.extended._replica_devices)
+
+
+def _require_mirrored_args(args: Any, kwargs: Any, api: str) -> None:
+    for leaf in nest.flatten((args, kwargs))[0]:
+        if isinstance(leaf, PerReplica):
+            raise TypeError(
+                f"Expected value to be mirrored across towers: {leaf!r} in {api}. TF 1.x's {api} takes "
+                f"mirrored or plain arguments; reduce per-tower values first (strategy.reduce)."
+            )
+
+
+def _select(tower: int, structure: Any) -> Any:
+    return nest.map_structure(lambda x: x._values[tower] if isinstance(x, Mirrored) else x, structure)
+
+
+def _read(value: Any) -> Any:
+    """The current value of a variable; anything else as it is."""
+    return value.value() if hasattr(value, "assign") and callable(getattr(value, "value", None)) else value
+
+
+def _copy_to(result: Any, target: DeviceSpec) -> Any:
+    impl = backend.for_device(target)
+    return nest.map_structure(lambda x: impl.to_device(x, target) if backend.is_array(x) else x, result)
+

@@ -1,0 +1,130 @@
+"""Old ``tf.distribute.Strategy`` members (TF 2.0-2.3 names and TF 1.x leftovers).
+
+Each function here is the implementation of one entry of the alias table
+(``towerdist._src.aliases``), which installs it on :class:`Strategy` under its old name
+with a one-time ``DeprecationWarning``. They take the strategy as ``self`` and forward to
+the modern API, so subclasses' overrides apply.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from towerdist._src.data.dataset import Dataset
+from towerdist._src.input.input_context import InputContext, InputOptions, InputReplicationMode
+
+__all__ = [
+    "colocate_vars_with",
+    "configure",
+    "experimental_distribute_datasets_from_function",
+    "experimental_make_numpy_dataset",
+    "experimental_run",
+    "experimental_run_v2",
+    "make_dataset_iterator",
+    "make_input_fn_iterator",
+    "unwrap",
+    "update_config_proto",
+]
+
+
+def experimental_run_v2(
+    self: Any,
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    options: Any = None,
+) -> Any:
+    """TensorFlow 2.0/2.1's name of ``Strategy.run`` (same arguments, same result)."""
+    return self.run(fn, args, kwargs, options)
+
+
+def experimental_distribute_datasets_from_function(
+    self: Any, dataset_fn: Callable[[InputContext], Any], options: InputOptions | None = None
+) -> Any:
+    """TensorFlow 2.0-2.3's name of ``Strategy.distribute_datasets_from_function``."""
+    return self.distribute_datasets_from_function(dataset_fn, options)
+
+
+def experimental_make_numpy_dataset(self: Any, numpy_input: Any, session: Any = None) -> Dataset:
+    """A ``td.data.Dataset`` of the rows of ``numpy_input`` (a nest of arrays); ``session`` is ignored.
+
+    The same as ``td.data.Dataset.from_tensor_slices(numpy_input)``; distribute it with
+    ``experimental_distribute_dataset`` after ``batch``.
+    """
+    del self, session
+    return Dataset.from_tensor_slices(numpy_input)
+
+
+def unwrap(self: Any, value: Any) -> tuple[Any, ...]:
+    """TensorFlow's deprecated name of ``Strategy.experimental_local_results`` (returns a tuple)."""
+    result: tuple[Any, ...] = self.experimental_local_results(value)
+    return result
+
+
+def colocate_vars_with(self: Any, colocate_with_variable: Any) -> Any:
+    """``Strategy.extended.colocate_vars_with``: a scope creating variables on ``colocate_with_variable``'s devices."""
+    return self.extended.colocate_vars_with(colocate_with_variable)
+
+
+def configure(
+    self: Any, session_config: Any = None, cluster_spec: Any = None, task_type: Any = None, task_id: Any = None
+) -> None:
+    """Accepts TF 1.x session configuration and changes nothing (towerdist has no sessions).
+
+    Raises:
+      ValueError: ``cluster_spec``, ``task_type`` or ``task_id`` is given. towerdist does not
+        configure clusters this way; multi-worker training runs one process per worker
+        under MPI (DESIGN section 9).
+    """
+    del session_config
+    given = {k: v for k, v in (("cluster_spec", cluster_spec), ("task_type", task_type), ("task_id", task_id)) if v}
+    if given:
+        raise ValueError(
+            f"{self!r}.configure() got {', '.join(f'{k}={v!r}' for k, v in given.items())}: towerdist does not "
+            f"configure clusters through configure(). Multi-worker training runs one process per worker "
+            f"under MPI; call configure() with session_config only, or not at all."
+        )
+
+
+def update_config_proto(self: Any, config_proto: Any) -> Any:
+    """Returns a copy of ``config_proto``: towerdist has no session options to add."""
+    del self
+    return copy.deepcopy(config_proto)
+
+
+def make_dataset_iterator(self: Any, dataset: Any) -> Any:
+    """An iterator over ``experimental_distribute_dataset(dataset)`` (TF 1.x style input)."""
+    return iter(self.experimental_distribute_dataset(dataset))
+
+
+def make_input_fn_iterator(
+    self: Any,
+    input_fn: Callable[[InputContext], Any],
+    replication_mode: InputReplicationMode = InputReplicationMode.PER_WORKER,
+) -> Any:
+    """An iterator over ``distribute_datasets_from_function(input_fn)`` (TF 1.x style input).
+
+    Raises:
+      ValueError: ``replication_mode`` is not ``InputReplicationMode.PER_WORKER``.
+    """
+    if replication_mode is not InputReplicationMode.PER_WORKER:
+        raise ValueError(
+            f"Input replication mode not supported: {replication_mode!r}. make_input_fn_iterator() only "
+            f"supports InputReplicationMode.PER_WORKER."
+        )
+    return iter(self.distribute_datasets_from_function(input_fn))
+
+
+def experimental_run(self: Any, fn: Callable[..., Any], input_iterator: Any = None) -> Any:
+    """Runs ``fn`` once per replica on the next element of ``input_iterator`` (or with no arguments).
+
+    ``input_iterator`` comes from ``make_dataset_iterator``/``make_input_fn_iterator`` or
+    ``iter()`` of a distributed dataset.
+    """
+    args: tuple[Any, ...] = ()
+    if input_iterator is not None:
+        get_next = getattr(input_iterator, "get_next", None)
+        args = (get_next() if get_next is not None else next(input_iterator),)
+    return self.run(fn, args=args)
