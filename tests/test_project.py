@@ -30,6 +30,7 @@ def test_ci_runs_the_readme_test_command_in_a_fresh_virtualenv():
     assert 'pip" install --quiet -e ".[test]"' in script
     assert 'python" -m pytest' in script
     assert '"$status" -eq 5' in script  # "no tests collected" is a failure
+    assert "mkdocs build --strict" in script  # the docs site is built, and broken references fail CI
 
 
 def test_runtime_dependencies_are_numpy_and_optree_only():

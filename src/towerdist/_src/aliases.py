@@ -32,6 +32,7 @@ __all__ = ["ALIASES", "Alias", "install", "module_dir", "module_getattr", "reset
 
 # Owners of member aliases.
 STRATEGY = "Strategy"
+EXTENDED = "StrategyExtended"
 TOWER_STRATEGY = "compat.v1.MirroredStrategy"
 AGGREGATION = "VariableAggregation"
 
@@ -199,6 +200,13 @@ ALIASES: tuple[Alias, ...] = (
         "make_input_fn_iterator", "iter(Strategy.distribute_datasets_from_function(dataset_fn))", "2.0"
     ),
     _strategy_member("experimental_run", "Strategy.run(fn, args=(next(iterator),))", "2.0"),
+    Alias(
+        f"{EXTENDED}.experimental_make_numpy_dataset",
+        "td.data.Dataset.from_tensor_slices()",
+        f"{_LEGACY}:experimental_make_numpy_dataset",
+        "2.2",
+        "method",
+    ),
     # --- the TF 1.x tower API of compat.v1.distribute.MirroredStrategy (seed 000) ---------
     _tower_member("call_for_each_tower", "Strategy.run(fn, args, kwargs)"),
     _tower_member("tower_local_var_scope", "td.Variable(..., synchronization=ON_READ, aggregation=...)", since="1.10"),

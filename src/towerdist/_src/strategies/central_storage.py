@@ -50,6 +50,8 @@ class CentralStorageStrategy(Strategy):
 
 
 class CentralStorageExtended(MirroredExtended):
+    _between_graph = True  # a parameter-server strategy, as in TensorFlow
+
     def __init__(self, container_strategy: Strategy, compute_devices: Sequence[Any] | None, parameter_device: Any) -> None:
         if not compute_devices:
             compute_devices = [d.name for d in config.local_devices("GPU")] or [_HOST_NAME]

@@ -335,6 +335,30 @@ class StrategyExtended:
         """True if the strategy needs static shapes (no towerdist strategy does)."""
         return self._require_static_shapes
 
+    # TF 1.x leftovers that TF 2.x keeps on tf.compat.v1.distribute.StrategyExtended.
+
+    _between_graph = False
+
+    @property
+    def experimental_between_graph(self) -> bool:
+        """True when each worker builds its own program (parameter-server style); False for in-process strategies."""
+        return self._between_graph
+
+    @property
+    def experimental_should_init(self) -> bool:
+        """Whether this process should initialise variables: always True (towerdist variables start initialised)."""
+        return True
+
+    @property
+    def should_checkpoint(self) -> bool:
+        """Whether this process should save checkpoints: True (one process; the MPI strategy says so on rank 0 only)."""
+        return True
+
+    @property
+    def should_save_summary(self) -> bool:
+        """Whether this process should write summaries: True (one process)."""
+        return True
+
     @property
     def worker_devices(self) -> tuple[str, ...]:
         """The canonical names of the devices replicas run on, in replica order."""
@@ -703,3 +727,4 @@ def _check_destinations(destinations: Any, api: str) -> None:
 
 
 aliases.install(Strategy, aliases.STRATEGY)
+aliases.install(StrategyExtended, aliases.EXTENDED)
