@@ -124,7 +124,7 @@ class MirroredStrategy(_ModernMirroredStrategy):
         api = "MirroredStrategy.reduce()"
         aggregation = tower_context.parse_method_string(method_string, api, allow_only_first=True)
         context.require_cross_replica_or_default(self, api, fix="use get_tower_context().merge_call()")
-        targets = _destinations(self, value if destinations is None else destinations)
+        targets = _destinations_of(self, value) if destinations is None else _destinations(self, destinations)
         if _is_map_result(value):
             return self.extended.broadcast_to(_reduce_map_outputs(aggregation, value, api), targets)
         if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
@@ -314,7 +314,7 @@ def batch_reduce(self: MirroredStrategy, method_string: Any, value_destination_p
     if any(not isinstance(v, PerReplica) or _is_map_result(v) for v, _ in pairs):
         return [self.reduce(aggregation, v, d) for v, d in pairs]
     op = ReduceOp.from_variable_aggregation(aggregation)
-    resolved = [(v, _destinations(self, v if d is None else d)) for v, d in pairs]
+    resolved = [(v, _destinations_of(self, v) if d is None else _destinations(self, d)) for v, d in pairs]
     return self.extended.batch_reduce_to(op, resolved)
 
 
@@ -401,6 +401,12 @@ def _destinations(strategy: MirroredStrategy, destinations: Any) -> Destinations
         assert isinstance(extended, MirroredExtended)
         return Destinations(extended._destinations(destinations))
     return Destinations(strategy.extended._replica_devices)
+
+
+def _destinations_of(strategy: MirroredStrategy, value: Any) -> Destinations:
+    """Where a reduction of ``value`` goes by default: the devices it lives on, else every tower's."""
+    devices = getattr(value, "_devices", None) if isinstance(value, DistributedValues) else None
+    return Destinations(devices or strategy.extended._replica_devices)
 
 
 def _require_mirrored_args(args: Any, kwargs: Any, api: str) -> None:
