@@ -161,6 +161,7 @@ def _cases() -> list[Any]:
 
 
 @pytest.mark.parametrize("name", _cases())
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the promise includes old names
 def test_promised_name_exists_with_the_same_signature(name):
     _check(name, PROMISED[name])
 

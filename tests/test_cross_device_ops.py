@@ -891,6 +891,7 @@ def test_implementation_name_is_case_insensitive(name, expected):
     assert CommunicationOptions(implementation=name).implementation is expected
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # an old name, used on purpose
 def test_collective_communication_is_an_alias():
     # Reference 2.7: CommunicationImplementation (alias CollectiveCommunication).
     assert D.experimental.CollectiveCommunication is CommunicationImplementation

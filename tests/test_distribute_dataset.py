@@ -251,6 +251,7 @@ def test_default_strategy_ignores_input_options_in_datasets_from_function(defaul
     assert default.distribute_datasets_from_function(lambda ctx: dataset, options) is dataset
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # an old name, used on purpose
 def test_experimental_make_numpy_dataset_then_batch_and_distribute(mirrored_2cpu):
     dataset = mirrored_2cpu.experimental_make_numpy_dataset(np.ones([10]))
     assert isinstance(dataset, td.data.Dataset)
@@ -318,6 +319,7 @@ def test_datasets_from_function_per_replica_mode(mirrored_2cpu):
     assert _steps(mirrored_2cpu, dist) == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # an old name, used on purpose
 def test_experimental_datasets_from_function_alias(mirrored_2cpu):
     calls = []
 

@@ -177,6 +177,13 @@ ALIASES: tuple[Alias, ...] = (
         "2.4",
         "class",
     ),
+    Alias(
+        "towerdist.distribute.experimental.CollectiveCommunication",
+        "towerdist.distribute.experimental.CommunicationImplementation",
+        "towerdist._src.options:CommunicationImplementation",
+        "2.4",
+        "class",
+    ),
     # --- TF 1.x VariableAggregation member ------------------------------------------------
     Alias(
         f"{AGGREGATION}.ONLY_FIRST_TOWER",

@@ -1,30 +1,24 @@
 """Distribution strategies (``tf.distribute``) for numpy and cupy arrays.
 
-Glossary
---------
-replica
-    One copy of the computation. ``MirroredStrategy`` runs one replica per device, each on
-    its own thread; replicas are numbered ``0 .. num_replicas_in_sync - 1``.
-worker
-    A process driving some replicas. Single-machine strategies have one worker.
-replica context
-    Inside the function passed to ``strategy.run``: ``get_replica_context()`` returns the
-    replica's ``ReplicaContext`` (``merge_call``, ``all_reduce``, ``all_gather``).
-cross-replica context
-    Inside ``strategy.scope()`` or a ``merge_fn``: the code sees all replicas at once and
-    may call ``strategy.reduce``, ``extended.reduce_to``, ``strategy.run``.
-default replica context
-    Outside any strategy scope: the default strategy (one replica) is current.
-update context
-    Inside ``extended.update``, per component of a variable; ``get_update_device()``
-    names the device being updated.
-PerReplica vs Mirrored
-    Both hold one value per replica. A ``PerReplica`` holds unrelated values (e.g. each
-    replica's loss); a ``Mirrored`` holds values known to be equal (e.g. an all-reduced
-    gradient) and can be read in cross-replica context.
-sync-on-read
-    Variables whose per-replica copies are updated independently and aggregated only
-    when read in cross-replica context (metrics).
+Glossary:
+  - ``replica``: one copy of the computation. ``MirroredStrategy`` runs one replica per
+    device, each on its own thread; replicas are numbered ``0 .. num_replicas_in_sync - 1``.
+  - ``worker``: a process driving some replicas. Single-machine strategies have one worker.
+  - replica context: inside the function passed to ``strategy.run``;
+    ``get_replica_context()`` returns the replica's ``ReplicaContext`` (``merge_call``,
+    ``all_reduce``, ``all_gather``).
+  - cross-replica context: inside ``strategy.scope()`` or a ``merge_fn``; the code sees
+    all replicas at once and may call ``strategy.reduce``, ``extended.reduce_to``,
+    ``strategy.run``.
+  - default replica context: outside any strategy scope; the default strategy (one
+    replica) is current.
+  - update context: inside ``extended.update``, per component of a variable;
+    ``get_update_device()`` names the device being updated.
+  - ``PerReplica`` vs ``Mirrored``: both hold one value per replica. A ``PerReplica``
+    holds unrelated values (e.g. each replica's loss); a ``Mirrored`` holds values known
+    to be equal (e.g. an all-reduced gradient) and can be read in cross-replica context.
+  - sync-on-read: variables whose per-replica copies are updated independently and
+    aggregated only when read in cross-replica context (metrics).
 """
 
 from towerdist._src.context import experimental_set_strategy as experimental_set_strategy

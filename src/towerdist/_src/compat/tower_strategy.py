@@ -57,7 +57,9 @@ class MirroredStrategy(_ModernMirroredStrategy):
       ValueError: both ``devices`` and ``num_gpus`` are given, no device is left
         (``devices=[]``, ``num_gpus=0``), or a device does not exist or repeats.
 
-    Example (seed 000's ``merge_call`` example):
+    Example:
+      Seed 000's ``merge_call`` example:
+
       >>> import towerdist.compat.v1 as tf
       >>> distribution = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
       >>> def merge_fn(distribution, three_plus_tower_id):
@@ -111,7 +113,8 @@ class MirroredStrategy(_ModernMirroredStrategy):
             (its devices). By default, the devices ``value`` lives on.
 
         Returns:
-          A ``Mirrored`` value on the destinations (the bare array for one device).
+          A ``Mirrored`` value on the destinations (the bare array for one device; a Python
+          number, the same on every device, stays as it is).
 
         Raises:
           ValueError: an unknown method, or a value that is not per-tower summed over
@@ -161,12 +164,17 @@ def call_for_each_tower(self: MirroredStrategy, fn: Callable[..., Any], *args: A
 
     Per-tower arguments (``PerReplica``, ``worker_device_index``) give each tower its own
     component. ``fn`` may call ``get_tower_context()`` for ``tower_id`` and ``merge_call``.
-
-    Keyword arguments:
-      run_concurrently: True (the default) runs the towers at once on their threads; False
-        runs them one at a time in tower order, switching at each ``merge_call``.
-
     Call it in cross-tower context (inside ``scope()``) or outside any scope.
+
+    Args:
+      fn: the tower function.
+      *args: positional arguments for ``fn``.
+      **kwargs: keyword arguments for ``fn``, except ``run_concurrently`` (a bool, default
+        True), which this method takes: True runs the towers at once on their threads;
+        False runs them one at a time in tower order, switching at each ``merge_call``.
+
+    Returns:
+      The towers' results merged as ``Strategy.run`` merges them.
     """
     run_concurrently = kwargs.pop("run_concurrently", True)
     if not isinstance(run_concurrently, bool):

@@ -182,7 +182,8 @@ class MeanMetricWrapper(Mean):
 
     Args:
       fn: computes one value per sample from ``y_true`` and ``y_pred`` arrays.
-      name, dtype: as for :class:`Mean` (the name defaults to ``"mean_metric_wrapper"``).
+      name: the metric's name; defaults to ``"mean_metric_wrapper"``.
+      dtype: a floating dtype for the state and the result; float32 by default.
       **kwargs: passed on to ``fn`` after ``y_true`` and ``y_pred``.
     """
 

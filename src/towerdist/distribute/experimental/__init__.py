@@ -1,10 +1,10 @@
 """``tf.distribute.experimental``: CentralStorageStrategy, communication options, value contexts.
 
-``CollectiveHints`` (TF 2.2/2.3) is served by the alias table with a one-time ``DeprecationWarning``.
+``CollectiveHints`` and ``CollectiveCommunication`` (TF 2.2/2.3 names) are served by the alias
+table with a one-time ``DeprecationWarning``.
 """
 
 from towerdist._src import aliases as _aliases
-from towerdist._src.options import CommunicationImplementation as CollectiveCommunication
 from towerdist._src.options import CommunicationImplementation as CommunicationImplementation
 from towerdist._src.options import CommunicationOptions as CommunicationOptions
 from towerdist._src.options import ValueContext as ValueContext
@@ -12,7 +12,6 @@ from towerdist._src.strategies.central_storage import CentralStorageStrategy as 
 
 __all__ = [
     "CentralStorageStrategy",
-    "CollectiveCommunication",
     "CommunicationImplementation",
     "CommunicationOptions",
     "ValueContext",
