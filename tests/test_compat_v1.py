@@ -17,6 +17,7 @@ import importlib
 import inspect
 import re
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -1297,3 +1298,116 @@ def test_batch_reduce_with_a_malformed_pair_is_a_value_error(pair):
     with pytest.raises(ValueError, match="value_destination_pairs"):
         strategy.batch_reduce("sum", [(value, None), malformed])
     assert_usable(strategy)
+
+
+# --- review fixes: sequential stalls, silent wrong answers, context leaks ------------------
+
+
+@pytest.fixture
+def replica_timeouts():
+    """Lets a test change the barrier timeouts; restores the suite's values afterwards."""
+    from conftest import TEST_REPLICA_TIMEOUT_SECONDS, TEST_REPLICA_WARNING_SECONDS
+
+    try:
+        yield td.config.set_replica_timeouts
+    finally:
+        td.config.set_replica_timeouts(TEST_REPLICA_WARNING_SECONDS, TEST_REPLICA_TIMEOUT_SECONDS)
+
+
+def test_a_sequential_tower_waiting_for_a_later_tower_times_out_instead_of_hanging(replica_timeouts):
+    # Tower 0 waits for tower 1, which only runs after tower 0's turn: a deadlock that the
+    # watch must turn into DeadlineExceededError naming tower 0 (no barrier is ever reached).
+    strategy = tf.distribute.MirroredStrategy(cpus(2))
+    released = threading.Event()
+
+    def fn():
+        if tf.get_tower_context().tower_id == 0:
+            released.wait(30.0)
+        else:
+            released.set()
+
+    replica_timeouts(warning_seconds=None, timeout_seconds=1.0)
+    try:
+        with pytest.raises(td.errors.DeadlineExceededError, match="Replica 0 .*sequential step") as caught:
+            strategy.call_for_each_tower(fn, run_concurrently=False)
+    finally:
+        released.set()  # let the abandoned thread finish
+    assert caught.value.missing == [0]
+    assert strategy.unwrap(strategy.call_for_each_tower(lambda: tf.get_tower_context().tower_id)) == [0, 1]
+    # Concurrently the same function completes.
+    released.clear()
+    strategy.call_for_each_tower(fn)
+    assert released.is_set()
+
+
+def test_a_slow_sequential_step_is_timed_per_turn_not_per_round(replica_timeouts):
+    # Each tower's turn stays under the timeout while the whole round exceeds it.
+    # 6 turns of 0.3 s: the round lasts 1.5 s after the first arrival, each turn 0.3 s.
+    strategy = tf.distribute.MirroredStrategy(cpus(6))
+    per_turn_s = 0.3
+
+    def fn():
+        deadline = time.monotonic() + per_turn_s
+        while time.monotonic() < deadline:  # work, not synchronisation
+            pass
+        ctx = tf.get_tower_context()
+        return ctx.merge_call(lambda s, x: sum(s.unwrap(x)), ctx.tower_id) + ctx.tower_id
+
+    replica_timeouts(warning_seconds=None, timeout_seconds=1.2)
+    result = strategy.call_for_each_tower(fn, run_concurrently=False)
+    assert strategy.unwrap(result) == [15 + i for i in range(6)]
+
+
+def test_reduce_refuses_an_axis_where_tf1_takes_destinations():
+    strategy = tower(2)
+    value = per_tower_arrays(strategy)
+    with pytest.raises(ValueError, match="destinations must be one of.*reduce\\(op, value, axis\\)"):
+        strategy.reduce("sum", value, 0)
+    with pytest.raises(ValueError, match="destinations must be one of"):
+        strategy.reduce("sum", value, destinations=object())
+    np.testing.assert_array_equal(strategy.unwrap(strategy.reduce("sum", value))[0], sum(tower_values(2)))
+
+
+def test_fetch_refuses_a_per_tower_value():
+    strategy = tower(2)
+    value = per_tower_arrays(strategy)
+    with pytest.raises(TypeError, match="(?s)per-tower value.*Reduce it first"):
+        strategy.fetch(value)
+    np.testing.assert_array_equal(strategy.fetch(strategy.reduce("sum", value)), sum(tower_values(2)))
+
+
+def test_a_tower_local_scope_in_a_tower_does_not_reach_its_merge_fn():
+    strategy = tower(2)
+    made = []
+
+    def merge_fn(distribution):
+        made.append(tf.Variable(1.0, aggregation=tf.VariableAggregation.MEAN))
+
+    def fn():
+        ctx = tf.get_tower_context()
+        with ctx.tower_local_var_scope("sum"):
+            local = tf.Variable(0.0)
+            ctx.merge_call(merge_fn)
+        return local
+
+    with strategy.scope():
+        local = strategy.call_for_each_tower(fn)
+    assert isinstance(local, SyncOnReadVariable)
+    assert isinstance(made[0], MirroredVariable) and made[0].trainable
+
+
+def test_contrib_update_context_takes_a_device_string():
+    with td.contrib.distribute.UpdateContext("/cpu:1"):
+        assert td.distribute.get_update_device() == canonical("/cpu:1")
+    assert td.distribute.get_update_device() is None
+
+
+def test_compat_v1_reaches_contrib_so_mixed_spellings_run():
+    assert tf.contrib.distribute.MirroredStrategy is tf.distribute.MirroredStrategy
+
+
+def test_old_properties_are_read_only():
+    strategy = tower(2)
+    with pytest.raises(AttributeError, match="read-only"):
+        strategy.num_towers = 3
+    assert strategy.num_towers == 2

@@ -62,11 +62,16 @@ class Alias:
         return self.old.rpartition(".")[2]
 
     def resolve(self) -> Any:
-        """The implementation (imported on first use)."""
+        """The implementation (imported on first use, then remembered)."""
+        try:
+            return _resolved[self.old]
+        except KeyError:
+            pass
         module_name, _, qualname = self.target.partition(":")
         obj: Any = importlib.import_module(module_name)
         for part in qualname.split("."):
             obj = getattr(obj, part)
+        _resolved[self.old] = obj
         return obj
 
     def message(self) -> str:
@@ -155,7 +160,7 @@ ALIASES: tuple[Alias, ...] = (
     _contrib(
         "UpdateContext",
         "towerdist.distribute.get_update_device() inside extended.update()",
-        "towerdist._src.context:UpdateContext",
+        f"{_TOWER_CONTEXT}:UpdateContext",
     ),
     _contrib(
         "get_update_device",
@@ -234,6 +239,7 @@ ALIASES: tuple[Alias, ...] = (
     _tower_member("read_var", "Strategy.extended.read_var()", since="1.14"),
 )
 
+_resolved: dict[str, Any] = {}  # old name -> its implementation, once resolved
 _BY_OWNER: dict[str, dict[str, Alias]] = {}
 for _alias in ALIASES:
     _BY_OWNER.setdefault(_alias.owner, {})[_alias.name] = _alias
@@ -308,6 +314,9 @@ class _OldMember:
             return target(instance)
         return target.__get__(instance, owner)
 
+    def __set__(self, instance: Any, value: Any) -> None:
+        raise AttributeError(f"{self._alias.old} is read-only (a deprecated name of {self._alias.new}).")
+
 
 def install(cls: type, owner: str) -> None:
     """Puts a descriptor on ``cls`` for each member alias of ``owner`` in the table."""
@@ -315,8 +324,3 @@ def install(cls: type, owner: str) -> None:
         descriptor = _OldMember(alias)
         descriptor.__set_name__(cls, name)
         setattr(cls, name, descriptor)
-
-
-def member_aliases(owner: str) -> dict[str, Alias]:
-    """The member aliases of ``owner`` (a class label such as ``"Strategy"``)."""
-    return dict(_BY_OWNER.get(owner, {}))

@@ -99,7 +99,6 @@ class CommunicationOptions:
     __repr__ = __str__
 
 
-
 class CollectiveHints:
     """TF 2.2/2.3's hints for collectives: builds a ``CommunicationOptions`` (deprecated).
 
@@ -109,6 +108,7 @@ class CollectiveHints:
 
     def __new__(cls, bytes_per_pack: int = 0, timeout_seconds: float | None = None) -> CommunicationOptions:  # type: ignore[misc]
         return CommunicationOptions(bytes_per_pack=bytes_per_pack, timeout_seconds=timeout_seconds)
+
 
 class RunOptions(NamedTuple):
     """Options for ``Strategy.run``; TensorFlow uses them on TPUs only and so does ``run`` ignore them."""

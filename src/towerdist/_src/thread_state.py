@@ -41,6 +41,7 @@ class Snapshot(NamedTuple):
     modes: tuple[Mode, ...]
     devices: tuple[DeviceSpec | None, ...]
     updates: tuple[UpdateEntry, ...]
+    sync_on_read: tuple[Any, ...] = ()
 
 
 class _State(threading.local):
@@ -64,17 +65,18 @@ state = _State()
 
 def snapshot() -> Snapshot:
     """Returns a copy of the calling thread's state."""
-    return Snapshot(tuple(state.modes), tuple(state.devices), tuple(state.updates))
+    return Snapshot(tuple(state.modes), tuple(state.devices), tuple(state.updates), tuple(state.sync_on_read))
 
 
 @contextmanager
 def installed(snap: Snapshot, *extra_modes: Mode) -> Iterator[None]:
     """Replaces this thread's state by ``snap`` (plus ``extra_modes``) for the block."""
-    saved = (state.modes, state.devices, state.updates)
+    saved = (state.modes, state.devices, state.updates, state.sync_on_read)
     state.modes = [*snap.modes, *extra_modes]
     state.devices = list(snap.devices)
     state.updates = list(snap.updates)
+    state.sync_on_read = list(snap.sync_on_read)
     try:
         yield
     finally:
-        state.modes, state.devices, state.updates = saved
+        state.modes, state.devices, state.updates, state.sync_on_read = saved

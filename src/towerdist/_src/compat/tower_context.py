@@ -19,6 +19,7 @@ from towerdist._src.variable_enums import VariableAggregation
 
 __all__ = [
     "TowerContext",
+    "UpdateContext",
     "get_cross_tower_context",
     "get_loss_reduction",
     "get_tower_context",
@@ -98,6 +99,22 @@ class TowerContext:
         return f"TowerContext({self._replica_context!r})"
 
 
+class UpdateContext:
+    """TF 1.x's ``UpdateContext(device)``: inside it, ``get_update_device()`` names ``device``.
+
+    ``StrategyExtended.update`` enters one per variable copy; TF 1.x code rarely needs to.
+    """
+
+    def __init__(self, device: Any) -> None:
+        self._context = context.UpdateContext(device_lib.parse(device), None)
+
+    def __enter__(self) -> None:
+        self._context.__enter__()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._context.__exit__(*exc_info)
+
+
 def get_tower_context() -> TowerContext | None:
     """The current ``TowerContext``; None in cross-tower context (inside ``scope()`` or a ``merge_fn``)."""
     replica_context = context.get_replica_context()
@@ -161,8 +178,3 @@ def tower_local_var_scope(strategy: Any, reduce_method: Any) -> Iterator[None]:
         yield
     finally:
         del stack[depth:]
-
-
-def canonical_device(device: Any) -> str:
-    """``device`` (a string or DeviceSpec) as its canonical name, for TF 1.x's device-keyed APIs."""
-    return device_lib.parse(device).name

@@ -88,7 +88,9 @@ class MirroredStrategy(_ModernMirroredStrategy):
             )
         if num_gpus is not None:
             if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 0:
-                raise ValueError(f"num_gpus must be a non-negative int. Got num_gpus={num_gpus!r}.")
+                raise ValueError(
+                    f"compat.v1 MirroredStrategy() takes num_gpus as a non-negative int. Got num_gpus={num_gpus!r}."
+                )
             devices = [f"/device:GPU:{i}" for i in range(num_gpus)]
         if devices is not None and len(devices) == 0:
             raise ValueError(
@@ -246,9 +248,17 @@ def fetch(
     A tower-local (sync-on-read) variable contributes its aggregate over the towers; a
     mirrored value or variable its copy on ``destination`` if it has one, else its
     first copy. ``fn`` runs on the device of the value it is given.
+
+    Raises:
+      TypeError: ``val`` is a per-tower value (reduce it first).
     """
     context.require_cross_replica_or_default(self, "fetch()")
     target = device_lib.parse(destination)
+    if isinstance(val, PerReplica):
+        raise TypeError(
+            f"fetch() takes a mirrored value, a variable or a plain value; got a per-tower value {val!r}. "
+            f"Reduce it first: strategy.fetch(strategy.reduce('sum', value))."
+        )
     source: DeviceSpec | None = None
     if isinstance(val, SyncOnReadVariable):
         value, source = self.extended.read_var(val), target
@@ -397,10 +407,17 @@ def _on_host(value: Any) -> Any:
 
 
 def _destinations(strategy: MirroredStrategy, destinations: Any) -> Destinations:
-    """TF 1.x destinations (a device, a list of devices, or a value) as resolved devices."""
+    """TF 1.x destinations (a device, a list of devices, or a value) as resolved devices.
+
+    Raises:
+      ValueError: anything else, e.g. a TF 2 ``axis`` passed where TF 1.x takes destinations.
+    """
     if isinstance(destinations, (list, tuple)) and not isinstance(destinations, Destinations):
         if not destinations:
-            raise ValueError("destinations can not be empty: got an empty list of devices.")
+            raise ValueError(
+                "destinations can not be empty: got an empty list of devices; pass None for the value's "
+                "devices, or device strings such as ['/device:CPU:0']."
+            )
         return Destinations(device_lib.parse(d) for d in destinations)
     if isinstance(destinations, DistributedValues) and destinations._devices is None:
         return Destinations(strategy.extended._replica_devices)
@@ -408,7 +425,16 @@ def _destinations(strategy: MirroredStrategy, destinations: Any) -> Destinations
         extended = strategy.extended
         assert isinstance(extended, MirroredExtended)
         return Destinations(extended._destinations(destinations))
-    return Destinations(strategy.extended._replica_devices)
+    hint = (
+        " This is TF 1.x's reduce(method_string, value, destinations); for TF 2's reduce(op, value, axis) "
+        "use td.distribute.MirroredStrategy or extended.reduce_to."
+        if isinstance(destinations, int)
+        else ""
+    )
+    raise ValueError(
+        f"destinations must be one of a `DistributedValues` object, a device string, a list of device "
+        f"strings or None. Got destinations={destinations!r}.{hint}"
+    )
 
 
 def _destinations_of(strategy: MirroredStrategy, value: Any) -> Destinations:

@@ -300,12 +300,12 @@ class _Step:
         self._make_context = make_context
         self._contexts: list[Any] = [None] * n
         self._caller = thread_state.snapshot()
-        self._sync_on_read = list(thread_state.state.sync_on_read)
         self._lock = threading.Lock()
         # A sequential step runs one replica at a time: the one whose number is in _turn.
         self._sequential = sequential
         self._turn = 0
         self._turn_changed = threading.Condition(self._lock)
+        self._turn_started = time.monotonic() if sequential else None  # when the turn last moved
         self._done: queue.SimpleQueue[bool] = queue.SimpleQueue()
         self._remaining = n
         self._exited = [False] * n
@@ -346,7 +346,7 @@ class _Step:
             state.modes = [Mode(self.strategy, None, ctx)]
             state.devices = [self.devices[i]]
             state.updates = []
-            state.sync_on_read = list(self._sync_on_read)
+            state.sync_on_read = list(self._caller.sync_on_read)
             self._await_turn(i)
             result = self.fn(*self._args[i], **self._kwargs[i])
         except StopReplica:
@@ -470,6 +470,8 @@ class _Step:
             self._merge_started = None
             failed = self._failure is not None
             self._turn = 0
+            if self._sequential:
+                self._turn_started = time.monotonic()
             self._turn_changed.notify_all()
         for r in others:
             self._mailboxes[r].put((STOP,) if failed else (RESUME, parts[r]))
@@ -483,7 +485,8 @@ class _Step:
         """In a sequential step, blocks replica ``i`` until it is its turn (or the step failed).
 
         The wait ends when the replica before it reaches a barrier or returns, or when the
-        step fails (``_fail`` wakes every waiter); the caller bounds both with its watch.
+        step fails (``_fail`` wakes every waiter). The caller's watch times the replica
+        holding the turn, so a stuck turn warns and can time out like a stuck barrier.
         """
         if not self._sequential:
             return
@@ -497,6 +500,7 @@ class _Step:
         """Replica ``i`` reached a barrier or returned: the next replica may run (lock held)."""
         if self._sequential:
             self._turn = i + 1
+            self._turn_started = time.monotonic()
             self._turn_changed.notify_all()
 
     def _exit(self, i: int) -> None:
@@ -612,6 +616,7 @@ class _Step:
             round_started = self._round_started
             merge_started = self._merge_started
             current_round = self._round
+            turn_started, turn = self._turn_started, self._turn
         if failure_time is not None:
             # Draining after a failure: wait for replicas still in user code.
             waited = now - failure_time
@@ -628,6 +633,15 @@ class _Step:
                 self._warn(self._describe_slow_merge(waited))
             if timeout_s is not None and waited >= timeout_s:
                 self._time_out(self._describe_slow_merge(waited), timeout_s, missing=[])
+        elif self._sequential and turn_started is not None:
+            # One replica runs at a time: time the one holding the turn, not the round.
+            waited = now - turn_started
+            if warning_s is not None and waited >= warning_s and watch.turn_warned != turn_started:
+                watch.turn_warned = turn_started
+                self._warn(self._describe_turn(turn, waited))
+            if timeout_s is not None and waited >= timeout_s:
+                holder = [turn] if turn < self._n else []
+                self._time_out(self._describe_turn(turn, waited), timeout_s, missing=holder)
         elif round_started is not None:
             waited = now - round_started
             if warning_s is not None and waited >= warning_s and watch.round_warned != current_round:
@@ -664,6 +678,16 @@ class _Step:
             parts.append(f"{_replicas(finished)} returned from {_name(self.fn)}")
         return "; ".join(parts) + "."
 
+    def _describe_turn(self, turn: int, waited: float) -> str:
+        waiting = [r for r in range(self._n) if r != turn and not self._exited[r]]
+        return (
+            f"Replica {turn} of {self.strategy!r} has run {_name(self.fn)} for {waited:.1f} s without reaching "
+            f"a merge_call() or returning, in a sequential step (run_concurrently=False), while "
+            f"{_replicas(waiting) if waiting else 'no other replica'} "
+            f"{'waits for its' if len(waiting) <= 1 else 'wait for their'} turn. A replica that waits for "
+            f"another replica deadlocks a sequential step."
+        )
+
     def _describe_slow_merge(self, waited: float) -> str:
         return (
             f"A merge_fn of {self.strategy!r}.run({_name(self.fn)}) has been running for {waited:.1f} s "
@@ -692,11 +716,12 @@ class _Step:
 class _Watch:
     """What the caller has already warned about during one step."""
 
-    __slots__ = ("drain_warned", "merge_warned", "round_warned")
+    __slots__ = ("drain_warned", "merge_warned", "round_warned", "turn_warned")
 
     def __init__(self) -> None:
         self.round_warned = -1
         self.merge_warned = -1
+        self.turn_warned: float | None = None
         self.drain_warned = float("-inf")
 
 

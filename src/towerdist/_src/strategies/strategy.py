@@ -224,12 +224,18 @@ class Strategy:
         )
 
     def group(self, value: Any, name: str | None = None) -> None:
-        """Waits until every component of ``value`` (a nest of arrays or distributed values) is computed.
+        """Waits until every component of ``value`` is computed (``tf.group`` of its local results).
 
-        TensorFlow's ``tf.group(strategy.experimental_local_results(value))``: in graph mode
-        an op that runs them all; eagerly, numpy arrays are already computed and cupy
-        arrays are synchronised with their device. Returns None, like eager ``tf.group``.
+        In TensorFlow's graph mode this makes one op that runs them all. Eagerly, numpy
+        arrays are already computed and cupy arrays are synchronised with their device.
         Callable in any context.
+
+        Args:
+          value: a nest of arrays or distributed values.
+          name: accepted for TensorFlow compatibility; unused.
+
+        Returns:
+          None, as eager ``tf.group`` does.
         """
         del name
         pending = set()

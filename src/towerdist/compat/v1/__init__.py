@@ -17,6 +17,7 @@ Example:
 """
 
 from towerdist import config as config
+from towerdist import contrib as contrib
 from towerdist import data as data
 from towerdist import errors as errors
 from towerdist import experimental as experimental
@@ -69,6 +70,7 @@ __all__ = [
     "complex128",
     "complex64",
     "config",
+    "contrib",
     "constant",
     "convert_to_tensor",
     "data",
