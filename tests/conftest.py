@@ -113,3 +113,12 @@ def mirrored_strategy(request: pytest.FixtureRequest) -> td.distribute.MirroredS
 def multi_replica(request: pytest.FixtureRequest) -> td.distribute.MirroredStrategy:
     """MirroredStrategy on 2 and 4 logical CPUs."""
     return request.getfixturevalue(request.param)
+
+
+@pytest.fixture
+def replica_timeouts():
+    """Lets a test change the barrier timeouts; restores the suite's values afterwards."""
+    try:
+        yield td.config.set_replica_timeouts
+    finally:
+        td.config.set_replica_timeouts(TEST_REPLICA_WARNING_SECONDS, TEST_REPLICA_TIMEOUT_SECONDS)

@@ -1303,17 +1303,6 @@ def test_batch_reduce_with_a_malformed_pair_is_a_value_error(pair):
 # --- review fixes: sequential stalls, silent wrong answers, context leaks ------------------
 
 
-@pytest.fixture
-def replica_timeouts():
-    """Lets a test change the barrier timeouts; restores the suite's values afterwards."""
-    from conftest import TEST_REPLICA_TIMEOUT_SECONDS, TEST_REPLICA_WARNING_SECONDS
-
-    try:
-        yield td.config.set_replica_timeouts
-    finally:
-        td.config.set_replica_timeouts(TEST_REPLICA_WARNING_SECONDS, TEST_REPLICA_TIMEOUT_SECONDS)
-
-
 def test_a_sequential_tower_waiting_for_a_later_tower_times_out_instead_of_hanging(replica_timeouts):
     # Tower 0 waits for tower 1, which only runs after tower 0's turn: a deadlock that the
     # watch must turn into DeadlineExceededError naming tower 0 (no barrier is ever reached).

@@ -38,15 +38,6 @@ def fresh2() -> td.distribute.MirroredStrategy:
     return td.distribute.MirroredStrategy(cpus(2))
 
 
-@pytest.fixture
-def replica_timeouts():
-    """Lets a test change the barrier timeouts; restores the suite's values afterwards."""
-    try:
-        yield td.config.set_replica_timeouts
-    finally:
-        td.config.set_replica_timeouts(TEST_REPLICA_WARNING_SECONDS, TEST_REPLICA_TIMEOUT_SECONDS)
-
-
 # --- threads ------------------------------------------------------------------------------
 
 
