@@ -65,10 +65,7 @@ EXCLUDED = {
     ),
 }
 
-PENDING = {
-    "distribute.MultiWorkerMirroredStrategy": "scale-out over MPI (DESIGN section 9) is not built yet",
-    "distribute.experimental.MultiWorkerMirroredStrategy": "scale-out over MPI (DESIGN section 9) is not built yet",
-}
+PENDING: dict[str, str] = {}
 
 # Names whose TensorFlow signature is not the one users call: the documented call is promised instead.
 DOCUMENTED_SIGNATURES = {

@@ -13,6 +13,7 @@ class                             raised for                                 als
 ``NotFoundError``                 something looked for does not exist        ``OpError``
 ``DataLossError``                 a checkpoint file is truncated or corrupt  ``OpError``
 ``DeadlineExceededError``         a replica or collective ran out of time    ``OpError``, ``TimeoutError``
+``UnavailableError``              the workers' communicator is broken        ``OpError``
 ``ValidationError``               arguments TensorFlow rejects with a bare   ``ValueError``,
                                   ``AssertionError``                         ``AssertionError``
 ``ContextError``                  an API called in the wrong context         ``RuntimeError``
@@ -37,6 +38,7 @@ __all__ = [
     "OpError",
     "OutOfRangeError",
     "ReplicaStallWarning",
+    "UnavailableError",
     "ValidationError",
 ]
 
@@ -80,6 +82,14 @@ class DeadlineExceededError(OpError, TimeoutError):
 
     Attributes:
       missing: ids of the replicas (or ranks) that did not arrive, when known.
+    """
+
+
+class UnavailableError(OpError):
+    """A service is gone: under ``MultiWorkerMirroredStrategy``, the workers' communicator broke.
+
+    After a collective timed out (or a peer left), later collectives raise this at once
+    instead of deadlocking; the job must be restarted (the workers are torn down at exit).
     """
 
 

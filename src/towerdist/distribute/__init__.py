@@ -42,6 +42,7 @@ from towerdist._src.options import RunOptions as RunOptions
 from towerdist._src.reduce_op import ReduceOp as ReduceOp
 from towerdist._src.strategies.default import default_strategy as _default_strategy
 from towerdist._src.strategies.mirrored import MirroredStrategy as MirroredStrategy
+from towerdist._src.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy as MultiWorkerMirroredStrategy
 from towerdist._src.strategies.one_device import OneDeviceStrategy as OneDeviceStrategy
 from towerdist._src.strategies.replica_context import ReplicaContext as ReplicaContext
 from towerdist._src.strategies.strategy import Strategy as Strategy
@@ -64,6 +65,7 @@ __all__ = [
     "InputReplicationMode",
     "Mirrored",
     "MirroredStrategy",
+    "MultiWorkerMirroredStrategy",
     "NcclAllReduce",
     "OneDeviceStrategy",
     "PerReplica",

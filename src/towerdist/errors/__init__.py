@@ -10,6 +10,7 @@ from towerdist._src.errors import NotFoundError as NotFoundError
 from towerdist._src.errors import OpError as OpError
 from towerdist._src.errors import OutOfRangeError as OutOfRangeError
 from towerdist._src.errors import ReplicaStallWarning as ReplicaStallWarning
+from towerdist._src.errors import UnavailableError as UnavailableError
 from towerdist._src.errors import ValidationError as ValidationError
 
 __all__ = [
@@ -23,5 +24,6 @@ __all__ = [
     "OpError",
     "OutOfRangeError",
     "ReplicaStallWarning",
+    "UnavailableError",
     "ValidationError",
 ]

@@ -143,10 +143,14 @@ class MirroredExtended(StrategyExtended):
             fn,
             args_per_replica,
             kwargs_per_replica,
-            lambda i, step: _MirroredReplicaContext(strategy, i, step, self._devices[i]),
+            lambda i, step: self._replica_context(strategy, i, step),
             sequential,
         )
         return regroup(results, self._devices)
+
+    def _replica_context(self, strategy: Strategy, i: int, step: Any) -> _MirroredReplicaContext:
+        """The context replica ``i`` runs a step in."""
+        return _MirroredReplicaContext(strategy, i, step, self._devices[i])
 
     def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
         n = len(self._devices)

@@ -249,11 +249,10 @@ class Strategy:
     # --- helpers --------------------------------------------------------------------------
 
     def _reduce_along_axis(self, op: ReduceOp, value: Any, axis: Any) -> Any:
-        num_replicas = self.num_replicas_in_sync
         if isinstance(value, DistributedValues):
             parts = list(self._extended._local_results(value))
         else:
-            parts = [value] * num_replicas  # the same value on every replica
+            parts = [value] * len(self._extended._replica_devices)  # the same value on every replica
         arrays = [array_ops.convert_to_tensor(p) for p in parts]
         axes = _axes(axis, arrays[0].ndim)
         sums = [array_ops.reduce_sum(a, axis=axes) for a in arrays]
@@ -261,7 +260,7 @@ class Strategy:
         numer = self._extended._reduce(ReduceOp.SUM, PerReplica(sums, devices) if len(sums) > 1 else sums[0])
         if op is ReduceOp.SUM:
             return numer
-        count = sum(_count(a.shape, axes) for a in arrays)
+        count = self._extended._sum_counts(sum(_count(a.shape, axes) for a in arrays), "Strategy.reduce()")
         impl = backend.for_array(numer)
         return impl.true_divide(numer, impl.asarray(count, dtype=numer.dtype))
 
@@ -383,6 +382,21 @@ class StrategyExtended:
     @property
     def _num_replicas_in_sync(self) -> int:
         return len(self._replica_devices)
+
+    # Workers (processes): one, except under MultiWorkerMirroredStrategy.
+
+    @property
+    def _num_workers(self) -> int:
+        return 1
+
+    @property
+    def _worker_index(self) -> int:
+        return 0
+
+    @property
+    def _first_replica_id(self) -> int:
+        """The global replica id of this worker's first replica."""
+        return 0
 
     @property
     def _replica_devices(self) -> tuple[DeviceSpec, ...]:
@@ -650,6 +664,16 @@ class StrategyExtended:
         """
         del reduce_op, options, out
         return [list(column) for column in columns]
+
+    def _sum_counts(self, count: int, api: str) -> int:
+        """``count`` summed over the workers (this process's count with one worker)."""
+        del api
+        return count
+
+    def _first_replica_value(self, value: Any, api: str) -> Any:
+        """The value of global replica 0 (``ONLY_FIRST_REPLICA``): this worker's first component."""
+        del api
+        return self._local_results(value)[0]
 
     def _deepcopy_strategy(self) -> Strategy:
         raise RuntimeError(f"{self._describe()} cannot be copied; create a new strategy instead.")

@@ -96,7 +96,7 @@ def _aggregate(strategy: Any, variable: Any, value: Any, api: str) -> Any:
             f"cross-replica context."
         )
     if agg is VariableAggregation.ONLY_FIRST_REPLICA:
-        first = strategy.experimental_local_results(value)[0]
+        first = strategy.extended._first_replica_value(value, api)
         return strategy.extended.broadcast_to(first, variable)
     # The internal entry: the context, the op and the destination (the variable) are known good.
     return strategy.extended._reduce_to(ReduceOp.from_variable_aggregation(agg), value, variable, None, api)

@@ -231,7 +231,10 @@ class SyncOnReadVariable(DistributedVariable):
 
     def _read_cross_replica(self) -> Any:
         if self._aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
-            return self._components[0].value()
+            extended = self._distribute_strategy.extended
+            if extended._num_workers == 1:
+                return self._components[0].value()
+            return extended._first_replica_value(self._components[0].value(), f"reading {self.name}")
         op = ReduceOp.from_variable_aggregation(self._aggregation)
         return self._distribute_strategy.extended._reduce(op, self)
 
@@ -264,13 +267,15 @@ class SyncOnReadVariable(DistributedVariable):
         # complex value into a real one raises), before the value is split.
         array = to_array(value, self.dtype, f"{type(self).__name__}.assign() of {self.name}")
         impl = backend.for_array(array)
-        n = len(self._components)
+        extended = self._distribute_strategy.extended
+        local = len(self._components)
+        n = local * extended._num_workers  # every worker's copies (MultiWorkerMirroredStrategy)
         if self.dtype.kind not in "iu":
             return impl.true_divide(array, n).astype(self.dtype)
         whole = impl.xp.asarray(array)
         share = whole // n
-        first = share + (whole - share * n)
-        return PerReplica([first] + [share] * (n - 1))
+        first = share + (whole - share * n) if extended._worker_index == 0 else share
+        return PerReplica([first] + [share] * (local - 1))
 
 
 # --- writing components as one transaction ---------------------------------------------------

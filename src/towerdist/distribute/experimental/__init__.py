@@ -1,4 +1,4 @@
-"""``tf.distribute.experimental``: CentralStorageStrategy, communication options, value contexts.
+"""``tf.distribute.experimental``: CentralStorageStrategy, MultiWorkerMirroredStrategy (TF 2.0's), options.
 
 ``CollectiveHints`` and ``CollectiveCommunication`` (TF 2.2/2.3 names) are served by the alias
 table with a one-time ``DeprecationWarning``.
@@ -9,11 +9,15 @@ from towerdist._src.options import CommunicationImplementation as CommunicationI
 from towerdist._src.options import CommunicationOptions as CommunicationOptions
 from towerdist._src.options import ValueContext as ValueContext
 from towerdist._src.strategies.central_storage import CentralStorageStrategy as CentralStorageStrategy
+from towerdist._src.strategies.multi_worker_mirrored import (
+    ExperimentalMultiWorkerMirroredStrategy as MultiWorkerMirroredStrategy,
+)
 
 __all__ = [
     "CentralStorageStrategy",
     "CommunicationImplementation",
     "CommunicationOptions",
+    "MultiWorkerMirroredStrategy",
     "ValueContext",
 ]
 

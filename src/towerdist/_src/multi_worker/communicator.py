@@ -1,0 +1,311 @@
+"""``Communicator``: the workers' collectives over MPI, checked before any payload moves.
+
+Every collective has two phases:
+
+1. **The handshake.** Each rank describes its call in a fixed header (sequence number,
+   API, reduce op, a digest of the dtypes and shapes, one free per-rank number) and sends
+   it to rank 0, which answers everyone with the table of all headers. Every rank then
+   checks the table itself, so every rank reaches the same verdict: a mismatch raises
+   ``InvalidArgumentError`` on every rank, naming each rank's call (the readable
+   descriptions are exchanged only then), and the next collective works. Rank 0 knows who
+   has not arrived: past the timeout it tells the others, and every waiting rank raises
+   ``DeadlineExceededError`` naming the missing ranks.
+2. **The payload**, only once everyone agreed: one buffer-protocol, in-place, non-blocking
+   MPI call (``Iallreduce``, ``Iallgatherv``, ``Ibcast``), polled with the deadline.
+
+Waiting: the handshake spins briefly, then backs off with short sleeps (a peer may still be
+computing); the payload spins (every peer is there, and sleeping would stall MPI's
+progress). After a timeout the communicator is *broken*: a late peer's call would match the
+stale request, so later collectives raise ``UnavailableError`` at once and the job is
+aborted at exit (``mpi_runtime``).
+
+Calls are serialised by a lock: one collective at a time per communicator, from whichever
+thread runs the cross-replica part (the caller or a ``merge_fn``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from towerdist._src.errors import DeadlineExceededError, InvalidArgumentError, ReplicaStallWarning, UnavailableError
+from towerdist._src.multi_worker.mpi_runtime import World
+
+__all__ = ["Call", "Communicator"]
+
+logger = logging.getLogger("towerdist")
+
+# Header fields (int64).
+_MAGIC, _SEQ, _API, _OP, _DIGEST, _EXTRA, _STATUS = range(7)
+_HEADER = 8
+_MAGIC_VALUE = 0x7D157_0001
+_OK, _TIMED_OUT, _ABSENT = 0, 1, 2
+
+_TAG_HEADER, _TAG_TABLE = 17, 18
+
+_SPIN_SECONDS = 0.005  # spin this long on a handshake before sleeping between polls
+_MAX_SLEEP_SECONDS = 0.002
+_ROOT_GRACE_SECONDS = 0.5  # non-roots give rank 0 this much longer to report, since it reports first
+
+
+def _code(text: str) -> int:
+    """A signed 63-bit digest of ``text``."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
+class Call:
+    """What one rank says about a collective before it moves data.
+
+    Args:
+      api: the API the user called, e.g. ``"ReplicaContext.all_reduce()"``.
+      op: the reduce op or kind of exchange (``"SUM"``, ``"gather"``, ``"broadcast"``).
+      signature: what must be equal on every rank (dtypes and shapes), as readable text.
+      extra: a per-rank number every rank learns from the handshake (e.g. rows to gather).
+    """
+
+    __slots__ = ("api", "extra", "op", "signature")
+
+    def __init__(self, api: str, op: str, signature: str, extra: int = 0) -> None:
+        self.api = api
+        self.op = op
+        self.signature = signature
+        self.extra = extra
+
+    def describe(self) -> str:
+        return f"{self.api} {self.op} of {self.signature}"
+
+
+class Communicator:
+    """The workers of one ``MultiWorkerMirroredStrategy``: a duplicate of ``COMM_WORLD``.
+
+    Args:
+      world: the MPI job (``mpi_runtime.world()``).
+      warning_seconds: a handshake waiting longer than this warns, naming the missing ranks.
+    """
+
+    def __init__(self, world: World) -> None:
+        self._world = world
+        self._MPI = world.MPI
+        self._comm = world.duplicate()
+        self.rank = world.rank
+        self.size = world.size
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._broken: str | None = None
+        self._header = np.zeros(_HEADER, np.int64)
+        self._table = np.zeros((self.size, _HEADER), np.int64)
+
+    @property
+    def broken(self) -> str | None:
+        """Why the communicator can no longer be used, or None."""
+        return self._broken
+
+    # --- the collectives ---------------------------------------------------------------------
+
+    def agree(self, call: Call, timeout: float | None, warning: float | None) -> list[int]:
+        """Runs the handshake alone (no payload) and returns every rank's ``call.extra``."""
+        with self._lock:
+            table = self._handshake(call, timeout, warning)
+            return [int(x) for x in table[:, _EXTRA]]
+
+    def allreduce(self, buffers: Sequence[np.ndarray], call: Call, timeout: float | None, warning: float | None) -> None:
+        """Sums each contiguous host buffer across the ranks, in place (one ``Iallreduce`` each)."""
+        with self._lock:
+            self._handshake(call, timeout, warning)
+            deadline = _deadline(timeout)
+            for buffer in buffers:
+                request = self._comm.Iallreduce(self._MPI.IN_PLACE, buffer, op=self._MPI.SUM)
+                self._spin([request], deadline, call)
+
+    def allgatherv(
+        self, send: np.ndarray, unit: int, call: Call, timeout: float | None, warning: float | None
+    ) -> tuple[np.ndarray, list[int]]:
+        """Concatenates every rank's 1-D ``send`` in rank order.
+
+        ``send`` holds ``call.extra`` rows of ``unit`` elements. Returns the concatenation
+        and every rank's number of rows.
+        """
+        with self._lock:
+            table = self._handshake(call, timeout, warning)
+            rows = [int(x) for x in table[:, _EXTRA]]
+            counts = [r * unit for r in rows]
+            received = np.empty(sum(counts), send.dtype)
+            displacements = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+            request = self._comm.Iallgatherv(send, [received, (counts, displacements)])
+            self._spin([request], _deadline(timeout), call)
+            return received, rows
+
+    def broadcast(self, buffer: np.ndarray, call: Call, timeout: float | None, warning: float | None) -> None:
+        """Overwrites ``buffer`` on every rank with rank 0's (one ``Ibcast``)."""
+        with self._lock:
+            self._handshake(call, timeout, warning)
+            request = self._comm.Ibcast(buffer, root=0)
+            self._spin([request], _deadline(timeout), call)
+
+    # --- phase 1: the handshake --------------------------------------------------------------
+
+    def _handshake(self, call: Call, timeout: float | None, warning: float | None) -> np.ndarray:
+        if self._broken is not None:
+            raise UnavailableError(
+                f"{call.api} cannot run: the workers' communicator is broken ({self._broken}). Collectives "
+                f"after a failed one could match the wrong peers' calls, so the job must be restarted; it is "
+                f"aborted when this process exits."
+            )
+        seq = self._seq
+        self._seq += 1
+        header = self._header
+        header[:] = (_MAGIC_VALUE, seq, _code(call.api), _code(call.op), _code(call.signature), call.extra, _OK, 0)
+        if self.rank == 0:
+            table = self._gather_headers(call, seq, timeout, warning)
+        else:
+            table = self._await_table(call, seq, timeout, warning)
+        self._check(table, call, seq, timeout)
+        return table
+
+    def _gather_headers(self, call: Call, seq: int, timeout: float | None, warning: float | None) -> np.ndarray:
+        table = self._table
+        table[0] = self._header
+        requests = [self._comm.Irecv(table[r], source=r, tag=_TAG_HEADER) for r in range(1, self.size)]
+        arrived = self._poll(requests, call, seq, timeout, warning)
+        if not all(arrived):
+            missing = [r + 1 for r, done in enumerate(arrived) if not done]
+            table[0, _STATUS] = _TIMED_OUT
+            for r in missing:
+                table[r, _STATUS] = _ABSENT
+            # Tell the ranks that did arrive, so they raise the same error now.
+            for r in range(1, self.size):
+                if r not in missing:
+                    self._comm.Isend(table, dest=r, tag=_TAG_TABLE)
+            raise self._timed_out(call, seq, missing, timeout)
+        sends = [self._comm.Isend(table, dest=r, tag=_TAG_TABLE) for r in range(1, self.size)]
+        self._spin(sends, _deadline(timeout), call)
+        return table
+
+    def _await_table(self, call: Call, seq: int, timeout: float | None, warning: float | None) -> np.ndarray:
+        table = self._table
+        send = self._comm.Isend(self._header, dest=0, tag=_TAG_HEADER)
+        receive = self._comm.Irecv(table, source=0, tag=_TAG_TABLE)
+        wait = None if timeout is None else timeout + _ROOT_GRACE_SECONDS
+        done = self._poll([receive, send], call, seq, wait, warning)
+        if not all(done):
+            raise self._timed_out(call, seq, [0], wait)
+        if table[0, _STATUS] == _TIMED_OUT:
+            missing = [r for r in range(self.size) if table[r, _STATUS] == _ABSENT]
+            raise self._timed_out(call, seq, missing, timeout)
+        return table
+
+    def _poll(
+        self, requests: list[Any], call: Call, seq: int, timeout: float | None, warning: float | None
+    ) -> list[bool]:
+        """Waits for ``requests``: spins, then sleeps a little between polls; warns and times out."""
+        done = [False] * len(requests)
+        start = time.monotonic()
+        pause = 0.0
+        warned_at = 0.0
+        while True:
+            for k, request in enumerate(requests):
+                if not done[k] and request.Test():
+                    done[k] = True
+            if all(done):
+                return done
+            waited = time.monotonic() - start
+            if timeout is not None and waited > timeout:
+                return done
+            if warning is not None and waited > warning and waited - warned_at > warning:
+                warned_at = waited
+                self._warn_stall(call, seq, waited, done)
+            if waited > _SPIN_SECONDS:
+                pause = min(_MAX_SLEEP_SECONDS, pause * 2 or 0.00005)
+                time.sleep(pause)
+
+    def _check(self, table: np.ndarray, call: Call, seq: int, timeout: float | None) -> None:
+        keys = table[:, :_EXTRA]
+        if (keys == keys[0]).all():
+            return
+        # Every rank sees the same table, so every rank is here: exchange readable descriptions.
+        texts = self._exchange_text(f"{call.describe()} (collective #{seq})", call, timeout)
+        lines = "; ".join(f"rank {r} called {text}" for r, text in enumerate(texts))
+        raise InvalidArgumentError(
+            f"{call.api}: the workers' collective calls do not match: {lines}. Every worker must make the same "
+            f"collective calls (all_reduce, reduce, gather, variable creation, ...) in the same order, with "
+            f"the same shapes and dtypes; a variable created on one worker only, or a step skipped on one "
+            f"worker, puts the workers out of step.",
+            ranks=list(range(self.size)),
+            descriptions=texts,
+        )
+
+    def _exchange_text(self, text: str, call: Call, timeout: float | None) -> list[str]:
+        data = np.frombuffer(text.encode(), np.uint8)
+        lengths = np.zeros(self.size, np.int64)
+        request = self._comm.Iallgather(np.array([data.size], np.int64), lengths)
+        self._spin([request], _deadline(timeout), call)
+        counts = lengths.tolist()
+        received = np.empty(sum(counts), np.uint8)
+        displacements = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+        request = self._comm.Iallgatherv(data, [received, (counts, displacements)])
+        self._spin([request], _deadline(timeout), call)
+        return [received[d : d + c].tobytes().decode(errors="replace") for d, c in zip(displacements, counts)]
+
+    # --- phase 2: the payload ----------------------------------------------------------------
+
+    def _spin(self, pending: list[Any], deadline: float | None, call: Call) -> None:
+        while True:
+            if all(r.Test() for r in pending):
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                reason = f"{call.api} timed out while moving its data between the ranks"
+                self._break(reason)
+                raise DeadlineExceededError(
+                    f"{reason}: every rank had arrived, but the transfer did not complete in time (a rank died "
+                    f"or stalled inside MPI). The job is aborted at exit; restart it.",
+                    missing=[],
+                )
+
+    # --- failures ----------------------------------------------------------------------------
+
+    def _break(self, reason: str) -> None:
+        if self._broken is None:
+            self._broken = reason
+            self._world.mark_broken(reason)
+
+    def _timed_out(self, call: Call, seq: int, missing: list[int], timeout: float | None) -> DeadlineExceededError:
+        who = ", ".join(str(r) for r in missing)
+        reason = f"rank(s) {who} did not reach {call.api} (collective #{seq}) within {timeout:g} s"
+        self._break(reason)
+        hint = (
+            " Rank 0 coordinates every collective and did not answer: it is stuck, busy or dead."
+            if missing == [0] and self.rank != 0
+            else ""
+        )
+        return DeadlineExceededError(
+            f"Rank {self.rank}: {reason}, so the collective cannot complete (CommunicationOptions.timeout_seconds)."
+            f"{hint} The ranks that did arrive all raise this error; the communicator is now broken (later "
+            f"collectives raise UnavailableError) and the job is aborted when this process exits.",
+            missing=missing,
+        )
+
+    def _warn_stall(self, call: Call, seq: int, waited: float, done: list[bool]) -> None:
+        if self.rank == 0:
+            missing = [r + 1 for r, d in enumerate(done) if not d]
+            who = f"rank(s) {', '.join(str(r) for r in missing)} have not reached it"
+        else:
+            who = "rank 0 (which coordinates the handshake) has not answered: some rank has not reached it"
+        message = (
+            f"Rank {self.rank} has waited {waited:.0f} s in {call.api} (collective #{seq}): {who}. A rank that "
+            f"skipped a collective, runs a different code path, or is stuck, makes the others wait; set "
+            f"CommunicationOptions(timeout_seconds=...) to fail instead of waiting."
+        )
+        logger.warning(message)
+        warnings.warn(message, ReplicaStallWarning, stacklevel=2)
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+

@@ -1,0 +1,163 @@
+"""``Workers``: the processes of a ``MultiWorkerMirroredStrategy`` and the host-side collectives between them.
+
+Each worker first combines its own replicas (the local, in-process step); ``Workers`` then
+combines one host array per worker across the processes. Arrays are numpy arrays here:
+GPU values are staged through host memory by the strategy.
+
+* ``sum``: packs the arrays by dtype (and ``bytes_per_pack``) into contiguous host buffers
+  and sums each with one in-place ``Allreduce``; integers stay exact.
+* ``gather``: concatenates along an axis; the sizes along it may differ per worker.
+* ``broadcast``: rank 0's arrays everywhere.
+* ``any_true``: whether any worker says yes (the input's "has data" agreement).
+
+One worker (no launcher) makes every operation an identity, without MPI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from towerdist._src.multi_worker import mpi_runtime
+from towerdist._src.multi_worker.communicator import Call, Communicator
+from towerdist._src.options import CommunicationOptions
+from towerdist._src.strategies import watchdog
+
+__all__ = ["Workers"]
+
+# Dtypes MPI's SUM does not cover everywhere travel as a wider type and come back.
+_TRANSFER = {np.dtype(np.float16): np.dtype(np.float32), np.dtype(np.bool_): np.dtype(np.int32)}
+_MAX_SIGNATURE = 240  # characters of a signature kept for messages
+
+
+class Workers:
+    """This job's workers: ``rank`` (this worker's index) and ``size`` (how many).
+
+    Args:
+      options: the strategy's ``CommunicationOptions`` (per-call options override them).
+    """
+
+    def __init__(self, options: CommunicationOptions) -> None:
+        self._options = options
+        world = mpi_runtime.world()
+        self._world = world
+        self.rank = 0 if world is None else world.rank
+        self.size = 1 if world is None else world.size
+        self._communicator = Communicator(world) if world is not None and world.size > 1 else None
+
+    @property
+    def communicator(self) -> Communicator | None:
+        return self._communicator
+
+    def bounds(self, options: CommunicationOptions | None) -> tuple[float | None, float | None]:
+        """``(timeout, warning)`` seconds for a collective with per-call ``options``.
+
+        The timeout is ``CommunicationOptions.timeout_seconds`` (per call, else the
+        strategy's), else the replica timeout of ``td.config.set_replica_timeouts``.
+        """
+        replica = watchdog.get_replica_timeouts()
+        timeout = self._options.merge(options).timeout_seconds
+        return (timeout if timeout is not None else replica["timeout_seconds"]), replica["warning_seconds"]
+
+    # --- collectives ------------------------------------------------------------------------
+
+    def sum(self, arrays: Sequence[np.ndarray], api: str, options: CommunicationOptions | None) -> list[np.ndarray]:
+        """Each array summed over the workers, as new arrays (same shapes and dtypes)."""
+        communicator = self._communicator
+        if communicator is None:
+            return [np.array(a, copy=True) for a in arrays]
+        bytes_per_pack = self._options.merge(options).bytes_per_pack
+        packs = _packs(arrays, bytes_per_pack)
+        buffers = [_fill(arrays, pack, dtype) for dtype, pack in packs]
+        call = Call(api, "SUM", _signature(arrays))
+        communicator.allreduce(buffers, call, *self.bounds(options))
+        results: list[np.ndarray] = [np.empty(0)] * len(arrays)
+        for (_, pack), buffer in zip(packs, buffers):
+            offset = 0
+            for k in pack:
+                size = arrays[k].size
+                part = buffer[offset : offset + size].reshape(arrays[k].shape)
+                results[k] = part if part.dtype == arrays[k].dtype else part.astype(arrays[k].dtype)
+                offset += size
+        return results
+
+    def gather(self, array: np.ndarray, axis: int, api: str, options: CommunicationOptions | None) -> np.ndarray:
+        """Every worker's ``array`` concatenated along ``axis``, in rank order."""
+        communicator = self._communicator
+        if communicator is None:
+            return np.array(array, copy=True)
+        moved = np.ascontiguousarray(np.moveaxis(array, axis, 0))
+        rest = moved.shape[1:]
+        shape = ", ".join(["*" if d == axis else str(n) for d, n in enumerate(array.shape)])
+        call = Call(api, f"gather along axis {axis}", f"{array.dtype}[{shape}]", extra=moved.shape[0])
+        unit = int(np.prod(rest, dtype=np.int64))  # elements per row
+        flat, rows = communicator.allgatherv(moved.reshape(-1), unit, call, *self.bounds(options))
+        return np.moveaxis(flat.reshape((sum(rows), *rest)), 0, axis)
+
+    def broadcast(self, arrays: Sequence[np.ndarray], api: str, options: CommunicationOptions | None) -> list[np.ndarray]:
+        """Rank 0's arrays on every worker (the shapes and dtypes must agree), as new arrays."""
+        communicator = self._communicator
+        copies = [np.array(a, copy=True, order="C") for a in arrays]
+        if communicator is None:
+            return copies
+        call = Call(api, "broadcast from rank 0", _signature(arrays))
+        timeout, warning = self.bounds(options)
+        if len(copies) == 1 and copies[0].dtype not in _TRANSFER:
+            communicator.broadcast(copies[0].reshape(-1), call, timeout, warning)
+            return copies
+        packs = _packs(copies, 0)
+        for dtype, pack in packs:
+            buffer = _fill(copies, pack, dtype)
+            communicator.broadcast(buffer, call, timeout, warning)
+            offset = 0
+            for k in pack:
+                size = copies[k].size
+                copies[k] = buffer[offset : offset + size].reshape(copies[k].shape).astype(copies[k].dtype, copy=False)
+                offset += size
+        return copies
+
+    def any_true(self, flag: bool, api: str) -> bool:
+        """Whether ``flag`` is true on any worker."""
+        if self._communicator is None:
+            return flag
+        return any(self.agree_extra(api, int(flag), None))
+
+    def agree_extra(self, api: str, extra: int, options: CommunicationOptions | None) -> list[int]:
+        """Every worker's ``extra`` (a handshake without payload)."""
+        if self._communicator is None:
+            return [extra]
+        return self._communicator.agree(Call(api, "agree", "", extra=extra), *self.bounds(options))
+
+
+def _signature(arrays: Sequence[np.ndarray]) -> str:
+    text = ", ".join(f"{a.dtype}{list(a.shape)}" for a in arrays)
+    return text if len(text) <= _MAX_SIGNATURE else f"{len(arrays)} arrays: {text[:_MAX_SIGNATURE]}..."
+
+
+def _packs(arrays: Sequence[np.ndarray], bytes_per_pack: int) -> list[tuple[np.dtype[Any], list[int]]]:
+    """Indices of ``arrays`` grouped by transfer dtype, split at ``bytes_per_pack`` (0: one pack per dtype)."""
+    by_dtype: dict[np.dtype[Any], list[list[int]]] = {}
+    sizes: dict[np.dtype[Any], int] = {}
+    for k, array in enumerate(arrays):
+        dtype = _TRANSFER.get(array.dtype, array.dtype)
+        groups = by_dtype.setdefault(dtype, [[]])
+        nbytes = array.size * dtype.itemsize
+        if bytes_per_pack and groups[-1] and sizes[dtype] + nbytes > bytes_per_pack:
+            groups.append([])
+            sizes[dtype] = 0
+        groups[-1].append(k)
+        sizes[dtype] = sizes.get(dtype, 0) + nbytes
+    return [(dtype, group) for dtype, groups in by_dtype.items() for group in groups]
+
+
+def _fill(arrays: Sequence[np.ndarray], pack: list[int], dtype: np.dtype[Any]) -> np.ndarray:
+    """A new contiguous buffer holding ``arrays[k]`` for ``k`` in ``pack``, one after another."""
+    buffer = np.empty(sum(arrays[k].size for k in pack), dtype)
+    offset = 0
+    for k in pack:
+        size = arrays[k].size
+        buffer[offset : offset + size] = arrays[k].reshape(-1)
+        offset += size
+    return buffer

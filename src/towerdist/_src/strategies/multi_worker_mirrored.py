@@ -1,0 +1,349 @@
+"""``MultiWorkerMirroredStrategy``: synchronous data parallelism over several processes (MPI).
+
+Launch one process per worker with ``mpiexec -n N python train.py``. Each process runs its
+local devices as replicas, exactly as ``MirroredStrategy`` does; the collectives combine the
+local replicas first and then the workers (``multi_worker.workers``), checked across the
+workers before any data moves (``multi_worker.communicator``). Started without a launcher,
+the program is one worker and behaves as ``MirroredStrategy`` over its local devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from towerdist._src import array_ops, backend, config
+from towerdist._src import device as device_lib
+from towerdist._src.cross_device_ops.gather import normalize_axis
+from towerdist._src.cross_device_ops.placement import Destinations, mirror, validate_components
+from towerdist._src.device import DeviceSpec
+from towerdist._src.errors import ValidationError
+from towerdist._src.input.distributed_dataset import InputWorker
+from towerdist._src.multi_worker.cluster import MPIClusterResolver, check_cluster_resolver
+from towerdist._src.multi_worker.workers import Workers
+from towerdist._src.options import CommunicationImplementation, CommunicationOptions, ValueContext
+from towerdist._src.reduce_op import ReduceOp
+from towerdist._src.strategies.mirrored import MirroredExtended, _MirroredReplicaContext
+from towerdist._src.strategies.strategy import Strategy
+from towerdist._src.values.distributed_values import DistributedValues, Mirrored
+from towerdist._src.values.regroup import local_results, regroup
+from towerdist._src.variables import creation
+
+__all__ = ["ExperimentalMultiWorkerMirroredStrategy", "MultiWorkerMirroredStrategy"]
+
+
+class MultiWorkerMirroredStrategy(Strategy):
+    """Synchronous training on several workers (processes), each with its local devices.
+
+    ``tf.distribute.MultiWorkerMirroredStrategy`` over MPI. Start one process per worker
+    with an MPI launcher::
+
+        mpiexec -n 2 python train.py
+
+    Each worker runs one replica per local GPU, or one CPU replica (as TensorFlow), or one
+    per logical CPU device configured before the strategy is created. Replica ids are global
+    (``worker * local_replicas + local id``) and ``num_replicas_in_sync`` counts every
+    worker's replicas; ``extended.worker_devices`` lists this worker's devices. Variables
+    start from worker 0's values; ``all_reduce``, ``reduce``, ``gather``, variable writes
+    and sync-on-read reads combine every worker's replicas. Worker 0 is the chief: it alone
+    writes checkpoints (``extended.should_checkpoint``). Without a launcher the program is one
+    worker.
+
+    Every collective is checked across the workers before its data moves: different calls,
+    shapes or dtypes raise ``InvalidArgumentError`` on every worker, and a worker that does
+    not arrive within ``CommunicationOptions(timeout_seconds=...)`` makes the others raise
+    ``DeadlineExceededError`` naming it. See the docs page "Training on several processes".
+
+    Args:
+      cluster_resolver: None (MPI says who the workers are), or a cluster resolver whose
+        task id must equal this process's MPI rank.
+      communication_options: a ``td.distribute.experimental.CommunicationOptions``.
+
+    Raises:
+      ValueError: ``communication_options`` is not a ``CommunicationOptions``, or the cluster
+        resolver disagrees with MPI.
+      MissingDependencyError: started by an MPI launcher without mpi4py installed.
+      RuntimeError: the launcher started several processes that each see an MPI job of one.
+    """
+
+    def __init__(self, cluster_resolver: Any = None, communication_options: CommunicationOptions | None = None) -> None:
+        super().__init__(MultiWorkerExtended(self, None, cluster_resolver, communication_options))
+
+    @classmethod
+    def _from_local_devices(
+        cls, devices: Sequence[Any], communication_options: CommunicationOptions | None = None
+    ) -> MultiWorkerMirroredStrategy:
+        """A strategy whose workers each run replicas on ``devices`` (TensorFlow's test hook)."""
+        strategy = cls.__new__(cls)
+        Strategy.__init__(strategy, MultiWorkerExtended(strategy, devices, None, communication_options))
+        return strategy
+
+    @property
+    def cluster_resolver(self) -> MPIClusterResolver:
+        """Who the workers are: ``task_type`` ``"worker"``, ``task_id`` (the rank), ``cluster_spec()``."""
+        extended = self._extended
+        assert isinstance(extended, MultiWorkerExtended)
+        resolver: MPIClusterResolver = extended._cluster_resolver
+        return resolver
+
+
+class MultiWorkerExtended(MirroredExtended):
+    """``StrategyExtended`` of ``MultiWorkerMirroredStrategy``: local replicas, then the workers."""
+
+    _between_graph = True
+
+    def __init__(
+        self,
+        container_strategy: Strategy,
+        devices: Sequence[Any] | None,
+        cluster_resolver: Any,
+        communication_options: CommunicationOptions | None,
+    ) -> None:
+        if communication_options is None:
+            communication_options = CommunicationOptions()
+        if not isinstance(communication_options, CommunicationOptions):
+            raise ValueError(
+                "communication_options must be an instance of tf.distribute.experimental.CommunicationOptions. "
+                f"Got communication_options={communication_options!r}; write "
+                f"td.distribute.experimental.CommunicationOptions(...)."
+            )
+        self._options = communication_options
+        self._workers = Workers(communication_options)
+        self._cluster_resolver = check_cluster_resolver(cluster_resolver, self._workers.rank, self._workers.size)
+        config.mark_initialized("MultiWorkerMirroredStrategy()")
+        super().__init__(container_strategy, devices, None)
+        self._mw_init_args = (devices, cluster_resolver, communication_options)
+
+    # --- who is where -------------------------------------------------------------------------
+
+    @property
+    def _num_workers(self) -> int:
+        return self._workers.size
+
+    @property
+    def _worker_index(self) -> int:
+        return self._workers.rank
+
+    @property
+    def _num_replicas_in_sync(self) -> int:
+        return len(self._devices) * self._workers.size
+
+    @property
+    def _first_replica_id(self) -> int:
+        return self._workers.rank * len(self._devices)
+
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        """This worker's replica devices, named as TensorFlow names them on worker ``rank``."""
+        return tuple(self._worker_device_name(d) for d in self._devices)
+
+    @property
+    def parameter_devices(self) -> tuple[str, ...]:
+        """Where this worker keeps its copies of the variables (its replica devices)."""
+        return self.worker_devices
+
+    def _worker_device_name(self, device: DeviceSpec) -> str:
+        return f"/job:worker/replica:0/task:{self._workers.rank}/device:{device.device_type}:{device.device_index}"
+
+    @property
+    def should_checkpoint(self) -> bool:
+        """True on the chief (worker 0) only: it alone writes checkpoints."""
+        return self._workers.rank == 0
+
+    @property
+    def should_save_summary(self) -> bool:
+        """True on the chief (worker 0) only."""
+        return self._workers.rank == 0
+
+    def _local_results(self, value: Any) -> tuple[Any, ...]:
+        return local_results(value, len(self._devices))
+
+    def _describe(self) -> str:
+        local = tuple(d.short_name for d in self._devices)
+        return f"MultiWorkerMirroredStrategy(worker {self._workers.rank} of {self._workers.size}, devices={local!r})"
+
+    def _deepcopy_strategy(self) -> Strategy:
+        devices, cluster_resolver, options = self._mw_init_args
+        if devices is not None:
+            return MultiWorkerMirroredStrategy._from_local_devices(devices, options)
+        return MultiWorkerMirroredStrategy(cluster_resolver, options)
+
+    # --- replicas --------------------------------------------------------------------------------
+
+    def _replica_context(self, strategy: Strategy, i: int, step: Any) -> _MirroredReplicaContext:
+        return _MultiWorkerReplicaContext(strategy, i, step, self._devices[i], self._first_replica_id)
+
+    def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+        n, first = self._num_replicas_in_sync, self._first_replica_id
+        values = []
+        for i, device in enumerate(self._devices):
+            with device_lib.device(device):
+                values.append(value_fn(ValueContext(first + i, n)))
+        return regroup(values, self._devices, always_wrap=True)
+
+    def _input_worker(self) -> InputWorker:
+        workers = self._workers
+        if workers.size == 1:
+            return InputWorker(self._devices)
+        return InputWorker(
+            self._devices, workers.size, workers.rank,
+            lambda has_data: workers.any_true(has_data, "the distributed dataset's next step (does any worker have data?)"),
+        )
+
+    # --- collectives -----------------------------------------------------------------------------
+
+    def _reduce_to(
+        self, reduce_op: ReduceOp, value: Any, destinations: Any, options: CommunicationOptions | None,
+        api: str = "StrategyExtended.reduce_to()",
+    ) -> Any:
+        if self._workers.size == 1:
+            return super()._reduce_to(reduce_op, value, destinations, options, api)
+        if isinstance(value, Mirrored) or getattr(value, "_is_mirrored", False):
+            return super()._reduce_to(reduce_op, value, destinations, options, api)  # MEAN: itself; SUM: refused
+        devices = Destinations(self._destinations(destinations))
+        column = self._column(value, api)
+        reduced = self._reduce_columns(reduce_op, [column], options, api)[0]
+        return self._cross_device_ops.broadcast(reduced, devices)
+
+    def _batch_reduce_to(
+        self, reduce_op: ReduceOp, pairs: list[tuple[Any, Any]], options: CommunicationOptions | None
+    ) -> list[Any]:
+        if self._workers.size == 1:
+            return super()._batch_reduce_to(reduce_op, pairs, options)
+        api = "StrategyExtended.batch_reduce_to()"
+        results: list[Any] = [None] * len(pairs)
+        columns, targets, where = [], [], []
+        for k, (value, destinations) in enumerate(pairs):
+            if isinstance(value, Mirrored) or getattr(value, "_is_mirrored", False):
+                results[k] = super()._reduce_to(reduce_op, value, destinations, options, api)
+                continue
+            columns.append(self._column(value, f"{api} (value {k})"))
+            targets.append(Destinations(self._destinations(destinations)))
+            where.append(k)
+        for k, reduced, devices in zip(where, self._reduce_columns(reduce_op, columns, options, api), targets):
+            results[k] = self._cross_device_ops.broadcast(reduced, devices)
+        return results
+
+    def _all_reduce(
+        self, reduce_op: ReduceOp, columns: list[list[Any]], options: CommunicationOptions | None,
+        out: list[Any] | None = None,
+    ) -> list[list[Any]]:
+        if self._workers.size == 1:
+            return super()._all_reduce(reduce_op, columns, options, out)
+        reduced = self._reduce_columns(reduce_op, columns, options, "ReplicaContext.all_reduce()")
+        return [self._place_everywhere(array) for array in reduced]
+
+    def _reduce_columns(
+        self, reduce_op: ReduceOp, columns: list[list[Any]], options: CommunicationOptions | None, api: str
+    ) -> list[np.ndarray]:
+        """Each column (one array per local replica) reduced over every replica of every worker.
+
+        The local replicas are summed first (in process), then the workers (one MPI
+        ``Allreduce`` per pack); MEAN divides by ``num_replicas_in_sync``. Host arrays out.
+        """
+        if len(self._devices) > 1:
+            local = super()._all_reduce(ReduceOp.SUM, columns, options)
+            sums = [_to_host(results[0]) for results in local]
+        else:
+            sums = [_to_host(column[0]) for column in columns]
+        totals = self._workers.sum(sums, api, options)
+        if reduce_op is ReduceOp.MEAN:
+            n = self._num_replicas_in_sync
+            totals = [_mean(total, n) for total in totals]
+        return totals
+
+    def _column(self, value: Any, api: str) -> list[Any]:
+        """This worker's replicas' arrays of ``value`` (a plain value stands for every local replica)."""
+        if isinstance(value, DistributedValues):
+            value = self._as_value(value, api)
+            return validate_components(value, api)
+        array = array_ops.convert_to_tensor(value)
+        if array.dtype.kind not in "iufc":
+            raise ValidationError(f"{api} reduces numbers; got a value of dtype {array.dtype}: {value!r}.")
+        return [array] * len(self._devices)
+
+    def _place_everywhere(self, array: np.ndarray) -> list[Any]:
+        """``array`` on every local replica device (shared read-only on the host)."""
+        placed = mirror([array] * len(self._devices), self._devices)
+        return list(placed._values) if isinstance(placed, DistributedValues) else [placed]
+
+    def _gather_to(self, value: Any, destinations: Any, axis: Any, api: str = "Strategy.gather()") -> Any:
+        if self._workers.size == 1:
+            return super()._gather_to(value, destinations, axis, api)
+        devices = Destinations(self._destinations(destinations))
+        if isinstance(value, DistributedValues):
+            local = super()._gather_to(value, Destinations((DeviceSpec(device_type="CPU", device_index=0),)), axis, api)
+        else:
+            local = array_ops.convert_to_tensor(value)
+        local = _to_host(local)
+        if local.ndim == 0:
+            raise ValidationError(f"{api} cannot gather scalars: give each replica's value at least one dimension.")
+        axis = normalize_axis(axis, local.ndim, api)
+        gathered = self._workers.gather(local, axis, api, None)
+        return self._cross_device_ops.broadcast(gathered, devices)
+
+    def _sum_counts(self, count: int, api: str) -> int:
+        if self._workers.size == 1:
+            return count
+        return int(sum(self._workers.agree_extra(f"{api} (element count)", count, None)))
+
+    def _first_replica_value(self, value: Any, api: str) -> Any:
+        first = super()._first_replica_value(value, api)
+        if self._workers.size == 1:
+            return first
+        array = _to_host(array_ops.convert_to_tensor(first))
+        return self._workers.broadcast([array], f"{api} (global replica 0's value)", None)[0]
+
+    # --- variables -------------------------------------------------------------------------------
+
+    def _create_variable(self, spec: creation.VariableSpec) -> Any:
+        if self._workers.size == 1 or spec.colocate_with is not None and not hasattr(spec.colocate_with, "_devices"):
+            return super()._create_variable(spec)
+        # Every worker computes its initial value; worker 0's is the one every worker keeps.
+        array = _to_host(creation.materialize(spec, self._devices[0]))
+        api = f"td.Variable(name={spec.name!r}) creation"
+        (initial,) = self._workers.broadcast([array], api, None)
+        return super()._create_variable(spec._replace(initial_value=initial))
+
+
+class _MultiWorkerReplicaContext(_MirroredReplicaContext):
+    """A replica of one worker: ``replica_id_in_sync_group`` counts every worker's replicas."""
+
+    def __init__(self, strategy: Strategy, replica_id: int, step: Any, device: DeviceSpec, first: int) -> None:
+        super().__init__(strategy, replica_id, step, device)
+        self._first = first
+
+    @property
+    def replica_id_in_sync_group(self) -> Any:
+        """This replica's global id: ``worker * local replicas + local id``, as a numpy int32 scalar."""
+        return np.int32(self._first + self._replica_id)
+
+
+def _to_host(array: Any) -> np.ndarray:
+    """``array`` as a numpy array (GPU arrays are copied to the host)."""
+    host: np.ndarray = np.asarray(array) if backend.for_array(array) is backend.host() else np.asarray(array.get())
+    return host
+
+
+def _mean(total: np.ndarray, n: int) -> np.ndarray:
+    if total.dtype.kind in "iu":
+        mean: np.ndarray = np.true_divide(total, n)  # float64, as TensorFlow's integer mean
+        return mean
+    np.true_divide(total, n, out=total, casting="unsafe")
+    return total
+
+
+class ExperimentalMultiWorkerMirroredStrategy(MultiWorkerMirroredStrategy):
+    """``tf.distribute.experimental.MultiWorkerMirroredStrategy``: the TF 2.0-2.3 spelling.
+
+    Takes ``communication`` (a ``CommunicationImplementation`` or its name) instead of
+    ``communication_options``; otherwise it is ``MultiWorkerMirroredStrategy``.
+
+    Raises:
+      ValueError: ``communication`` is not a ``CommunicationImplementation`` or its name.
+    """
+
+    def __init__(self, communication: Any = CommunicationImplementation.AUTO, cluster_resolver: Any = None) -> None:
+        super().__init__(cluster_resolver, CommunicationOptions(implementation=communication))
