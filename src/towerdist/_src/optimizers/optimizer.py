@@ -318,7 +318,8 @@ class Optimizer:
                     continue  # the common case, checked inline
             _check_gradient(column, var, current, optimizer, from_replicas)
         plans = known if known is not None else self._build_plans(strategy, variables)
-        to_sum = self._to_sum(columns, variables, from_replicas) if aggregate else _NOTHING_TO_SUM
+        workers = strategy.extended._num_workers
+        to_sum = self._to_sum(columns, variables, from_replicas, workers) if aggregate else _NOTHING_TO_SUM
         step = self._step()
         learning_rate = self._learning_rate if type(self._learning_rate) is float else self._current_learning_rate(step)
         coefficients_by_dtype: dict[np.dtype[Any], dict[str, Any]] = {}
@@ -329,7 +330,8 @@ class Optimizer:
             if found is None:
                 found = coefficients_by_dtype[dtype] = self._coefficients_for(learning_rate, step, dtype)
             coefficients.append(found)
-        shares = self._shares(plans)
+        # Several workers: one share, so that every worker issues its collectives in one order.
+        shares = self._shares(plans) if workers == 1 else [list(range(len(plans)))]
         if len(shares) == 1:
             self._sum_and_update(strategy, shares[0], columns, to_sum, plans, coefficients)
         else:
@@ -340,11 +342,16 @@ class Optimizer:
             parallel.run_parts(run_share, len(shares))
         self._advance_step(step + 1)
 
-    def _to_sum(self, columns: list[list[Any]], variables: list[Variable], from_replicas: bool) -> list[bool]:
-        """Which gradients are given per replica and must be summed (checked before any update)."""
+    def _to_sum(
+        self, columns: list[list[Any]], variables: list[Variable], from_replicas: bool, workers: int = 1
+    ) -> list[bool]:
+        """Which gradients are given per replica and must be summed (checked before any update).
+
+        With several workers (MultiWorkerMirroredStrategy) every gradient is summed across them.
+        """
         replicas = len(columns[0]) if columns else 1
         if replicas == 1:
-            return _NOTHING_TO_SUM
+            return [True] * len(columns) if workers > 1 else _NOTHING_TO_SUM
         to_sum = [False] * len(columns)
         for k, column in enumerate(columns):
             if len(column) > 1:
@@ -361,7 +368,7 @@ class Optimizer:
                             f"experimental_aggregate_gradients=False if they are already summed."
                         )
                 to_sum[k] = True
-        return to_sum
+        return [True] * len(columns) if workers > 1 else to_sum
 
     def _shares(self, plans: list[_Plan]) -> list[list[int]]:
         """The variables (indices) each thread sums and updates: one share unless splitting pays.

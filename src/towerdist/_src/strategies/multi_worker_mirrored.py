@@ -157,6 +157,9 @@ class MultiWorkerExtended(MirroredExtended):
         """True on the chief (worker 0) only."""
         return self._workers.rank == 0
 
+    def _non_slot_devices(self, var_list: list[Any]) -> Any:
+        return tuple(d.name for d in self._devices)
+
     def _local_results(self, value: Any) -> tuple[Any, ...]:
         return local_results(value, len(self._devices))
 

@@ -1,0 +1,367 @@
+"""MultiWorkerMirroredStrategy: test bodies written once for any number of workers.
+
+Every test here is marked ``mpi``: it runs in the default suite (one worker, with one and
+with two local replicas) and again under ``mpiexec -n 2 python -m pytest -m mpi`` (two
+workers), where the expected values are computed from the worker's rank and the replica
+counts. TensorFlow 2.21's observed results (``reference/mpi.md``, two workers with one
+replica each) are the special case ``workers == 2, local == 1``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import towerdist as td
+
+pytestmark = pytest.mark.mpi
+
+
+def _layout(strategy: td.distribute.MultiWorkerMirroredStrategy) -> tuple[int, int, int, int]:
+    """``(rank, workers, local replicas, num_replicas_in_sync)``."""
+    extended = strategy.extended
+    local = len(extended.worker_devices)
+    return extended._worker_index, extended._num_workers, local, strategy.num_replicas_in_sync
+
+
+def _replica_id() -> int:
+    return int(td.distribute.get_replica_context().replica_id_in_sync_group)
+
+
+def _local(strategy, value):
+    return [np.asarray(x) for x in strategy.experimental_local_results(value)]
+
+
+# --- topology ----------------------------------------------------------------------------------
+
+
+def test_replicas_are_numbered_globally(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    rank, workers, local, n = _layout(strategy)
+    assert n == workers * local
+    ids = _local(strategy, strategy.run(_replica_id))
+    assert [int(i) for i in ids] == [rank * local + i for i in range(local)]
+    assert strategy.cluster_resolver.task_type == "worker"
+    assert strategy.cluster_resolver.task_id == rank
+    assert strategy.cluster_resolver.cluster_spec().num_tasks("worker") == workers
+    assert strategy.extended.worker_devices == tuple(
+        f"/job:worker/replica:0/task:{rank}/device:CPU:{i}" for i in range(local)
+    )
+    assert strategy.extended.should_checkpoint == strategy.extended.should_save_summary == (rank == 0)
+    assert strategy.extended.experimental_should_init
+    assert strategy.extended.experimental_between_graph
+
+
+def test_one_local_replica_returns_the_value_itself(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    rank, _, local, n = _layout(strategy)
+    result = strategy.run(_replica_id)
+    if local == 1:
+        assert not isinstance(result, td.distribute.DistributedValues)
+        assert result == rank
+    else:
+        assert isinstance(result, td.distribute.PerReplica)
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: (ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync)
+    )
+    assert [tuple(v) for v in strategy.experimental_local_results(values)] == [
+        (rank * local + i, n) for i in range(local)
+    ]
+
+
+# --- collectives -------------------------------------------------------------------------------
+
+
+def test_all_reduce_sums_every_replica_of_every_worker_exactly(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    _, _, _, n = _layout(strategy)
+
+    def step():
+        i = _replica_id()
+        ctx = td.distribute.get_replica_context()
+        return ctx.all_reduce("sum", {
+            "int": np.array([1, 10], np.int32) * (i + 1),
+            "big": np.array([2**40 + i], np.int64),
+            "float": np.full((2, 3), i + 0.5, np.float32),
+        })
+
+    for result in strategy.experimental_local_results(strategy.run(step)):
+        np.testing.assert_array_equal(result["int"], np.array([1, 10], np.int32) * (n * (n + 1) // 2))
+        assert result["int"].dtype == np.int32
+        np.testing.assert_array_equal(result["big"], [n * 2**40 + n * (n - 1) // 2])
+        np.testing.assert_allclose(result["float"], np.full((2, 3), n * n / 2, np.float32))
+
+
+def test_all_reduce_mean_of_integers_is_float64(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    _, _, _, n = _layout(strategy)
+
+    def step():
+        return td.distribute.get_replica_context().all_reduce("mean", np.array([1 + _replica_id(), 10]))
+
+    for result in strategy.experimental_local_results(strategy.run(step)):
+        assert result.dtype == (np.float64 if n > 1 else np.int64)  # one replica: its own value, unchanged
+        np.testing.assert_allclose(result, [(n + 1) / 2, 10.0])
+
+
+def test_all_gather_concatenates_uneven_sizes_in_global_replica_order(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    _, _, _, n = _layout(strategy)
+
+    def step():
+        i = _replica_id()
+        rows = np.full((i % 3, 2), float(i), np.float32)  # replica 0 gives no rows
+        return td.distribute.get_replica_context().all_gather(rows, axis=0)
+
+    expected = np.concatenate([np.full((i % 3, 2), float(i), np.float32) for i in range(n)])
+    for result in strategy.experimental_local_results(strategy.run(step)):
+        np.testing.assert_array_equal(result, expected)
+
+
+def test_reduce_and_gather_of_per_replica_values(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    _, _, _, n = _layout(strategy)
+    values = strategy.run(lambda: np.arange(_replica_id() + 1, dtype=np.float64))  # replica i: i + 1 rows
+    everything = np.concatenate([np.arange(i + 1, dtype=np.float64) for i in range(n)])
+    np.testing.assert_array_equal(strategy.gather(values, axis=0), everything)
+    assert strategy.reduce("SUM", values, axis=0) == everything.sum()
+    assert strategy.reduce("MEAN", values, axis=0) == pytest.approx(everything.mean())
+    firsts = strategy.run(lambda: np.array([_replica_id(), 1.0]))
+    np.testing.assert_array_equal(strategy.reduce("SUM", firsts, axis=None), [n * (n - 1) / 2, n])
+    np.testing.assert_array_equal(strategy.reduce("MEAN", firsts, axis=None), [(n - 1) / 2, 1.0])
+
+
+def test_reduce_along_an_axis_counts_empty_pieces(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    _, _, _, n = _layout(strategy)
+    # Only the last replica has data; the others hold (0, 2) pieces.
+    values = strategy.run(lambda: np.ones((3 if _replica_id() == n - 1 else 0, 2)))
+    np.testing.assert_array_equal(strategy.reduce("SUM", values, axis=0), [3.0, 3.0])
+    np.testing.assert_array_equal(strategy.reduce("MEAN", values, axis=0), [1.0, 1.0])
+
+
+def test_reduce_of_a_plain_value_communicates_between_workers(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    rank, workers, local, _ = _layout(strategy)
+    value = np.array([1.0, 1.0]) * (rank + 1)
+    mean = sum(range(1, workers + 1)) / workers
+    np.testing.assert_allclose(strategy.reduce("MEAN", value, axis=None), [mean, mean])
+    if workers == 1 and local > 1:
+        with pytest.raises(ValueError, match="non-DistributedValues"):
+            strategy.reduce("SUM", value, axis=None)
+    else:
+        total = local * sum(range(1, workers + 1))
+        np.testing.assert_allclose(strategy.reduce("SUM", value, axis=None), [total, total])
+
+
+def test_reduce_to_and_batch_reduce_to(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    _, _, local, n = _layout(strategy)
+    values = strategy.run(lambda: np.float32(_replica_id() + 1))
+    expected_sum = n * (n + 1) / 2
+    reduced = strategy.extended.reduce_to("SUM", values, values)
+    assert [float(x) for x in _local(strategy, reduced)] == [expected_sum] * local
+    on_cpu = strategy.extended.reduce_to("MEAN", values, "CPU:0")
+    assert float(on_cpu) == pytest.approx((n + 1) / 2)
+    ints = strategy.run(lambda: np.int64(_replica_id()))
+    total, mean = strategy.extended.batch_reduce_to("SUM", [(values, values), (ints, ints)])
+    assert [float(x) for x in _local(strategy, total)] == [expected_sum] * local
+    assert [int(x) for x in _local(strategy, mean)] == [n * (n - 1) // 2] * local
+
+
+def test_merge_call_reduces_across_workers(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    _, _, _, n = _layout(strategy)
+
+    def merge_fn(merge_strategy, value):
+        return merge_strategy.extended.reduce_to("SUM", value, "CPU:0")
+
+    def step():
+        return td.distribute.get_replica_context().merge_call(merge_fn, args=(np.float64(_replica_id() + 1),))
+
+    for result in strategy.experimental_local_results(strategy.run(step)):
+        assert float(result) == n * (n + 1) / 2
+
+
+def test_mismatched_shapes_raise_everywhere_and_the_next_collective_works(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    _, _, _, n = _layout(strategy)
+
+    def bad():
+        return td.distribute.get_replica_context().all_reduce("sum", np.ones(1 + _replica_id() % 2))
+
+    if n == 1:
+        pytest.skip("one replica has nobody to disagree with")
+    with pytest.raises(td.errors.InvalidArgumentError, match="all_reduce"):
+        strategy.run(bad)
+
+    def good():
+        return td.distribute.get_replica_context().all_reduce("sum", np.ones(2))
+
+    for result in strategy.experimental_local_results(strategy.run(good)):
+        np.testing.assert_array_equal(result, [n, n])
+
+
+def test_mismatched_dtypes_across_workers_raise_on_every_worker(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    rank, workers, _, n = _layout(strategy)
+    if workers == 1:
+        pytest.skip("needs several workers: one worker's replicas are checked in process")
+    dtype = np.float32 if rank == 0 else np.float64
+    with pytest.raises(td.errors.InvalidArgumentError, match=r"rank 0 called .*float32.*rank 1 called .*float64"):
+        strategy.run(lambda: td.distribute.get_replica_context().all_reduce("sum", np.ones(2, dtype)))
+    result = strategy.run(lambda: td.distribute.get_replica_context().all_reduce("sum", np.ones(2, np.float32)))
+    np.testing.assert_array_equal(strategy.experimental_local_results(result)[0], [n, n])
+
+
+def test_collectives_in_a_different_order_are_caught(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    rank, workers, _, n = _layout(strategy)
+    if workers == 1:
+        pytest.skip("needs several workers")
+    # Rank 1 creates a variable (a broadcast from rank 0) that rank 0 does not: rank 0's
+    # next collective (a reduce) meets it, and both raise.
+    with pytest.raises(td.errors.InvalidArgumentError, match="do not match"):
+        with strategy.scope():
+            if rank == 1:
+                td.Variable(1.0, name="only_on_rank_1")
+            else:
+                strategy.reduce("SUM", strategy.run(lambda: np.float32(1.0)), axis=None)
+    total = strategy.reduce("SUM", strategy.run(lambda: np.float32(1.0)), axis=None)
+    assert float(total) == n
+
+
+# --- variables ---------------------------------------------------------------------------------
+
+
+def test_initial_values_come_from_worker_0(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    rank, _, _, _ = _layout(strategy)
+    with strategy.scope():
+        v = td.Variable(10.0 * (rank + 1))
+        counter = td.Variable(lambda: np.int64(7 + rank), trainable=False)
+        lazy = strategy.run(lambda: td.Variable(20.0 * (rank + 1), name="lazy"))
+    for variable, expected in ((v, 10.0), (counter, 7), (lazy, 20.0)):
+        assert [float(c.numpy()) for c in variable.values] == [expected] * len(variable.values)
+
+
+def test_replica_writes_aggregate_across_workers(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    _, _, local, n = _layout(strategy)
+    agg = td.VariableAggregation
+    with strategy.scope():
+        total = td.Variable(1.0, aggregation=agg.SUM)
+        mean = td.Variable(1.0, aggregation=agg.MEAN)
+        first = td.Variable(1.0, aggregation=agg.ONLY_FIRST_REPLICA)
+        own = td.Variable(1.0)
+
+    def step():
+        i = _replica_id()
+        total.assign_add(100.0 * (i + 1))
+        mean.assign_add(100.0 * (i + 1))
+        first.assign_add(100.0 * (i + 1))
+        own.assign_add(100.0 * (i + 1))
+
+    strategy.run(step)
+    ids = [int(i) for i in _local(strategy, strategy.run(_replica_id))]
+    assert [float(c.numpy()) for c in total.values] == [1.0 + 100.0 * n * (n + 1) / 2] * local
+    assert [float(c.numpy()) for c in mean.values] == [1.0 + 100.0 * (n + 1) / 2] * local
+    assert [float(c.numpy()) for c in first.values] == [101.0] * local  # global replica 0's value
+    assert [float(c.numpy()) for c in own.values] == [1.0 + 100.0 * (i + 1) for i in ids]
+
+
+def test_sync_on_read_reads_aggregate_every_worker(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    rank, workers, local, n = _layout(strategy)
+    with strategy.scope():
+        v = td.Variable(1.0, synchronization=td.VariableSynchronization.ON_READ, aggregation=td.VariableAggregation.SUM)
+        m = td.Variable(1.0, synchronization=td.VariableSynchronization.ON_READ, aggregation=td.VariableAggregation.MEAN)
+        count = td.Variable(
+            0, dtype=td.int64, synchronization=td.VariableSynchronization.ON_READ, aggregation=td.VariableAggregation.SUM
+        )
+    with strategy.scope():
+        assert float(v.read_value()) == n  # 1.0 in every replica's copy
+    strategy.run(lambda: (v.assign_add(100.0 * (_replica_id() + 1)), m.assign_add(100.0 * (_replica_id() + 1))))
+    with strategy.scope():
+        assert float(v.read_value()) == n + 100.0 * n * (n + 1) / 2
+        assert float(m.read_value()) == pytest.approx(1.0 + 100.0 * (n + 1) / 2)
+        v.assign(8.0 + rank)  # each worker stores its value / n in each copy
+        expected = sum(8.0 + r for r in range(workers)) * local / n
+        assert float(v.read_value()) == pytest.approx(expected)
+        count.assign(7)  # every worker assigns 7: split exactly over all n copies, the sum reads back 7
+        assert int(count.read_value()) == 7
+
+
+def test_optimizer_step_matches_numpy_full_batch_gradient(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    rank, _, local, n = _layout(strategy)
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(4 * n, 3)).astype(np.float32)
+    targets = rng.normal(size=(4 * n,)).astype(np.float32)
+    with strategy.scope():
+        w = td.Variable(np.zeros(3, np.float32))
+        optimizer = td.optimizers.SGD(0.5)
+
+    def step(x, y):
+        error = x @ w.numpy() - y
+        grad = 2.0 * x.T @ error / (4 * n)  # this replica's share of the mean squared error's gradient
+        optimizer.apply_gradients([(grad.astype(np.float32), w)])
+
+    pieces = strategy.experimental_distribute_values_from_function(
+        lambda ctx: (features[4 * ctx.replica_id_in_sync_group: 4 * ctx.replica_id_in_sync_group + 4],
+                     targets[4 * ctx.replica_id_in_sync_group: 4 * ctx.replica_id_in_sync_group + 4])
+    )
+    strategy.run(step, args=pieces)
+    expected = -0.5 * 2.0 * features.T @ (-targets) / (4 * n)
+    for component in w.values:
+        np.testing.assert_allclose(component.numpy(), expected, rtol=1e-5)
+    assert rank * local < n
+
+
+def test_metrics_aggregate_every_worker(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    _, _, _, n = _layout(strategy)
+    with strategy.scope():
+        mean = td.metrics.Mean()
+        total = td.metrics.Sum()
+    strategy.run(lambda: (mean.update_state(float(_replica_id())), total.update_state(float(_replica_id()))))
+    with strategy.scope():
+        assert float(mean.result()) == pytest.approx((n - 1) / 2)
+        assert float(total.result()) == n * (n - 1) / 2
+
+
+# --- input -------------------------------------------------------------------------------------
+
+
+def _all_examples(strategy, dist):
+    """Every example the replicas of every worker got, and the number of steps."""
+    seen, steps = [], 0
+    for batch in dist:
+        steps += 1
+        seen.append(strategy.gather(batch, axis=0))
+    return (np.concatenate(seen) if seen else np.zeros(0)), steps
+
+
+@pytest.mark.parametrize("size", [12, 13, 5])
+def test_distributed_dataset_feeds_every_example_exactly_once(multi_worker_strategy, size):
+    strategy = multi_worker_strategy
+    _, _, _, n = _layout(strategy)
+    dataset = td.data.Dataset.range(size).batch(2 * n)
+    seen, steps = _all_examples(strategy, strategy.experimental_distribute_dataset(dataset))
+    assert sorted(seen.tolist()) == list(range(size))
+    assert steps == -(-size // (2 * n))
+
+
+def test_uneven_workers_end_the_epoch_together_without_dropping_data(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    _, workers, _, n = _layout(strategy)
+
+    def dataset_fn(ctx):
+        assert ctx.num_input_pipelines == workers and ctx.num_replicas_in_sync == n
+        start = 100 * ctx.input_pipeline_id
+        return td.data.Dataset.range(start, start + 3 + 4 * ctx.input_pipeline_id).batch(2)
+
+    seen, steps = _all_examples(strategy, strategy.distribute_datasets_from_function(dataset_fn))
+    expected = [x for w in range(workers) for x in range(100 * w, 100 * w + 3 + 4 * w)]
+    assert sorted(seen.tolist()) == expected
+    assert steps >= 1
