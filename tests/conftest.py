@@ -45,6 +45,10 @@ class _MPIAgreement:
         self._comm = world.duplicate()
         self.counts = {"passed": 0, "failed": 0, "skipped": 0}
 
+    def broadcast_path(self, path: Any) -> Any:
+        """Rank 0's ``path`` on every rank (the ranks run on one machine)."""
+        return type(path)(self._comm.bcast(str(path), root=0))
+
     def agree(self, report: pytest.TestReport) -> None:
         text = str(report.longrepr) if report.failed else ""
         outcomes = self._comm.allgather((report.outcome, text))
@@ -186,6 +190,14 @@ def multi_worker(local_replicas: int) -> td.distribute.MultiWorkerMirroredStrate
 def multi_worker_strategy(request: pytest.FixtureRequest) -> td.distribute.MultiWorkerMirroredStrategy:
     """MultiWorkerMirroredStrategy with 1 and 2 local replicas per worker (workers: 1, or the launcher's)."""
     return multi_worker(request.param)
+
+
+@pytest.fixture
+def shared_tmp_path(tmp_path):
+    """A fresh directory that every rank sees (rank 0's ``tmp_path`` under mpiexec)."""
+    if _MPI is None:
+        return tmp_path
+    return _MPI.broadcast_path(tmp_path)
 
 
 @pytest.fixture

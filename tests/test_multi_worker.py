@@ -365,3 +365,33 @@ def test_uneven_workers_end_the_epoch_together_without_dropping_data(multi_worke
     expected = [x for w in range(workers) for x in range(100 * w, 100 * w + 3 + 4 * w)]
     assert sorted(seen.tolist()) == expected
     assert steps >= 1
+
+
+# --- checkpoints -------------------------------------------------------------------------------
+
+
+def test_checkpoint_saves_on_the_chief_and_restores_everywhere(multi_worker_strategy, shared_tmp_path):
+    strategy = multi_worker_strategy
+    rank, _, local, n = _layout(strategy)
+    with strategy.scope():
+        w = td.Variable(np.arange(3, dtype=np.float32))
+        seen = td.Variable(0.0, synchronization=td.VariableSynchronization.ON_READ,
+                           aggregation=td.VariableAggregation.SUM)
+    strategy.run(lambda: seen.assign_add(1.0))  # every replica of every worker counts once: n
+    checkpoint = td.train.Checkpoint(w=w, seen=seen)
+    manager = td.train.CheckpointManager(checkpoint, str(shared_tmp_path), max_to_keep=1)
+    first = manager.save()
+    with strategy.scope():
+        w.assign(np.full(3, 7.0 + rank, np.float32))
+    second = manager.save()
+    assert manager.checkpoints == [second]
+    assert td.train.latest_checkpoint(str(shared_tmp_path)) == second  # the chief's state file, seen by all
+    with strategy.scope():
+        w.assign(np.zeros(3, np.float32))
+        seen.assign(0.0)
+    checkpoint.restore(second)
+    assert [c.numpy().tolist() for c in w.values] == [[7.0] * 3] * local  # worker 0's value was saved
+    with strategy.scope():
+        assert float(seen.read_value()) == n
+    with pytest.raises(td.errors.NotFoundError):
+        checkpoint.restore(first)  # deleted by max_to_keep=1, on every worker

@@ -14,6 +14,7 @@ class                             raised for                                 als
 ``DataLossError``                 a checkpoint file is truncated or corrupt  ``OpError``
 ``DeadlineExceededError``         a replica or collective ran out of time    ``OpError``, ``TimeoutError``
 ``UnavailableError``              the workers' communicator is broken        ``OpError``
+``AbortedError``                  another worker failed a collective step    ``OpError``
 ``ValidationError``               arguments TensorFlow rejects with a bare   ``ValueError``,
                                   ``AssertionError``                         ``AssertionError``
 ``ContextError``                  an API called in the wrong context         ``RuntimeError``
@@ -28,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AbortedError",
     "ContextError",
     "DataLossError",
     "DeadlineExceededError",
@@ -90,6 +92,14 @@ class UnavailableError(OpError):
 
     After a collective timed out (or a peer left), later collectives raise this at once
     instead of deadlocking; the job must be restarted (the workers are torn down at exit).
+    """
+
+
+class AbortedError(OpError):
+    """An operation was abandoned: under ``MultiWorkerMirroredStrategy``, another worker failed it.
+
+    Attributes:
+      ranks: the workers that failed (their own error says why).
     """
 
 

@@ -1,5 +1,6 @@
 """towerdist's exceptions (``tf.errors`` names where TensorFlow has them)."""
 
+from towerdist._src.errors import AbortedError as AbortedError
 from towerdist._src.errors import ContextError as ContextError
 from towerdist._src.errors import DataLossError as DataLossError
 from towerdist._src.errors import DeadlineExceededError as DeadlineExceededError
@@ -14,6 +15,7 @@ from towerdist._src.errors import UnavailableError as UnavailableError
 from towerdist._src.errors import ValidationError as ValidationError
 
 __all__ = [
+    "AbortedError",
     "ContextError",
     "DataLossError",
     "DeadlineExceededError",

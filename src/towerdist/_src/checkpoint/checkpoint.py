@@ -11,6 +11,11 @@ Restore is all or nothing: the files are verified (the index's and the data file
 SHA-256, sizes, shapes, dtypes) and every value is matched to its variable before the
 first one is assigned. Save is checked first too: a variable whose dtype no checkpoint
 can hold is refused before a file is written.
+
+Under ``MultiWorkerMirroredStrategy`` saving and restoring are collective: every worker calls
+them. Every worker reads the values; only the chief (worker 0) writes files, once every
+worker has its values (a worker failing mid-save makes every worker raise, and no file
+changes). Restoring reads the files once, on the chief, and broadcasts the values.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import numpy as np
 
 from towerdist._src import backend, context
 from towerdist._src.checkpoint import files, graph
+from towerdist._src.multi_worker import workers as workers_lib
 from towerdist._src.device import HOST
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 from towerdist._src.variables import creation
@@ -127,7 +133,9 @@ class Checkpoint:
         except BaseException:
             counter.assign(number - 1, read_value=False)
             raise
-        record_latest(path)
+        workers = workers_lib.current()
+        if workers is None or workers.rank == 0:  # under MultiWorkerMirroredStrategy the chief keeps the state
+            record_latest(path)
         return path
 
     def write(self, file_prefix: str | bytes | os.PathLike[Any]) -> str:
@@ -153,6 +161,29 @@ class Checkpoint:
         """
         require_outside_run("Checkpoint.write()")
         prefix = files.as_path(file_prefix, "Checkpoint.write()", "file_prefix")
+        workers = workers_lib.current()
+        if workers is None:
+            files.write_checkpoint(prefix, *self._values_to_save(prefix))
+            return prefix
+        # MultiWorkerMirroredStrategy: every worker reads the values (sync-on-read variables
+        # aggregate across workers); only the chief writes, once every worker has its values.
+        api = "Checkpoint.write()"
+        error: Exception | None = None
+        try:
+            arrays, entries = self._values_to_save(prefix)
+        except Exception as caught:  # agreed with the other workers, then re-raised
+            error = caught
+        workers.settle(error, api)
+        if workers.rank == 0:
+            try:
+                files.write_checkpoint(prefix, arrays, entries)
+            except Exception as caught:  # agreed with the other workers, then re-raised
+                error = caught
+        workers.settle(error, f"{api} on the chief")
+        return prefix
+
+    def _values_to_save(self, prefix: str) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]:
+        """The arrays to save and their index entries, keyed by checkpoint key."""
         found = graph.walk(self._checkpoint_dependencies())
         arrays: dict[str, np.ndarray] = {}
         entries: dict[str, dict[str, Any]] = {}
@@ -168,8 +199,7 @@ class Checkpoint:
                 "synchronization": variable.synchronization.name,
                 "aggregation": variable.aggregation.name,
             }
-        files.write_checkpoint(prefix, arrays, entries)
-        return prefix
+        return arrays, entries
 
     # --- restoring -----------------------------------------------------------------------
 
@@ -204,7 +234,11 @@ class Checkpoint:
         if save_path is None:
             return InitializationOnlyStatus()
         prefix = files.as_path(save_path, "Checkpoint.restore()", "save_path")
-        entries, arrays = files.read_checkpoint(prefix)
+        workers = workers_lib.current()
+        if workers is None:
+            entries, arrays = files.read_checkpoint(prefix)
+        else:
+            entries, arrays = _read_on_chief(prefix, workers)
         found = graph.walk(self._checkpoint_dependencies())
         plan = _match(found, entries, arrays, prefix)
         for variable, array in plan.assignments:
@@ -332,6 +366,33 @@ class InitializationOnlyStatus:
 
 
 # --- helpers --------------------------------------------------------------------------------
+
+
+def _read_on_chief(prefix: str, workers: workers_lib.Workers) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """``files.read_checkpoint(prefix)`` on the chief, its result broadcast to every worker.
+
+    An error reading (no checkpoint, corrupt files) is raised on every worker.
+    """
+    api = "Checkpoint.restore()"
+    read: dict[str, np.ndarray] = {}
+
+    def read_index() -> dict[str, Any]:
+        entries, arrays = files.read_checkpoint(prefix)
+        read.update(arrays)
+        return {"entries": entries, "arrays": [[key, a.dtype.str, list(a.shape)] for key, a in arrays.items()]}
+
+    index = workers.run_on_chief(read_index, api)
+    blobs = []
+    for key, dtype, shape in index["arrays"]:
+        if workers.rank == 0:
+            blobs.append(np.ascontiguousarray(read[key]).reshape(-1).view(np.uint8))
+        else:
+            blobs.append(np.empty(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, np.uint8))
+    blobs = workers.broadcast(blobs, f"{api} (the values)", None)
+    arrays = {
+        key: blob.view(np.dtype(dtype)).reshape(shape) for (key, dtype, shape), blob in zip(index["arrays"], blobs)
+    }
+    return index["entries"], arrays
 
 
 def require_outside_run(api: str) -> None:

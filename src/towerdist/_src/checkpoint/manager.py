@@ -32,6 +32,7 @@ from typing import Any
 
 from towerdist._src.checkpoint import files
 from towerdist._src.checkpoint.checkpoint import Checkpoint, require_outside_run
+from towerdist._src.multi_worker import workers as workers_lib
 
 __all__ = ["CheckpointManager", "latest_checkpoint", "record_latest"]
 
@@ -282,6 +283,8 @@ class CheckpointManager:
 
     def _sweep_crash_leftovers(self) -> None:
         """Removes stale temporary files and unreferenced data files of ``<name>-<number>`` checkpoints."""
+        if not _writes_files():
+            return
         files.sweep_temporaries(self._directory)
         numbered = re.compile(re.escape(self._name) + r"-\d+")
         prefixes: dict[str, int] = {}
@@ -304,12 +307,19 @@ class CheckpointManager:
             if self._keep_every_seconds is not None and stamp - self._last_preserved >= self._keep_every_seconds:
                 self._last_preserved = stamp  # kept on disk for good, no longer managed
                 continue
-            files.remove_checkpoint(path)
+            if _writes_files():
+                files.remove_checkpoint(path)
 
     def _record_state(self) -> None:
-        if self._latest is None:
+        if self._latest is None or not _writes_files():
             return
         _write_state(self._directory, self._latest, list(self._kept), list(self._kept.values()), self._last_preserved)
+
+
+def _writes_files() -> bool:
+    """Whether this process changes checkpoint directories: under MultiWorkerMirroredStrategy only the chief does."""
+    workers = workers_lib.current()
+    return workers is None or workers.rank == 0
 
 
 # --- the state file ---------------------------------------------------------------------

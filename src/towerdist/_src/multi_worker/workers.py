@@ -11,21 +11,29 @@ GPU values are staged through host memory by the strategy.
 * ``any_true``: whether any worker says yes (the input's "has data" agreement).
 
 One worker (no launcher) makes every operation an identity, without MPI.
+
+Every ``Workers`` of a process shares one ``Communicator`` (one duplicate of
+``COMM_WORLD``, made when the first ``MultiWorkerMirroredStrategy`` is created), so the
+collectives of several strategies, and of checkpoints, are numbered in one sequence.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import builtins
+import json
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from towerdist._src import errors
 from towerdist._src.multi_worker import mpi_runtime
 from towerdist._src.multi_worker.communicator import Call, Communicator
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.strategies import watchdog
 
-__all__ = ["Workers"]
+__all__ = ["Workers", "current"]
 
 # Dtypes MPI's SUM does not cover everywhere travel as a wider type and come back.
 _TRANSFER = {np.dtype(np.float16): np.dtype(np.float32), np.dtype(np.bool_): np.dtype(np.int32)}
@@ -40,12 +48,14 @@ class Workers:
     """
 
     def __init__(self, options: CommunicationOptions) -> None:
+        global _current
         self._options = options
         world = mpi_runtime.world()
-        self._world = world
         self.rank = 0 if world is None else world.rank
         self.size = 1 if world is None else world.size
-        self._communicator = Communicator(world) if world is not None and world.size > 1 else None
+        self._communicator = _shared_communicator(world)
+        if self._communicator is not None:
+            _current = self
 
     @property
     def communicator(self) -> Communicator | None:
@@ -129,6 +139,86 @@ class Workers:
         if self._communicator is None:
             return [extra]
         return self._communicator.agree(Call(api, "agree", "", extra=extra), *self.bounds(options))
+
+
+    # --- agreeing on outcomes ---------------------------------------------------------------------
+
+    def settle(self, error: BaseException | None, api: str) -> None:
+        """Agrees whether every worker succeeded at a step; raises on every worker if one failed.
+
+        A worker that failed raises its own ``error``; the others raise ``AbortedError``
+        naming the failed ranks.
+        """
+        flags = self.agree_extra(f"{api} (did every worker succeed?)", 0 if error is None else 1, None)
+        failed = [rank for rank, flag in enumerate(flags) if flag]
+        if error is not None:
+            raise error
+        if failed:
+            raise errors.AbortedError(
+                f"{api} failed on rank(s) {', '.join(map(str, failed))} (see their error), so rank {self.rank} "
+                f"stops too: every worker takes part in it, and they stay in step.",
+                ranks=failed,
+            )
+
+    def run_on_chief(self, fn: Callable[[], Any], api: str) -> Any:
+        """Runs ``fn`` on worker 0 only and returns its JSON-able result on every worker.
+
+        An exception ``fn`` raises on worker 0 is raised on every worker (same type and
+        message for towerdist's and Python's built-in exception types).
+        """
+        payload: dict[str, Any] = {}
+        if self.rank == 0:
+            try:
+                payload = {"result": fn()}
+            except Exception as error:  # re-raised on every worker, below
+                payload = {"error": [type(error).__name__, str(error)]}
+                mine: BaseException | None = error
+            else:
+                mine = None
+        text = self.broadcast_bytes(json.dumps(payload).encode() if self.rank == 0 else b"", api)
+        received = json.loads(text)
+        if "error" in received:
+            if self.rank == 0 and mine is not None:
+                raise mine
+            kind, message = received["error"]
+            raise _error_class(kind)(f"{message} (raised on the chief, worker 0)")
+        return received["result"]
+
+    def broadcast_bytes(self, data: bytes, api: str) -> bytes:
+        """Worker 0's ``data`` on every worker."""
+        if self._communicator is None:
+            return data
+        (length,) = self.agree_extra(f"{api} (length)", len(data), None)[:1]
+        buffer = np.frombuffer(data, np.uint8).copy() if self.rank == 0 else np.empty(length, np.uint8)
+        return bytes(self.broadcast([buffer], api, None)[0].tobytes())
+
+
+_current: Workers | None = None
+_communicator: Communicator | None = None
+_lock = threading.Lock()
+
+
+def current() -> Workers | None:
+    """The ``Workers`` of the latest multi-worker strategy of this process, if there are several workers."""
+    return _current
+
+
+def _shared_communicator(world: mpi_runtime.World | None) -> Communicator | None:
+    global _communicator
+    if world is None or world.size == 1:
+        return None
+    with _lock:
+        if _communicator is None:
+            _communicator = Communicator(world)
+        return _communicator
+
+
+def _error_class(name: str) -> type[Exception]:
+    """The exception class named ``name`` among towerdist's and Python's, else ``OpError``."""
+    found = getattr(errors, name, None) or getattr(builtins, name, None)
+    if isinstance(found, type) and issubclass(found, Exception):
+        return found
+    return errors.OpError
 
 
 def _signature(arrays: Sequence[np.ndarray]) -> str:
