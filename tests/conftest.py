@@ -33,6 +33,8 @@ from towerdist._src.multi_worker import mpi_runtime
 NUM_CPUS = 8
 TEST_REPLICA_WARNING_SECONDS = 20.0
 TEST_REPLICA_TIMEOUT_SECONDS = 60.0
+MPI_WARNING_SECONDS = 5.0
+MPI_TIMEOUT_SECONDS = 20.0
 
 
 class _MPIAgreement:
@@ -87,6 +89,10 @@ def pytest_configure(config: pytest.Config) -> None:
         _MPI = _MPIAgreement()
     cpu = td.config.list_physical_devices("CPU")[0]
     td.config.set_logical_device_configuration(cpu, [td.config.LogicalDeviceConfiguration()] * NUM_CPUS)
+    if _MPI is not None:
+        # A test failing on one rank leaves the others in a collective until this bound.
+        td.config.set_replica_timeouts(warning_seconds=MPI_WARNING_SECONDS, timeout_seconds=MPI_TIMEOUT_SECONDS)
+        return
     td.config.set_replica_timeouts(
         warning_seconds=TEST_REPLICA_WARNING_SECONDS, timeout_seconds=TEST_REPLICA_TIMEOUT_SECONDS
     )
@@ -206,4 +212,7 @@ def replica_timeouts():
     try:
         yield td.config.set_replica_timeouts
     finally:
-        td.config.set_replica_timeouts(TEST_REPLICA_WARNING_SECONDS, TEST_REPLICA_TIMEOUT_SECONDS)
+        if _MPI is not None:
+            td.config.set_replica_timeouts(MPI_WARNING_SECONDS, MPI_TIMEOUT_SECONDS)
+        else:
+            td.config.set_replica_timeouts(TEST_REPLICA_WARNING_SECONDS, TEST_REPLICA_TIMEOUT_SECONDS)

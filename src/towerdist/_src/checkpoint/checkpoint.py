@@ -134,8 +134,17 @@ class Checkpoint:
             counter.assign(number - 1, read_value=False)
             raise
         workers = workers_lib.current()
-        if workers is None or workers.rank == 0:  # under MultiWorkerMirroredStrategy the chief keeps the state
+        if workers is None:
             record_latest(path)
+            return path
+        # MultiWorkerMirroredStrategy: the chief keeps the state file; every worker returns once it is written.
+        error: Exception | None = None
+        if workers.rank == 0:
+            try:
+                record_latest(path)
+            except Exception as caught:  # agreed with the other workers, then re-raised
+                error = caught
+        workers.settle(error, "Checkpoint.save() (the state file)")
         return path
 
     def write(self, file_prefix: str | bytes | os.PathLike[Any]) -> str:

@@ -238,9 +238,18 @@ class CheckpointManager:
         self._kept[path] = time.time()
         self._latest = path
         self._last_saved_step = step
-        self._record_state()
-        self._sweep()
-        self._record_state()
+        workers = workers_lib.current()
+        error: Exception | None = None
+        try:
+            self._record_state()
+            self._sweep()
+            self._record_state()
+        except Exception as caught:  # with several workers: agreed with the others, then re-raised
+            if workers is None:
+                raise
+            error = caught
+        if workers is not None:  # every worker returns once the chief's directory is up to date
+            workers.settle(error, "CheckpointManager.save() (the state file)")
         return path
 
     def restore_or_initialize(self) -> str | None:
