@@ -10,6 +10,7 @@ there are any, otherwise one logical CPU replica per core this process may run o
     python examples/train_digits.py                  # the default run (~97% test accuracy)
     python examples/train_digits.py --replicas 1     # the same curve on one replica
     python examples/train_digits.py --resume         # continue from the last checkpoint
+    mpiexec -n 2 python examples/train_digits.py     # two processes (MultiWorkerMirroredStrategy)
 
 The digits (1797 8x8 images) ship with scikit-learn; nothing is downloaded. Every
 replica computes the gradient of its slice of the global batch divided by the *global*
@@ -137,11 +138,24 @@ def default_cpu_replicas() -> int:
     return max(1, min(cores, MAX_DEFAULT_CPU_REPLICAS))
 
 
-def make_strategy(replicas: int | None) -> td.distribute.MirroredStrategy:
+def launched_by_mpi() -> bool:
+    """Whether an MPI launcher (``mpiexec -n N``, N > 1) started this process."""
+    sizes = (os.environ.get(name, "1") for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"))
+    return any(size.isdigit() and int(size) > 1 for size in sizes)
+
+
+def make_strategy(replicas: int | None) -> td.distribute.Strategy:
     """Every GPU (or ``replicas`` of them); without GPUs, ``replicas`` logical CPUs.
 
-    ``replicas=None`` on CPUs means :func:`default_cpu_replicas`.
+    ``replicas=None`` on CPUs means :func:`default_cpu_replicas`. Started by ``mpiexec``,
+    each process is a worker of a ``MultiWorkerMirroredStrategy`` with its GPUs, or one CPU
+    replica (``replicas`` logical CPUs when given).
     """
+    if launched_by_mpi():
+        if replicas is not None and not td.config.list_physical_devices("GPU"):
+            cpu = td.config.list_physical_devices("CPU")[0]
+            td.config.set_logical_device_configuration(cpu, [td.config.LogicalDeviceConfiguration()] * replicas)
+        return td.distribute.MultiWorkerMirroredStrategy()
     gpus = td.config.list_physical_devices("GPU")
     if gpus and (replicas is None or replicas <= len(gpus)):
         return td.distribute.MirroredStrategy([f"GPU:{i}" for i in range(replicas or len(gpus))])
@@ -180,6 +194,8 @@ def train(
     if checkpoint_every < 1:
         raise ValueError(f"train(checkpoint_every=...) must be at least 1, got {checkpoint_every}")
     strategy = make_strategy(replicas)
+    if not strategy.extended.should_checkpoint:  # a worker other than the chief: the chief reports
+        progress, log = False, _quiet
     x_train, y_train, x_test, y_test = load_digits(seed)
     with strategy.scope():
         model = MLP(seed=seed)
@@ -255,6 +271,10 @@ def train(
         f"replica(s).")
     return {"history": history, "test_accuracy": final, "examples_per_second": speed,
             "replicas": strategy.num_replicas_in_sync, "checkpoint": manager.latest_checkpoint}
+
+
+def _quiet(*args: Any, **kwargs: Any) -> None:
+    del args, kwargs
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

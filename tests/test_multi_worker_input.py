@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 
 import towerdist as td
+from towerdist._src.multi_worker import mpi_runtime
 from towerdist._src.values.per_replica_spec import PerReplicaSpec
 
 pytestmark = pytest.mark.mpi
@@ -206,6 +207,37 @@ def test_off_policy_every_worker_iterates_everything_in_rotated_per_replica_batc
         assert len(steps) == 8
 
 
+def _legacy_steps_of_every_batch(size: int, batch: int, n: int, local: int) -> list[list[np.ndarray]]:
+    """TF's legacy rebatch without sharding: every global batch in ``n`` pieces, ``local`` per step."""
+    return [
+        pieces[start:start + local]
+        for b in range(0, size, batch)
+        for pieces in [_legacy_pieces(np.arange(size)[b:b + batch], n)]
+        for start in range(0, n, local)
+    ]
+
+
+@pytest.mark.xfail(
+    mpi_runtime.launcher_size() > 1,
+    strict=True,
+    reason="BUG: with AutoShardPolicy.OFF and a batch size that cannot be computed statically (batch() followed by "
+    "map(), from_generator), each worker gets only its replicas' pieces of every global batch (DATA sharding) "
+    "instead of iterating the whole dataset",
+)
+def test_off_policy_with_an_unknown_batch_size_still_feeds_every_worker_everything(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    _, workers, local, n = _layout(strategy)
+    size, batch = 12, 3
+    # map() hides the batch size (as in TF, compute_batch_size does not look through it), so TF
+    # cuts every batch into n pieces by its legacy rule; OFF shards nothing: every worker
+    # iterates every piece, `local` per step (workers times as many steps as global batches).
+    dataset = _with_policy(td.data.Dataset.range(size).batch(batch).map(lambda x: x), Policy.OFF)
+    steps = _steps(strategy, strategy.experimental_distribute_dataset(dataset))
+    assert np.concatenate([piece for step in steps for piece in step]).tolist() == list(range(size))
+    assert _lists(steps) == _lists(_legacy_steps_of_every_batch(size, batch, n, local))
+    assert len(steps) == workers * -(-size // batch)
+
+
 # --- FILE: round-robin by file index -------------------------------------------------------------
 
 
@@ -371,7 +403,10 @@ def test_empty_pieces_of_a_worker_that_ran_out_work_in_run_and_reduce(multi_work
 def test_a_worker_without_any_data_follows_the_others_with_empty_pieces(multi_worker_strategy):
     strategy = multi_worker_strategy
     rank, workers, local, _ = _layout(strategy)
-    batches = lambda w: w * local  # noqa: E731  # worker 0 has no data at all
+
+    def batches(w: int) -> int:
+        return w * local  # worker w: w steps; worker 0 has no data at all
+
     expected = _uneven_steps(batches, workers, local)[rank]
     assert len(expected) == workers - 1
     iterator = iter(strategy.distribute_datasets_from_function(_uneven_fn(batches)))

@@ -431,3 +431,16 @@ def test_deepcopy_of_a_mirrored_variable_is_independent_and_still_synchronised(m
     total = n * (n + 1) / 2
     np.testing.assert_array_equal(_assert_identical_everywhere(strategy, duplicate), [1.0 + total, 2.0 + total])
     np.testing.assert_array_equal(_assert_identical_everywhere(strategy, original), [1.0, 2.0])  # untouched
+
+
+def test_a_cross_replica_assign_is_local_to_the_worker_and_gather_shows_every_copy(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    rank, workers, local, _ = _layout(strategy)
+    with strategy.scope():
+        v = td.Variable(np.array([1.0, 2.0]))
+    mine = np.array([1.0, 2.0]) + 10.0 * rank
+    v.assign(mine)  # TF: a cross-replica write to a mirrored variable does not communicate
+    assert [c.numpy().tolist() for c in v.values] == [mine.tolist()] * local
+    np.testing.assert_array_equal(np.asarray(strategy.reduce("MEAN", v, axis=None)), mine)  # MEAN of a mirror: itself
+    every_copy = np.concatenate([np.tile(np.array([1.0, 2.0]) + 10.0 * r, local) for r in range(workers)])
+    np.testing.assert_array_equal(strategy.gather(v, axis=0), every_copy)
