@@ -75,7 +75,7 @@ def worker_dataset(
     first = worker_index * num_local
     devices = tuple(parse(f"CPU:{first + i}") for i in range(num_local))
     worker = InputWorker(
-        devices=devices, num_workers=num_workers, worker_index=worker_index, any_worker_has_data=hook
+        devices=devices, num_workers=num_workers, worker_index=worker_index, workers_with_data=hook
     )
     return DistributedDataset(dataset, worker, mirrored(num_local), None, "test")
 
@@ -428,7 +428,7 @@ def test_auto_shard_file_errors(tmp_path):
         auto_shard(text_dataset(tmp_path), 2, 0, Policy.FILE)
 
 
-# the any_worker_has_data hook
+# the workers_with_data hook
 
 
 class AgreeingWorkers:
@@ -438,12 +438,12 @@ class AgreeingWorkers:
         self.extra = extra
         self.calls: list[bool] = []
 
-    def __call__(self, has_data: bool) -> bool:
+    def __call__(self, has_data: bool) -> list[bool]:
         self.calls.append(has_data)
         if has_data:
-            return True
+            return [True, True]
         self.extra -= 1
-        return self.extra >= 0
+        return [False, self.extra >= 0]
 
 
 @pytest.mark.parametrize("num_local", [1, 2])

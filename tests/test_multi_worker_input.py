@@ -29,7 +29,6 @@ import numpy as np
 import pytest
 
 import towerdist as td
-from towerdist._src.multi_worker import mpi_runtime
 from towerdist._src.values.per_replica_spec import PerReplicaSpec
 
 pytestmark = pytest.mark.mpi
@@ -217,13 +216,6 @@ def _legacy_steps_of_every_batch(size: int, batch: int, n: int, local: int) -> l
     ]
 
 
-@pytest.mark.xfail(
-    mpi_runtime.launcher_size() > 1,
-    strict=True,
-    reason="BUG: with AutoShardPolicy.OFF and a batch size that cannot be computed statically (batch() followed by "
-    "map(), from_generator), each worker gets only its replicas' pieces of every global batch (DATA sharding) "
-    "instead of iterating the whole dataset",
-)
 def test_off_policy_with_an_unknown_batch_size_still_feeds_every_worker_everything(multi_worker_strategy):
     strategy = multi_worker_strategy
     _, workers, local, n = _layout(strategy)
@@ -549,11 +541,6 @@ def test_unbatched_scalars_ask_for_batch(multi_worker_strategy):
         strategy.experimental_distribute_dataset(dataset)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a worker out of unbatched (scalar) elements is fed zero-valued filler elements while "
-    "other workers still have data, instead of every worker raising ValueError asking for batch() (DESIGN 10.15)",
-)
 def test_a_worker_out_of_unbatched_elements_raises_on_every_worker(multi_worker_strategy):
     strategy = multi_worker_strategy
     rank, workers, local, _ = _layout(strategy)

@@ -50,14 +50,15 @@ class InputWorker:
       devices: this worker's replica devices, in local replica order.
       num_workers: how many workers (processes) feed replicas.
       worker_index: this worker's index in ``[0, num_workers)``.
-      any_worker_has_data: with several workers, agrees across them whether a step has
-        data anywhere (an all-reduce supplied by the multi-worker strategy).
+      workers_with_data: with several workers, agrees across them which have data for a
+        step: this worker's flag in, every worker's flag out (supplied by the multi-worker
+        strategy).
     """
 
     devices: tuple[DeviceSpec, ...]
     num_workers: int = 1
     worker_index: int = 0
-    any_worker_has_data: Callable[[bool], bool] | None = None
+    workers_with_data: Callable[[bool], list[bool]] | None = None
 
     @property
     def num_local(self) -> int:
@@ -164,6 +165,8 @@ class DistributedDataset(_DistributedInput):
             batch = compute_batch_size(self._source)
             if batch is not None and batch > 0:
                 self._sizes = batch_sizes_for_worker(batch, worker.num_workers, worker.num_local, worker.worker_index)
+            else:  # batch size unknown: every worker splits every batch over all replicas and feeds each piece
+                self._mode = ShardMode.OWN
 
     @property
     def cardinality(self) -> int:
@@ -358,14 +361,30 @@ class DistributedIterator:
         step = self._ahead.popleft() if self._ahead else None
         worker = self._source._worker
         has_data = step is not None
-        if worker.any_worker_has_data is not None:
-            has_data = worker.any_worker_has_data(has_data)
+        if worker.workers_with_data is not None:
+            flags = worker.workers_with_data(has_data)
+            has_data = any(flags)
+            if has_data and not all(flags):
+                self._check_batched([w for w, flag in enumerate(flags) if not flag])
         if not has_data:
             self._finish()
             return None
         if step is None:
             step = [_MISSING] * worker.num_local  # other workers still have data
         return step
+
+    def _check_batched(self, out_of_data: list[int]) -> None:
+        """Raises (on every worker alike) if workers out of data would be fed made-up scalars."""
+        spec = self._source._replica_spec(probe=True)
+        if spec is None or not all(leaf.shape == () for leaf in nest.flatten(spec)[0]):
+            return  # batched: the workers out of data get empty (0, ...) pieces
+        self._finish()
+        raise ValueError(
+            f"The input of {'worker' if len(out_of_data) == 1 else 'workers'} {', '.join(map(str, out_of_data))} "
+            f"ran out of elements while other workers still have some, and the elements are unbatched scalars: there is no empty piece to give the replicas of "
+            f"a worker without data (a zero would look like real data). Call batch() on the dataset so that a "
+            f"worker out of data gets empty (0, ...) batches, or give every worker the same number of elements."
+        )
 
     def _finish(self) -> None:
         steps, self._steps = self._steps, iter(())

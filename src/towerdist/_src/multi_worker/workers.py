@@ -8,7 +8,7 @@ GPU values are staged through host memory by the strategy.
   and sums each with one in-place ``Allreduce``; integers stay exact.
 * ``gather``: concatenates along an axis; the sizes along it may differ per worker.
 * ``broadcast``: rank 0's arrays everywhere.
-* ``any_true``: whether any worker says yes (the input's "has data" agreement).
+* ``flags``: every worker's yes or no (the input's "who has data" agreement).
 
 One worker (no launcher) makes every operation an identity, without MPI.
 
@@ -128,11 +128,9 @@ class Workers:
                 offset += size
         return copies
 
-    def any_true(self, flag: bool, api: str) -> bool:
-        """Whether ``flag`` is true on any worker."""
-        if self._communicator is None:
-            return flag
-        return any(self.agree_extra(api, int(flag), None))
+    def flags(self, flag: bool, api: str) -> list[bool]:
+        """Every worker's ``flag``, in rank order."""
+        return [bool(x) for x in self.agree_extra(api, int(flag), None)]
 
     def agree_extra(self, api: str, extra: int, options: CommunicationOptions | None) -> list[int]:
         """Every worker's ``extra`` (a handshake without payload)."""

@@ -192,7 +192,7 @@ class MultiWorkerExtended(MirroredExtended):
             return InputWorker(self._devices)
         return InputWorker(
             self._devices, workers.size, workers.rank,
-            lambda has_data: workers.any_true(has_data, "the distributed dataset's next step (does any worker have data?)"),
+            lambda has_data: workers.flags(has_data, "the distributed dataset's next step (which workers have data?)"),
         )
 
     # --- collectives -----------------------------------------------------------------------------
