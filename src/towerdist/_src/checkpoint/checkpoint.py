@@ -27,8 +27,8 @@ import numpy as np
 
 from towerdist._src import backend, context
 from towerdist._src.checkpoint import files, graph
-from towerdist._src.multi_worker import workers as workers_lib
 from towerdist._src.device import HOST
+from towerdist._src.multi_worker import workers as workers_lib
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 from towerdist._src.variables import creation
 from towerdist._src.variables.aggregating_variable import AggregatingVariable

@@ -17,11 +17,13 @@ import numpy as np
 from towerdist._src import array_ops, backend, config
 from towerdist._src import device as device_lib
 from towerdist._src.cross_device_ops.gather import normalize_axis
+from towerdist._src.cross_device_ops.nccl_all_reduce import nccl_unavailable_reason
 from towerdist._src.cross_device_ops.placement import Destinations, mirror, validate_components
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
 from towerdist._src.input.distributed_dataset import InputWorker
 from towerdist._src.multi_worker.cluster import MPIClusterResolver, check_cluster_resolver
+from towerdist._src.multi_worker.nccl_workers import NCCL_DTYPES, NcclWorkers
 from towerdist._src.multi_worker.workers import Workers
 from towerdist._src.options import CommunicationImplementation, CommunicationOptions, ValueContext
 from towerdist._src.reduce_op import ReduceOp
@@ -115,6 +117,7 @@ class MultiWorkerExtended(MirroredExtended):
         config.mark_initialized("MultiWorkerMirroredStrategy()")
         super().__init__(container_strategy, devices, None)
         self._mw_init_args = (devices, cluster_resolver, communication_options)
+        self._nccl: NcclWorkers | None = None
 
     # --- who is where -------------------------------------------------------------------------
 
@@ -248,14 +251,50 @@ class MultiWorkerExtended(MirroredExtended):
         """
         if len(self._devices) > 1:
             local = super()._all_reduce(ReduceOp.SUM, columns, options)
-            sums = [_to_host(results[0]) for results in local]
+            sums = [results[0] for results in local]
         else:
-            sums = [_to_host(column[0]) for column in columns]
-        totals = self._workers.sum(sums, api, options)
+            sums = [column[0] for column in columns]
+        if self._uses_nccl(sums, options):
+            totals = self._nccl_sum(sums, api, options)
+        else:
+            totals = self._workers.sum([_to_host(s) for s in sums], api, options)
         if reduce_op is ReduceOp.MEAN:
             n = self._num_replicas_in_sync
             totals = [_mean(total, n) for total in totals]
         return totals
+
+    def _uses_nccl(self, sums: list[Any], options: CommunicationOptions | None) -> bool:
+        """Whether the workers sum with NCCL: GPU replicas only, NCCL usable, dtypes NCCL can sum."""
+        if any(d.device_type != "GPU" for d in self._devices) or nccl_unavailable_reason() is not None:
+            return False
+        if self._options.merge(options).implementation is CommunicationImplementation.RING:
+            return False
+        return all(s.dtype.name in NCCL_DTYPES for s in sums)
+
+    def _nccl_sum(self, sums: list[Any], api: str, options: CommunicationOptions | None) -> list[Any]:
+        """The workers' sums of GPU arrays, on this worker's first GPU (NCCL; unverified without GPUs)."""
+        device = self._devices[0]
+        if self._nccl is None:  # collective: every worker gets here at the same collective
+            self._nccl = NcclWorkers(self._workers, device.device_index)
+        impl = backend.for_device(device)
+        cupy = impl.xp
+        results: list[Any] = [None] * len(sums)
+        by_dtype: dict[str, list[int]] = {}
+        for k, array in enumerate(sums):
+            by_dtype.setdefault(array.dtype.name, []).append(k)
+        packs = []
+        with cupy.cuda.Device(device.device_index):
+            for dtype, indices in by_dtype.items():
+                buffer = cupy.empty(sum(int(sums[k].size) for k in indices), dtype)
+                offset = 0
+                for k in indices:
+                    size = int(sums[k].size)
+                    buffer[offset : offset + size] = impl.to_device(sums[k], device).reshape(-1)
+                    results[k] = buffer[offset : offset + size].reshape(sums[k].shape)
+                    offset += size
+                packs.append(buffer)
+        self._nccl.sum(packs, api, *self._workers.bounds(options))
+        return results
 
     def _column(self, value: Any, api: str) -> list[Any]:
         """This worker's replicas' arrays of ``value`` (a plain value stands for every local replica)."""
@@ -330,11 +369,12 @@ def _to_host(array: Any) -> np.ndarray:
     return host
 
 
-def _mean(total: np.ndarray, n: int) -> np.ndarray:
+def _mean(total: Any, n: int) -> Any:
+    """``total / n``: in place for floating point, float64 for integers (TensorFlow's integer mean)."""
+    xp = backend.for_array(total).xp
     if total.dtype.kind in "iu":
-        mean: np.ndarray = np.true_divide(total, n)  # float64, as TensorFlow's integer mean
-        return mean
-    np.true_divide(total, n, out=total, casting="unsafe")
+        return xp.true_divide(total, n)
+    xp.true_divide(total, n, out=total, casting="unsafe")
     return total
 
 
