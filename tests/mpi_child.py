@@ -48,6 +48,20 @@ def stuck_rank(strategy: td.distribute.Strategy, rank: int) -> None:
         report(rank=rank, outcome="then UnavailableError", message=str(error))
 
 
+def slow_rank(strategy: td.distribute.Strategy, rank: int) -> None:
+    """No timeout; rank 1 is 2.5 s late: rank 0 warns about it (every 1 s), then both finish."""
+    import warnings
+
+    td.config.set_replica_timeouts(warning_seconds=1.0, timeout_seconds=None)
+    if rank == 1:
+        time.sleep(2.5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = all_reduce(strategy)
+    messages = [str(w.message) for w in caught if issubclass(w.category, td.errors.ReplicaStallWarning)]
+    report(rank=rank, outcome="done", result=np.asarray(result).tolist(), warnings=messages)
+
+
 def uncaught_exception(strategy: td.distribute.Strategy, rank: int) -> None:
     """Rank 1 raises and does not catch; rank 0 waits in a collective with no timeout."""
     if rank == 1:
@@ -110,6 +124,8 @@ def main() -> None:
     rank = strategy.cluster_resolver.task_id
     if scenario == "stuck":
         stuck_rank(strategy, rank)
+    elif scenario == "slow":
+        slow_rank(strategy, rank)
     elif scenario == "uncaught":
         uncaught_exception(strategy, rank)
     elif scenario == "killed":

@@ -60,6 +60,16 @@ def test_a_stuck_rank_is_named_within_the_timeout_and_the_job_ends(tmp_path):
     assert "aborts the MPI job" in output
 
 
+def test_without_a_timeout_a_late_rank_is_named_in_stall_warnings():
+    results, output, _ = run_mpi("slow", timeout=50)
+    (rank0,), (rank1,) = results[0], results[1]
+    assert rank0["result"] == rank1["result"] == [2.0] * 4, output  # the collective completed
+    assert len(rank0["warnings"]) >= 1, output
+    assert "rank(s) 1 have not reached it" in rank0["warnings"][0]
+    assert "ReplicaContext.all_reduce() (collective #0)" in rank0["warnings"][0]
+    assert rank1["warnings"] == []  # rank 1 arrived last: it never waited
+
+
 def test_an_uncaught_exception_on_one_rank_ends_the_job(tmp_path):
     results, output, seconds = run_mpi("uncaught", timeout=50)
     assert "RuntimeError: rank 1 failed on purpose" in output

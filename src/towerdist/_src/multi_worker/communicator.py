@@ -25,6 +25,7 @@ thread runs the cross-replica part (the caller or a ``merge_fn``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import threading
@@ -55,6 +56,7 @@ _MAX_SLEEP_SECONDS = 0.002
 _ROOT_GRACE_SECONDS = 0.5  # non-roots give rank 0 this much longer to report, since it reports first
 
 
+@functools.lru_cache(maxsize=4096)
 def _code(text: str) -> int:
     """A signed 63-bit digest of ``text``."""
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1

@@ -341,7 +341,7 @@ class MultiWorkerExtended(MirroredExtended):
     # --- variables -------------------------------------------------------------------------------
 
     def _create_variable(self, spec: creation.VariableSpec) -> Any:
-        if self._workers.size == 1 or spec.colocate_with is not None and not hasattr(spec.colocate_with, "_devices"):
+        if self._workers.size == 1:
             return super()._create_variable(spec)
         # Every worker computes its initial value; worker 0's is the one every worker keeps.
         array = _to_host(creation.materialize(spec, self._devices[0]))
