@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import towerdist as td
+from towerdist._src.multi_worker.cluster import ClusterSpec
 
 pytestmark = pytest.mark.mpi
 
@@ -395,3 +396,35 @@ def test_checkpoint_saves_on_the_chief_and_restores_everywhere(multi_worker_stra
         assert float(seen.read_value()) == n
     with pytest.raises(td.errors.NotFoundError):
         checkpoint.restore(first)  # deleted by max_to_keep=1, on every worker
+
+
+# --- construction ------------------------------------------------------------------------------
+
+
+def test_communication_options_must_be_communication_options():
+    for wrong in ("RING", td.distribute.experimental.CommunicationImplementation.RING, {"bytes_per_pack": 4}):
+        with pytest.raises(ValueError, match="must be an instance of tf.distribute.experimental.CommunicationOptions"):
+            td.distribute.MultiWorkerMirroredStrategy(communication_options=wrong)
+
+
+def test_the_experimental_spelling_takes_a_communication_implementation(multi_worker_strategy):
+    _, workers, _, _ = _layout(multi_worker_strategy)
+    strategy = td.distribute.experimental.MultiWorkerMirroredStrategy("ring")
+    assert isinstance(strategy, td.distribute.MultiWorkerMirroredStrategy)
+    assert strategy.extended._options.implementation is td.distribute.experimental.CommunicationImplementation.RING
+    assert strategy.extended._num_workers == workers
+    with pytest.raises(ValueError, match="implementation"):
+        td.distribute.experimental.MultiWorkerMirroredStrategy("tcp")
+
+
+def test_a_cluster_resolver_that_disagrees_with_mpi_is_refused(multi_worker_strategy):
+    rank, workers, _, _ = _layout(multi_worker_strategy)
+
+    class Resolver:
+        task_type, task_id = "worker", rank
+
+        def cluster_spec(self):
+            return ClusterSpec({"worker": [f"host{i}" for i in range(workers + 1)]})  # one worker too many
+
+    with pytest.raises(ValueError, match="MPI started this process as rank"):
+        td.distribute.MultiWorkerMirroredStrategy(cluster_resolver=Resolver())

@@ -134,6 +134,14 @@ def test_a_launcher_without_mpi4py_names_the_extras():
     assert 'towerdist[mpi]' in done.stderr and 'towerdist[mpi-mpich]' in done.stderr
 
 
+def test_towerdist_imports_mpi4py_only_for_the_multi_worker_strategy():
+    code = ("import sys\nimport towerdist as td\ntd.distribute.MirroredStrategy()\nprint('mpi4py' in sys.modules)\n"
+            "td.distribute.MultiWorkerMirroredStrategy()\nprint('mpi4py' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k not in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert done.stdout.split() == ["False", "False"], done.stderr  # one process without a launcher: no MPI
+
+
 def test_one_process_without_a_launcher_needs_no_mpi():
     code = ("import sys; sys.modules['mpi4py'] = None\nimport towerdist as td\n"
             "s = td.distribute.MultiWorkerMirroredStrategy()\nprint(s.num_replicas_in_sync, s.cluster_resolver.task_id)")
