@@ -2,9 +2,10 @@
 
 ``python benchmarks/x.py --mpi`` runs ``mpiexec -n N python benchmarks/x.py --mpi-worker ...``
 as a child process: the ``mpiexec`` next to this Python (the ``mpich`` wheel puts it in the
-virtualenv's ``bin/``), else the one on ``PATH``. The job runs in its own process group with
-a wall-clock limit (``MPIEXEC_TIMEOUT`` for hydra, and a kill of the group from here), so a
-hung rank ends the benchmark instead of blocking it.
+virtualenv's ``bin/``), else the one on ``PATH``. The job runs in its own process group and
+every wait for it is bounded (``run_mpi``: the whole job, also through hydra's
+``MPIEXEC_TIMEOUT``; ``MPIJob``: each answer), past which the group is killed from here, so
+a hung rank ends the benchmark instead of blocking it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 __all__ = ["MPIJob", "answer", "find_mpiexec", "mpi_command", "next_command", "run_mpi"]
@@ -46,9 +48,10 @@ def mpi_command(ranks: int, script: Path, arguments: list[str]) -> list[str]:
     return [find_mpiexec(), "-n", str(ranks), sys.executable, str(script), *arguments]
 
 
-def _environment(timeout: float) -> dict[str, str]:
+def _environment(job_limit: float | None) -> dict[str, str]:
     env = dict(os.environ)
-    env["MPIEXEC_TIMEOUT"] = str(int(timeout) + 1)  # hydra's own bound on the whole job
+    if job_limit is not None:
+        env["MPIEXEC_TIMEOUT"] = str(int(job_limit) + 1)  # hydra's own bound on the whole job
     env["PYTHONUNBUFFERED"] = "1"  # rank 0's lines arrive as they are printed
     return env
 
@@ -92,7 +95,8 @@ class MPIJob:
 
     ``ask("sample")`` writes a line to rank 0 (hydra forwards this process's pipe to rank 0's
     stdin) and returns rank 0's next answer line (lines starting with ``"@ "``); any other line
-    rank 0 prints is echoed here with a prefix. Every wait is bounded by ``timeout``.
+    the job prints (hydra merges every rank's stdout) is echoed here with a prefix. Every wait
+    is bounded by ``timeout``.
     """
 
     ANSWER = "@ "
@@ -101,7 +105,7 @@ class MPIJob:
         print(f"launching: {' '.join(command)}", flush=True)
         self._timeout = timeout
         self._process = subprocess.Popen(
-            command, env=_environment(timeout), start_new_session=True, text=True,
+            command, env=_environment(None), start_new_session=True, text=True,  # each answer is bounded
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=1,
         )
         self._answers: queue.SimpleQueue[str | None] = queue.SimpleQueue()
@@ -113,7 +117,7 @@ class MPIJob:
             if line.startswith(self.ANSWER):
                 self._answers.put(line[len(self.ANSWER):].strip())
             else:
-                print(f"  [mpi rank 0] {line.rstrip()}", flush=True)
+                print(f"  [mpi job] {line.rstrip()}", flush=True)
         self._answers.put(None)  # end of output: the job ended
 
     def answer(self) -> str:
@@ -176,8 +180,6 @@ def next_command(comm: object, width: int = 64) -> str:
     The other ranks wait with short sleeps (not MPI's busy-waiting), so an idle job leaves
     the cores to whatever the benchmark measures meanwhile.
     """
-    import time
-
     text = bytearray(width)
     if comm.Get_rank() == 0:  # type: ignore[attr-defined]
         line = sys.stdin.readline().strip() or "quit"

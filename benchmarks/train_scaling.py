@@ -31,8 +31,25 @@ numpy loop (checked after the timing by training both for ``--epochs``).
 **adam** (weak scaling): each replica gets ``--batch`` examples per step and the optimizer is
 Adam 1e-3, as in the main job; numpy loop, the two-thread ceiling, towerdist 1/2/4, DDP.
 
+**--mpi** (the sgd task across processes): ``MultiWorkerMirroredStrategy`` on 2 processes x 1
+CPU replica, started by this script as ``mpiexec -n 2 python benchmarks/train_scaling.py
+--mpi-worker`` (the ``mpiexec`` next to this Python, else on ``PATH``), against the in-process
+variants, all in one run: the numpy loop, the two-thread ceiling, ``towerdist 1`` and
+``towerdist 2`` (``MirroredStrategy`` over 2 logical CPUs). Every variant trains on the same
+global batch of 256 per step; each MPI worker takes its 128 examples the way ``towerdist 2``'s
+replicas do (``experimental_distribute_values_from_function`` with the global replica id),
+runs the same step function, and ``apply_gradients`` sums the gradients across the processes.
+The workers run this file, so BLAS is pinned to one thread there too. The job stays up for
+the whole run and idles between its samples (rank 0 blocks reading its stdin, rank 1 sleeps
+between polls), so the variants are timed in rotation as above: rank 0 reports the
+examples/s of each sample (the ranks start it together after a barrier). Before timing, the
+parameters after a few steps are checked to be the same on both workers and against
+``towerdist 2`` on the same batch. Targets: MWMS >= 0.8x the ceiling; the ratio to
+``towerdist 2`` is reported.
+
 Run:
     python benchmarks/train_scaling.py [--task sgd adam] [--repeats 7] [--seconds 0.4] [--batch 64 256]
+    python benchmarks/train_scaling.py --mpi [--repeats 9] [--seconds 0.4] [--quick]
 """
 
 from __future__ import annotations
@@ -48,6 +65,7 @@ import argparse  # noqa: E402
 import queue  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -57,6 +75,7 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 
 import towerdist as td  # noqa: E402
+from _mpi_launch import MPIJob, answer, mpi_command, next_command  # noqa: E402
 
 from _machine import machine_info  # noqa: E402
 
@@ -69,6 +88,9 @@ SGD_RATE = 0.1
 TARGET_ONE_REPLICA = 0.9  # towerdist 1 / numpy loop
 TARGET_TWO_REPLICAS = 0.75  # towerdist 2 / ceiling
 TARGET_APPLY_MS = 0.3  # what apply_gradients adds per step at 2 replicas
+TARGET_MWMS = 0.8  # MultiWorkerMirroredStrategy 2 x 1 / ceiling
+MPI_WORKERS = 2
+CHECK_STEPS = 5  # --mpi: steps after which the workers' parameters are compared with towerdist 2's
 
 Step = Callable[[], None]
 
@@ -198,6 +220,18 @@ def free_threads_rate(steps: list[Step], examples_per_step: int, seconds: float)
 
 def towerdist_step(replicas: int, per_replica: int, global_batch: int, optimizer: str, update: bool = True) -> Step:
     strategy = td.distribute.MirroredStrategy([f"CPU:{i}" for i in range(replicas)])
+    return towerdist_training(strategy, per_replica, global_batch, optimizer, update)[0]
+
+
+def towerdist_training(
+    strategy: Any, per_replica: int, global_batch: int, optimizer: str, update: bool = True
+) -> tuple[Step, Any]:
+    """The training step of ``strategy`` (replica i trains on examples i*per_replica...) and its model.
+
+    With ``MultiWorkerMirroredStrategy`` the replica ids are global, so every worker picks
+    its own examples of the same ``num_replicas_in_sync * per_replica`` ones.
+    """
+    replicas = strategy.num_replicas_in_sync
     x, y = batches(replicas, per_replica)
 
     def piece(array: np.ndarray) -> Any:
@@ -217,7 +251,12 @@ def towerdist_step(replicas: int, per_replica: int, global_batch: int, optimizer
         if update:
             opt.apply_gradients(zip(grads, model.parameters))
 
-    return lambda: strategy.run(train_step, args=(features, labels))
+    return (lambda: strategy.run(train_step, args=(features, labels))), model
+
+
+def parameters_of(model: Any) -> list[np.ndarray]:
+    """Copies of the model's parameters (this process's first replica's)."""
+    return [np.array(v.values[0].numpy(), copy=True) for v in model.parameters]
 
 
 def with_fresh_buffers(step: Step) -> Step:
@@ -425,6 +464,124 @@ def adam_task(args: argparse.Namespace) -> None:
     print()
 
 
+# --- --mpi: MultiWorkerMirroredStrategy on 2 processes x 1 replica -----------------------------------
+
+
+def mpi_worker(args: argparse.Namespace) -> None:
+    """One rank of ``--mpi`` (started by mpiexec): answers rank 0's stdin, one line per request."""
+    from mpi4py import MPI
+
+    strategy = td.distribute.MultiWorkerMirroredStrategy()
+    comm = MPI.COMM_WORLD.Dup()
+    rank, n = comm.Get_rank(), comm.Get_size()
+    if strategy.num_replicas_in_sync != n or GLOBAL_BATCH % n:
+        raise RuntimeError(f"--mpi-worker expects one replica per rank and {GLOBAL_BATCH} examples divisible by "
+                           f"the ranks; got num_replicas_in_sync={strategy.num_replicas_in_sync} over {n} ranks.")
+    per_worker = GLOBAL_BATCH // n
+    if rank == 0:
+        print(f"{n} ranks x 1 CPU replica, {per_worker} examples per worker per step; BLAS: {blas_threads()}; "
+              f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}", flush=True)
+
+    # The check: a fresh model trained CHECK_STEPS steps; rank 0 saves it for the parent to compare.
+    check_step, check_model = towerdist_training(strategy, per_worker, GLOBAL_BATCH, "sgd")
+    for _ in range(CHECK_STEPS):
+        check_step()
+    mine = np.concatenate([p.ravel() for p in parameters_of(check_model)])
+    first = comm.bcast(mine if rank == 0 else None, root=0)
+    disagreement = comm.allreduce(float(np.max(np.abs(mine - first))), op=MPI.MAX)
+    if rank == 0:
+        np.savez(args.check_file, *parameters_of(check_model))
+    del check_step, check_model
+
+    step = towerdist_training(strategy, per_worker, GLOBAL_BATCH, "sgd")[0]
+    for _ in range(3):
+        step()
+    # Calibration: chunks of 10 steps until rank 0 has spent a quarter of a sample (rank 0 decides).
+    steps, start = 0, time.perf_counter()
+    while True:
+        for _ in range(10):
+            step()
+        steps += 10
+        if comm.bcast(time.perf_counter() - start >= args.seconds / 4 if rank == 0 else None, root=0):
+            break
+    steps = max(3, steps * 4)
+    if rank == 0:
+        answer(f"ready {steps} {disagreement!r}")
+    while (command := next_command(comm)) != "quit":
+        if command != "sample":
+            raise RuntimeError(f"--mpi-worker: unknown command {command!r} (expected 'sample' or 'quit').")
+        comm.Barrier()  # the ranks start together
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        elapsed = time.perf_counter() - start
+        if rank == 0:
+            answer(f"{steps * GLOBAL_BATCH / elapsed!r}")
+    comm.Free()
+
+
+def in_process_sampler(step: Step, examples: int, seconds: float) -> Callable[[], float]:
+    """A function that times one sample of ``step`` (as ``measure`` does) and returns examples/s."""
+    count = calibrate(step, seconds)
+
+    def sample() -> float:
+        start = time.perf_counter()
+        for _ in range(count):
+            step()
+        return count * examples / (time.perf_counter() - start)
+
+    return sample
+
+
+def mpi_task(args: argparse.Namespace) -> None:
+    """``--mpi``: MWMS 2 x 1 against the in-process variants, in one rotation."""
+    print(f"task sgd over MPI: plain SGD (lr {SGD_RATE}), global batch {GLOBAL_BATCH}; MWMS = "
+          f"MultiWorkerMirroredStrategy on {MPI_WORKERS} processes x 1 CPU replica ({GLOBAL_BATCH // MPI_WORKERS} "
+          f"examples each)")
+    x, y = batches(1, GLOBAL_BATCH)
+    half = GLOBAL_BATCH // 2
+    mwms = f"MWMS {MPI_WORKERS} x 1 (mpiexec)"
+    with tempfile.TemporaryDirectory() as directory:
+        check_file = Path(directory) / "mwms_parameters.npz"
+        worker_args = ["--mpi-worker", "--seconds", str(args.seconds), "--check-file", str(check_file)]
+        script = Path(__file__).resolve()
+        with MPIJob(mpi_command(MPI_WORKERS, script, worker_args), args.timeout) as job:
+            # The job sets itself up and calibrates first, then idles while these calibrate.
+            _, _, disagreement = job.answer().split()
+            samplers = {
+                "numpy loop": in_process_sampler(numpy_sgd_step(x, y, GLOBAL_BATCH), GLOBAL_BATCH, args.seconds),
+                "ceiling (2 threads)": in_process_sampler(lockstep_threads([
+                    numpy_sgd_step(x[:half], y[:half], GLOBAL_BATCH),
+                    numpy_sgd_step(x[half:], y[half:], GLOBAL_BATCH)]), GLOBAL_BATCH, args.seconds),
+            }
+            for n in (1, 2):
+                samplers[f"towerdist {n}"] = in_process_sampler(
+                    towerdist_step(n, GLOBAL_BATCH // n, GLOBAL_BATCH, "sgd"), GLOBAL_BATCH, args.seconds)
+            samplers[mwms] = lambda: float(job.ask("sample"))
+            rates: dict[str, list[float]] = {name: [] for name in samplers}
+            for _ in range(args.repeats):
+                for name, sample in samplers.items():
+                    rates[name].append(sample())
+        mwms_parameters = [a for _, a in sorted(np.load(check_file).items(), key=lambda kv: int(kv[0][4:]))]
+
+    medians = table(rates, "numpy loop", {name: GLOBAL_BATCH for name in rates})
+    ceiling, two, one = medians["ceiling (2 threads)"], medians["towerdist 2"], medians["towerdist 1"]
+    ratio = medians[mwms] / ceiling
+    print(f"  MWMS / ceiling     = {ratio:.2f}x (target >= {TARGET_MWMS}x: {verdict(ratio >= TARGET_MWMS)})")
+    print(f"  MWMS / towerdist 2 = {medians[mwms] / two:.2f}x; MWMS / towerdist 1 = {medians[mwms] / one:.2f}x; "
+          f"towerdist 2 / ceiling = {two / ceiling:.2f}x")
+
+    # The check: towerdist 2 trained CHECK_STEPS steps on the same batch from the same start.
+    check_step, check_model = towerdist_training(
+        td.distribute.MirroredStrategy(["CPU:0", "CPU:1"]), half, GLOBAL_BATCH, "sgd")
+    for _ in range(CHECK_STEPS):
+        check_step()
+    drift = max(float(np.max(np.abs(a - b))) for a, b in zip(parameters_of(check_model), mwms_parameters))
+    print(f"  check after {CHECK_STEPS} steps: the workers' parameters differ by {float(disagreement):.1e} between "
+          f"ranks and by {drift:.1e} from towerdist 2's")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", nargs="+", choices=("sgd", "adam"), default=["sgd", "adam"])
@@ -432,13 +589,28 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=0.4, help="length of one sample")
     parser.add_argument("--epochs", type=int, default=30, help="sgd: epochs of the accuracy check")
+    parser.add_argument("--mpi", action="store_true",
+                        help="the sgd task on MultiWorkerMirroredStrategy (2 processes under mpiexec) against "
+                             "the in-process variants")
+    parser.add_argument("--quick", action="store_true", help="--mpi smoke run: 5 repeats of ~0.2 s")
+    parser.add_argument("--timeout", type=float, default=300.0, help="--mpi: seconds the MPI job may wait or be silent")
+    parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)  # one rank of --mpi
+    parser.add_argument("--check-file", default=None, help=argparse.SUPPRESS)  # --mpi-worker: rank 0 saves here
     args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.seconds = 5, 0.2
+    if args.mpi_worker:  # before the logical devices: each worker has one CPU replica
+        mpi_worker(args)
+        return
 
     cpu = td.config.list_physical_devices("CPU")[0]
     td.config.set_logical_device_configuration(cpu, [td.config.LogicalDeviceConfiguration()] * max(REPLICAS))
     print(machine_info())
     print(f"BLAS threads pinned to 1 per replica: {blas_threads()}")
     print(f"medians of {args.repeats} samples of ~{args.seconds}s, variants in rotation; examples/s\n")
+    if args.mpi:
+        mpi_task(args)
+        return
     if "sgd" in args.task:
         sgd_task(args)
     if "adam" in args.task:
