@@ -93,6 +93,26 @@ def test_all_reduce_sums_every_replica_of_every_worker_exactly(multi_worker_stra
         np.testing.assert_allclose(result["float"], np.full((2, 3), n * n / 2, np.float32))
 
 
+def test_results_kept_by_the_caller_are_never_reused(multi_worker_strategy):
+    strategy = multi_worker_strategy
+    _, _, _, n = _layout(strategy)
+
+    def step(k):
+        return td.distribute.get_replica_context().all_reduce("sum", np.full(1000, float(k), np.float32))
+
+    kept = [strategy.experimental_local_results(strategy.run(step, args=(k,))) for k in range(10)]
+    views = [results[0][::2] for results in kept[:3]]  # views keep their buffer busy too
+    del kept[:3]
+    more = [strategy.experimental_local_results(strategy.run(step, args=(100 + k,))) for k in range(10)]
+    for k, results in enumerate(kept, start=3):
+        for result in results:
+            np.testing.assert_array_equal(result, np.full(1000, float(k * n), np.float32))
+    for k, view in enumerate(views):
+        np.testing.assert_array_equal(view, np.full(500, float(k * n), np.float32))
+    for k, results in enumerate(more):
+        assert float(results[0][0]) == (100 + k) * n
+
+
 def test_all_reduce_mean_of_integers_is_float64(multi_worker_strategy):
     strategy = multi_worker_strategy
     _, _, _, n = _layout(strategy)

@@ -103,6 +103,8 @@ class Communicator:
         self._broken: str | None = None
         self._header = np.zeros(_HEADER, np.int64)
         self._table = np.zeros((self.size, _HEADER), np.int64)
+        self._rows = list(self._table)  # each rank's row, a view
+        self._Testall = world.MPI.Request.Testall
 
     @property
     def broken(self) -> str | None:
@@ -117,13 +119,22 @@ class Communicator:
             table = self._handshake(call, timeout, warning)
             return [int(x) for x in table[:, _EXTRA]]
 
-    def allreduce(self, buffers: Sequence[np.ndarray], call: Call, timeout: float | None, warning: float | None) -> None:
-        """Sums each contiguous host buffer across the ranks, in place (one ``Iallreduce`` each)."""
+    def allreduce(
+        self, buffers: Sequence[np.ndarray], call: Call, timeout: float | None, warning: float | None,
+        results: Sequence[np.ndarray] | None = None,
+    ) -> None:
+        """Sums each contiguous host buffer across the ranks (one ``Iallreduce`` each).
+
+        In place, or into ``results[k]`` (same size and dtype) when given.
+        """
         with self._lock:
             self._handshake(call, timeout, warning)
             deadline = _deadline(timeout)
-            for buffer in buffers:
-                request = self._comm.Iallreduce(self._MPI.IN_PLACE, buffer, op=self._MPI.SUM)
+            for k, buffer in enumerate(buffers):
+                if results is None:
+                    request = self._comm.Iallreduce(self._MPI.IN_PLACE, buffer, op=self._MPI.SUM)
+                else:
+                    request = self._comm.Iallreduce(buffer, results[k], op=self._MPI.SUM)
                 self._spin([request], deadline, call)
 
     def allgatherv(
@@ -174,7 +185,7 @@ class Communicator:
     def _gather_headers(self, call: Call, seq: int, timeout: float | None, warning: float | None) -> np.ndarray:
         table = self._table
         table[0] = self._header
-        requests = [self._comm.Irecv(table[r], source=r, tag=_TAG_HEADER) for r in range(1, self.size)]
+        requests = [self._comm.Irecv(self._rows[r], source=r, tag=_TAG_HEADER) for r in range(1, self.size)]
         arrived = self._poll(requests, call, seq, timeout, warning)
         if not all(arrived):
             missing = [r + 1 for r, done in enumerate(arrived) if not done]
@@ -207,29 +218,26 @@ class Communicator:
         self, requests: list[Any], call: Call, seq: int, timeout: float | None, warning: float | None
     ) -> list[bool]:
         """Waits for ``requests``: spins, then sleeps a little between polls; warns and times out."""
-        done = [False] * len(requests)
+        testall = self._Testall
         start = time.monotonic()
         pause = 0.0
         warned_at = 0.0
         while True:
-            for k, request in enumerate(requests):
-                if not done[k] and request.Test():
-                    done[k] = True
-            if all(done):
-                return done
+            if testall(requests):
+                return [True] * len(requests)
             waited = time.monotonic() - start
             if timeout is not None and waited > timeout:
-                return done
+                return [bool(r.Test()) for r in requests]
             if warning is not None and waited > warning and waited - warned_at > warning:
                 warned_at = waited
-                self._warn_stall(call, seq, waited, done)
+                self._warn_stall(call, seq, waited, [bool(r.Test()) for r in requests])
             if waited > _SPIN_SECONDS:
                 pause = min(_MAX_SLEEP_SECONDS, pause * 2 or 0.00005)
                 time.sleep(pause)
 
     def _check(self, table: np.ndarray, call: Call, seq: int, timeout: float | None) -> None:
         keys = table[:, :_EXTRA]
-        if (keys == keys[0]).all():
+        if keys.tobytes() == keys[0].tobytes() * self.size:
             return
         # Every rank sees the same table, so every rank is here: exchange readable descriptions.
         texts = self._exchange_text(f"{call.describe()} (collective #{seq})", call, timeout)
@@ -258,8 +266,9 @@ class Communicator:
     # --- phase 2: the payload ----------------------------------------------------------------
 
     def _spin(self, pending: list[Any], deadline: float | None, call: Call) -> None:
+        testall = self._Testall
         while True:
-            if all(r.Test() for r in pending):
+            if testall(pending):
                 return
             if deadline is not None and time.monotonic() > deadline:
                 reason = f"{call.api} timed out while moving its data between the ranks"

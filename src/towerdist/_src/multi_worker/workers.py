@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -54,6 +55,7 @@ class Workers:
         self.rank = 0 if world is None else world.rank
         self.size = 1 if world is None else world.size
         self._communicator = _shared_communicator(world)
+        self._pool = _BufferPool()
         if self._communicator is not None:
             _current = self
 
@@ -68,20 +70,34 @@ class Workers:
         strategy's), else the replica timeout of ``td.config.set_replica_timeouts``.
         """
         replica = watchdog.get_replica_timeouts()
-        timeout = self._options.merge(options).timeout_seconds
+        timeout = (self._options if options is None else self._options.merge(options)).timeout_seconds
         return (timeout if timeout is not None else replica["timeout_seconds"]), replica["warning_seconds"]
 
     # --- collectives ------------------------------------------------------------------------
 
-    def sum(self, arrays: Sequence[np.ndarray], api: str, options: CommunicationOptions | None) -> list[np.ndarray]:
-        """Each array summed over the workers, as new arrays (same shapes and dtypes)."""
+    def sum(
+        self, arrays: Sequence[np.ndarray], api: str, options: CommunicationOptions | None,
+        out: Sequence[Any] | None = None,
+    ) -> list[np.ndarray]:
+        """Each array summed over the workers, as new arrays (same shapes and dtypes).
+
+        ``out[k]``, when given and of array ``k``'s shape and dtype, is reduced into and
+        returned. The data is copied once, into the buffer MPI then reduces in place: ``out``
+        or a buffer from a pool of buffers MPI has touched before (fresh memory handed to MPI
+        page-faults on every call, which cost more than the transfer itself).
+        """
         communicator = self._communicator
         if communicator is None:
-            return [np.array(a, copy=True) for a in arrays]
-        bytes_per_pack = self._options.merge(options).bytes_per_pack
+            return [_result(a, out, k) for k, a in enumerate(arrays)]
+        bytes_per_pack = (self._options if options is None else self._options.merge(options)).bytes_per_pack
         packs = _packs(arrays, bytes_per_pack)
-        buffers = [_fill(arrays, pack, dtype) for dtype, pack in packs]
         call = Call(api, "SUM", _signature(arrays))
+        buffers = []
+        for dtype, pack in packs:
+            target = _own_buffer(out, pack[0], arrays[pack[0]], dtype) if len(pack) == 1 else None
+            if target is None:
+                target = self._pool.take(dtype, sum(arrays[k].size for k in pack))
+            buffers.append(_fill(arrays, pack, target))
         communicator.allreduce(buffers, call, *self.bounds(options))
         results: list[np.ndarray] = [np.empty(0)] * len(arrays)
         for (_, pack), buffer in zip(packs, buffers):
@@ -119,7 +135,7 @@ class Workers:
             return copies
         packs = _packs(copies, 0)
         for dtype, pack in packs:
-            buffer = _fill(copies, pack, dtype)
+            buffer = _fill(copies, pack, np.empty(sum(copies[k].size for k in pack), dtype))
             communicator.broadcast(buffer, call, timeout, warning)
             offset = 0
             for k in pack:
@@ -219,13 +235,72 @@ def _error_class(name: str) -> type[Exception]:
     return errors.OpError
 
 
+_signatures: dict[tuple[Any, ...], str] = {}
+
+
 def _signature(arrays: Sequence[np.ndarray]) -> str:
-    text = ", ".join(f"{a.dtype}{list(a.shape)}" for a in arrays)
-    return text if len(text) <= _MAX_SIGNATURE else f"{len(arrays)} arrays: {text[:_MAX_SIGNATURE]}..."
+    """What must be equal on every worker: each array's dtype and shape, as text (cached)."""
+    key = tuple((a.dtype, a.shape) for a in arrays)
+    text = _signatures.get(key)
+    if text is None:
+        text = ", ".join(f"{a.dtype}{list(a.shape)}" for a in arrays)
+        if len(text) > _MAX_SIGNATURE:
+            text = f"{len(arrays)} arrays: {text[:_MAX_SIGNATURE]}... (digest {hash(key) & 0xFFFFFFFF:08x})"
+        if len(_signatures) > 4096:
+            _signatures.clear()
+        _signatures[key] = text
+    return text
+
+
+def _result(array: np.ndarray, out: Sequence[Any] | None, k: int) -> np.ndarray:
+    """A copy of ``array``: into ``out[k]`` when that fits, else a new array."""
+    target = _own_buffer(out, k, array, array.dtype)
+    if target is None:
+        return np.array(array, copy=True)
+    np.copyto(target, array.reshape(-1))
+    return target.reshape(array.shape)
+
+
+def _own_buffer(out: Sequence[Any] | None, k: int, array: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray | None:
+    """``out[k]`` flattened, if it can hold ``array``'s values as ``dtype`` (same dtype, writable, contiguous)."""
+    target = out[k] if out is not None else None
+    if (
+        isinstance(target, np.ndarray) and target.shape == array.shape and target.dtype == array.dtype == dtype
+        and target.flags.writeable and target.flags.c_contiguous
+    ):
+        return target.reshape(-1)
+    return None
+
+
+class _BufferPool:
+    """Host buffers to reduce into, reused once nothing outside the pool refers to them.
+
+    A result handed out is a view of its buffer, so the buffer stays busy while any result
+    (or view of one) lives; at most ``_PER_SIZE`` buffers per dtype and size are kept.
+    """
+
+    _PER_SIZE = 4
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[np.dtype[Any], int], list[np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, dtype: np.dtype[Any], size: int) -> np.ndarray:
+        with self._lock:
+            kept = self._buffers.setdefault((dtype, size), [])
+            for buffer in kept:
+                if sys.getrefcount(buffer) == 3:  # the list, this loop and getrefcount's argument
+                    return buffer
+            buffer = np.empty(size, dtype)
+            if len(kept) < self._PER_SIZE:
+                kept.append(buffer)
+            return buffer
 
 
 def _packs(arrays: Sequence[np.ndarray], bytes_per_pack: int) -> list[tuple[np.dtype[Any], list[int]]]:
     """Indices of ``arrays`` grouped by transfer dtype, split at ``bytes_per_pack`` (0: one pack per dtype)."""
+    if len(arrays) == 1:
+        return [(_TRANSFER.get(arrays[0].dtype, arrays[0].dtype), [0])]
     by_dtype: dict[np.dtype[Any], list[list[int]]] = {}
     sizes: dict[np.dtype[Any], int] = {}
     for k, array in enumerate(arrays):
@@ -240,9 +315,8 @@ def _packs(arrays: Sequence[np.ndarray], bytes_per_pack: int) -> list[tuple[np.d
     return [(dtype, group) for dtype, groups in by_dtype.items() for group in groups]
 
 
-def _fill(arrays: Sequence[np.ndarray], pack: list[int], dtype: np.dtype[Any]) -> np.ndarray:
-    """A new contiguous buffer holding ``arrays[k]`` for ``k`` in ``pack``, one after another."""
-    buffer = np.empty(sum(arrays[k].size for k in pack), dtype)
+def _fill(arrays: Sequence[np.ndarray], pack: list[int], buffer: np.ndarray) -> np.ndarray:
+    """``buffer`` holding ``arrays[k]`` for ``k`` in ``pack``, one after another."""
     offset = 0
     for k in pack:
         size = arrays[k].size

@@ -238,16 +238,18 @@ class MultiWorkerExtended(MirroredExtended):
     ) -> list[list[Any]]:
         if self._workers.size == 1:
             return super()._all_reduce(reduce_op, columns, options, out)
-        reduced = self._reduce_columns(reduce_op, columns, options, "ReplicaContext.all_reduce()")
+        reduced = self._reduce_columns(reduce_op, columns, options, "ReplicaContext.all_reduce()", out)
         return [self._place_everywhere(array) for array in reduced]
 
     def _reduce_columns(
-        self, reduce_op: ReduceOp, columns: list[list[Any]], options: CommunicationOptions | None, api: str
+        self, reduce_op: ReduceOp, columns: list[list[Any]], options: CommunicationOptions | None, api: str,
+        out: list[Any] | None = None,
     ) -> list[np.ndarray]:
         """Each column (one array per local replica) reduced over every replica of every worker.
 
         The local replicas are summed first (in process), then the workers (one MPI
-        ``Allreduce`` per pack); MEAN divides by ``num_replicas_in_sync``. Host arrays out.
+        ``Allreduce`` per pack); MEAN divides by ``num_replicas_in_sync``. New host arrays
+        out (GPU arrays with NCCL), or ``out[k]`` (see ``CrossDeviceOps._all_reduce``).
         """
         if len(self._devices) > 1:
             local = super()._all_reduce(ReduceOp.SUM, columns, options)
@@ -257,7 +259,7 @@ class MultiWorkerExtended(MirroredExtended):
         if self._uses_nccl(sums, options):
             totals = self._nccl_sum(sums, api, options)
         else:
-            totals = self._workers.sum([_to_host(s) for s in sums], api, options)
+            totals = self._workers.sum([_to_host(s) for s in sums], api, options, out)
         if reduce_op is ReduceOp.MEAN:
             n = self._num_replicas_in_sync
             totals = [_mean(total, n) for total in totals]
