@@ -65,10 +65,45 @@ def slow_rank(strategy: td.distribute.Strategy, rank: int) -> None:
 def uncaught_exception(strategy: td.distribute.Strategy, rank: int) -> None:
     """Rank 1 raises and does not catch; rank 0 waits in a collective with no timeout."""
     if rank == 1:
+        report(rank=rank, outcome="raising")
         raise RuntimeError("rank 1 failed on purpose")
     report(rank=rank, outcome="entering all_reduce")
     all_reduce(strategy)
     report(rank=rank, outcome="all_reduce returned")
+
+
+def early_exit(strategy: td.distribute.Strategy, rank: int) -> None:
+    """Rank 1 calls sys.exit(3) (no exception hook runs); rank 0 waits in a collective with no timeout."""
+    if rank == 1:
+        sys.exit(3)
+    start = time.monotonic()
+    try:
+        all_reduce(strategy)
+    except td.errors.AbortedError as error:
+        report(rank=rank, outcome="AbortedError", seconds=time.monotonic() - start, ranks=error.ranks,
+               message=str(error))
+
+
+def interrupted_wait(strategy: td.distribute.Strategy, rank: int) -> None:
+    """Rank 0's wait is interrupted (a stall warning turned into an error): its next collective refuses."""
+    import warnings
+
+    td.config.set_replica_timeouts(warning_seconds=0.5, timeout_seconds=None)
+    if rank == 1:
+        time.sleep(2.0)
+        report(rank=rank, outcome="late rank done")
+        return
+    warnings.simplefilter("error", td.errors.ReplicaStallWarning)
+    try:
+        all_reduce(strategy)
+    except td.errors.ReplicaStallWarning:
+        pass  # the interruption itself, expected
+    try:
+        all_reduce(strategy)
+        outcome = "second collective ran"
+    except td.errors.UnavailableError as error:
+        outcome = "UnavailableError: " + str(error)
+    report(rank=rank, outcome=outcome)
 
 
 def killed_rank(strategy: td.distribute.Strategy, rank: int) -> None:
@@ -117,8 +152,29 @@ def save_for_other_topologies(strategy: td.distribute.Strategy, rank: int, direc
            momentum=optimizer.get_slot(w, "momentum").values[0].numpy().tolist())
 
 
+def late_start(rank: int) -> None:
+    """Rank 1 creates its strategy 30 s late; rank 0's creation is bounded by its timeout (2 s).
+
+    Both ranks start MPI first: ``MPI_Init`` itself waits for every rank (MPI's own start-up).
+    """
+    from mpi4py import MPI
+
+    assert MPI.COMM_WORLD.Get_size() == 2
+    if rank == 1:
+        time.sleep(30)
+    options = td.distribute.experimental.CommunicationOptions(timeout_seconds=2.0)
+    start = time.monotonic()
+    try:
+        td.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    except td.errors.DeadlineExceededError as error:
+        report(rank=rank, outcome="DeadlineExceededError", seconds=time.monotonic() - start, message=str(error))
+
+
 def main() -> None:
     scenario = sys.argv[1]
+    if scenario == "late_start":
+        late_start(int(os.environ["PMI_RANK"]))
+        return
     options = td.distribute.experimental.CommunicationOptions(timeout_seconds=2.0 if scenario == "stuck" else None)
     strategy = td.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     rank = strategy.cluster_resolver.task_id
@@ -128,6 +184,10 @@ def main() -> None:
         slow_rank(strategy, rank)
     elif scenario == "uncaught":
         uncaught_exception(strategy, rank)
+    elif scenario == "exit":
+        early_exit(strategy, rank)
+    elif scenario == "interrupted":
+        interrupted_wait(strategy, rank)
     elif scenario == "killed":
         killed_rank(strategy, rank)
     elif scenario == "failed_save":

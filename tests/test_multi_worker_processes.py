@@ -29,8 +29,12 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 pytestmark = pytest.mark.launches_mpi
 
 
-def run_mpi(*args: str, timeout: float = 60.0) -> tuple[dict[int, list], str, float]:
-    """Runs the child under ``mpiexec -n 2``; returns each rank's results, the output and the seconds."""
+def run_mpi(*args: str, timeout: float = 60.0) -> tuple[dict[int, list], str, float, int]:
+    """Runs the child under ``mpiexec -n 2``; returns each rank's results, the output, the seconds and mpiexec's rc.
+
+    The output of a rank the job's abort kills may be cut short (hydra stops forwarding it):
+    tests read what the ranks reported in their files, and the output only for messages.
+    """
     mpiexec = _mpiexec()
     assert mpiexec is not None
     with tempfile.TemporaryDirectory() as results_dir:
@@ -45,11 +49,11 @@ def run_mpi(*args: str, timeout: float = 60.0) -> tuple[dict[int, list], str, fl
             for line in path.read_text().splitlines():
                 fields = json.loads(line)
                 results.setdefault(fields["rank"], []).append(fields)
-    return results, done.stdout + done.stderr, seconds
+    return results, done.stdout + done.stderr, seconds, done.returncode
 
 
 def test_a_stuck_rank_is_named_within_the_timeout_and_the_job_ends(tmp_path):
-    results, output, seconds = run_mpi("stuck", timeout=50)
+    results, output, seconds, returncode = run_mpi("stuck", timeout=50)
     first, then = results[0]
     assert first["outcome"] == "DeadlineExceededError" and first["missing"] == [1], output
     assert 2.0 <= first["seconds"] < 3.5, first  # the 2 s timeout, plus at most ~1 s
@@ -57,11 +61,11 @@ def test_a_stuck_rank_is_named_within_the_timeout_and_the_job_ends(tmp_path):
     assert then["outcome"] == "then UnavailableError" and "broken" in then["message"]
     assert 1 not in results  # rank 1 (asleep for 60 s) never woke up: the job was aborted
     assert seconds < 20, output
-    assert "aborts the MPI job" in output
+    assert returncode != 0
 
 
 def test_without_a_timeout_a_late_rank_is_named_in_stall_warnings():
-    results, output, _ = run_mpi("slow", timeout=50)
+    results, output, _, _ = run_mpi("slow", timeout=50)
     (rank0,), (rank1,) = results[0], results[1]
     assert rank0["result"] == rank1["result"] == [2.0] * 4, output  # the collective completed
     assert len(rank0["warnings"]) >= 1, output
@@ -71,22 +75,48 @@ def test_without_a_timeout_a_late_rank_is_named_in_stall_warnings():
 
 
 def test_an_uncaught_exception_on_one_rank_ends_the_job(tmp_path):
-    results, output, seconds = run_mpi("uncaught", timeout=50)
-    assert "RuntimeError: rank 1 failed on purpose" in output
-    assert "uncaught RuntimeError" in output
-    assert all(r["outcome"] != "all_reduce returned" for r in results.get(0, []))
+    results, output, seconds, returncode = run_mpi("uncaught", timeout=50)
+    assert [r["outcome"] for r in results[1]] == ["raising"], output
+    assert [r["outcome"] for r in results[0]] == ["entering all_reduce"], output  # never returned
     assert seconds < 20, output
+    assert returncode != 0
+
+
+def test_a_rank_that_exits_early_makes_the_others_raise_instead_of_waiting():
+    results, output, seconds, _ = run_mpi("exit", timeout=50)
+    (rank0,) = results[0]
+    assert rank0["outcome"] == "AbortedError" and rank0["ranks"] == [1], output
+    assert "rank(s) 1 ended their program without reaching ReplicaContext.all_reduce()" in rank0["message"]
+    assert rank0["seconds"] < 5
+    assert seconds < 20, output
+
+
+def test_an_interrupted_wait_breaks_the_communication_instead_of_pairing_stale_messages():
+    results, output, _, _ = run_mpi("interrupted", timeout=50)
+    (rank0,) = results[0]
+    assert rank0["outcome"].startswith("UnavailableError"), output
+    assert "interrupted on rank 0 by ReplicaStallWarning" in rank0["outcome"]
+
+
+def test_creating_the_strategy_is_bounded_by_the_timeout():
+    results, output, seconds, _ = run_mpi("late_start", timeout=50)
+    (rank0,) = results[0]
+    assert rank0["outcome"] == "DeadlineExceededError", output
+    assert 2.0 <= rank0["seconds"] < 3.5
+    assert "every process must create it" in rank0["message"]
+    assert seconds < 20, output  # rank 1, asleep for 30 s, was torn down
 
 
 def test_a_killed_rank_does_not_leave_the_others_waiting(tmp_path):
-    results, output, seconds = run_mpi("killed", timeout=50)
+    results, output, seconds, returncode = run_mpi("killed", timeout=50)
     assert all(r["outcome"] != "all_reduce returned" for r in results.get(0, []))
     assert 1 not in results
     assert seconds < 20, output
+    assert returncode != 0
 
 
 def test_a_rank_failing_mid_save_leaves_the_previous_checkpoint(tmp_path):
-    results, output, _ = run_mpi("failed_save", str(tmp_path), timeout=60)
+    results, output, _, _ = run_mpi("failed_save", str(tmp_path), timeout=60)
     (rank0,), (rank1,) = results[0], results[1]
     assert rank1["outcome"] == "OSError", output  # its own error
     assert rank0["outcome"] == "AbortedError", output  # the chief names rank 1 and writes nothing
@@ -98,7 +128,7 @@ def test_a_rank_failing_mid_save_leaves_the_previous_checkpoint(tmp_path):
 
 @pytest.mark.parametrize("local", [1, 2])
 def test_a_checkpoint_saved_by_two_workers_restores_on_one(tmp_path, local):
-    results, output, _ = run_mpi("save", str(tmp_path), timeout=60)
+    results, output, _, _ = run_mpi("save", str(tmp_path), timeout=60)
     (rank0,), (rank1,) = results[0], results[1]
     assert rank0["path"] == rank1["path"] and rank0["w"] == rank1["w"], output
     # Both workers' gradients (1 and 2) were summed: w = arange(4) - 0.5 * 3.

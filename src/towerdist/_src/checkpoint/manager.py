@@ -163,7 +163,8 @@ class CheckpointManager:
         self._checkpoint_interval = checkpoint_interval
         self._init_fn = init_fn
         self._last_saved_step: int | None = None
-        os.makedirs(self._directory, exist_ok=True)
+        if _writes_files():
+            os.makedirs(self._directory, exist_ok=True)
         self._kept: dict[str, float] = {}  # path -> timestamp, oldest first
         self._latest: str | None = None
         self._last_preserved = time.time()
@@ -258,6 +259,9 @@ class CheckpointManager:
         Returns:
           The restored checkpoint's path, or None if it initialized instead.
         """
+        workers = workers_lib.current()
+        if workers is not None:  # several workers decide together, from the chief's view of the directory
+            self._latest = workers.run_on_chief(lambda: self._latest, "CheckpointManager.restore_or_initialize()")
         if self._latest is not None:
             self._checkpoint.restore(self._latest)
             if self._step_counter is not None:

@@ -86,7 +86,7 @@ class MPIClusterResolver:
     def num_accelerators(self, task_type: str | None = None, task_id: int | None = None,
                          config_proto: Any = None) -> dict[str, int]:
         """This worker's GPUs, ``{"GPU": n}`` (empty without GPUs)."""
-        from towerdist._src import config
+        from towerdist._src import config  # noqa: PLC0415  (config imports the GPU backend: only when asked)
 
         count = len(config.local_devices("GPU"))
         return {"GPU": count} if count else {}

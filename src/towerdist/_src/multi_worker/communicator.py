@@ -25,18 +25,26 @@ thread runs the cross-replica part (the caller or a ``merge_fn``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from towerdist._src.errors import DeadlineExceededError, InvalidArgumentError, ReplicaStallWarning, UnavailableError
+from towerdist._src.errors import (
+    AbortedError,
+    DeadlineExceededError,
+    InvalidArgumentError,
+    OpError,
+    ReplicaStallWarning,
+    UnavailableError,
+)
 from towerdist._src.multi_worker.mpi_runtime import World
 
 __all__ = ["Call", "Communicator"]
@@ -49,7 +57,7 @@ _HEADER = 8
 _MAGIC_VALUE = 0x7D157_0001
 _OK, _TIMED_OUT, _ABSENT = 0, 1, 2
 
-_TAG_HEADER, _TAG_TABLE = 17, 18
+_TAG_HEADER, _TAG_TABLE, _TAG_BYE = 17, 18, 19
 
 _SPIN_SECONDS = 0.005  # spin this long on a handshake before sleeping between polls
 _MAX_SLEEP_SECONDS = 0.002
@@ -70,32 +78,46 @@ class Call:
       op: the reduce op or kind of exchange (``"SUM"``, ``"gather"``, ``"broadcast"``).
       signature: what must be equal on every rank (dtypes and shapes), as readable text.
       extra: a per-rank number every rank learns from the handshake (e.g. rows to gather).
+      detail: shown in error messages but not compared across ranks (e.g. a variable's name).
     """
 
-    __slots__ = ("api", "extra", "op", "signature")
+    __slots__ = ("api", "detail", "extra", "op", "signature")
 
-    def __init__(self, api: str, op: str, signature: str, extra: int = 0) -> None:
+    def __init__(self, api: str, op: str, signature: str, extra: int = 0, detail: str = "") -> None:
         self.api = api
         self.op = op
         self.signature = signature
         self.extra = extra
+        self.detail = detail  # shown in messages, not compared (e.g. a variable's name)
 
     def describe(self) -> str:
-        return f"{self.api} {self.op} of {self.signature}"
+        detail = f" ({self.detail})" if self.detail else ""
+        return f"{self.api}{detail} {self.op} of {self.signature}"
 
 
 class Communicator:
-    """The workers of one ``MultiWorkerMirroredStrategy``: a duplicate of ``COMM_WORLD``.
+    """This process's collectives with the other workers, on a duplicate of ``COMM_WORLD``.
+
+    One per process, shared by every ``MultiWorkerMirroredStrategy`` (``workers.py``), so the
+    collectives of all of them are numbered in one sequence. Creating it is collective,
+    bounded by ``timeout`` (stall warnings every ``warning`` seconds).
+
+    When the program ends, :meth:`close` tells the other ranks this one is leaving, and
+    waits for every rank to leave: a rank still waiting in a collective this one will never
+    join learns it (``AbortedError``) instead of waiting forever.
 
     Args:
       world: the MPI job (``mpi_runtime.world()``).
-      warning_seconds: a handshake waiting longer than this warns, naming the missing ranks.
+      timeout, warning: bounds in seconds for creating the duplicate (None: no bound).
     """
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: World, timeout: float | None = None, warning: float | None = None) -> None:
         self._world = world
         self._MPI = world.MPI
-        self._comm = world.duplicate()
+        self._Testall = world.MPI.Request.Testall
+        self._comm = self._duplicate(world, timeout, warning)
+        self._left: set[int] = set()  # ranks that said they are leaving (their program ended)
+        self._bye = np.zeros(1, np.int64)
         self.rank = world.rank
         self.size = world.size
         self._seq = 0
@@ -104,8 +126,32 @@ class Communicator:
         self._header = np.zeros(_HEADER, np.int64)
         self._table = np.zeros((self.size, _HEADER), np.int64)
         self._rows = list(self._table)  # each rank's row, a view
-        self._Testall = world.MPI.Request.Testall
+        self._status = world.MPI.Status()
 
+    def _duplicate(self, world: World, timeout: float | None, warning: float | None) -> Any:
+        comm, request = world.MPI.COMM_WORLD.Idup()
+        start = time.monotonic()
+        warned_at = 0.0
+        while not request.Test():
+            waited = time.monotonic() - start
+            if timeout is not None and waited > timeout:
+                reason = f"not every rank created a MultiWorkerMirroredStrategy within {timeout:g} s"
+                world.mark_broken(reason)
+                raise DeadlineExceededError(
+                    f"Rank {world.rank}: {reason} (creating the strategy is collective: every process must create "
+                    f"it). The job is aborted when this process exits.",
+                    missing=[],
+                )
+            if warning is not None and waited - warned_at > warning:
+                warned_at = waited
+                message = (
+                    f"Rank {world.rank} has waited {waited:.0f} s for the other ranks to create their "
+                    f"MultiWorkerMirroredStrategy (every process must create it, at the same point)."
+                )
+                logger.warning(message)
+                warnings.warn(message, ReplicaStallWarning, stacklevel=3)
+            time.sleep(0.001 if waited > _SPIN_SECONDS else 0)
+        return comm
     @property
     def broken(self) -> str | None:
         """Why the communicator can no longer be used, or None."""
@@ -115,26 +161,17 @@ class Communicator:
 
     def agree(self, call: Call, timeout: float | None, warning: float | None) -> list[int]:
         """Runs the handshake alone (no payload) and returns every rank's ``call.extra``."""
-        with self._lock:
+        with self._guarded(call):
             table = self._handshake(call, timeout, warning)
             return [int(x) for x in table[:, _EXTRA]]
 
-    def allreduce(
-        self, buffers: Sequence[np.ndarray], call: Call, timeout: float | None, warning: float | None,
-        results: Sequence[np.ndarray] | None = None,
-    ) -> None:
-        """Sums each contiguous host buffer across the ranks (one ``Iallreduce`` each).
-
-        In place, or into ``results[k]`` (same size and dtype) when given.
-        """
-        with self._lock:
+    def allreduce(self, buffers: Sequence[np.ndarray], call: Call, timeout: float | None, warning: float | None) -> None:
+        """Sums each contiguous host buffer across the ranks, in place (one ``Iallreduce`` each)."""
+        with self._guarded(call):
             self._handshake(call, timeout, warning)
             deadline = _deadline(timeout)
-            for k, buffer in enumerate(buffers):
-                if results is None:
-                    request = self._comm.Iallreduce(self._MPI.IN_PLACE, buffer, op=self._MPI.SUM)
-                else:
-                    request = self._comm.Iallreduce(buffer, results[k], op=self._MPI.SUM)
+            for buffer in buffers:
+                request = self._comm.Iallreduce(self._MPI.IN_PLACE, buffer, op=self._MPI.SUM)
                 self._spin([request], deadline, call)
 
     def allgatherv(
@@ -145,7 +182,7 @@ class Communicator:
         ``send`` holds ``call.extra`` rows of ``unit`` elements. Returns the concatenation
         and every rank's number of rows.
         """
-        with self._lock:
+        with self._guarded(call):
             table = self._handshake(call, timeout, warning)
             rows = [int(x) for x in table[:, _EXTRA]]
             counts = [r * unit for r in rows]
@@ -157,7 +194,7 @@ class Communicator:
 
     def broadcast(self, buffer: np.ndarray, call: Call, timeout: float | None, warning: float | None) -> None:
         """Overwrites ``buffer`` on every rank with rank 0's (one ``Ibcast``)."""
-        with self._lock:
+        with self._guarded(call):
             self._handshake(call, timeout, warning)
             request = self._comm.Ibcast(buffer, root=0)
             self._spin([request], _deadline(timeout), call)
@@ -232,6 +269,7 @@ class Communicator:
                 warned_at = waited
                 self._warn_stall(call, seq, waited, [bool(r.Test()) for r in requests])
             if waited > _SPIN_SECONDS:
+                self._check_leavers(call, seq)
                 pause = min(_MAX_SLEEP_SECONDS, pause * 2 or 0.00005)
                 time.sleep(pause)
 
@@ -272,24 +310,87 @@ class Communicator:
                 return
             if deadline is not None and time.monotonic() > deadline:
                 reason = f"{call.api} timed out while moving its data between the ranks"
-                self._break(reason)
+                self.mark_broken(reason)
                 raise DeadlineExceededError(
                     f"{reason}: every rank had arrived, but the transfer did not complete in time (a rank died "
                     f"or stalled inside MPI). The job is aborted at exit; restart it.",
                     missing=[],
                 )
 
+    # --- leaving ----------------------------------------------------------------------------------
+
+    def close(self, timeout: float | None, warning: float | None) -> None:
+        """Tells the other ranks this one is leaving, then waits until every rank has (at exit).
+
+        A rank still computing is waited for (with stall warnings); one waiting in a
+        collective sees the notice and raises ``AbortedError``. Past ``timeout`` (if any),
+        the job is marked for abort.
+        """
+        if self._broken is not None:
+            return  # the job is aborted at exit anyway
+        with self._lock:
+            sends = [self._comm.Isend(self._bye, dest=r, tag=_TAG_BYE) for r in range(self.size) if r != self.rank]
+            barrier = self._comm.Ibarrier()
+            start = time.monotonic()
+            warned_at = 0.0
+            while not self._Testall([barrier, *sends]):
+                waited = time.monotonic() - start
+                if timeout is not None and waited > timeout:
+                    self.mark_broken(f"rank {self.rank} ended, but other ranks had not ended {timeout:g} s later")
+                    return
+                if warning is not None and waited - warned_at > warning:
+                    warned_at = waited
+                    logger.warning(
+                        f"Rank {self.rank} has ended and waited {waited:.0f} s for the other ranks to end (they are "
+                        f"still computing, or stuck outside towerdist's collectives)."
+                    )
+                time.sleep(0.001 if waited > _SPIN_SECONDS else 0)
+
+    def _check_leavers(self, call: Call, seq: int) -> None:
+        """Raises ``AbortedError`` if a rank has ended its program while this one waits in a collective."""
+        while self._comm.Iprobe(source=self._MPI.ANY_SOURCE, tag=_TAG_BYE, status=self._status):
+            source = self._status.Get_source()
+            self._comm.Recv(self._bye, source=source, tag=_TAG_BYE)
+            self._left.add(source)
+        if self._left:
+            who = ", ".join(str(r) for r in sorted(self._left))
+            reason = f"rank(s) {who} ended their program without reaching {call.api} (collective #{seq})"
+            self.mark_broken(reason)
+            raise AbortedError(
+                f"Rank {self.rank}: {reason}, so it can never complete. Every worker must make the same collective "
+                f"calls: a worker that returns early, calls sys.exit() or catches an error the others do not see "
+                f"leaves them waiting. The job is aborted when this process exits.",
+                ranks=sorted(self._left),
+            )
+
     # --- failures ----------------------------------------------------------------------------
 
-    def _break(self, reason: str) -> None:
+    def mark_broken(self, reason: str) -> None:
+        """Records that this communicator can no longer be trusted; the job aborts at exit."""
         if self._broken is None:
             self._broken = reason
             self._world.mark_broken(reason)
 
+    @contextlib.contextmanager
+    def _guarded(self, call: Call) -> Iterator[None]:
+        """One collective at a time; an interruption mid-way (Ctrl-C, a warning turned error) breaks it.
+
+        The posted requests of an interrupted collective would pair with the next one's
+        messages, so the ranks could never agree again.
+        """
+        with self._lock:
+            try:
+                yield
+            except OpError:
+                raise  # a mismatch leaves the communicator usable; timeouts have broken it already
+            except BaseException as error:
+                self.mark_broken(f"{call.api} was interrupted on rank {self.rank} by {type(error).__name__}")
+                raise
+
     def _timed_out(self, call: Call, seq: int, missing: list[int], timeout: float | None) -> DeadlineExceededError:
         who = ", ".join(str(r) for r in missing)
         reason = f"rank(s) {who} did not reach {call.api} (collective #{seq}) within {timeout:g} s"
-        self._break(reason)
+        self.mark_broken(reason)
         hint = (
             " Rank 0 coordinates every collective and did not answer: it is stuck, busy or dead."
             if missing == [0] and self.rank != 0

@@ -51,10 +51,10 @@ def launcher_size() -> int:
 
 
 class World:
-    """The processes of this MPI job: ``rank``, ``size`` and the ``mpi4py`` module.
+    """The processes of this MPI job: ``rank``, ``size`` and the ``mpi4py`` module (``MPI``).
 
-    ``comm`` is a duplicate of ``COMM_WORLD`` per user (a strategy), so towerdist's messages
-    never match a user's own MPI calls.
+    towerdist's own messages go over a duplicate of ``COMM_WORLD`` (``communicator.py``), so
+    they never match a user's own MPI calls.
     """
 
     def __init__(self, mpi: Any) -> None:
@@ -63,10 +63,6 @@ class World:
         self.size: int = mpi.COMM_WORLD.Get_size()
         self._broken: list[str] = []
         self._lock = threading.Lock()
-
-    def duplicate(self) -> Any:
-        """A new communicator over every rank (``COMM_WORLD.Dup()``; collective)."""
-        return self.MPI.COMM_WORLD.Dup()
 
     def mark_broken(self, reason: str) -> None:
         """Records that a communicator can no longer be trusted: the job aborts at exit."""

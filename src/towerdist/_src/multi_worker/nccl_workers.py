@@ -92,9 +92,9 @@ class NcclWorkers:
             if deadline is not None and time.monotonic() > deadline:
                 self._comm.abort()
                 reason = f"{api} timed out in NCCL between the workers"
-                broken = self._workers.communicator
-                if broken is not None:
-                    broken._break(reason)
+                communicator = self._workers.communicator
+                if communicator is not None:
+                    communicator.mark_broken(reason)
                 raise DeadlineExceededError(
                     f"{reason}: every worker had arrived, but the GPU all-reduce did not complete within "
                     f"{timeout:g} s (a GPU or a link stalled). The NCCL communicator was aborted and the job is "

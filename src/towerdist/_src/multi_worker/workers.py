@@ -19,7 +19,8 @@ collectives of several strategies, and of checkpoints, are numbered in one seque
 
 from __future__ import annotations
 
-import builtins
+import atexit
+import hashlib
 import json
 import sys
 import threading
@@ -54,7 +55,7 @@ class Workers:
         world = mpi_runtime.world()
         self.rank = 0 if world is None else world.rank
         self.size = 1 if world is None else world.size
-        self._communicator = _shared_communicator(world)
+        self._communicator = _shared_communicator(world, self.bounds(None))
         self._pool = _BufferPool()
         if self._communicator is not None:
             _current = self
@@ -79,19 +80,21 @@ class Workers:
         self, arrays: Sequence[np.ndarray], api: str, options: CommunicationOptions | None,
         out: Sequence[Any] | None = None,
     ) -> list[np.ndarray]:
-        """Each array summed over the workers, as new arrays (same shapes and dtypes).
+        """Each array summed over the workers (same shapes and dtypes), in arrays the caller owns.
 
         ``out[k]``, when given and of array ``k``'s shape and dtype, is reduced into and
-        returned. The data is copied once, into the buffer MPI then reduces in place: ``out``
-        or a buffer from a pool of buffers MPI has touched before (fresh memory handed to MPI
-        page-faults on every call, which cost more than the transfer itself).
+        returned. Otherwise the result is a view of a pooled buffer, reused only once no
+        result (or view of one) refers to it any more. The data is copied once, into the
+        buffer MPI then reduces in place (fresh memory handed to MPI page-faulted on every
+        call, which cost more than the transfer itself).
         """
         communicator = self._communicator
         if communicator is None:
             return [_result(a, out, k) for k, a in enumerate(arrays)]
         bytes_per_pack = (self._options if options is None else self._options.merge(options)).bytes_per_pack
         packs = _packs(arrays, bytes_per_pack)
-        call = Call(api, "SUM", _signature(arrays))
+        op = "SUM" if len(packs) == 1 else f"SUM in packs of {[len(pack) for _, pack in packs]} arrays"
+        call = Call(api, op, _signature(arrays))
         buffers = []
         for dtype, pack in packs:
             target = _own_buffer(out, pack[0], arrays[pack[0]], dtype) if len(pack) == 1 else None
@@ -110,38 +113,45 @@ class Workers:
         return results
 
     def gather(self, array: np.ndarray, axis: int, api: str, options: CommunicationOptions | None) -> np.ndarray:
-        """Every worker's ``array`` concatenated along ``axis``, in rank order."""
+        """Every worker's ``array`` concatenated along ``axis``, in rank order (any dtype but object)."""
         communicator = self._communicator
         if communicator is None:
             return np.array(array, copy=True)
+        _check_movable(array, api)
         moved = np.ascontiguousarray(np.moveaxis(array, axis, 0))
         rest = moved.shape[1:]
         shape = ", ".join(["*" if d == axis else str(n) for d, n in enumerate(array.shape)])
         call = Call(api, f"gather along axis {axis}", f"{array.dtype}[{shape}]", extra=moved.shape[0])
-        unit = int(np.prod(rest, dtype=np.int64))  # elements per row
-        flat, rows = communicator.allgatherv(moved.reshape(-1), unit, call, *self.bounds(options))
-        return np.moveaxis(flat.reshape((sum(rows), *rest)), 0, axis)
+        row_bytes = int(np.prod(rest, dtype=np.int64)) * array.dtype.itemsize
+        # Gathering moves bytes: any fixed-size dtype (strings, datetimes) travels as it is.
+        flat, rows = communicator.allgatherv(moved.reshape(-1).view(np.uint8), row_bytes, call, *self.bounds(options))
+        return np.moveaxis(flat.view(array.dtype).reshape((sum(rows), *rest)), 0, axis)
 
-    def broadcast(self, arrays: Sequence[np.ndarray], api: str, options: CommunicationOptions | None) -> list[np.ndarray]:
-        """Rank 0's arrays on every worker (the shapes and dtypes must agree), as new arrays."""
+    def broadcast(self, arrays: Sequence[np.ndarray], api: str, options: CommunicationOptions | None,
+                  detail: str = "") -> list[np.ndarray]:
+        """Rank 0's arrays on every worker (the shapes and dtypes must agree; any dtype but object), as new arrays."""
         communicator = self._communicator
         copies = [np.array(a, copy=True, order="C") for a in arrays]
         if communicator is None:
             return copies
-        call = Call(api, "broadcast from rank 0", _signature(arrays))
+        for array in copies:
+            _check_movable(array, api)
+        call = Call(api, "broadcast from rank 0", _signature(arrays), detail=detail)
         timeout, warning = self.bounds(options)
-        if len(copies) == 1 and copies[0].dtype not in _TRANSFER:
-            communicator.broadcast(copies[0].reshape(-1), call, timeout, warning)
+        if len(copies) == 1:
+            communicator.broadcast(copies[0].reshape(-1).view(np.uint8), call, timeout, warning)
             return copies
-        packs = _packs(copies, 0)
-        for dtype, pack in packs:
-            buffer = _fill(copies, pack, np.empty(sum(copies[k].size for k in pack), dtype))
-            communicator.broadcast(buffer, call, timeout, warning)
-            offset = 0
-            for k in pack:
-                size = copies[k].size
-                copies[k] = buffer[offset : offset + size].reshape(copies[k].shape).astype(copies[k].dtype, copy=False)
-                offset += size
+        sizes = [c.nbytes for c in copies]
+        buffer = np.empty(sum(sizes), np.uint8)  # broadcasting moves bytes: one buffer for every dtype
+        offset = 0
+        for copy, size in zip(copies, sizes):
+            buffer[offset : offset + size] = copy.reshape(-1).view(np.uint8)
+            offset += size
+        communicator.broadcast(buffer, call, timeout, warning)
+        offset = 0
+        for k, (copy, size) in enumerate(zip(copies, sizes)):
+            copies[k] = buffer[offset : offset + size].view(copy.dtype).reshape(copy.shape)
+            offset += size
         return copies
 
     def flags(self, flag: bool, api: str) -> list[bool]:
@@ -177,25 +187,26 @@ class Workers:
     def run_on_chief(self, fn: Callable[[], Any], api: str) -> Any:
         """Runs ``fn`` on worker 0 only and returns its JSON-able result on every worker.
 
-        An exception ``fn`` raises on worker 0 is raised on every worker (same type and
-        message for towerdist's and Python's built-in exception types).
+        An exception ``fn`` raises on worker 0 is raised on every worker: the same exception
+        on worker 0; on the others the same class (for towerdist's errors and the common
+        built-in ones, else ``OpError``), message and ``path``.
         """
-        payload: dict[str, Any] = {}
+        mine: Exception | None = None
+        data = b""
         if self.rank == 0:
             try:
-                payload = {"result": fn()}
+                data = json.dumps({"result": fn()}).encode()
             except Exception as error:  # re-raised on every worker, below
-                payload = {"error": [type(error).__name__, str(error)]}
-                mine: BaseException | None = error
-            else:
-                mine = None
-        text = self.broadcast_bytes(json.dumps(payload).encode() if self.rank == 0 else b"", api)
-        received = json.loads(text)
+                mine = error
+                path = getattr(error, "path", None)
+                details = {"path": path} if isinstance(path, str) else {}
+                data = json.dumps({"error": [type(error).__name__, str(error), details]}).encode()
+        received = json.loads(self.broadcast_bytes(data, api))
         if "error" in received:
-            if self.rank == 0 and mine is not None:
+            if mine is not None:
                 raise mine
-            kind, message = received["error"]
-            raise _error_class(kind)(f"{message} (raised on the chief, worker 0)")
+            name, message, details = received["error"]
+            raise _chief_error(name, f"{message} (raised on the chief, worker 0)", details)
         return received["result"]
 
     def broadcast_bytes(self, data: bytes, api: str) -> bytes:
@@ -217,22 +228,50 @@ def current() -> Workers | None:
     return _current
 
 
-def _shared_communicator(world: mpi_runtime.World | None) -> Communicator | None:
+def _shared_communicator(
+    world: mpi_runtime.World | None, bounds: tuple[float | None, float | None]
+) -> Communicator | None:
     global _communicator
     if world is None or world.size == 1:
         return None
     with _lock:
         if _communicator is None:
-            _communicator = Communicator(world)
+            _communicator = Communicator(world, *bounds)
+            atexit.register(_close, _communicator)
         return _communicator
 
 
-def _error_class(name: str) -> type[Exception]:
-    """The exception class named ``name`` among towerdist's and Python's, else ``OpError``."""
-    found = getattr(errors, name, None) or getattr(builtins, name, None)
-    if isinstance(found, type) and issubclass(found, Exception):
-        return found
-    return errors.OpError
+def _close(communicator: Communicator) -> None:
+    """At exit: every rank leaves together (a rank still in a collective learns this one left)."""
+    replica = watchdog.get_replica_timeouts()
+    communicator.close(replica["timeout_seconds"], replica["warning_seconds"])
+
+
+_RAISED_AS_IS: dict[str, type[Exception]] = {
+    cls.__name__: cls
+    for cls in (
+        errors.AbortedError, errors.DataLossError, errors.DeadlineExceededError, errors.InvalidArgumentError,
+        errors.NotFoundError, errors.OutOfRangeError, errors.UnavailableError, errors.ValidationError,
+        errors.MissingDependencyError, FileNotFoundError, PermissionError, OSError, TypeError, ValueError,
+        KeyError, RuntimeError,
+    )
+}
+
+
+def _chief_error(name: str, message: str, details: dict[str, Any]) -> Exception:
+    """The chief's exception, rebuilt on another worker from its class name, message and details."""
+    cls = _RAISED_AS_IS.get(name, errors.OpError)
+    if issubclass(cls, errors.OpError):
+        return cls(message, **details)
+    return cls(message)
+
+
+def _check_movable(array: np.ndarray, api: str) -> None:
+    if array.dtype.hasobject:
+        raise TypeError(
+            f"{api} cannot send values of dtype {array.dtype} between workers (Python objects have no fixed "
+            f"byte layout). Use a numeric, bool, string or datetime dtype."
+        )
 
 
 _signatures: dict[tuple[Any, ...], str] = {}
@@ -244,8 +283,9 @@ def _signature(arrays: Sequence[np.ndarray]) -> str:
     text = _signatures.get(key)
     if text is None:
         text = ", ".join(f"{a.dtype}{list(a.shape)}" for a in arrays)
-        if len(text) > _MAX_SIGNATURE:
-            text = f"{len(arrays)} arrays: {text[:_MAX_SIGNATURE]}... (digest {hash(key) & 0xFFFFFFFF:08x})"
+        if len(text) > _MAX_SIGNATURE:  # shortened for messages; the digest of the whole keeps it exact
+            digest = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+            text = f"{len(arrays)} arrays: {text[:_MAX_SIGNATURE]}... (digest {digest})"
         if len(_signatures) > 4096:
             _signatures.clear()
         _signatures[key] = text
@@ -275,26 +315,52 @@ def _own_buffer(out: Sequence[Any] | None, k: int, array: np.ndarray, dtype: np.
 class _BufferPool:
     """Host buffers to reduce into, reused once nothing outside the pool refers to them.
 
-    A result handed out is a view of its buffer, so the buffer stays busy while any result
-    (or view of one) lives; at most ``_PER_SIZE`` buffers per dtype and size are kept.
+    A result handed out is a view of its buffer, and every view of a view refers to the
+    buffer itself, so the buffer stays busy while any result (or view of one) lives. The
+    pool keeps at most ``_PER_SIZE`` buffers per dtype and size and ``_MAX_BYTES`` in all,
+    dropping the sizes used least recently first (a dropped busy buffer lives on with its
+    results).
     """
 
     _PER_SIZE = 4
+    _MAX_BYTES = 256 << 20
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[np.dtype[Any], int], list[np.ndarray]] = {}
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def take(self, dtype: np.dtype[Any], size: int) -> np.ndarray:
         with self._lock:
-            kept = self._buffers.setdefault((dtype, size), [])
+            key = (dtype, size)
+            kept = self._buffers.pop(key, [])
+            self._buffers[key] = kept  # now the most recently used
             for buffer in kept:
-                if sys.getrefcount(buffer) == 3:  # the list, this loop and getrefcount's argument
+                if _refcount(buffer) <= _FREE:
                     return buffer
             buffer = np.empty(size, dtype)
-            if len(kept) < self._PER_SIZE:
+            if len(kept) < self._PER_SIZE and buffer.nbytes <= self._MAX_BYTES:
                 kept.append(buffer)
+                self._bytes += buffer.nbytes
+                while self._bytes > self._MAX_BYTES:
+                    oldest = next(iter(self._buffers))
+                    self._bytes -= sum(b.nbytes for b in self._buffers.pop(oldest))
             return buffer
+
+
+def _refcount(buffer: np.ndarray) -> int:
+    return sys.getrefcount(buffer)
+
+
+def _count_in_loop(kept: list[np.ndarray]) -> int:
+    for buffer in kept:  # the same references as in ``_BufferPool.take``'s loop
+        return _refcount(buffer)
+    return 0
+
+
+# The count of a buffer only the pool's list refers to, measured the way ``take`` measures it
+# (interpreters differ in which references they count, e.g. borrowed references on the stack).
+_FREE = _count_in_loop([np.empty(0)])
 
 
 def _packs(arrays: Sequence[np.ndarray], bytes_per_pack: int) -> list[tuple[np.dtype[Any], list[int]]]:

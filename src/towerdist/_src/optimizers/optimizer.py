@@ -350,8 +350,8 @@ class Optimizer:
         With several workers (MultiWorkerMirroredStrategy) every gradient is summed across them.
         """
         replicas = len(columns[0]) if columns else 1
-        if replicas == 1:
-            return [True] * len(columns) if workers > 1 else _NOTHING_TO_SUM
+        if replicas == 1:  # several workers: a replica's own gradient; in cross-replica context, applied as given
+            return [True] * len(columns) if workers > 1 and from_replicas else _NOTHING_TO_SUM
         to_sum = [False] * len(columns)
         for k, column in enumerate(columns):
             if len(column) > 1:
@@ -407,7 +407,9 @@ class Optimizer:
         summed: dict[int, list[Any]] = {}
         if summing:
             out = [self._sum_buffers_for(plans[k]).scratch("sum", columns[k][0]) for k in summing]
-            reduced = strategy.extended._all_reduce(ReduceOp.SUM, [columns[k] for k in summing], None, out)
+            reduced = strategy.extended._all_reduce(
+                ReduceOp.SUM, [columns[k] for k in summing], None, out, f"{type(self).__name__}.apply_gradients()"
+            )
             summed = dict(zip(summing, reduced))
         for k in indices:
             plan = plans[k]

@@ -246,7 +246,7 @@ class MirroredExtended(StrategyExtended):
 
     def _all_reduce(
         self, reduce_op: ReduceOp, columns: list[list[Any]], options: CommunicationOptions | None,
-        out: list[Any] | None = None,
+        out: list[Any] | None = None, api: str = "ReplicaContext.all_reduce()",
     ) -> list[list[Any]]:
         if len(self._devices) == 1:
             return [list(column) for column in columns]

@@ -234,11 +234,11 @@ class MultiWorkerExtended(MirroredExtended):
 
     def _all_reduce(
         self, reduce_op: ReduceOp, columns: list[list[Any]], options: CommunicationOptions | None,
-        out: list[Any] | None = None,
+        out: list[Any] | None = None, api: str = "ReplicaContext.all_reduce()",
     ) -> list[list[Any]]:
         if self._workers.size == 1:
             return super()._all_reduce(reduce_op, columns, options, out)
-        reduced = self._reduce_columns(reduce_op, columns, options, "ReplicaContext.all_reduce()", out)
+        reduced = self._reduce_columns(reduce_op, columns, options, api, out)
         return [self._place_everywhere(array) for array in reduced]
 
     def _reduce_columns(
@@ -347,8 +347,7 @@ class MultiWorkerExtended(MirroredExtended):
             return super()._create_variable(spec)
         # Every worker computes its initial value; worker 0's is the one every worker keeps.
         array = _to_host(creation.materialize(spec, self._devices[0]))
-        api = f"td.Variable(name={spec.name!r}) creation"
-        (initial,) = self._workers.broadcast([array], api, None)
+        (initial,) = self._workers.broadcast([array], "td.Variable() creation", None, detail=f"name={spec.name!r}")
         return super()._create_variable(spec._replace(initial_value=initial))
 
 

@@ -652,7 +652,7 @@ class StrategyExtended:
 
     def _all_reduce(
         self, reduce_op: ReduceOp, columns: list[list[Any]], options: CommunicationOptions | None,
-        out: list[Any] | None = None,
+        out: list[Any] | None = None, api: str = "ReplicaContext.all_reduce()",
     ) -> list[list[Any]]:
         """The collective path: all-reduces checked values between this strategy's replicas.
 
