@@ -92,10 +92,13 @@ def constant(value: Any, dtype: Any = None, shape: Sequence[int] | None = None, 
       array(3., dtype=float32)
     """
     del name
-    impl = backend.for_array(value) if backend.is_array(value) else _backend_for_new()
+    here = device_lib.current()
     if backend.is_array(value):
-        array = impl.asarray(value, dtype=dtype, device=device_lib.current())
+        # An array goes to the scope's device (as tf.constant does); without a scope it stays where it is.
+        impl = backend.for_array(value) if here is None else backend.for_device(here)
+        array = impl.asarray(impl.to_device(value, here) if here is not None else value, dtype=dtype, device=here)
     else:
+        impl = _backend_for_new()
         raw = from_python(value, "td.constant()")
         array = impl.asarray(raw, dtype=dtype if dtype is not None else _python_dtype(raw), device=device_lib.current())
     if shape is not None:
@@ -133,9 +136,14 @@ def convert_to_tensor(value: Any, dtype: Any = None, dtype_hint: Any = None, nam
 
 
 def cast(x: Any, dtype: Any, name: str | None = None) -> Any:
-    """``x`` converted to ``dtype`` (a new array)."""
+    """``x`` converted to ``dtype`` (a new array), on the scope's device when there is a ``td.device`` scope."""
     del name
     array = convert_to_tensor(x)
+    here = device_lib.current()
+    if here is not None:
+        impl = backend.for_device(here)
+        if backend.for_array(array) is not impl or (impl is not backend.host() and array.device.id != here.device_index):
+            array = impl.to_device(array, here)
     return array.astype(dtype)
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from towerdist._src import device as device_lib
 from towerdist._src import thread_state
 from towerdist._src.errors import ContextError
 from towerdist._src.thread_state import Mode, UpdateEntry
@@ -173,7 +174,7 @@ class StrategyScope:
     def __init__(self, strategy: Any) -> None:
         self._strategy = strategy
         # Per entering thread: the stack depths to restore on exit (None for a re-entry).
-        self._entries: dict[int, list[tuple[int, int] | None]] = {}
+        self._entries: dict[int, list[tuple[int, int, Any] | None]] = {}
 
     def __enter__(self) -> Any:
         strategy = self._strategy
@@ -185,9 +186,11 @@ class StrategyScope:
         depths = (len(_state.modes), len(_state.devices))
         _state.modes.append(Mode(strategy, strategy, None))
         default_device = strategy.extended._default_device
+        gpu = device_lib.activate(default_device)  # OneDeviceStrategy("GPU:1"): its GPU is current
         if default_device is not None:
             _state.devices.append(default_device)
-        entries.append(depths)
+        gpu.__enter__()
+        entries.append((*depths, gpu))
         return strategy
 
     def __exit__(
@@ -203,6 +206,7 @@ class StrategyScope:
         if depths is not None:
             del _state.modes[depths[0] :]
             del _state.devices[depths[1] :]
+            depths[2].__exit__(None, None, None)
 
 
 class DefaultStrategyScope:
@@ -271,17 +275,20 @@ class UpdateContext:
 
     def __init__(self, device: DeviceSpec | None, replica_id: int | None) -> None:
         self._entry = UpdateEntry(device, replica_id)
-        self._depths: list[tuple[int, int]] = []
+        self._depths: list[tuple[int, int, Any]] = []
 
     def __enter__(self) -> None:
-        self._depths.append((len(_state.updates), len(_state.devices)))
+        gpu = device_lib.activate(self._entry.device)  # the component's GPU is cupy's current device
+        gpu.__enter__()
+        self._depths.append((len(_state.updates), len(_state.devices), gpu))
         _state.updates.append(self._entry)
         _state.devices.append(self._entry.device)
 
     def __exit__(self, *exc_info: object) -> None:
-        updates_depth, devices_depth = self._depths.pop()
+        updates_depth, devices_depth, gpu = self._depths.pop()
         del _state.updates[updates_depth:]
         del _state.devices[devices_depth:]
+        gpu.__exit__(None, None, None)
 
 
 def cross_replica_mode(strategy: Any) -> Mode:

@@ -9,6 +9,7 @@ types, ``CPU`` (numpy, host memory; split into logical CPUs by ``td.config``) an
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from typing import Any
 
 from towerdist._src import thread_state
 
-__all__ = ["DeviceSpec", "canonicalize", "current", "device", "parse"]
+__all__ = ["DeviceSpec", "activate", "canonicalize", "current", "device", "parse"]
 
 DEVICE_TYPES = ("CPU", "GPU")
 _LOCAL_JOB = "localhost"
@@ -123,6 +124,25 @@ def canonicalize(spec: Any) -> str:
     return parse(spec).name
 
 
+_NO_GPU = contextlib.nullcontext()
+
+
+def activate(spec: DeviceSpec | None) -> contextlib.AbstractContextManager[Any]:
+    """A context making ``spec``'s GPU cupy's current device in this thread (nothing for CPUs).
+
+    cupy allocates and launches on the thread's current device, so every scope that names a
+    GPU (``td.device``, a replica's thread, an update context) enters this too.
+    """
+    if spec is None or spec.device_type != "GPU":
+        return _NO_GPU
+    from towerdist._src.backend import cupy_backend  # noqa: PLC0415  (the backend imports device names)
+
+    if spec.device_index >= cupy_backend.device_count():
+        return _NO_GPU  # no such GPU: the scope only names it; creating an array there raises
+    manager: contextlib.AbstractContextManager[Any] = cupy_backend.on_device(spec)
+    return manager
+
+
 def current() -> DeviceSpec | None:
     """The device of the innermost ``td.device`` scope of this thread, or None."""
     devices = thread_state.state.devices
@@ -146,7 +166,8 @@ def device(device_name: Any) -> Iterator[None]:
     stack.append(spec)
     depth = len(stack)
     try:
-        yield
+        with activate(spec):
+            yield
     finally:
         # Restore exactly the entry we pushed, even if the block left the stack unbalanced.
         del thread_state.state.devices[depth - 1 :]

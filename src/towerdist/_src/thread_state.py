@@ -79,6 +79,9 @@ def installed(snap: Snapshot, *extra_modes: Mode) -> Iterator[None]:
     state.updates = list(snap.updates)
     state.sync_on_read = list(snap.sync_on_read)
     try:
-        yield
+        from towerdist._src.device import activate  # noqa: PLC0415  (device names import this module)
+
+        with activate(state.devices[-1] if state.devices else None):
+            yield
     finally:
         state.modes, state.devices, state.updates, state.sync_on_read = saved

@@ -56,7 +56,21 @@ def owns(value: Any) -> bool:
 
 
 def _device_id(device: Any) -> int:
-    return int(device.device_index) if device is not None else int(_import().cuda.runtime.getDevice())
+    """The GPU index of ``device`` (the current GPU for None); refuses CPU devices and missing GPUs."""
+    if device is None:
+        return int(_import().cuda.runtime.getDevice())
+    if getattr(device, "device_type", "GPU") != "GPU":
+        raise ValueError(f"The GPU backend was asked to place an array on {device.short_name}, which is not a GPU.")
+    index = int(device.device_index)
+    if index >= device_count():
+        _import()  # a missing cupy is the clearer error
+        visible = device_count()
+        raise ValueError(
+            f"GPU:{index} does not exist: {visible} GPU(s) are visible"
+            f"{' (cupy found no CUDA driver or device)' if visible == 0 else ''}. Check CUDA_VISIBLE_DEVICES, or "
+            f"use a CPU device."
+        )
+    return index
 
 
 def asarray(value: Any, dtype: Any = None, device: Any = None) -> Any:
@@ -69,17 +83,34 @@ def to_device(array: Any, device: Any) -> Any:
     """Returns ``array`` on ``device``: itself if it is already there, else a copy."""
     cupy = _import()
     target = _device_id(device)
-    if owns(array) and array.device.id == target:
-        return array
+    if owns(array):
+        if array.device.id == target:
+            return array
+        array = _contiguous(array)
     with cupy.cuda.Device(target):
         return cupy.asarray(array)
 
 
 def copy(array: Any, device: Any = None) -> Any:
+    """A new array with ``array``'s values on ``device`` (default: ``array``'s own GPU, else the current one)."""
     cupy = _import()
-    target = _device_id(device) if device is not None else (array.device.id if owns(array) else None)
-    with cupy.cuda.Device(target if target is not None else 0):
+    if device is not None:
+        target = _device_id(device)
+    else:
+        target = array.device.id if owns(array) else int(cupy.cuda.runtime.getDevice())
+    if owns(array) and array.device.id != target:
+        array = _contiguous(array)
+    with cupy.cuda.Device(target):
         return cupy.array(array, copy=True)
+
+
+def _contiguous(array: Any) -> Any:
+    """``array`` C-contiguous, made on its own GPU (cupy copies only contiguous arrays between GPUs)."""
+    if array.flags.c_contiguous:
+        return array
+    cupy = _import()
+    with cupy.cuda.Device(array.device.id):
+        return cupy.ascontiguousarray(array)
 
 
 def buffer_id(array: Any) -> int:
@@ -115,7 +146,9 @@ def zeros(shape: Sequence[int], dtype: Any, device: Any = None) -> Any:
 
 
 def flat(array: Any) -> Any:
-    return _import().ascontiguousarray(array).reshape(-1)
+    """``array`` as a contiguous 1-D array, on its own GPU."""
+    with _import().cuda.Device(array.device.id):
+        return _contiguous(array).reshape(-1)
 
 
 def accumulate_into(out: Any, inputs: Sequence[Any], start: int, stop: int) -> None:
@@ -151,30 +184,38 @@ def add(array: Any, other: Any, subtract: bool = False) -> Any:
 
 
 def true_divide(array: Any, divisor: Any) -> Any:
-    return _import().true_divide(array, divisor)
-
-
-def concat(arrays: Sequence[Any], axis: int) -> Any:
+    """``array / divisor`` on ``array``'s GPU."""
     cupy = _import()
-    first = arrays[0]
-    with cupy.cuda.Device(first.device.id):
-        return cupy.concatenate([to_device(a, _Index(first.device.id)) for a in arrays], axis=axis)
+    with cupy.cuda.Device(array.device.id):
+        return cupy.true_divide(array, divisor)
+
+
+def concat(arrays: Sequence[Any], axis: int, device: Any = None) -> Any:
+    """The arrays joined along ``axis`` on ``device`` (default: the first array's GPU)."""
+    cupy = _import()
+    target = _device_id(device) if device is not None else arrays[0].device.id
+    with cupy.cuda.Device(target):
+        return cupy.concatenate([to_device(a, _Index(target)) for a in arrays], axis=axis)
 
 
 def split(array: Any, sizes: Sequence[int], axis: int = 0) -> list[Any]:
+    """Views of ``array`` cut along ``axis`` into pieces of ``sizes``."""
     cupy = _import()
     boundaries = list(_cumsum(sizes))[:-1]
-    return list(cupy.split(array, boundaries, axis=axis))
+    with cupy.cuda.Device(array.device.id):
+        return list(cupy.split(array, boundaries, axis=axis))
 
 
 def synchronize(device: Any = None) -> None:
+    """Waits until everything queued on ``device`` (every stream of that GPU) has finished."""
     cupy = _import()
-    with cupy.cuda.Device(_device_id(device)):
-        cupy.cuda.get_current_stream().synchronize()
+    cupy.cuda.Device(_device_id(device)).synchronize()
 
 
 class _Index:
     """A stand-in for a DeviceSpec that only carries a GPU index."""
+
+    device_type = "GPU"
 
     def __init__(self, index: int) -> None:
         self.device_index = index

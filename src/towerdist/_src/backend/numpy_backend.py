@@ -149,7 +149,9 @@ def true_divide(array: Any, divisor: Any) -> np.ndarray:
     return np.asarray(np.true_divide(array, divisor))
 
 
-def concat(arrays: Sequence[Any], axis: int) -> np.ndarray:
+def concat(arrays: Sequence[Any], axis: int, device: Any = None) -> np.ndarray:
+    """The arrays joined along ``axis`` in host memory (``device``: any CPU)."""
+    del device
     return np.concatenate([to_device(a, None) for a in arrays], axis=axis)
 
 

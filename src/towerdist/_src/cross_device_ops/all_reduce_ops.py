@@ -106,7 +106,9 @@ class AllReduceCrossDeviceOps(CrossDeviceOps):
                 reduced = self._all_reduce_pack(devices, components, pack_index=0)
                 results[k] = _finish(reduce_op, devices, reduced)
             return
-        buffers = [packing.pack(backend.for_device(d), [per_device[j][k] for k in group]) for j, d in enumerate(devices)]
+        buffers = [
+            packing.pack(backend.for_device(d), [per_device[j][k] for k in group], d) for j, d in enumerate(devices)
+        ]
         ranges = packing.split_ranges(buffers[0].size, self.num_packs) or [(0, 0)]
         pieces = [
             self._all_reduce_pack(devices, [b[start:stop] for b in buffers], pack_index=p)
@@ -114,7 +116,7 @@ class AllReduceCrossDeviceOps(CrossDeviceOps):
         ]
         for j, device in enumerate(devices):
             impl = backend.for_device(device)
-            whole = impl.concat([piece[j] for piece in pieces], 0) if len(pieces) > 1 else pieces[0][j]
+            whole = impl.concat([piece[j] for piece in pieces], 0, device) if len(pieces) > 1 else pieces[0][j]
             for k, part in zip(group, packing.unpack(impl, whole, shapes)):
                 results[k][j] = part
         for k in group:

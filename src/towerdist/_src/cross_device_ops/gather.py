@@ -65,5 +65,5 @@ def gather_to(value: DistributedValues, destinations: Sequence[DeviceSpec], axis
             )
     target = destinations[0]
     impl = backend.for_device(target)
-    gathered = impl.concat([impl.to_device(a, target) for a in arrays], axis)
+    gathered = impl.concat([impl.to_device(a, target) for a in arrays], axis, target)
     return mirror([gathered] * len(destinations), destinations)

@@ -94,6 +94,14 @@ class NcclAllReduce(AllReduceCrossDeviceOps):
             return self._communicators[key]
 
     def _all_reduce_pack(self, devices: tuple[DeviceSpec, ...], components: list[Any], pack_index: int) -> list[Any]:
+        """Sums ``components[j]`` (on ``devices[j]``) with one NCCL group call; the sum on every device.
+
+        The rules of ``reference/cupy.md``: every input is made contiguous on its own GPU and
+        stays referenced until the group has completed (NCCL reads the buffers only when
+        ``groupEnd`` launches them); each device is synchronised first, so whatever stream
+        produced a component has finished; one group at a time per set of communicators; a
+        failed group aborts its communicators (the other ranks would wait forever).
+        """
         self.check_devices(devices)
         cupy = cupy_backend._import()
         from cupy.cuda import nccl  # noqa: PLC0415
@@ -102,22 +110,34 @@ class NcclAllReduce(AllReduceCrossDeviceOps):
         if dtype_name is None:
             raise TypeError(f"NcclAllReduce cannot reduce dtype {components[0].dtype}.")
         comms = self._comms(devices)
-        outputs, streams = [], []
+        inputs, outputs, streams = [], [], []
         for device, component in zip(devices, components):
-            with cupy.cuda.Device(device.device_index):
-                outputs.append(cupy.empty_like(component))
+            with cupy.cuda.Device(device.device_index) as gpu:
+                gpu.synchronize()  # the component's producer (any stream of this GPU) has finished
+                inputs.append(cupy_backend.flat(cupy_backend.to_device(component, device)))
+                outputs.append(cupy.empty_like(inputs[-1]))
                 streams.append(cupy.cuda.get_current_stream())
-        nccl.groupStart()
-        try:
-            for comm, source, target, stream in zip(comms, components, outputs, streams):
-                contiguous = cupy.ascontiguousarray(source)
-                comm.allReduce(
-                    contiguous.data.ptr, target.data.ptr, contiguous.size,
-                    getattr(nccl, dtype_name), nccl.NCCL_SUM, stream.ptr,
-                )
-        finally:
-            nccl.groupEnd()
-        for device, stream in zip(devices, streams):
-            with cupy.cuda.Device(device.device_index):
-                stream.synchronize()
-        return outputs
+        key = tuple(d.device_index for d in devices)
+        with self._lock:
+            failure: BaseException | None = None
+            nccl.groupStart()
+            try:
+                for comm, source, target, stream in zip(comms, inputs, outputs, streams):
+                    comm.allReduce(
+                        source.data.ptr, target.data.ptr, source.size,
+                        getattr(nccl, dtype_name), nccl.NCCL_SUM, stream.ptr,
+                    )
+            except BaseException as error:  # re-raised below, once the group is closed
+                failure = error
+            finally:
+                nccl.groupEnd()
+            if failure is not None:
+                for comm in comms:
+                    comm.abort()
+                del self._communicators[key]
+                raise failure
+            for device, stream in zip(devices, streams):
+                with cupy.cuda.Device(device.device_index):
+                    stream.synchronize()
+        del inputs  # referenced until here: the group has completed
+        return [out.reshape(component.shape) for out, component in zip(outputs, components)]

@@ -70,9 +70,9 @@ def group_by_size(nbytes: Sequence[int], bytes_per_pack: int) -> list[list[int]]
     return groups
 
 
-def pack(impl: Any, arrays: Sequence[Any]) -> Any:
-    """One flat buffer holding ``arrays`` one after another (same dtype, same backend)."""
-    return impl.concat([impl.flat(a) for a in arrays], 0)
+def pack(impl: Any, arrays: Sequence[Any], device: Any = None) -> Any:
+    """One flat buffer on ``device`` holding ``arrays`` one after another (same dtype, same backend)."""
+    return impl.concat([impl.flat(a) for a in arrays], 0, device)
 
 
 def unpack(impl: Any, buffer: Any, shapes: Sequence[tuple[int, ...]]) -> list[Any]:

@@ -431,10 +431,18 @@ def _has_missing(step: list[Any]) -> bool:
 
 
 def place_on_device(piece: Any, device: DeviceSpec) -> Any:
-    """``piece`` (a nest of arrays) with its arrays on ``device``; host memory serves every CPU."""
+    """``piece`` (a nest of arrays) with its numeric arrays on ``device``; host memory serves every CPU."""
     if device.device_type != "GPU":
         return piece  # host memory serves every CPU device
     impl = backend.for_device(device)
-    return nest.map_structure(lambda leaf: leaf if isinstance(leaf, bytes) else impl.to_device(leaf, device), piece)
+    return nest.map_structure(lambda leaf: leaf if _stays_on_host(leaf) else impl.to_device(leaf, device), piece)
+
+
+def _stays_on_host(leaf: Any) -> bool:
+    """Strings, bytes, objects and datetimes stay in host memory (cupy holds numbers only), as in TensorFlow."""
+    if isinstance(leaf, (bytes, str)):
+        return True
+    kind = getattr(getattr(leaf, "dtype", None), "kind", "f")
+    return kind in "OSUVMm"
 
 

@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from towerdist._src import context, thread_state
+from towerdist._src import device as device_lib
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import MergeCallCountError
 from towerdist._src.mailbox import RESUME, STOP, TASK
@@ -222,7 +223,8 @@ class Step:
             state.sync_on_read = list(self._caller.sync_on_read)
             if self.sequential:
                 self._await_turn(i)
-            result = self.fn(*self._args[i], **self._kwargs[i])
+            with device_lib.activate(self.devices[i]):  # a GPU replica launches on its own GPU
+                result = self.fn(*self._args[i], **self._kwargs[i])
         except StopReplica:
             pass
         except BaseException as error:  # reported to the caller, who re-raises it
@@ -337,7 +339,8 @@ class Step:
         if state.helpers is None and others:  # the parked replicas may run parts of parallel jobs
             state.helpers = [self._mailboxes[r] for r in others]
         try:
-            parts = requests[0].settle(self, requests)
+            with device_lib.activate(state.devices[-1] if state.devices else None):
+                parts = requests[0].settle(self, requests)
         except BaseException as error:
             with self._lock:
                 self._merge_started = None
