@@ -379,8 +379,8 @@ class ResourceVariable(Variable):
         return self._impl.add(self._array, array, subtract=op == ASSIGN_SUB)
 
     def _store(self, array: Any) -> None:
-        """Adopts ``array`` (private, on this device) as the new value."""
-        self._array = self._impl.freeze(array)
+        """Adopts ``array`` (private) as the new value; one computed on another GPU is moved here first."""
+        self._array = self._impl.freeze(self._impl.to_device(array, self._device))
 
     def _check_assign_shape(self, shape: tuple[int, ...]) -> None:
         declared = self._declared_shape
