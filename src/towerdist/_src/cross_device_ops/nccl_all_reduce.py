@@ -40,6 +40,14 @@ def nccl_unavailable_reason() -> str | None:
     return None
 
 
+def _sum_by_copies(devices: tuple[DeviceSpec, ...], components: list[Any]) -> list[Any]:
+    """The sum of ``components`` (``components[j]`` on ``devices[j]``) on every device, by GPU copies."""
+    first = devices[0]
+    with cupy_backend.on_device(first):
+        total = cupy_backend.add_n([cupy_backend.to_device(c, first) for c in components])
+    return [total if d == first else cupy_backend.copy(total, d) for d in devices]
+
+
 _NCCL_DTYPES = {
     "int8": "NCCL_INT8",
     "uint8": "NCCL_UINT8",
@@ -106,9 +114,14 @@ class NcclAllReduce(AllReduceCrossDeviceOps):
         cupy = cupy_backend._import()
         from cupy.cuda import nccl  # noqa: PLC0415
 
-        dtype_name = _NCCL_DTYPES.get(str(components[0].dtype))
-        if dtype_name is None:
-            raise TypeError(f"NcclAllReduce cannot reduce dtype {components[0].dtype}.")
+        dtype = components[0].dtype
+        if dtype.kind == "c":  # NCCL has no complex type: a sum of complex numbers is a sum of float pairs
+            floats = [cupy_backend.flat(c).view(f"f{dtype.itemsize // 2}") for c in components]
+            summed = self._all_reduce_pack(devices, floats, pack_index)
+            return [s.view(dtype).reshape(c.shape) for s, c in zip(summed, components)]
+        dtype_name = _NCCL_DTYPES.get(str(dtype))
+        if dtype_name is None:  # int16, uint16, bool: NCCL has no such type; sum by copies instead
+            return _sum_by_copies(devices, components)
         comms = self._comms(devices)
         inputs, outputs, streams = [], [], []
         for device, component in zip(devices, components):
