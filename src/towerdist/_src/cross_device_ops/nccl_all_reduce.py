@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +39,13 @@ def nccl_unavailable_reason() -> str | None:
         return "no CUDA GPU is visible"
     del cupy
     return None
+
+
+def _destroy(communicators: dict[tuple[int, ...], Any]) -> None:
+    for comms in communicators.values():
+        for comm in comms:
+            comm.destroy()
+    communicators.clear()
 
 
 def _sum_by_copies(devices: tuple[DeviceSpec, ...], components: list[Any]) -> list[Any]:
@@ -78,6 +86,8 @@ class NcclAllReduce(AllReduceCrossDeviceOps):
         super().__init__(num_packs)
         self._communicators: dict[tuple[int, ...], Any] = {}
         self._lock = threading.Lock()
+        # The NCCL communicators are destroyed with this object (its strategy going away).
+        weakref.finalize(self, _destroy, self._communicators)
 
     def check_devices(self, devices: Sequence[DeviceSpec]) -> None:
         """Raises unless ``devices`` are GPUs and NCCL is usable."""

@@ -1,0 +1,1 @@
+"""Simulated hardware for tests: GPUs (cupy and its NCCL module) on the CPU."""

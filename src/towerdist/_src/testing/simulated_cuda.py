@@ -1,0 +1,361 @@
+"""Simulated CUDA: GPUs, the per-thread current device, streams and events (``cupy.cuda``).
+
+A :class:`Machine` is one simulated host with ``num_gpus`` GPUs. It enforces the rules of
+real CUDA that towerdist depends on:
+
+* **The current device is per thread** and starts at 0 in every thread
+  (``cupy/cuda/device.pyx``). ``with Device(i):`` switches it for the calling thread only
+  and restores it on exit; using a device id that does not exist raises
+  :class:`CUDARuntimeError` (``cudaErrorInvalidDevice``), as cupy does.
+* **Streams and events.** Kernels run eagerly in the simulation, so a stream only holds
+  queued work that cannot run yet: an NCCL collective waiting for the other ranks. ``done``
+  and ``synchronize()`` report and wait for that work; ``Event.record`` captures the work
+  queued on a stream so far. A wait that real hardware would never finish (a collective
+  whose ranks never arrive) raises :class:`SimulatedGPUError` after
+  ``Machine.hang_timeout`` seconds instead of hanging.
+
+Each machine has its own ``Device``, ``Stream`` and ``Event`` classes (subclasses bound to
+it), so several simulated machines can coexist in one process (tests build their own).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
+
+from towerdist._src.testing.simulated_memory import Allocator, Memory
+
+__all__ = ["CUDARuntimeError", "Device", "Event", "Machine", "SimulatedGPUError", "Stream", "Work"]
+
+HANG_TIMEOUT_SECONDS = 30.0
+
+
+class CUDARuntimeError(RuntimeError):
+    """A CUDA runtime call failed (cupy's ``cupy_backends.cuda.api.runtime.CUDARuntimeError``)."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+class SimulatedGPUError(RuntimeError):
+    """A rule of real GPUs was broken that real hardware would not report: it would hang or compute garbage."""
+
+
+class Work:
+    """Queued device work that has not run yet (a collective waiting for other ranks).
+
+    Attributes:
+      done: whether it has completed.
+      describe: a function naming the work and what it waits for, for hang messages.
+    """
+
+    def __init__(self, describe: Callable[[], str], memories: Iterable[Memory] = ()) -> None:
+        self.done = False
+        self.describe = describe
+        self.memories = list(memories)
+
+
+class Machine:
+    """One simulated host with ``num_gpus`` GPUs: devices, threads' current devices, queued work.
+
+    Attributes:
+      num_gpus: the number of simulated GPUs.
+      allocator: the simulated device memory.
+      hang_timeout: seconds a wait may last before it is reported as a hang.
+      Device, Stream, Event: this machine's classes (``cupy.cuda.Device`` ...).
+    """
+
+    def __init__(self, num_gpus: int) -> None:
+        if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus < 1:
+            raise ValueError(f"A simulated machine needs at least one GPU. Got num_gpus={num_gpus!r}.")
+        self.num_gpus = num_gpus
+        self.allocator = Allocator()
+        self.hang_timeout = HANG_TIMEOUT_SECONDS
+        self.condition = threading.Condition()  # guards queued work; notified when work completes
+        self._queued: dict[tuple[int, int], list[Work]] = {}  # (device, stream ptr) -> queued work
+        self._local = threading.local()
+        self._handles = itertools.count(0x5000)
+        self.streams: weakref.WeakValueDictionary[int, Stream] = weakref.WeakValueDictionary()
+        self.Device: type[Device] = type("Device", (Device,), {"_machine": self, "__module__": __name__})
+        self.Event: type[Event] = type("Event", (Event,), {"_machine": self, "__module__": __name__})
+        stream: type[Stream] = type("Stream", (Stream,), {"_machine": self, "__module__": __name__})
+        stream.null = stream(null=True)
+        stream.ptds = stream(ptds=True)
+        self.Stream = stream
+        self.ndarray: type[Any] | None = None  # set by simulated_array.array_type()
+
+    # --- devices -------------------------------------------------------------------------
+
+    def current_device(self) -> int:
+        """The calling thread's current device (0 until the thread sets another)."""
+        return int(getattr(self._local, "device", 0))
+
+    def set_device(self, device_id: int) -> None:
+        """Makes ``device_id`` current for the calling thread (``cudaSetDevice``)."""
+        self.check_device(device_id)
+        self._local.device = device_id
+
+    def check_device(self, device_id: int) -> None:
+        """Raises like CUDA for a device id this machine does not have."""
+        if not 0 <= device_id < self.num_gpus:
+            raise CUDARuntimeError(
+                "cudaErrorInvalidDevice",
+                f"invalid device ordinal (simulated GPU: device {device_id} does not exist; "
+                f"the simulation has {self.num_gpus} GPUs, 0 to {self.num_gpus - 1})",
+            )
+
+    def push_device(self, device_id: int) -> None:
+        stack = self._thread_list("device_stack")
+        previous = self.current_device()
+        self.set_device(device_id)
+        stack.append(previous)
+
+    def pop_device(self) -> None:
+        self._local.device = self._thread_list("device_stack").pop()
+
+    # --- streams -------------------------------------------------------------------------
+
+    def new_handle(self) -> int:
+        """A fresh fake handle (stream and event pointers)."""
+        return next(self._handles) * 0x100
+
+    def current_stream(self, device_id: int | None = None) -> Stream:
+        """The calling thread's current stream on ``device_id`` (default: the current device)."""
+        device = self.current_device() if device_id is None or device_id < 0 else device_id
+        streams: dict[int, Stream] = self._thread_dict("streams")
+        if device in streams:
+            return streams[device]
+        per_thread = os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "0") not in ("", "0")
+        return self.Stream.ptds if per_thread else self.Stream.null
+
+    def set_current_stream(self, stream: Stream) -> Stream:
+        """Makes ``stream`` current on its device for the calling thread; returns the previous one."""
+        device = stream.device_for_work()
+        previous = self.current_stream(device)
+        self._thread_dict("streams")[device] = stream
+        return previous
+
+    # --- queued work ---------------------------------------------------------------------
+
+    def enqueue(self, device_id: int, stream_ptr: int, work: Work) -> None:
+        """Queues ``work`` on a stream (the caller holds ``condition``)."""
+        self._queued.setdefault((device_id, stream_ptr), []).append(work)
+        for memory in work.memories:
+            memory.pending += 1
+
+    def complete(self, work: Work) -> None:
+        """Marks ``work`` done and wakes its waiters (the caller holds ``condition``)."""
+        if work.done:
+            return
+        work.done = True
+        for memory in work.memories:
+            memory.pending -= 1
+        for key, queue in list(self._queued.items()):
+            if work in queue:
+                queue.remove(work)
+                if not queue:
+                    del self._queued[key]
+        self.condition.notify_all()
+
+    def queued(self, device_id: int, stream_ptr: int | None = None) -> list[Work]:
+        """The work still queued on one stream of a device (or on all its streams)."""
+        with self.condition:
+            return [
+                work
+                for (device, ptr), queue in self._queued.items()
+                if device == device_id and (stream_ptr is None or ptr == stream_ptr)
+                for work in queue
+            ]
+
+    def wait(self, works: list[Work], what: str) -> None:
+        """Waits until ``works`` are done; raises :class:`SimulatedGPUError` where real hardware would hang."""
+        deadline = time.monotonic() + self.hang_timeout
+        with self.condition:
+            while not all(work.done for work in works):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    waiting = "; ".join(work.describe() for work in works if not work.done)
+                    raise SimulatedGPUError(
+                        f"{what} would hang on a real GPU (simulated GPU: still waiting after "
+                        f"{self.hang_timeout:g} s for {waiting})."
+                    )
+                self.condition.wait(left)
+
+    def wait_for_memory(self, memories: Iterable[Memory], what: str) -> None:
+        """Waits for queued collectives that use ``memories`` (work on a stream runs in order)."""
+        busy = [memory for memory in memories if memory.pending]
+        if not busy:
+            return
+        with self.condition:
+            works = [
+                work for queue in self._queued.values() for work in queue if any(m in work.memories for m in busy)
+            ]
+        self.wait(works, what)
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _thread_list(self, name: str) -> list[Any]:
+        value: list[Any] | None = getattr(self._local, name, None)
+        if value is None:
+            value = []
+            setattr(self._local, name, value)
+        return value
+
+    def _thread_dict(self, name: str) -> dict[Any, Any]:
+        value: dict[Any, Any] | None = getattr(self._local, name, None)
+        if value is None:
+            value = {}
+            setattr(self._local, name, value)
+        return value
+
+
+class Device:
+    """A simulated GPU (``cupy.cuda.Device``); a context manager making it current for this thread.
+
+    Args:
+      device: the device id; None means the calling thread's current device.
+    """
+
+    _machine: ClassVar[Machine]
+
+    def __init__(self, device: int | None = None) -> None:
+        self.id = self._machine.current_device() if device is None else int(device)
+
+    def __enter__(self) -> Device:
+        self._machine.push_device(self.id)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._machine.pop_device()
+
+    def use(self) -> None:
+        """Makes this device current for the calling thread."""
+        self._machine.set_device(self.id)
+
+    def synchronize(self) -> None:
+        """Waits for all queued work of this device, on every stream."""
+        self._machine.check_device(self.id)
+        self._machine.wait(self._machine.queued(self.id), f"Device({self.id}).synchronize()")
+
+    @property
+    def compute_capability(self) -> str:
+        """A plausible compute capability ('80'); the simulation has no real one."""
+        return "80"
+
+    def __int__(self) -> int:
+        return self.id
+
+    def __index__(self) -> int:
+        return self.id
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Device) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(("simulated GPU", self.id))
+
+    def __repr__(self) -> str:
+        return f"<CUDA Device {self.id} (simulated GPU)>"
+
+
+class Stream:
+    """A simulated CUDA stream (``cupy.cuda.Stream``), created on the current device.
+
+    Args:
+      null: the legacy default stream (``Stream.null``, pointer 0).
+      non_blocking: whether it does not synchronise with the legacy default stream.
+      ptds: the per-thread default stream (``Stream.ptds``, pointer 2).
+    """
+
+    _machine: ClassVar[Machine]
+    null: ClassVar[Stream]
+    ptds: ClassVar[Stream]
+
+    def __init__(self, null: bool = False, non_blocking: bool = False, ptds: bool = False) -> None:
+        if null and ptds:
+            raise ValueError("A stream cannot be both the null stream and the per-thread default stream.")
+        self.non_blocking = non_blocking
+        if null or ptds:
+            self.ptr = 0 if null else 2
+            self.device_id = -1  # the default stream of whichever device is current
+        else:
+            self.ptr = self._machine.new_handle()
+            self.device_id = self._machine.current_device()
+            self._machine.streams[self.ptr] = self
+        self._previous: list[Stream] = []
+
+    def device_for_work(self) -> int:
+        """The device this stream's work runs on (the current device for the default streams)."""
+        return self.device_id if self.device_id >= 0 else self._machine.current_device()
+
+    @property
+    def done(self) -> bool:
+        """True if all work queued on this stream has completed."""
+        return not self._machine.queued(self.device_for_work(), self.ptr)
+
+    def synchronize(self) -> None:
+        """Waits until all work queued on this stream has completed."""
+        works = self._machine.queued(self.device_for_work(), self.ptr)
+        self._machine.wait(works, f"{self!r}.synchronize()")
+
+    def record(self, event: Event | None = None) -> Event:
+        """Records ``event`` (a new one if None) on this stream and returns it."""
+        event = self._machine.Event() if event is None else event
+        event.record(self)
+        return event
+
+    def wait_event(self, event: Event) -> None:
+        """Orders later work on this stream after ``event`` (work runs eagerly in the simulation)."""
+        if not isinstance(event, Event):
+            raise TypeError(f"wait_event() needs a cupy.cuda.Event. Got {type(event).__name__}.")
+
+    def use(self) -> Stream:
+        """Makes this stream current on its device for the calling thread."""
+        self._machine.set_current_stream(self)
+        return self
+
+    def __enter__(self) -> Stream:
+        self._previous.append(self._machine.set_current_stream(self))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._machine.set_current_stream(self._previous.pop())
+
+    def __repr__(self) -> str:
+        kind = "null" if self.ptr == 0 else "per-thread default" if self.ptr == 2 else f"0x{self.ptr:x}"
+        where = "current device" if self.device_id < 0 else f"GPU {self.device_id}"
+        return f"<simulated CUDA Stream {kind} on {where}>"
+
+
+class Event:
+    """A simulated CUDA event (``cupy.cuda.Event``): marks the work queued on a stream so far."""
+
+    _machine: ClassVar[Machine]
+
+    def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False) -> None:
+        self.ptr = self._machine.new_handle()
+        self._works: list[Work] = []
+
+    def record(self, stream: Stream | None = None) -> None:
+        """Captures the work queued so far on ``stream`` (default: the current stream)."""
+        stream = self._machine.current_stream() if stream is None else stream
+        self._works = self._machine.queued(stream.device_for_work(), stream.ptr)
+
+    @property
+    def done(self) -> bool:
+        """True if the work captured by the last ``record`` has completed."""
+        with self._machine.condition:
+            return all(work.done for work in self._works)
+
+    def synchronize(self) -> None:
+        """Waits for the work captured by the last ``record``."""
+        self._machine.wait(self._works, "Event.synchronize()")
+
+    def __repr__(self) -> str:
+        return f"<simulated CUDA Event 0x{self.ptr:x}>"

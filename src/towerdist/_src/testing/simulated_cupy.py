@@ -1,0 +1,321 @@
+"""Simulated cupy: a CPU stand-in for ``cupy`` and ``cupy.cuda.nccl``, with simulated GPUs.
+
+:func:`module` builds a module object that behaves like ``cupy`` on a machine with
+``num_gpus`` GPUs, backed by numpy, and enforcing the rules of real GPUs that towerdist
+relies on (per-thread current device, allocation and kernel launch on it, no peer access,
+no implicit host conversion, no non-contiguous copies between devices, NCCL's group and
+threading rules). The rules live with the concepts they govern:
+``simulated_cuda`` (devices, streams, events), ``simulated_memory`` (allocations and
+addresses), ``simulated_array`` (arrays and kernel launches), ``simulated_nccl``.
+
+Besides the functions defined here (``asarray``, ``array``, ``ascontiguousarray``,
+``asnumpy``, ...), every numpy function is available as ``cupy.<name>`` and runs as a
+simulated kernel; numpy's types and constants (``cupy.float32``, ``cupy.newaxis``) are
+numpy's own, as in cupy.
+
+The simulation is switched on for towerdist with ``towerdist.testing.simulate_gpus(n)`` or
+the environment variable ``TOWERDIST_SIMULATE_GPUS=n``; :func:`active_module` returns the
+simulated module then (the cupy backend uses it instead of cupy), and :func:`owns` tells
+simulated arrays apart.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from towerdist._src.testing.simulated_array import SimulatedArray, array_type, function_mode, launch, new_array
+from towerdist._src.testing.simulated_cuda import CUDARuntimeError, Machine, SimulatedGPUError
+from towerdist._src.testing.simulated_nccl import NCCL_CONSTANTS, Nccl, NcclError
+
+__all__ = ["ENV_VAR", "active_module", "enable", "module", "num_simulated_gpus", "owns"]
+
+ENV_VAR = "TOWERDIST_SIMULATE_GPUS"
+_MISSING: Any = object()
+VERSION = "14.2.0+simulated"
+
+
+def owns(value: Any) -> bool:
+    """True if ``value`` is an array of a simulated GPU."""
+    return isinstance(value, SimulatedArray)
+
+
+# --- the process-wide simulation ------------------------------------------------------------
+
+_lock = threading.Lock()
+_active: types.ModuleType | None = None
+_requested: int | None = None
+
+
+def enable(num_gpus: int) -> types.ModuleType:
+    """Switches the process-wide simulation on with ``num_gpus`` GPUs and returns its module.
+
+    Raises:
+      ValueError: ``num_gpus`` is not a positive int.
+      RuntimeError: the simulation is already on with another number of GPUs.
+    """
+    global _active, _requested
+    if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus < 1:
+        raise ValueError(f"simulate_gpus() needs a positive number of GPUs. Got n={num_gpus!r}.")
+    with _lock:
+        if _active is not None and _active.cuda.runtime.getDeviceCount() != num_gpus:
+            raise RuntimeError(
+                f"simulate_gpus({num_gpus}) was called after the simulation started with "
+                f"{_active.cuda.runtime.getDeviceCount()} GPUs; the number of simulated GPUs is fixed once "
+                "devices are used. Call simulate_gpus() once, at program start."
+            )
+        if _active is None:
+            _active = module(num_gpus)
+        _requested = num_gpus
+        return _active
+
+
+def active_module() -> types.ModuleType | None:
+    """The simulated cupy module if the simulation is on (``simulate_gpus`` or the environment), else None."""
+    if _active is not None:
+        return _active
+    if _requested is None and not os.environ.get(ENV_VAR, "").strip():
+        return None
+    return enable(_requested if _requested is not None else _env_gpus())
+
+
+def num_simulated_gpus() -> int:
+    """The number of simulated GPUs, 0 when the simulation is off."""
+    active = active_module()
+    return 0 if active is None else int(active.cuda.runtime.getDeviceCount())
+
+
+def _env_gpus() -> int:
+    text = os.environ.get(ENV_VAR, "").strip()
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{ENV_VAR} must be a positive number of simulated GPUs. Got {ENV_VAR}={text!r}.")
+    return value
+
+
+# --- the module ---------------------------------------------------------------------------------
+
+
+def module(num_gpus: int) -> types.ModuleType:
+    """A new simulated cupy module on its own machine with ``num_gpus`` GPUs (for tests, or :func:`enable`)."""
+    machine = Machine(num_gpus)
+    nccl = Nccl(machine)
+    runtime = _namespace(
+        "simulated_cupy.cuda.runtime",
+        "Simulated CUDA runtime.",
+        CUDARuntimeError=CUDARuntimeError,
+        getDeviceCount=lambda: machine.num_gpus,
+        getDevice=machine.current_device,
+        setDevice=machine.set_device,
+        deviceSynchronize=lambda: machine.Device().synchronize(),
+        runtimeGetVersion=lambda: 12080,
+        is_hip=False,
+    )
+    nccl_module = _namespace(
+        "simulated_cupy.cuda.nccl",
+        "Simulated NCCL: the ranks of one process.",
+        available=True,
+        NcclError=NcclError,
+        NcclCommunicator=nccl.NcclCommunicator,
+        get_unique_id=nccl.get_unique_id,
+        groupStart=nccl.groupStart,
+        groupEnd=nccl.groupEnd,
+        get_version=lambda: 23203,
+        get_build_version=lambda: 23203,
+        **NCCL_CONSTANTS,
+    )
+    cuda = _namespace(
+        "simulated_cupy.cuda",
+        "Simulated CUDA devices, streams and events.",
+        Device=machine.Device,
+        Stream=machine.Stream,
+        Event=machine.Event,
+        runtime=runtime,
+        nccl=nccl_module,
+        get_current_stream=machine.current_stream,
+        get_device_id=machine.current_device,
+        is_available=lambda: True,
+        SimulatedGPUError=SimulatedGPUError,
+    )
+    cupy = _SimulatedCupy("simulated_cupy", machine)
+    vars(cupy).update(
+        __doc__=f"Simulated cupy with {num_gpus} simulated GPUs (numpy on the CPU).",
+        __version__=VERSION,
+        ndarray=array_type(machine),
+        machine=machine,
+        cuda=cuda,
+        SimulatedGPUError=SimulatedGPUError,
+    )
+    return cupy
+
+
+def _namespace(name: str, doc: str, **attributes: Any) -> types.ModuleType:
+    namespace = types.ModuleType(name, doc)
+    vars(namespace).update(attributes)
+    return namespace
+
+
+class _SimulatedCupy(types.ModuleType):
+    """The simulated ``cupy`` namespace of one machine; numpy functions are looked up on demand."""
+
+    def __init__(self, name: str, machine: Machine) -> None:
+        super().__init__(name)
+        self._machine = machine
+        self._forward_lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        value = _forward(self._machine, name, getattr(np, name, _MISSING), f"cupy.{name}")
+        with self._forward_lock:
+            setattr(self, name, value)
+        return value
+
+    # --- functions with cupy's own semantics ---------------------------------------------
+
+    def array(
+        self, obj: Any, dtype: Any = None, copy: Any = True, order: str | None = "K", subok: bool = False,
+        ndmin: int = 0, *, blocking: bool = False,
+    ) -> Any:  # fmt: skip
+        """An array on the current device (``cupy.array``): uploads host data, copies device arrays.
+
+        An array of another device is copied over only if it is contiguous (as in cupy).
+        """
+        machine = self._machine
+        order = "K" if order is None else order
+        if isinstance(obj, SimulatedArray):
+            if obj.device.id == machine.current_device():
+                result = obj.astype(obj.dtype if dtype is None else dtype, order=order, copy=bool(copy))
+            else:
+                result = obj.copy(order=order).astype(obj.dtype if dtype is None else dtype, copy=False)
+            if ndmin > result.ndim:
+                result = result.view() if result is obj else result
+                result.shape = (1,) * (ndmin - result.ndim) + result.shape
+            return result
+        if _contains_device_arrays(obj):  # a nested sequence of device arrays: a stacking kernel
+            return launch(machine, np.array, (obj,), {"dtype": dtype, "ndmin": ndmin}, "cupy.array")
+        host = np.array(obj, dtype=dtype, copy=True, order=order, ndmin=ndmin)  # type: ignore[call-overload]
+        return new_array(machine, host, machine.current_device())
+
+    def asarray(self, a: Any, dtype: Any = None, order: str | None = None, *, copy: Any = None, blocking: bool = False) -> Any:
+        """``a`` as an array on the current device (``cupy.asarray``); itself if it already is one there."""
+        return self.array(a, dtype, copy=copy, order=order, blocking=blocking)
+
+    def asanyarray(self, a: Any, dtype: Any = None, order: str | None = None) -> Any:
+        """Same as :meth:`asarray`."""
+        return self.asarray(a, dtype, order)
+
+    def ascontiguousarray(self, a: Any, dtype: Any = None) -> Any:
+        """``a`` itself if C-contiguous (on whatever device), else a contiguous copy made on the current device."""
+        if not isinstance(a, SimulatedArray):
+            raise TypeError(
+                f"Argument 'a' has incorrect type (expected cupy.ndarray, got {type(a).__name__}) (simulated GPU: "
+                "cupy.ascontiguousarray takes device arrays only; use cupy.asarray for host data)"
+            )
+        target = a.dtype if dtype is None else np.dtype(dtype)
+        if target == a.dtype and a.flags.c_contiguous:
+            return a.reshape(1) if a.ndim == 0 else a
+        source = a.reshape(1) if a.ndim == 0 else a
+        return launch(self._machine, np.ascontiguousarray, (source,), {"dtype": target}, "cupy.ascontiguousarray")
+
+    def asnumpy(self, a: Any, stream: Any = None, order: str = "C", out: Any = None, *, blocking: bool = True) -> Any:
+        """A host (numpy) copy of ``a``; host data is returned as a numpy array."""
+        if isinstance(a, SimulatedArray):
+            return a.get(stream=stream, order=order, out=out, blocking=blocking)
+        return np.asarray(a, order=order)  # type: ignore[call-overload]
+
+    def get_array_module(self, *args: Any) -> types.ModuleType:
+        """This module if any argument is a simulated array, else numpy."""
+        return self if any(isinstance(a, SimulatedArray) for a in args) else np
+
+    def is_available(self) -> bool:
+        """True: the simulated GPUs are always available."""
+        return True
+
+
+def _forward(machine: Machine, name: str, value: Any, qualified: str) -> Any:
+    """numpy's ``value`` as seen through the simulated cupy namespace."""
+    if value is _MISSING:
+        raise AttributeError(f"simulated cupy has no attribute {name!r} (numpy has none either)")
+    if isinstance(value, types.ModuleType):
+        return _Namespace(machine, value, qualified)
+    if isinstance(value, np.ufunc):
+        return _Ufunc(machine, value)
+    if isinstance(value, type) or not callable(value):
+        return value  # dtypes, scalar types, constants: numpy's own, as in cupy
+    mode = function_mode(name)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return launch(machine, value, args, kwargs, qualified, mode=mode)
+
+    call.__name__ = name
+    call.__qualname__ = qualified
+    call.__doc__ = f"numpy.{name} as a kernel on the current simulated GPU."
+    return call
+
+
+class _Namespace(types.ModuleType):
+    """A numpy submodule (``cupy.linalg``, ``cupy.random``...) whose functions run as simulated kernels."""
+
+    def __init__(self, machine: Machine, wrapped: types.ModuleType, name: str) -> None:
+        super().__init__(f"simulated_{name}")
+        self._machine, self._wrapped, self._qualified = machine, wrapped, name
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _forward(self._machine, name, getattr(self._wrapped, name, _MISSING), f"{self._qualified}.{name}")
+
+
+class _Ufunc:
+    """A numpy ufunc as a simulated cupy ufunc (``cupy.add``, ``cupy.add.reduce``...)."""
+
+    def __init__(self, machine: Machine, ufunc: np.ufunc) -> None:
+        self._machine, self._ufunc = machine, ufunc
+        self.__name__ = ufunc.__name__
+        self.nin, self.nout = ufunc.nin, ufunc.nout
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return launch(self._machine, self._ufunc, args, kwargs, f"cupy.{self.__name__}")
+
+    def _method(self, method: str) -> Callable[..., Any]:
+        func = getattr(self._ufunc, method)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return launch(self._machine, func, args, kwargs, f"cupy.{self.__name__}.{method}")
+
+        return call
+
+    @property
+    def reduce(self) -> Callable[..., Any]:
+        return self._method("reduce")
+
+    @property
+    def accumulate(self) -> Callable[..., Any]:
+        return self._method("accumulate")
+
+    @property
+    def outer(self) -> Callable[..., Any]:
+        return self._method("outer")
+
+    @property
+    def at(self) -> Callable[..., Any]:
+        return self._method("at")
+
+    def __repr__(self) -> str:
+        return f"<simulated cupy ufunc '{self.__name__}'>"
+
+
+def _contains_device_arrays(obj: Any) -> bool:
+    if isinstance(obj, SimulatedArray):
+        return True
+    return type(obj) in (list, tuple) and any(_contains_device_arrays(x) for x in obj)
+
