@@ -11,7 +11,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from towerdist._src.errors import MissingDependencyError
+from towerdist._src.errors import InvalidArgumentError, MissingDependencyError
 
 name = "cupy"
 
@@ -65,7 +65,7 @@ def _device_id(device: Any) -> int:
     if index >= device_count():
         _import()  # a missing cupy is the clearer error
         visible = device_count()
-        raise ValueError(
+        raise InvalidArgumentError(
             f"GPU:{index} does not exist: {visible} GPU(s) are visible"
             f"{' (cupy found no CUDA driver or device)' if visible == 0 else ''}. Check CUDA_VISIBLE_DEVICES, or "
             f"use a CPU device."
