@@ -105,12 +105,14 @@ def copy(array: Any, device: Any = None) -> Any:
 
 
 def _contiguous(array: Any) -> Any:
-    """``array`` C-contiguous, made on its own GPU (cupy copies only contiguous arrays between GPUs)."""
-    if array.flags.c_contiguous:
-        return array
+    """``array`` ready to leave its GPU: C-contiguous (cupy copies only contiguous arrays between
+    GPUs), made on its own GPU, and finished (whichever stream of that GPU produced it)."""
     cupy = _import()
-    with cupy.cuda.Device(array.device.id):
-        return cupy.ascontiguousarray(array)
+    with cupy.cuda.Device(array.device.id) as gpu:
+        if not array.flags.c_contiguous:
+            array = cupy.ascontiguousarray(array)
+        gpu.synchronize()
+    return array
 
 
 def buffer_id(array: Any) -> int:
