@@ -83,6 +83,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             json.dump(summary, f)
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    from towerdist.testing import simulated_gpus_enabled
+
+    if simulated_gpus_enabled():
+        return (
+            f"GPUs: {cupy_backend.device_count()} SIMULATED (towerdist.testing, TOWERDIST_SIMULATE_GPUS): the GPU "
+            f"tests check placement and ordering logic on CPU arrays; this is not GPU verification"
+        )
+    return f"GPUs: {cupy_backend.device_count()} real"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     global _MPI
     if mpi_runtime.launcher_size() > 1:

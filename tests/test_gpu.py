@@ -181,3 +181,147 @@ def test_checkpoint_of_gpu_variables_restores_on_the_cpu(tmp_path):
     td.train.Checkpoint(w=cpu_w, mean=cpu_mean).restore(path).assert_consumed()
     np.testing.assert_array_equal(cpu_w.numpy(), np.arange(6))
     assert float(cpu_mean.result()) == 2.0
+
+
+# --- the defects of issue 16, part A (each failed on simulated GPUs before its fix) ----------
+
+
+@pytest.mark.multi_gpu(2)
+def test_each_replica_computes_on_its_own_gpu():
+    # Defect 1: cupy launches on the thread's current device; a replica thread must make its GPU current.
+    cupy = cupy_backend._import()
+    strategy = td.distribute.MirroredStrategy(gpus(2))
+
+    def step():
+        rid = td.distribute.get_replica_context().replica_id_in_sync_group
+        value = td.ones([4]) * td.cast(rid + 1, td.float32)  # the original GPU test's expression
+        return cupy.cuda.runtime.getDevice(), value, value * 2.0
+
+    current, value, doubled = strategy.run(step)
+    assert strategy.experimental_local_results(current) == (0, 1)
+    assert [v.device.id for v in strategy.experimental_local_results(value)] == [0, 1]
+    assert [v.device.id for v in strategy.experimental_local_results(doubled)] == [0, 1]
+
+
+@pytest.mark.multi_gpu(2)
+@pytest.mark.parametrize("optimizer", ["sgd_momentum", "adam"])
+def test_optimizer_updates_keep_every_copy_and_slot_on_its_gpu(optimizer):
+    # Defect 1: updates ran on GPU 0 and stored GPU-0 arrays into GPU-1 copies.
+    strategy = td.distribute.MirroredStrategy(gpus(2))
+    with strategy.scope():
+        w = td.Variable(np.zeros((3, 2), np.float32))
+        opt = td.optimizers.SGD(0.1, momentum=0.9) if optimizer == "sgd_momentum" else td.optimizers.Adam(0.01)
+
+    def step():
+        rid = td.distribute.get_replica_context().replica_id_in_sync_group
+        grad = td.constant(np.arange(6, dtype=np.float64).reshape(3, 2)) * td.cast(rid + 1, td.float64)  # cast too
+        opt.apply_gradients([(grad, w)])
+
+    for _ in range(2):
+        strategy.run(step)
+    assert [c.value().device.id for c in w.values] == [0, 1]
+    for name in opt.get_slot_names():
+        assert [c.value().device.id for c in opt.get_slot(w, name).values] == [0, 1]
+    first, second = (cupy_backend.xp.asnumpy(c.value()) for c in w.values)
+    np.testing.assert_array_equal(first, second)
+
+
+@pytest.mark.multi_gpu(2)
+@pytest.mark.parametrize("num_packs", [0, 1, 2])
+def test_nccl_all_reduce_of_views_keeps_its_temporaries_on_their_gpus(num_packs):
+    # Defects 2 and 3: contiguous copies and pack buffers must be made on each rank's GPU and
+    # stay alive until the group completes.
+    strategy = td.distribute.MirroredStrategy(gpus(2), cross_device_ops=td.distribute.NcclAllReduce(num_packs))
+
+    def step():
+        rid = td.distribute.get_replica_context().replica_id_in_sync_group
+        base = td.constant(np.arange(12, dtype=np.float32).reshape(3, 4)) * td.cast(rid + 1, td.float32)
+        return td.distribute.get_replica_context().all_reduce("sum", [base.T, base[:, ::2], base + 1.0])
+
+    results = strategy.experimental_local_results(strategy.run(step))
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for device, (t, strided, plus) in enumerate(results):
+        assert {t.device.id, strided.device.id, plus.device.id} == {device}
+        np.testing.assert_array_equal(cupy_backend.xp.asnumpy(t), base.T * 3)
+        np.testing.assert_array_equal(cupy_backend.xp.asnumpy(strided), base[:, ::2] * 3)
+        np.testing.assert_array_equal(cupy_backend.xp.asnumpy(plus), base * 3 + 2)
+
+
+@pytest.mark.multi_gpu(2)
+@pytest.mark.parametrize("ops", ["hierarchical", "one_device"])
+def test_views_on_another_gpu_are_copied_contiguously(ops):
+    # Defect 4: cupy refuses to copy a non-contiguous array between GPUs.
+    cross_device_ops = {"hierarchical": td.distribute.HierarchicalCopyAllReduce, "one_device":
+                        td.distribute.ReductionToOneDevice}[ops]()
+    strategy = td.distribute.MirroredStrategy(gpus(2), cross_device_ops=cross_device_ops)
+    values = strategy.run(lambda: (td.constant(np.arange(8, dtype=np.float32).reshape(2, 4))
+                                   * td.cast(td.distribute.get_replica_context().replica_id_in_sync_group + 1,
+                                             td.float32))[:, ::2])
+    total = strategy.reduce("sum", values, axis=None)
+    expected = np.arange(8, dtype=np.float32).reshape(2, 4)[:, ::2]
+    np.testing.assert_array_equal(cupy_backend.xp.asnumpy(total), expected * 3)
+    gathered = strategy.gather(values, axis=0)
+    np.testing.assert_array_equal(cupy_backend.xp.asnumpy(gathered), np.concatenate([expected, expected * 2]))
+
+
+@pytest.mark.multi_gpu(2)
+def test_constants_and_casts_follow_the_device_scope():
+    # Defect 5: the backend was chosen by the input, not by the scope.
+    cupy = cupy_backend._import()
+    with td.device("GPU:1"):
+        scalar = td.cast(np.int32(2), td.float32)
+        constant = td.constant(np.ones(3))
+        product = td.ones([3]) * scalar
+    assert [scalar.device.id, constant.device.id, product.device.id] == [1, 1, 1]
+    with td.device("GPU:0"):
+        on_gpu = td.constant([1.0, 2.0])
+    with td.device("CPU:0"):
+        back = td.constant(on_gpu)
+    assert isinstance(back, np.ndarray) and back.tolist() == [1.0, 2.0]
+    assert isinstance(on_gpu, cupy.ndarray)
+
+
+@pytest.mark.gpu
+def test_string_features_stay_on_the_host():
+    # Defect 6: cupy holds numbers only; TF keeps string features on the host.
+    cupy = cupy_backend._import()
+    strategy = td.distribute.MirroredStrategy(gpus(1))
+    dataset = td.data.Dataset.from_tensor_slices((np.arange(4.0), np.array(["a", "b", "c", "d"]))).batch(2)
+    numbers, words = next(iter(strategy.experimental_distribute_dataset(dataset)))
+    assert isinstance(numbers, cupy.ndarray) and isinstance(words, np.ndarray)
+    assert words.tolist() == [b"a", b"b"]
+
+
+@pytest.mark.multi_gpu(2)
+@pytest.mark.parametrize("dtype", [np.complex64, np.int16, np.uint16])
+def test_nccl_reduces_dtypes_it_has_no_type_for(dtype):
+    # Defect 7: complex as pairs of floats; int16/uint16 by copies.
+    strategy = td.distribute.MirroredStrategy(gpus(2), cross_device_ops=td.distribute.NcclAllReduce())
+    value = np.array([1, 2, 3], dtype) * (dtype(1 + 1j) if np.dtype(dtype).kind == "c" else dtype(1))
+
+    def step():
+        rid = td.distribute.get_replica_context().replica_id_in_sync_group
+        return td.distribute.get_replica_context().all_reduce("sum", td.constant(value) * dtype(rid + 1))
+
+    for part in strategy.experimental_local_results(strategy.run(step)):
+        assert part.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(cupy_backend.xp.asnumpy(part), value * 3)
+
+
+@pytest.mark.gpu
+def test_a_gpu_that_does_not_exist_is_named():
+    # Defect 10: a raw CUDA error before.
+    with pytest.raises(td.errors.InvalidArgumentError, match="GPU:7 does not exist"):
+        with td.device("GPU:7"):
+            td.constant([1.0])
+
+
+@pytest.mark.multi_gpu(2)
+@pytest.mark.parametrize("move", ["to_device", "copy"])
+def test_a_view_on_one_gpu_copies_to_another(move):
+    # Defect 4, directly: cupy copies only contiguous arrays between GPUs.
+    gpu0, gpu1 = device_lib.parse("GPU:0"), device_lib.parse("GPU:1")
+    on_gpu1 = cupy_backend.asarray(np.arange(8, dtype=np.float32).reshape(2, 4), device=gpu1)
+    moved = getattr(cupy_backend, move)(on_gpu1[:, ::2], gpu0)  # neither C- nor F-contiguous
+    assert moved.device.id == 0
+    np.testing.assert_array_equal(cupy_backend.xp.asnumpy(moved), np.arange(8, dtype=np.float32).reshape(2, 4)[:, ::2])

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from towerdist._src.errors import InvalidArgumentError, MissingDependencyError
+from towerdist._src.testing import simulated_cupy
 
 name = "cupy"
 
@@ -22,6 +23,9 @@ _INSTALL_HINT = (
 
 @functools.lru_cache(maxsize=1)
 def _import() -> Any:
+    simulated = simulated_cupy.active_module()
+    if simulated is not None:
+        return simulated  # towerdist.testing.simulate_gpus(n) or TOWERDIST_SIMULATE_GPUS=n
     try:
         import cupy  # noqa: PLC0415  (lazy by design)
     except ImportError as error:
@@ -51,8 +55,18 @@ def device_count() -> int:
 
 
 def owns(value: Any) -> bool:
-    """True if ``value`` is a cupy array (checked without importing cupy)."""
-    return type(value).__module__.split(".", 1)[0] == "cupy"
+    """True if ``value`` is a cupy array, or a simulated GPU's (checked without importing cupy)."""
+    return type(value).__module__.split(".", 1)[0] == "cupy" or simulated_cupy.owns(value)
+
+
+def nccl() -> Any:
+    """cupy's NCCL module (``cupy.cuda.nccl``), or the simulated one; ImportError if it cannot load."""
+    simulated = simulated_cupy.active_module()
+    if simulated is not None:
+        return simulated.cuda.nccl
+    from cupy.cuda import nccl as module  # noqa: PLC0415  (lazy by design)
+
+    return module
 
 
 def _device_id(device: Any) -> int:

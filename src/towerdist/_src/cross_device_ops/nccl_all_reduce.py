@@ -30,7 +30,7 @@ def nccl_unavailable_reason() -> str | None:
     except MissingDependencyError:
         return f"cupy is not installed ({_INSTALL})"
     try:
-        from cupy.cuda import nccl  # noqa: PLC0415  (lazy by design)
+        nccl = cupy_backend.nccl()
     except ImportError:
         return f"cupy cannot load NCCL ({_INSTALL})"
     if not getattr(nccl, "available", True):
@@ -106,9 +106,7 @@ class NcclAllReduce(AllReduceCrossDeviceOps):
         key = tuple(d.device_index for d in devices)
         with self._lock:
             if key not in self._communicators:
-                from cupy.cuda import nccl  # noqa: PLC0415
-
-                self._communicators[key] = nccl.NcclCommunicator.initAll(list(key))
+                self._communicators[key] = cupy_backend.nccl().NcclCommunicator.initAll(list(key))
             return self._communicators[key]
 
     def _all_reduce_pack(self, devices: tuple[DeviceSpec, ...], components: list[Any], pack_index: int) -> list[Any]:
@@ -122,7 +120,7 @@ class NcclAllReduce(AllReduceCrossDeviceOps):
         """
         self.check_devices(devices)
         cupy = cupy_backend._import()
-        from cupy.cuda import nccl  # noqa: PLC0415
+        nccl = cupy_backend.nccl()
 
         dtype = components[0].dtype
         if dtype.kind == "c":  # NCCL has no complex type: a sum of complex numbers is a sum of float pairs

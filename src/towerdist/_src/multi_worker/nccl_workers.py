@@ -55,8 +55,7 @@ class NcclWorkers:
     """
 
     def __init__(self, workers: Workers, device_index: int) -> None:
-        from cupy.cuda import nccl  # noqa: PLC0415  (lazy: GPUs only)
-
+        nccl = cupy_backend.nccl()
         self._workers = workers
         self._device_index = device_index
         self._nccl = nccl

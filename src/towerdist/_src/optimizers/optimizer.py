@@ -506,10 +506,10 @@ class Optimizer:
                 grad = grad.astype(old_value.dtype)
             new_value, new_slots = self._compute(np, old_value, grad, old_slots, coefficients, buffers)
         else:
-            grad = _on_device(grad, first)
-            if grad.dtype != old_value.dtype:
-                grad = grad.astype(old_value.dtype)
-            with impl.on_device(first._device):
+            with impl.on_device(first._device):  # every kernel of the update runs on the variable's GPU
+                grad = _on_device(grad, first)
+                if grad.dtype != old_value.dtype:
+                    grad = grad.astype(old_value.dtype)
                 new_value, new_slots = self._compute(impl.xp, old_value, grad, old_slots, coefficients, buffers)
         _publish(components, new_value)
         buffers.retire("var", old_value)

@@ -288,7 +288,6 @@ class Stream:
             self.ptr = self._machine.new_handle()
             self.device_id = self._machine.current_device()
             self._machine.streams[self.ptr] = self
-        self._previous: list[Stream] = []
 
     def device_for_work(self) -> int:
         """The device this stream's work runs on (the current device for the default streams)."""
@@ -321,11 +320,11 @@ class Stream:
         return self
 
     def __enter__(self) -> Stream:
-        self._previous.append(self._machine.set_current_stream(self))
+        self._machine._thread_list("stream_stack").append(self._machine.set_current_stream(self))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._machine.set_current_stream(self._previous.pop())
+        self._machine.set_current_stream(self._machine._thread_list("stream_stack").pop())
 
     def __repr__(self) -> str:
         kind = "null" if self.ptr == 0 else "per-thread default" if self.ptr == 2 else f"0x{self.ptr:x}"

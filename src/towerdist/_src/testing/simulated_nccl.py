@@ -17,6 +17,8 @@ where real hardware would hang or silently compute garbage:
 * **One thread, several ranks: use a group.** A thread that launches a collective on one
   rank while its earlier launch on another rank of the same clique still waits for the
   other ranks would deadlock on real hardware; it raises :class:`SimulatedGPUError`.
+* **One thread creating several ranks of a unique id must do it in a group** (creation
+  blocks until every rank has joined); otherwise :class:`SimulatedGPUError`.
 * **A communicator must not be used from two threads at once** (a thread holds it from its
   call, or from its first call in a group until ``groupEnd``); the second thread raises.
 * ``abort()`` ends the communicator's queued work; ``check_async_error()`` then raises on
@@ -95,8 +97,7 @@ class _Op:
         )
 
     def view(self, index: int) -> np.ndarray:
-        memory, offset = self.memories[index], self.offsets[index]
-        assert offset is not None  # only for count > 0, where buffers were resolved
+        memory, offset = self.memories[index], self.offsets[index] or 0  # resolved: count > 0
         size = self.count * np.dtype(self.dtype).itemsize
         return memory.byte_view()[offset : offset + size].view(self.dtype)
 
@@ -107,6 +108,7 @@ class _Clique:
     def __init__(self, nranks: int) -> None:
         self.nranks = nranks
         self.members: dict[int, NcclCommunicator] = {}
+        self.ungrouped_creators: dict[int, int] = {}  # rank -> thread that created it outside a group
         self.queues: dict[int, collections.deque[_Op]] = {}
         self.error: str | None = None
 
@@ -166,7 +168,7 @@ class Nccl:
 
     # --- cliques -----------------------------------------------------------------------------
 
-    def _join(self, comm: NcclCommunicator, nranks: int, key: bytes, rank: int) -> _Clique:
+    def _join(self, comm: NcclCommunicator, nranks: int, key: bytes, rank: int, together: bool = False) -> _Clique:
         with self.machine.condition:
             clique = self._cliques.get(key)
             if clique is None:
@@ -182,6 +184,18 @@ class Nccl:
                     "NCCL_ERROR_INVALID_ARGUMENT",
                     f"rank {rank} is out of range for nranks={nranks} or was already created (simulated NCCL)",
                 )
+            me = threading.get_ident()
+            if not together and not self.in_group():
+                blocked = [r for r, thread in clique.ungrouped_creators.items() if thread == me]
+                if blocked:
+                    raise SimulatedGPUError(
+                        f"One thread created rank {rank} after creating rank {blocked[0]} of the same NCCL "
+                        "communicator outside a group: on real GPUs that first creation blocks until every rank "
+                        "has joined, so this deadlocks. (simulated NCCL: a thread creating several ranks must "
+                        "do it between nccl.groupStart() and nccl.groupEnd(), or use NcclCommunicator.initAll.)"
+                    )
+                if len(clique.members) + 1 < nranks:
+                    clique.ungrouped_creators[rank] = me  # this creation would block for the others
             clique.members[rank] = comm
             clique.queues[rank] = collections.deque()
             return clique
@@ -319,7 +333,7 @@ class NcclCommunicator:
         for rank, device in enumerate(ids):
             comm = cls.__new__(cls)
             comm._setup(device, rank)
-            comm._clique = nccl._join(comm, len(ids), key, rank)
+            comm._clique = nccl._join(comm, len(ids), key, rank, together=True)
             comms.append(comm)
         return comms
 

@@ -7,6 +7,8 @@ would on real GPUs, and code that breaks a rule fails here as it would there.
 
 from __future__ import annotations
 
+from towerdist._src.backend import cupy_backend
+from towerdist._src.cross_device_ops import nccl_all_reduce
 from towerdist._src.testing import simulated_cupy
 
 __all__ = ["simulate_gpus", "simulated_gpus_enabled"]
@@ -44,8 +46,16 @@ def simulate_gpus(n: int) -> None:
       RuntimeError: the simulation already runs with another number of GPUs.
     """
     simulated_cupy.enable(n)
+    # What was looked up before (no cupy, no GPU) is looked up again, now on the simulation.
+    cupy_backend._import.cache_clear()
+    cupy_backend.device_count.cache_clear()
+    nccl_all_reduce.nccl_unavailable_reason.cache_clear()
 
 
-def simulated_gpus_enabled() -> int:
-    """The number of simulated GPUs, or 0 if towerdist runs on real GPUs (or none)."""
-    return simulated_cupy.num_simulated_gpus()
+def simulated_gpus_enabled() -> bool:
+    """True if towerdist runs on simulated GPUs (``simulate_gpus`` or ``TOWERDIST_SIMULATE_GPUS``).
+
+    Raises:
+      ValueError: ``TOWERDIST_SIMULATE_GPUS`` is set but is not a positive number.
+    """
+    return simulated_cupy.num_simulated_gpus() > 0

@@ -1,0 +1,583 @@
+"""The simulated GPUs enforce the rules of real cupy and NCCL (``towerdist.testing``).
+
+Each test names the cupy or NCCL behaviour it mirrors (``reference/cupy.md`` has the cupy
+source of each rule). Every test builds its own simulated machine, so the tests neither
+depend on nor disturb a process-wide simulation.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+from towerdist._src.testing import simulated_cupy
+from towerdist._src.testing.simulated_cuda import CUDARuntimeError, SimulatedGPUError
+from towerdist._src.testing.simulated_nccl import NcclError
+from towerdist.testing import simulate_gpus, simulated_gpus_enabled
+
+JOIN_SECONDS = 10.0
+
+
+@pytest.fixture
+def cp():
+    """A simulated cupy module on its own machine with 3 GPUs; hangs are reported after 0.3 s."""
+    module = simulated_cupy.module(3)
+    module.machine.hang_timeout = 0.3
+    return module
+
+
+def on(cp, device, make):
+    with cp.cuda.Device(device):
+        return make()
+
+
+def run_in_thread(target):
+    """Runs ``target`` in a new thread; returns its result or re-raises its exception."""
+    box = {}
+
+    def body():
+        try:
+            box["result"] = target()
+        except BaseException as error:  # handed back to the test
+            box["error"] = error
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join(JOIN_SECONDS)
+    assert not thread.is_alive(), "the thread did not finish"
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+# --- devices and threads (cupy/cuda/device.pyx) --------------------------------------------------
+
+
+def test_the_current_device_is_per_thread_and_starts_at_0(cp):
+    # cupy: the current device is thread-local; a new thread starts on device 0.
+    with cp.cuda.Device(1):
+        assert run_in_thread(cp.cuda.runtime.getDevice) == 0
+
+        def in_thread():
+            with cp.cuda.Device(2):
+                return cp.cuda.runtime.getDevice(), cp.zeros(2).device.id
+
+        assert run_in_thread(in_thread) == (2, 2)
+        assert cp.cuda.runtime.getDevice() == 1  # the other thread's switch did not leak here
+    assert cp.cuda.runtime.getDevice() == 0
+
+
+def test_a_device_scope_restores_the_previous_device_when_its_body_raises(cp):
+    # cupy: Device.__exit__ restores the device that was current on entry.
+    with pytest.raises(KeyError), cp.cuda.Device(2):
+        raise KeyError("boom")
+    assert cp.cuda.runtime.getDevice() == 0
+
+
+def test_an_unknown_device_raises_a_cuda_runtime_error(cp):
+    # CUDA: cudaSetDevice with an ordinal past the device count fails with cudaErrorInvalidDevice.
+    with pytest.raises(CUDARuntimeError, match="cudaErrorInvalidDevice.*simulated GPU"), cp.cuda.Device(3):
+        pass
+    assert cp.cuda.runtime.getDeviceCount() == 3
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda cp: cp.asarray(np.ones(3)), id="asarray(numpy)"),
+        pytest.param(lambda cp: cp.zeros(3), id="zeros"),
+        pytest.param(lambda cp: cp.empty((2, 2)), id="empty"),
+        pytest.param(lambda cp: cp.arange(4), id="arange"),
+        pytest.param(lambda cp: cp.ones(3) * 2, id="arithmetic"),
+        pytest.param(lambda cp: cp.ones(3).sum(), id="reduction"),
+        pytest.param(lambda cp: np.maximum(cp.ones(3), 0), id="numpy ufunc"),
+    ],
+)
+def test_arrays_are_allocated_on_the_current_device(cp, make):
+    # cupy: allocations (and kernel outputs) go to the calling thread's current device.
+    assert on(cp, 2, lambda: make(cp)).device.id == 2
+    assert make(cp).device.id == 0
+
+
+@pytest.mark.parametrize(
+    "launch",
+    [
+        pytest.param(lambda cp, x: x + 1, id="operator"),
+        pytest.param(lambda cp, x: cp.add(x, x), id="cupy.add"),
+        pytest.param(lambda cp, x: np.maximum(x, 0), id="numpy ufunc"),
+        pytest.param(lambda cp, x: x.sum(), id="method"),
+        pytest.param(lambda cp, x: x.astype(np.float32), id="astype"),
+        pytest.param(lambda cp, x: cp.concatenate([x, x]), id="concatenate"),
+        pytest.param(lambda cp, x: x.fill(2.0), id="fill"),
+        pytest.param(lambda cp, x: x.__setitem__(0, 5.0), id="setitem"),
+        pytest.param(lambda cp, x: x.__iadd__(1), id="in-place"),
+    ],
+)
+def test_an_operand_on_another_device_raises_without_peer_access(cp, launch):
+    # cupy (_kernel.pyx, _check_peer_access): a kernel on device 1 reading an array of device 0
+    # raises ValueError when peer access is unavailable; the simulated GPUs have none.
+    x = cp.arange(4.0)
+    with cp.cuda.Device(1), pytest.raises(ValueError, match="Peer access is unavailable.*simulated GPU"):
+        launch(cp, x)
+    np.testing.assert_array_equal(x.get(), [0.0, 1.0, 2.0, 3.0])  # nothing was written before raising
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        pytest.param(lambda x: x[1:], id="slice"),
+        pytest.param(lambda x: x.reshape(2, 2), id="reshape"),
+        pytest.param(lambda x: x.reshape(2, 2).T, id="T"),
+        pytest.param(lambda x: np.split(x, 2)[1], id="split"),
+        pytest.param(lambda x: x.view(np.int64), id="view"),
+    ],
+)
+def test_views_launch_no_kernel_and_stay_on_their_device(cp, view):
+    # cupy: creating a view only computes strides, so it works from any current device.
+    x = cp.arange(4.0)
+    with cp.cuda.Device(1):
+        result = view(x)
+    assert result.device.id == 0 and result.data.mem is x.data.mem
+
+
+def test_a_reshape_that_must_copy_is_a_kernel_on_the_current_device(cp):
+    # cupy: reshaping a non-contiguous array copies it, a kernel on the current device.
+    transposed = cp.arange(6.0).reshape(2, 3).T
+    assert on(cp, 0, lambda: transposed.reshape(-1)).data.mem is not transposed.data.mem
+    with cp.cuda.Device(1), pytest.raises(ValueError, match="Peer access"):
+        transposed.reshape(-1)
+
+
+# --- host and device (cupy/_core/core.pyx, _scalar.pyx) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "convert",
+    [
+        pytest.param(np.asarray, id="np.asarray"),
+        pytest.param(np.array, id="np.array"),
+        pytest.param(lambda x: np.testing.assert_array_equal(x, [1, 1]), id="np.testing"),
+    ],
+)
+def test_implicit_conversion_to_numpy_raises(cp, convert):
+    # cupy: ndarray.__array__ raises TypeError; .get() is the explicit way.
+    with pytest.raises(TypeError, match="Implicit conversion to a NumPy array is not allowed.*simulated GPU"):
+        convert(cp.ones(2))
+
+
+@pytest.mark.parametrize(
+    "combine",
+    [
+        pytest.param(lambda x: x + np.ones(2), id="device + numpy"),
+        pytest.param(lambda x: np.ones(2) + x, id="numpy + device"),
+        pytest.param(lambda x: x * np.array(2.0), id="0-d numpy"),
+        pytest.param(lambda x: np.add(x, np.ones(2)), id="np.add"),
+    ],
+)
+def test_numpy_array_operands_are_refused(cp, combine):
+    # cupy (_scalar.pyx): numpy arrays, 0-d ones included, are not kernel operands.
+    with pytest.raises(TypeError, match="Unsupported type.*simulated GPU"):
+        combine(cp.ones(2))
+
+
+@pytest.mark.parametrize("scalar", [2, 2.0, np.float32(2.0), np.int64(2)], ids=repr)
+def test_python_and_numpy_scalars_are_accepted(cp, scalar):
+    # cupy: Python numbers and numpy scalars are kernel operands.
+    result = cp.ones(2, dtype=np.float32) * scalar
+    np.testing.assert_array_equal(result.get(), [2.0, 2.0])
+
+
+def test_numpy_functions_on_device_arrays_run_on_the_device(cp):
+    # cupy: numpy functions dispatch through __array_ufunc__ / __array_function__ (NEP 13/18).
+    x = on(cp, 1, lambda: cp.asarray(np.array([-1.0, 2.0])))
+    with cp.cuda.Device(1):
+        results = [np.maximum(x, 0), np.concatenate([x, x]), np.sum(x), np.sqrt(x * x)]
+    assert all(isinstance(r, cp.ndarray) and r.device.id == 1 for r in results)
+    assert [r.get().tolist() for r in results] == [[0.0, 2.0], [-1.0, 2.0, -1.0, 2.0], 1.0, [1.0, 2.0]]
+
+
+def test_reductions_return_0d_device_arrays(cp):
+    # cupy: x.sum() is a 0-d cupy array, not a host scalar.
+    total = cp.arange(4.0).sum()
+    assert isinstance(total, cp.ndarray) and total.shape == () and float(total) == 6.0
+
+
+def test_asarray_uploads_and_get_downloads_copies(cp):
+    # cupy: asarray(numpy) copies to the current device; .get() returns a new host array.
+    host = np.arange(3.0)
+    device = on(cp, 2, lambda: cp.asarray(host))
+    host[0] = 99.0
+    assert device.device.id == 2 and device.get().tolist() == [0.0, 1.0, 2.0]
+    fetched = device.get()
+    fetched[1] = 99.0
+    assert cp.asnumpy(device).tolist() == [0.0, 1.0, 2.0]
+
+
+def test_asarray_copies_a_contiguous_array_from_another_device(cp):
+    # cupy (_array_from_cupy_ndarray): an array of another device is copied to the current one.
+    x = cp.arange(4.0)
+    y = on(cp, 1, lambda: cp.asarray(x))
+    assert y.device.id == 1 and y.data.mem is not x.data.mem and y.get().tolist() == x.get().tolist()
+    assert cp.asarray(x) is x  # already on the current device: no copy
+
+
+@pytest.mark.parametrize(
+    "copy",
+    [
+        pytest.param(lambda cp, x: cp.asarray(x), id="asarray"),
+        pytest.param(lambda cp, x: cp.array(x), id="array"),
+        pytest.param(lambda cp, x: x.copy(order="K"), id="copy(order=K)"),
+    ],
+)
+def test_non_contiguous_copies_between_devices_raise(cp, copy):
+    # cupy (core.pyx, ndarray.copy): "CuPy cannot copy non-contiguous array between devices."
+    strided = cp.arange(6.0)[::2]
+    with cp.cuda.Device(1), pytest.raises(NotImplementedError, match="non-contiguous array between devices"):
+        copy(cp, strided)
+    assert on(cp, 1, lambda: copy(cp, cp.arange(6.0).reshape(2, 3).T)).device.id == 1  # F-contiguous is fine
+
+
+def test_copy_makes_a_contiguous_copy_on_the_source_device_first(cp):
+    # cupy (ndarray.copy, order 'C'): made contiguous on its own device, then copied over.
+    strided = cp.arange(6.0)[::2]
+    copied = on(cp, 1, strided.copy)
+    assert copied.device.id == 1 and copied.get().tolist() == [0.0, 2.0, 4.0]
+
+
+def test_ascontiguousarray_returns_a_contiguous_array_itself_and_copies_others_on_the_current_device(cp):
+    # cupy (core.pyx ascontiguousarray): no copy when already C-contiguous, else an elementwise copy.
+    x = cp.arange(6.0).reshape(2, 3)
+    assert on(cp, 1, lambda: cp.ascontiguousarray(x)) is x
+    assert cp.ascontiguousarray(x.T).flags.c_contiguous
+    with cp.cuda.Device(1), pytest.raises(ValueError, match="Peer access"):
+        cp.ascontiguousarray(x.T)
+    with pytest.raises(TypeError, match="incorrect type"):
+        cp.ascontiguousarray(np.ones(2))
+
+
+@pytest.mark.parametrize("host", [np.array(["a", "b"]), np.array([object(), object()])], ids=["str", "object"])
+def test_string_and_object_dtypes_are_refused(cp, host):
+    # cupy (_dtype.pyx): "Unsupported dtype" for strings and objects.
+    with pytest.raises(ValueError, match="Unsupported dtype.*simulated GPU"):
+        cp.asarray(host)
+
+
+def test_data_pointers_address_views_inside_their_allocation(cp):
+    # cupy: ndarray.data.ptr is the first element's address; data.mem.ptr the allocation's.
+    x = cp.arange(8, dtype=np.float32)
+    assert x[2:].data.ptr == x.data.ptr + 8 and x[2:].data.mem.ptr == x.data.mem.ptr
+    assert cp.zeros(4).data.ptr != x.data.ptr
+    assert cp.empty(0).data.ptr == 0  # an empty allocation has address 0, as in cupy
+
+
+def test_binary_operators_defer_to_objects_that_opt_out_of_ufuncs(cp):
+    # cupy (core.pyx, _should_use_rop): a right operand with __array_ufunc__ = None gets __radd__.
+    class OptsOut:
+        __array_ufunc__ = None
+
+        def __radd__(self, other):
+            return "deferred"
+
+    assert cp.ones(2) + OptsOut() == "deferred"
+
+
+# --- streams and events (cupy/cuda/stream.pyx) ----------------------------------------------------
+
+
+def test_streams_and_events(cp):
+    # cupy: the default current stream is the null stream (pointer 0); `with stream:` makes a
+    # stream current for this thread only; events record a stream's queued work.
+    assert cp.cuda.get_current_stream().ptr == 0
+    stream = cp.cuda.Stream(non_blocking=True)
+    other = cp.cuda.Stream()
+    assert stream.ptr not in (0, other.ptr) and stream.done
+    with stream:
+        assert cp.cuda.get_current_stream() is stream
+        assert run_in_thread(lambda: cp.cuda.get_current_stream().ptr) == 0
+    assert cp.cuda.get_current_stream().ptr == 0
+    event = cp.cuda.Event()
+    event.record(stream)
+    other.wait_event(event)
+    event.synchronize()
+    stream.synchronize()
+    cp.cuda.Device(0).synchronize()
+    assert event.done and stream.record().done
+
+
+# --- NCCL (cupy/cuda/nccl.pyx) -------------------------------------------------------------------
+
+
+def arrays_on_devices(cp, values, dtype=np.float32):
+    return [on(cp, i, lambda v=v: cp.asarray(np.asarray(v, dtype=dtype))) for i, v in enumerate(values)]
+
+
+def all_reduce(cp, comms, sends, recvs, op=None, dtype=None):
+    nccl = cp.cuda.nccl
+    kind = dtype or nccl.NCCL_FLOAT32
+    for comm, send, recv in zip(comms, sends, recvs):
+        comm.allReduce(send.data.ptr, recv.data.ptr, send.size, kind, nccl.NCCL_SUM if op is None else op, 0)
+
+
+def test_init_all_gives_one_communicator_per_device_ranked_by_position(cp):
+    # cupy: NcclCommunicator.initAll(devices) returns one communicator per device, rank = position.
+    comms = cp.cuda.nccl.NcclCommunicator.initAll([2, 0])
+    assert [(c.device_id(), c.rank_id(), c.size()) for c in comms] == [(2, 0, 2), (0, 1, 2)]
+
+
+@pytest.mark.parametrize(
+    ("op", "expected"),
+    [("NCCL_SUM", [6.0, 9.0]), ("NCCL_MAX", [3.0, 4.0]), ("NCCL_MIN", [1.0, 2.0]), ("NCCL_PROD", [6.0, 24.0]),
+     ("NCCL_AVG", [2.0, 3.0])],
+)  # fmt: skip
+def test_all_reduce_in_a_group_combines_every_rank(cp, op, expected):
+    # NCCL: allReduce combines the ranks' send buffers into every rank's receive buffer.
+    nccl = cp.cuda.nccl
+    comms = nccl.NcclCommunicator.initAll(3)
+    sends = arrays_on_devices(cp, [[1, 2], [2, 3], [3, 4]])
+    recvs = [on(cp, i, lambda s=s: cp.empty_like(s)) for i, s in enumerate(sends)]
+    nccl.groupStart()
+    all_reduce(cp, comms, sends, recvs, op=getattr(nccl, op))
+    nccl.groupEnd()
+    assert [r.get().tolist() for r in recvs] == [expected] * 3
+
+
+def test_group_calls_launch_only_at_group_end(cp):
+    # NCCL: calls between groupStart() and groupEnd() are queued; groupEnd() launches them.
+    nccl = cp.cuda.nccl
+    comms = nccl.NcclCommunicator.initAll(2)
+    buffers = arrays_on_devices(cp, [[1.0], [2.0]])
+    nccl.groupStart()
+    all_reduce(cp, comms, buffers, buffers)
+    assert [b.get().tolist() for b in buffers] == [[1.0], [2.0]]
+    nccl.groupEnd()
+    assert [b.get().tolist() for b in buffers] == [[3.0], [3.0]]
+
+
+def test_a_buffer_freed_before_group_end_raises(cp):
+    # NCCL: buffers must stay alive until the group is launched at groupEnd(); a temporary
+    # dropped earlier may be reused by the allocator for the next rank (a silently wrong sum).
+    nccl = cp.cuda.nccl
+    comms = nccl.NcclCommunicator.initAll(2)
+    sources = arrays_on_devices(cp, [[1.0, 0.0, 2.0], [3.0, 0.0, 4.0]])
+    recvs = [on(cp, i, lambda: cp.empty(2, np.float32)) for i in range(2)]
+    nccl.groupStart()
+    try:
+        for i, (comm, source, recv) in enumerate(zip(comms, sources, recvs)):
+            with cp.cuda.Device(i):
+                contiguous = cp.ascontiguousarray(source[::2])  # a temporary, replaced next iteration
+                comm.allReduce(contiguous.data.ptr, recv.data.ptr, 2, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
+        del contiguous
+        gc.collect()
+    finally:
+        with pytest.raises(SimulatedGPUError, match="freed before groupEnd"):
+            nccl.groupEnd()
+
+
+def test_buffers_kept_alive_until_group_end_are_summed(cp):
+    # The fix for the rule above: hold the temporaries until groupEnd() has returned.
+    nccl = cp.cuda.nccl
+    comms = nccl.NcclCommunicator.initAll(2)
+    sources = arrays_on_devices(cp, [[1.0, 0.0, 2.0], [3.0, 0.0, 4.0]])
+    recvs = [on(cp, i, lambda: cp.empty(2, np.float32)) for i in range(2)]
+    kept = [on(cp, i, lambda s=s: cp.ascontiguousarray(s[::2])) for i, s in enumerate(sources)]
+    nccl.groupStart()
+    all_reduce(cp, comms, kept, recvs)
+    nccl.groupEnd()
+    assert [r.get().tolist() for r in recvs] == [[4.0, 6.0]] * 2
+
+
+def test_a_buffer_on_another_device_than_its_communicator_raises(cp):
+    # NCCL: buffers must live on the communicator's GPU (ncclInvalidArgument).
+    nccl = cp.cuda.nccl
+    comms = nccl.NcclCommunicator.initAll([0, 1])
+    wrong = arrays_on_devices(cp, [[1.0], [2.0]])[::-1]
+    with pytest.raises(NcclError, match="lives on GPU 1, but communicator rank 0 is on GPU 0"):
+        all_reduce(cp, comms[:1], wrong[:1], wrong[:1])
+
+
+def test_an_address_that_is_not_a_live_allocation_raises(cp):
+    # NCCL reads raw addresses: one that no allocation holds is an invalid argument here.
+    comm = cp.cuda.nccl.NcclCommunicator.initAll([0])[0]
+    with pytest.raises(NcclError, match="not a live allocation"):
+        comm.allReduce(0x1234, 0x1234, 1, cp.cuda.nccl.NCCL_FLOAT32, cp.cuda.nccl.NCCL_SUM, 0)
+
+
+def test_count_zero_is_accepted(cp):
+    # NCCL discards empty collectives.
+    comm = cp.cuda.nccl.NcclCommunicator.initAll([0])[0]
+    comm.allReduce(0, 0, 0, cp.cuda.nccl.NCCL_FLOAT32, cp.cuda.nccl.NCCL_SUM, 0)
+    assert cp.cuda.Stream.null.done
+
+
+def test_a_communicator_used_from_two_threads_at_once_raises(cp):
+    # NCCL: a communicator is not thread-safe; a thread holds it from its first call in a
+    # group until groupEnd(), and another thread's call meanwhile is a race.
+    nccl = cp.cuda.nccl
+    comm = nccl.NcclCommunicator.initAll([0])[0]
+    buffer = cp.ones(2, np.float32)
+    queued, release = threading.Event(), threading.Event()
+
+    def hold_in_a_group():
+        nccl.groupStart()
+        comm.allReduce(buffer.data.ptr, buffer.data.ptr, 2, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
+        queued.set()
+        release.wait(JOIN_SECONDS)
+        nccl.groupEnd()
+
+    thread = threading.Thread(target=hold_in_a_group)
+    thread.start()
+    try:
+        assert queued.wait(JOIN_SECONDS)
+        with pytest.raises(SimulatedGPUError, match="used from two threads at once"):
+            comm.allReduce(buffer.data.ptr, buffer.data.ptr, 2, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
+    finally:
+        release.set()
+        thread.join(JOIN_SECONDS)
+    assert not thread.is_alive()
+    comm.allReduce(buffer.data.ptr, buffer.data.ptr, 2, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)  # free again
+
+
+def test_ranks_in_their_own_threads_complete_without_a_group(cp):
+    # NCCL: one thread per rank needs no group; a collective completes once every rank called it.
+    nccl = cp.cuda.nccl
+    comms = nccl.NcclCommunicator.initAll(3)
+    buffers = arrays_on_devices(cp, [[1.0], [2.0], [3.0]])
+    barrier = threading.Barrier(3, timeout=JOIN_SECONDS)
+
+    def rank(i):
+        with cp.cuda.Device(i):
+            barrier.wait()
+            all_reduce(cp, comms[i : i + 1], buffers[i : i + 1], buffers[i : i + 1])
+            cp.cuda.get_current_stream().synchronize()
+            return buffers[i].get().tolist()
+
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, rank(i))) for i in range(3)]
+    results = [None] * 3
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(JOIN_SECONDS)
+    assert results == [[6.0]] * 3
+
+
+def test_reading_a_buffer_waits_for_its_queued_collective(cp):
+    # CUDA streams run in order: a copy to the host after an all-reduce sees its result.
+    nccl = cp.cuda.nccl
+    comms = nccl.NcclCommunicator.initAll(2)
+    buffers = arrays_on_devices(cp, [[1.0], [2.0]])
+    all_reduce(cp, comms[:1], buffers[:1], buffers[:1])  # rank 0 waits for rank 1
+    assert not cp.cuda.Stream.null.done
+    timer = threading.Timer(0.05, lambda: on(cp, 1, lambda: all_reduce(cp, comms[1:], buffers[1:], buffers[1:])))
+    timer.start()
+    try:
+        assert buffers[0].get().tolist() == [3.0]
+    finally:
+        timer.join(JOIN_SECONDS)
+
+
+def test_one_thread_driving_two_ranks_without_a_group_raises(cp):
+    # NCCL: a thread managing several GPUs must group their calls, or it deadlocks.
+    nccl = cp.cuda.nccl
+    comms = nccl.NcclCommunicator.initAll(2)
+    buffers = arrays_on_devices(cp, [[1.0], [2.0]])
+    all_reduce(cp, comms[:1], buffers[:1], buffers[:1])
+    with pytest.raises(SimulatedGPUError, match="deadlocks"):
+        all_reduce(cp, comms[1:], buffers[1:], buffers[1:])
+
+
+def test_a_rank_that_never_calls_is_reported_instead_of_hanging_and_abort_ends_the_wait(cp):
+    # NCCL: a collective waits for every rank; abort() ends the communicator's work, and the
+    # other ranks see the failure through check_async_error().
+    nccl = cp.cuda.nccl
+    comms = nccl.NcclCommunicator.initAll(2)
+    buffers = arrays_on_devices(cp, [[1.0], [2.0]])
+    all_reduce(cp, comms[:1], buffers[:1], buffers[:1])
+    stream = cp.cuda.get_current_stream()
+    assert not stream.done
+    with pytest.raises(SimulatedGPUError, match=r"would hang.*waiting for ranks \[1\]"):
+        stream.synchronize()
+    comms[0].abort()
+    assert stream.done
+    with pytest.raises(NcclError, match="rank 0 .* was aborted"):
+        comms[1].check_async_error()
+    with pytest.raises(NcclError, match="aborted communicator"):
+        all_reduce(cp, comms[:1], buffers[:1], buffers[:1])
+
+
+def test_mismatched_collectives_raise(cp):
+    # NCCL: the ranks must issue the same collectives in the same order (else a hang or garbage).
+    nccl = cp.cuda.nccl
+    comms = nccl.NcclCommunicator.initAll(2)
+    buffers = arrays_on_devices(cp, [[1.0, 2.0], [2.0, 3.0]])
+    nccl.groupStart()
+    comms[0].allReduce(buffers[0].data.ptr, buffers[0].data.ptr, 2, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
+    comms[1].allReduce(buffers[1].data.ptr, buffers[1].data.ptr, 1, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
+    with pytest.raises(SimulatedGPUError, match="do not match across ranks"):
+        nccl.groupEnd()
+
+
+def test_communicators_from_a_unique_id_form_one_clique(cp):
+    # cupy: NcclCommunicator(nranks, uid, rank), one rank per call, inside a group for one thread.
+    nccl = cp.cuda.nccl
+    uid = nccl.get_unique_id()
+    assert len(uid) == 128
+    nccl.groupStart()
+    comms = [on(cp, i, lambda i=i: nccl.NcclCommunicator(2, uid, i)) for i in range(2)]
+    nccl.groupEnd()
+    buffers = arrays_on_devices(cp, [[1.0], [5.0]])
+    nccl.groupStart()
+    all_reduce(cp, comms, buffers, buffers)
+    nccl.groupEnd()
+    assert [b.get().tolist() for b in buffers] == [[6.0], [6.0]]
+
+
+def test_a_unique_id_from_another_process_is_not_simulated(cp):
+    # Simulated GPUs cannot move data between processes: a clear NotImplementedError.
+    raw = bytearray(b & 0xFF for b in cp.cuda.nccl.get_unique_id())
+    raw[len(b"towerdist-simulated-nccl")] ^= 0xFF  # another process id
+    with pytest.raises(NotImplementedError, match="one process only"):
+        cp.cuda.nccl.NcclCommunicator(2, tuple(b - 256 if b > 127 else b for b in raw), 0)
+
+
+def test_group_end_without_group_start_raises(cp):
+    # NCCL: ncclGroupEnd without ncclGroupStart is an invalid usage.
+    with pytest.raises(NcclError, match="INVALID_USAGE"):
+        cp.cuda.nccl.groupEnd()
+
+
+# --- the switch (towerdist.testing) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [0, -1, True, "2", 1.5], ids=repr)
+def test_simulate_gpus_needs_a_positive_int(n):
+    with pytest.raises(ValueError, match="positive number of GPUs"):
+        simulate_gpus(n)
+
+
+def test_the_environment_variable_switches_the_simulation_on(monkeypatch):
+    monkeypatch.setattr(simulated_cupy, "_active", None)
+    monkeypatch.setattr(simulated_cupy, "_requested", None)
+    monkeypatch.delenv(simulated_cupy.ENV_VAR, raising=False)
+    assert simulated_cupy.active_module() is None and not simulated_gpus_enabled()
+    monkeypatch.setenv(simulated_cupy.ENV_VAR, "two")
+    with pytest.raises(ValueError, match="TOWERDIST_SIMULATE_GPUS must be a positive number"):
+        simulated_cupy.active_module()
+    monkeypatch.setenv(simulated_cupy.ENV_VAR, "2")
+    module = simulated_cupy.active_module()
+    assert module is not None and module.cuda.runtime.getDeviceCount() == 2 and simulated_gpus_enabled()
+    assert simulated_cupy.owns(module.zeros(1)) and not simulated_cupy.owns(np.zeros(1))
+    with pytest.raises(RuntimeError, match="simulate_gpus\\(3\\) was called after the simulation started with 2"):
+        simulated_cupy.enable(3)
+
+
+def test_one_thread_creating_two_ranks_of_a_unique_id_outside_a_group_raises(cp):
+    # NCCL: ncclCommInitRank blocks until every rank has joined; one thread creating several
+    # ranks must do it inside a group (or use initAll).
+    nccl = cp.cuda.nccl
+    uid = nccl.get_unique_id()
+    nccl.NcclCommunicator(2, uid, 0)
+    with cp.cuda.Device(1), pytest.raises(SimulatedGPUError, match="outside a group"):
+        nccl.NcclCommunicator(2, uid, 1)
