@@ -29,31 +29,23 @@ def make_blobs(points: int, clusters: int, dims: int, seed: int) -> np.ndarray:
     return (centres[labels] + rng.standard_normal((points, dims))).astype(np.float32)
 
 
-def array_module(x: Any) -> Any:
-    """numpy, or cupy for a cupy array."""
-    if type(x).__module__.startswith("cupy"):
-        import cupy
-
-        return cupy
-    return np
-
-
 def assign_and_sum(x: Any, centroids: Any) -> tuple[Any, Any, Any]:
-    """Per-cluster sums and counts of ``x``'s points, and their squared distance to the nearest centroid."""
-    xp = array_module(x)
-    k = centroids.shape[0]
+    """Per-cluster sums and counts of ``x``'s points, and their squared distance to the nearest centroid.
+
+    Written with array methods and numpy functions only, so it runs unchanged on numpy and
+    on cupy arrays (numpy functions dispatch to cupy through ``__array_function__``).
+    """
     # |x - c|^2 = |x|^2 - 2 x.c + |c|^2, without the (n, k, d) intermediate.
     distances = (x * x).sum(1)[:, None] - 2 * x @ centroids.T + (centroids * centroids).sum(1)[None, :]
-    labels = distances.argmin(1)
-    one_hot = (labels[:, None] == xp.arange(k)[None, :]).astype(x.dtype)
-    inertia = xp.maximum(distances[xp.arange(len(x)), labels], 0).sum()
+    nearest = distances.min(1, keepdims=True)
+    one_hot = (distances == nearest).astype(x.dtype)
+    inertia = nearest.clip(0).sum()
     return one_hot.T @ x, one_hot.sum(0), inertia
 
 
 def new_centroids(sums: Any, counts: Any, old: Any) -> Any:
     """Cluster means; an empty cluster keeps its centroid."""
-    xp = array_module(sums)
-    return xp.where(counts[:, None] > 0, sums / xp.maximum(counts, 1)[:, None], old).astype(old.dtype)
+    return np.where(counts[:, None] > 0, sums / counts.clip(1)[:, None], old).astype(old.dtype)
 
 
 def distributed_kmeans(strategy: Any, points: np.ndarray, initial: np.ndarray, iterations: int) -> tuple[Any, list]:

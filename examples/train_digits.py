@@ -270,7 +270,8 @@ def train(
     log(f"Test accuracy {final:.4f}; {speed:,.0f} training examples/s on {strategy.num_replicas_in_sync} "
         f"replica(s).")
     return {"history": history, "test_accuracy": final, "examples_per_second": speed,
-            "replicas": strategy.num_replicas_in_sync, "checkpoint": manager.latest_checkpoint}
+            "replicas": strategy.num_replicas_in_sync, "checkpoint": manager.latest_checkpoint,
+            "model": model, "optimizer": optimizer}
 
 
 def _quiet(*args: Any, **kwargs: Any) -> None:

@@ -1,10 +1,14 @@
-"""GPU paths: the cupy backend, MirroredStrategy on GPUs, NcclAllReduce.
+"""GPU paths: the cupy backend, MirroredStrategy on GPUs, NcclAllReduce, the training kit.
 
-Marked ``gpu``/``multi_gpu``: they skip (with the reason) where cupy or a GPU is missing,
-and are never faked on CPU.
+Marked ``gpu``/``multi_gpu``: they run on real GPUs, and skip (with the reason) where cupy
+or a GPU is missing. ``.ci/run`` also runs them in a separate, named mode on 2 and 3
+*simulated* GPUs (``TOWERDIST_SIMULATE_GPUS``, see ``towerdist.testing``), which checks
+placement and ordering logic on CPU arrays; that is not GPU verification.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -325,3 +329,51 @@ def test_a_view_on_one_gpu_copies_to_another(move):
     moved = getattr(cupy_backend, move)(on_gpu1[:, ::2], gpu0)  # neither C- nor F-contiguous
     assert moved.device.id == 0
     np.testing.assert_array_equal(cupy_backend.xp.asnumpy(moved), np.arange(8, dtype=np.float32).reshape(2, 4)[:, ::2])
+
+
+@pytest.mark.multi_gpu(2)
+def test_the_main_job_on_every_gpu_matches_the_cpu_run_and_keeps_each_copy_on_its_gpu(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    sys.path.insert(0, str(examples))
+    try:
+        import train_digits
+    finally:
+        sys.path.remove(str(examples))
+    n = cupy_backend.device_count()
+    result = train_digits.train(epochs=3, checkpoint_dir=str(tmp_path / "gpu"), progress=False, log=lambda *a: None)
+    assert result["replicas"] == n
+    for variable in result["model"].parameters:
+        assert [c.value().device.id for c in variable.values] == list(range(n))
+        for name in result["optimizer"].get_slot_names():
+            assert [c.value().device.id for c in result["optimizer"].get_slot(variable, name).values] == list(range(n))
+    env = {k: v for k, v in os.environ.items() if k != "TOWERDIST_SIMULATE_GPUS"}  # the CPU run
+    cpu = subprocess.run(
+        [sys.executable, str(examples / "train_digits.py"), "--replicas", str(n), "--epochs", "3", "--no-progress",
+         "--checkpoint-dir", str(tmp_path / "cpu")],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert cpu.returncode == 0, cpu.stderr
+    cpu_accuracy = float(cpu.stdout.split("Test accuracy ")[1].split(";")[0])
+    assert result["test_accuracy"] == pytest.approx(cpu_accuracy, abs=0.01)
+
+
+@pytest.mark.multi_gpu(2)
+def test_the_kmeans_example_on_gpus_matches_numpy():
+    import sys
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    sys.path.insert(0, str(examples))
+    try:
+        import kmeans
+    finally:
+        sys.path.remove(str(examples))
+    points = kmeans.make_blobs(2000, 4, 3, seed=0)
+    initial = points[:4].copy()
+    strategy = td.distribute.MirroredStrategy(gpus(cupy_backend.device_count()))
+    centroids, _ = kmeans.distributed_kmeans(strategy, points, initial, iterations=5)
+    np.testing.assert_allclose(np.asarray(centroids), kmeans.numpy_kmeans(points, initial, 5), rtol=1e-4, atol=1e-4)
