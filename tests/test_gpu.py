@@ -377,3 +377,38 @@ def test_the_kmeans_example_on_gpus_matches_numpy():
     strategy = td.distribute.MirroredStrategy(gpus(cupy_backend.device_count()))
     centroids, _ = kmeans.distributed_kmeans(strategy, points, initial, iterations=5)
     np.testing.assert_allclose(np.asarray(centroids), kmeans.numpy_kmeans(points, initial, 5), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.multi_gpu(2)
+def test_a_failed_nccl_group_aborts_its_communicators_and_the_next_reduce_works():
+    # Defect 9: a call failing inside a group left the other ranks' collectives waiting forever.
+    ops = td.distribute.NcclAllReduce(num_packs=0)
+    strategy = td.distribute.MirroredStrategy(gpus(2), cross_device_ops=ops)
+
+    def step():
+        rid = td.distribute.get_replica_context().replica_id_in_sync_group
+        return td.distribute.get_replica_context().all_reduce("sum", td.ones([3]) * td.cast(rid + 1, td.float32))
+
+    strategy.run(step)  # creates the communicators
+    ((key, comms),) = ops._communicators.items()
+    aborted = []
+
+    class Failing:
+        def __init__(self, comm, rank):
+            self._comm, self._rank = comm, rank
+
+        def allReduce(self, *args):
+            if self._rank == 1:
+                raise RuntimeError("NCCL call failed on purpose")
+            return self._comm.allReduce(*args)
+
+        def abort(self):
+            aborted.append(self._rank)
+            self._comm.abort()
+
+    ops._communicators[key] = [Failing(comm, rank) for rank, comm in enumerate(comms)]
+    with pytest.raises(RuntimeError, match="failed on purpose"):
+        strategy.run(step)
+    assert sorted(aborted) == [0, 1] and key not in ops._communicators
+    for part in strategy.experimental_local_results(strategy.run(step)):  # new communicators
+        np.testing.assert_array_equal(cupy_backend.xp.asnumpy(part), [3.0] * 3)
