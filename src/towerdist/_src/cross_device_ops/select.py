@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from towerdist._src.cross_device_ops.base import CrossDeviceOps
 from towerdist._src.cross_device_ops.hierarchical_copy import HierarchicalCopyAllReduce
 from towerdist._src.cross_device_ops.nccl_all_reduce import NcclAllReduce, nccl_unavailable_reason
-from towerdist._src.testing import simulated_cupy
 from towerdist._src.cross_device_ops.shared_memory import SharedMemoryAllReduce
 from towerdist._src.device import DeviceSpec
+from towerdist._src.testing import simulated_cupy
 
 __all__ = ["select_cross_device_ops"]
 
