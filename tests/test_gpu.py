@@ -412,3 +412,33 @@ def test_a_failed_nccl_group_aborts_its_communicators_and_the_next_reduce_works(
     assert sorted(aborted) == [0, 1] and key not in ops._communicators
     for part in strategy.experimental_local_results(strategy.run(step)):  # new communicators
         np.testing.assert_array_equal(cupy_backend.xp.asnumpy(part), [3.0] * 3)
+
+
+@pytest.mark.multi_gpu(2)
+@pytest.mark.parametrize("ops", ["nccl", "hierarchical", "one_device"])
+def test_means_axis_reductions_and_aggregated_variables_across_gpus(ops):
+    # Defect 1: MEAN's division, reduce(axis=...) and aggregated writes run on each array's own GPU.
+    cross_device_ops = {"nccl": td.distribute.NcclAllReduce, "hierarchical": td.distribute.HierarchicalCopyAllReduce,
+                        "one_device": td.distribute.ReductionToOneDevice}[ops]()
+    strategy = td.distribute.MirroredStrategy(gpus(2), cross_device_ops=cross_device_ops)
+
+    def step():
+        rid = td.distribute.get_replica_context().replica_id_in_sync_group
+        value = td.ones([4]) * td.cast(rid + 1, td.float32)
+        return td.distribute.get_replica_context().all_reduce("mean", [value, td.cast(value, td.int32)])
+
+    for device, (mean, int_mean) in enumerate(strategy.experimental_local_results(strategy.run(step))):
+        assert mean.device.id == int_mean.device.id == device and int_mean.dtype == np.float64
+        np.testing.assert_array_equal(cupy_backend.xp.asnumpy(mean), [1.5] * 4)
+    rows = strategy.run(lambda: td.ones([2 + td.distribute.get_replica_context().replica_id_in_sync_group]))
+    assert float(np.asarray(strategy.reduce("mean", rows, axis=0))) == 1.0
+    assert float(np.asarray(strategy.reduce("sum", rows, axis=0))) == 5.0
+    with strategy.scope():
+        v = td.Variable(np.zeros(3, np.float32), aggregation=td.VariableAggregation.MEAN)
+        counter = td.Variable(0.0, synchronization=td.VariableSynchronization.ON_READ,
+                              aggregation=td.VariableAggregation.SUM)
+    strategy.run(lambda: (v.assign_add(td.ones([3])), counter.assign_add(td.constant(2.0))))
+    assert [c.value().device.id for c in v.values] == [0, 1]
+    np.testing.assert_array_equal(v.numpy(), [1.0] * 3)
+    with strategy.scope():
+        assert float(np.asarray(counter.read_value())) == 4.0

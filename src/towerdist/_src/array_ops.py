@@ -144,7 +144,9 @@ def cast(x: Any, dtype: Any, name: str | None = None) -> Any:
         impl = backend.for_device(here)
         if backend.for_array(array) is not impl or (impl is not backend.host() and array.device.id != here.device_index):
             array = impl.to_device(array, here)
-    return array.astype(dtype)
+    impl = backend.for_array(array)
+    with impl.on_array_device(array):
+        return array.astype(dtype)
 
 
 def identity(x: Any, name: str | None = None) -> Any:
@@ -173,23 +175,26 @@ def reduce_sum(input_tensor: Any, axis: Any = None, keepdims: bool = False, name
     """Sum over ``axis`` (all axes when None), keeping the dtype."""
     del name
     array = convert_to_tensor(input_tensor)
-    xp = backend.for_array(array).xp
-    return xp.asarray(xp.sum(array, axis=_axis(axis), keepdims=keepdims, dtype=array.dtype))
+    impl = backend.for_array(array)
+    with impl.on_array_device(array):  # on the array's own GPU, whichever is current
+        return impl.xp.asarray(impl.xp.sum(array, axis=_axis(axis), keepdims=keepdims, dtype=array.dtype))
 
 
 def reduce_mean(input_tensor: Any, axis: Any = None, keepdims: bool = False, name: str | None = None) -> Any:
     """Mean over ``axis``; integer inputs give a truncated integer mean, as in TensorFlow."""
     del name
     array = convert_to_tensor(input_tensor)
-    xp = backend.for_array(array).xp
-    if array.dtype.kind in "iu":
-        total = xp.sum(array, axis=_axis(axis), keepdims=keepdims, dtype=np.int64)
-        count = array.size // max(total.size, 1) if array.size else 0
-        if count == 0:
-            raise ValueError("reduce_mean() of an empty integer array is undefined.")
-        quotient = xp.abs(total) // count * xp.sign(total)
-        return xp.asarray(quotient.astype(array.dtype))
-    return xp.asarray(xp.mean(array, axis=_axis(axis), keepdims=keepdims, dtype=array.dtype))
+    impl = backend.for_array(array)
+    xp = impl.xp
+    with impl.on_array_device(array):  # on the array's own GPU, whichever is current
+        if array.dtype.kind in "iu":
+            total = xp.sum(array, axis=_axis(axis), keepdims=keepdims, dtype=np.int64)
+            count = array.size // max(total.size, 1) if array.size else 0
+            if count == 0:
+                raise ValueError("reduce_mean() of an empty integer array is undefined.")
+            quotient = xp.abs(total) // count * xp.sign(total)
+            return xp.asarray(quotient.astype(array.dtype))
+        return xp.asarray(xp.mean(array, axis=_axis(axis), keepdims=keepdims, dtype=array.dtype))
 
 
 def zeros(shape: Any, dtype: Any = np.float32, name: str | None = None) -> Any:

@@ -249,3 +249,8 @@ def on_device(device: Any) -> Any:
     """A context in which cupy allocates and launches on ``device`` (a GPU DeviceSpec)."""
     cupy = _import()
     return cupy.cuda.Device(_device_id(device))
+
+
+def on_array_device(array: Any) -> Any:
+    """A context in which cupy launches on ``array``'s GPU (for kernels reading an array of any GPU)."""
+    return _import().cuda.Device(array.device.id)

@@ -173,3 +173,9 @@ def on_device(device: Any) -> contextlib.AbstractContextManager[Any]:
     """A context in which array operations run on ``device`` (nothing to do for host memory)."""
     del device
     return _NO_DEVICE_SCOPE
+
+
+def on_array_device(array: Any) -> contextlib.AbstractContextManager[Any]:
+    """A context for kernels reading ``array``: nothing to do in host memory."""
+    del array
+    return contextlib.nullcontext()
