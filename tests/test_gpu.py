@@ -442,3 +442,22 @@ def test_means_axis_reductions_and_aggregated_variables_across_gpus(ops):
     np.testing.assert_array_equal(v.numpy(), [1.0] * 3)
     with strategy.scope():
         assert float(np.asarray(counter.read_value())) == 4.0
+
+
+@pytest.mark.multi_gpu(2)
+def test_central_storage_hands_gpu_replicas_their_own_copy_of_the_variables():
+    # Defect 5: CentralStorage's aggregating variables handed host arrays to GPU replicas.
+    strategy = td.distribute.experimental.CentralStorageStrategy(compute_devices=gpus(2), parameter_device="CPU:0")
+    with strategy.scope():
+        v = td.Variable(np.ones(3, np.float32))
+        optimizer = td.optimizers.SGD(0.1)
+
+    def step():
+        rid = td.distribute.get_replica_context().replica_id_in_sync_group
+        doubled = v * 2.0
+        optimizer.apply_gradients([(td.ones([3]) * td.cast(rid + 1, td.float32), v)])
+        return doubled
+
+    doubled = strategy.experimental_local_results(strategy.run(step))
+    assert [d.device.id for d in doubled] == [0, 1]
+    np.testing.assert_allclose(v.numpy(), [1.0 - 0.1 * 3] * 3, rtol=1e-6)

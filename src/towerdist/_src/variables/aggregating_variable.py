@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from towerdist._src import context
+from towerdist._src import backend, context
+from towerdist._src import device as device_lib
 from towerdist._src.values.distributed_values import DistributedValues
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 from towerdist._src.variables import aggregation
@@ -75,7 +76,12 @@ class AggregatingVariable(Variable):
         return self._v.constraint
 
     def value(self) -> Any:
-        return self._v.value()
+        """The value; read in a replica on a GPU, a copy on that GPU (the variable lives on the parameter device)."""
+        value = self._v.value()
+        here = device_lib.current()
+        if here is not None and here.device_type == "GPU" and context.replica_context_in_run() is not None:
+            return backend.for_device(here).to_device(value, here)
+        return value
 
     def _write(self, op: str, value: Any, read_value: bool) -> Any:
         api = f"AggregatingVariable.{op}()"
