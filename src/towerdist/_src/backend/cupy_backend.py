@@ -254,3 +254,17 @@ def on_device(device: Any) -> Any:
 def on_array_device(array: Any) -> Any:
     """A context in which cupy launches on ``array``'s GPU (for kernels reading an array of any GPU)."""
     return _import().cuda.Device(array.device.id)
+
+
+def finish(devices: Sequence[Any]) -> None:
+    """Waits for every stream of each GPU among ``devices`` (CPU devices are skipped).
+
+    Where work changes threads (a replica's results read by the thread that runs a
+    ``merge_fn``, or by the caller of ``run``, and back), each thread launched on its own
+    stream: without this, the reader's stream is not ordered after the writer's.
+    """
+    gpus = {int(d.device_index) for d in devices if d.device_type == "GPU"}
+    if gpus:
+        cupy = _import()
+        for index in sorted(gpus):
+            cupy.cuda.Device(index).synchronize()

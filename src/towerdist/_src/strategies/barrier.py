@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 
 from towerdist._src import context, thread_state
 from towerdist._src import device as device_lib
+from towerdist._src.backend import cupy_backend
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import MergeCallCountError
 from towerdist._src.mailbox import RESUME, STOP, TASK
@@ -150,6 +151,7 @@ class Step:
         n = len(devices)
         self.strategy = strategy
         self.devices = devices
+        self.on_gpus = any(d.device_type == "GPU" for d in devices)
         self.fn = fn
         self.num_replicas = n
         self.results: list[Any] = [None] * n
@@ -340,7 +342,11 @@ class Step:
             state.helpers = [self._mailboxes[r] for r in others]
         try:
             with device_lib.activate(state.devices[-1] if state.devices else None):
+                if self.on_gpus:  # the replicas' streams before the merge reads, the merge's before they do
+                    cupy_backend.finish(self.devices)
                 parts = requests[0].settle(self, requests)
+                if self.on_gpus:
+                    cupy_backend.finish(self.devices)
         except BaseException as error:
             with self._lock:
                 self._merge_started = None

@@ -39,6 +39,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from towerdist._src import parallel
+from towerdist._src.backend import cupy_backend
 from towerdist._src.device import DeviceSpec
 from towerdist._src.mailbox import RUN, SHUTDOWN, TASK
 from towerdist._src.strategies import watchdog
@@ -170,6 +171,8 @@ class ReplicaScheduler:
         pool = self._acquire()
         step = Step(strategy, self._devices, pool.mailboxes, fn, args, kwargs, make_context, sequential)
         step.alive = pool.alive
+        if step.on_gpus:  # what the caller computed for the replicas, before their streams read it
+            cupy_backend.finish(self._devices)
         # Until the step is known to be over, the threads count as lost: an interrupt that
         # lands anywhere below must not hand busy threads to the next run.
         abandon = True
@@ -193,6 +196,8 @@ class ReplicaScheduler:
         if caller_error is not None:
             raise caller_error
         step.raise_failure()
+        if step.on_gpus:  # the replicas' streams before the caller reads their results
+            cupy_backend.finish(self._devices)
         return step.results
 
     def _run_here(
