@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from towerdist._src.testing import simulated_cupy
-from towerdist._src.testing.simulated_cuda import CUDARuntimeError, SimulatedGPUError
+from towerdist._src.testing.simulated_cuda import CUDARuntimeError, SimulatedGPUError, UnorderedAccessError
 from towerdist._src.testing.simulated_nccl import NcclError
 from towerdist.testing import simulate_gpus, simulated_gpus_enabled
 
@@ -22,8 +22,12 @@ JOIN_SECONDS = 10.0
 
 
 @pytest.fixture
-def cp():
-    """A simulated cupy module on its own machine with 3 GPUs; hangs are reported after 0.3 s."""
+def cp(monkeypatch):
+    """A simulated cupy module on its own machine with 3 GPUs; hangs are reported after 0.3 s.
+
+    Its default streams are the legacy null streams (cupy's default), whatever the environment.
+    """
+    monkeypatch.delenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", raising=False)
     module = simulated_cupy.module(3)
     module.machine.hang_timeout = 0.3
     return module
@@ -305,6 +309,148 @@ def test_streams_and_events(cp):
     stream.synchronize()
     cp.cuda.Device(0).synchronize()
     assert event.done and stream.record().done
+
+
+# --- ordering between streams (cupy.md, "Streams") ----------------------------------------------
+# "Work on different streams is unordered: data produced by a replica on its stream must be
+# ordered before a collective or a copy on another stream (record an Event,
+# stream.wait_event(event)), or synchronised."
+
+UNORDERED = r"unordered (read|write) on .* of data written on .*record an Event on the producer's stream"
+
+
+def produce_on(cp, stream):
+    with stream:
+        return cp.arange(4, dtype=np.float32) * 2
+
+
+def test_using_data_of_another_stream_without_ordering_raises(cp):
+    producer, consumer = cp.cuda.Stream(), cp.cuda.Stream()
+    data = produce_on(cp, producer)
+    with consumer:
+        expected = f"unordered read on stream 0x{consumer.ptr:x} on GPU 0 of data written on stream 0x{producer.ptr:x}"
+        with pytest.raises(UnorderedAccessError, match=expected):
+            data + 1
+        with pytest.raises(UnorderedAccessError, match="unordered write"):
+            data += 1
+        with pytest.raises(UnorderedAccessError, match=UNORDERED):
+            data.get()  # a host copy on the consumer stream
+    assert issubclass(UnorderedAccessError, SimulatedGPUError)
+    assert (data + 1).get().tolist() == [1.0, 3.0, 5.0, 7.0]  # the legacy null stream waits for blocking streams
+
+
+def test_an_event_recorded_on_the_producer_and_waited_for_orders_the_consumer(cp):
+    producer, consumer, third = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(), cp.cuda.Stream()
+    data = produce_on(cp, producer)
+    ready = cp.cuda.Event()
+    ready.record(producer)
+    consumer.wait_event(ready)
+    with consumer:
+        total = data + 1
+    with third, pytest.raises(UnorderedAccessError):
+        total * 2  # waiting is per stream: the third stream waited for nothing
+    handed_on = consumer.record()
+    third.wait_event(handed_on)  # ordered after the consumer, and so after the producer (transitively)
+    with third:
+        assert (total * 2 + data).get().tolist() == [2.0, 8.0, 14.0, 20.0]
+    with producer:
+        data += 1  # a later write on the producer is not covered by the earlier event
+    with consumer, pytest.raises(UnorderedAccessError):
+        data.sum()
+
+
+def test_synchronizing_the_producer_stream_orders_later_work(cp):
+    producer, consumer = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    data = produce_on(cp, producer)
+    producer.synchronize()
+    with consumer:
+        assert (data + 1).get().tolist() == [1.0, 3.0, 5.0, 7.0]
+
+
+def test_synchronizing_the_device_orders_later_work(cp):
+    with cp.cuda.Device(1):
+        producer = cp.cuda.Stream(non_blocking=True)
+        consumer = cp.cuda.Stream(non_blocking=True)
+        data = produce_on(cp, producer)
+        cp.cuda.Device(0).synchronize()  # another device: no help
+        with consumer, pytest.raises(UnorderedAccessError):
+            data + 1
+    cp.cuda.Device(1).synchronize()
+    with cp.cuda.Device(1), consumer:
+        assert (data + 1).get().tolist() == [1.0, 3.0, 5.0, 7.0]
+
+
+def test_the_legacy_null_stream_is_one_stream_shared_by_all_threads(cp):
+    # cupy's default (no CUPY_CUDA_PER_THREAD_DEFAULT_STREAM): every thread's current stream is
+    # the legacy null stream of the device, so two threads' work is ordered.
+    data = run_in_thread(lambda: cp.arange(3, dtype=np.float32))
+    assert cp.cuda.get_current_stream() is cp.cuda.Stream.null
+    total = data + 1
+    # ...but not with a non-blocking stream, which does not synchronise with the null stream.
+    with cp.cuda.Stream(non_blocking=True), pytest.raises(UnorderedAccessError, match="legacy null stream"):
+        total + 1
+    assert total.get().tolist() == [1.0, 2.0, 3.0]
+
+
+def test_per_thread_default_streams_are_distinct_streams(cp, monkeypatch):
+    # CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1: each thread's default stream is its own (Stream.ptds).
+    monkeypatch.setenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1")
+    assert cp.cuda.get_current_stream().ptr == 2
+    data = run_in_thread(lambda: cp.arange(3, dtype=np.float32))
+    with pytest.raises(UnorderedAccessError, match="per-thread default stream of thread 'MainThread'"):
+        data + 1
+    with pytest.raises(UnorderedAccessError):
+        data.get()
+    cp.cuda.Device(0).synchronize()  # waits for every stream of the device, other threads' too
+    assert (data + 1).get().tolist() == [1.0, 2.0, 3.0]
+    # The other direction: the main thread's result, read by a new thread without ordering.
+    result = data * 2
+    with pytest.raises(UnorderedAccessError, match="data written on the per-thread default stream of thread"):
+        run_in_thread(lambda: result.sum())
+    ready = cp.cuda.get_current_stream().record()
+
+    def ordered_read():
+        cp.cuda.get_current_stream().wait_event(ready)
+        return result.sum().item()
+
+    assert run_in_thread(ordered_read) == 6.0
+
+
+def test_a_copy_between_devices_runs_on_the_destination_stream(cp, monkeypatch):
+    # cupy copies between devices on the current stream of the current (destination) device:
+    # the source must be finished on its own device first.
+    monkeypatch.setenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1")
+    source = on(cp, 1, lambda: cp.arange(3, dtype=np.float32))
+    with pytest.raises(UnorderedAccessError, match="on GPU 0 of data written on .* on GPU 1"):
+        cp.asarray(source)
+    cp.cuda.Device(1).synchronize()
+    assert cp.asarray(source).get().tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_collective_reads_and_writes_its_buffers_on_its_stream(cp):
+    nccl = cp.cuda.nccl
+    comms = nccl.NcclCommunicator.initAll(2)
+    buffers = arrays_on_devices(cp, [[1.0], [2.0]])  # written on the legacy null streams
+    streams = [on(cp, i, lambda: cp.cuda.Stream(non_blocking=True)) for i in range(2)]
+
+    def group():
+        nccl.groupStart()
+        for comm, buffer, stream in zip(comms, buffers, streams):
+            comm.allReduce(buffer.data.ptr, buffer.data.ptr, 1, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
+        nccl.groupEnd()
+
+    with pytest.raises(UnorderedAccessError, match="of data written on the legacy null stream of GPU 0: allReduce"):
+        group()
+    for i, stream in enumerate(streams):
+        with cp.cuda.Device(i):
+            stream.wait_event(cp.cuda.get_current_stream().record())
+    group()
+    with pytest.raises(UnorderedAccessError, match="written by NCCL allReduce"):
+        buffers[0].get()  # the sum was written on the collective's stream
+    for i, stream in enumerate(streams):
+        with cp.cuda.Device(i):
+            stream.synchronize()
+    assert [b.get().tolist() for b in buffers] == [[3.0], [3.0]]
 
 
 # --- NCCL (cupy/cuda/nccl.pyx) -------------------------------------------------------------------

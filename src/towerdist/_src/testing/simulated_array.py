@@ -12,7 +12,12 @@ rules cupy applies to a kernel launch (``cupy/_core/_kernel.pyx``):
 * a numpy array operand raises ``TypeError`` (``_scalar.pyx``: "Unsupported type"); Python
   and numpy scalars are accepted;
 * operations that only create a view (slicing, ``reshape``, ``T``, ``split``...) launch no
-  kernel, so they work on arrays of any device and return views on that device.
+  kernel, so they work on arrays of any device and return views on that device;
+* a kernel runs on the calling thread's current stream of the current device: it may touch
+  operands last written on another stream only once something orders it after that write
+  (``Machine.check_order``); its outputs, and operands it writes in place, are then written
+  on that stream. Host transfers (``get``, ``set``) and copies between devices follow the
+  same rule, on the current stream of the array's device and of the current device.
 
 Like cupy arrays, simulated arrays refuse implicit conversion to numpy (``__array__``
 raises ``TypeError``; use ``.get()``), and numpy functions called on them dispatch to the
@@ -227,14 +232,24 @@ class SimulatedArray:
         )
 
     def get(self, stream: Any = None, order: str = "C", out: np.ndarray | None = None, blocking: bool = True) -> np.ndarray:
-        """Copies the array to the host (blocking: after the queued work that writes it)."""
-        self._machine.wait_for_memory([self._memory], "ndarray.get()")
+        """Copies the array to the host (blocking: after the queued work that writes it).
+
+        The copy runs on ``stream``, default the calling thread's current stream of the array's
+        device; a blocking copy then synchronizes that stream, as in cupy.
+        """
+        machine = self._machine
+        key = machine.stream_key(stream, self._memory.device_id)
+        machine.check_order(key, [self._memory], "ndarray.get()")
+        machine.wait_for_memory([self._memory], "ndarray.get()")
+        if out is not None:
+            if not isinstance(out, np.ndarray):
+                raise TypeError("Only numpy.ndarray can be obtained from cupy.ndarray")
+            if out.dtype != self.dtype or out.shape != self.shape:
+                raise ValueError(f"get(out=) needs a {self.dtype} array of shape {self.shape}.")
+        if blocking:
+            machine.stream_synchronized(key)  # cupy synchronizes the stream of a blocking copy
         if out is None:
             return np.array(self._array, order=order, copy=True)  # type: ignore[call-overload, no-any-return]
-        if not isinstance(out, np.ndarray):
-            raise TypeError("Only numpy.ndarray can be obtained from cupy.ndarray")
-        if out.dtype != self.dtype or out.shape != self.shape:
-            raise ValueError(f"get(out=) needs a {self.dtype} array of shape {self.shape}.")
         out[...] = self._array
         return out
 
@@ -248,8 +263,12 @@ class SimulatedArray:
             raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
         if not (self._array.flags.c_contiguous or self._array.flags.f_contiguous):
             raise RuntimeError("Cannot set to non-contiguous array")
-        self._machine.wait_for_memory([self._memory], "ndarray.set()")
+        machine = self._machine
+        key = machine.stream_key(stream, self._memory.device_id)
+        machine.check_order(key, [self._memory], "ndarray.set()", writes=[self._memory])
+        machine.wait_for_memory([self._memory], "ndarray.set()")
         self._array[...] = arr
+        machine.mark_written(key, [self._memory], "ndarray.set()")
 
     def item(self, *args: Any) -> Any:
         """The element as a Python scalar (a blocking copy to the host)."""
@@ -292,16 +311,18 @@ class SimulatedArray:
         device = machine.current_device()
         if self.size == 0 or self._memory.device_id == device:
             return self.astype(self.dtype, order=order)
-        machine.wait_for_memory([self._memory], "ndarray.copy()")
         with machine.Device(self._memory.device_id):
             source = self.astype(self.dtype, order=order, copy=False)
+        # The copy runs on the current stream of the current (destination) device.
+        machine.check_order(machine.stream_key(device_id=device), [source._memory], "ndarray.copy() between devices")
+        machine.wait_for_memory([source._memory], "ndarray.copy()")
         if not (source._array.flags.c_contiguous or source._array.flags.f_contiguous):
             raise NotImplementedError(
                 "CuPy cannot copy non-contiguous array between devices. (simulated GPU: the array on "
                 f"GPU {self._memory.device_id} has strides {self.strides}; make it contiguous on its own "
                 f"device first, e.g. cupy.ascontiguousarray() under cupy.cuda.Device({self._memory.device_id}).)"
             )
-        return new_array(machine, np.array(source._array, order="K", copy=True), device)
+        return new_array(machine, np.array(source._array, order="K", copy=True), device, "ndarray.copy()")
 
     def astype(self, dtype: Any, order: str = "K", casting: Any = None, subok: Any = None, copy: bool = True) -> Any:
         """The array cast to ``dtype`` (a kernel on the current device unless no copy is needed)."""
@@ -310,7 +331,7 @@ class SimulatedArray:
             return self
         if self.size == 0:
             empty = self._array.astype(dtype, order=order)  # type: ignore[call-overload]
-            return new_array(self._machine, empty, self._machine.current_device())
+            return new_array(self._machine, empty, self._machine.current_device(), "cupy.ndarray.astype")
         kwargs: dict[str, Any] = {"order": order, "copy": True}
         if casting is not None:
             kwargs["casting"] = casting
@@ -509,22 +530,36 @@ def launch(
     operands: list[SimulatedArray] = []
     host_args = [_unwrap(a, operands, name, host_ok) for a in args]
     host_kwargs = {k: _unwrap(v, operands, name, host_ok) for k, v in kwargs.items()}
+    memories = list({id(o._memory): o._memory for o in operands}.values())
+    written = _written_memories(func, args, kwargs)
+    key = machine.stream_key(device_id=device)
     if mode == "kernel":
         _check_devices(operands, device, name)
+        machine.check_order(key, memories, name, written)
     if mode != "shape":
-        machine.wait_for_memory([o._memory for o in operands], name)
+        machine.wait_for_memory(memories, name)
     with np.errstate(all="ignore"):
         result = func(*host_args, **host_kwargs)
-    return _wrap_result(machine, result, operands, device, name, mode)
+    wrapped = _wrap_result(machine, result, operands, device, name, mode)
+    if mode == "view" and _has_new_array(wrapped, memories):
+        machine.check_order(key, memories, name)  # not a view after all: a copy kernel read the operands
+    if written:
+        machine.mark_written(key, written, name)
+    return wrapped
 
 
-def new_array(machine: Machine, host: np.ndarray, device: int) -> SimulatedArray:
-    """A simulated array on ``device`` adopting the numpy array ``host`` (which nothing else views)."""
+def new_array(machine: Machine, host: np.ndarray, device: int, what: str = "cupy") -> SimulatedArray:
+    """A simulated array on ``device`` adopting the numpy array ``host`` (which nothing else views).
+
+    It is written by ``what`` (the kernel or copy that made it) on the calling thread's
+    current stream of ``device``.
+    """
     _check_dtype(host.dtype)
     root = host
     while isinstance(root.base, np.ndarray):
         root = root.base
     memory = machine.allocator.adopt(root, device)
+    machine.mark_written(machine.stream_key(device_id=device), [memory], what)
     return array_type(machine)._wrap(host, memory, None)
 
 
@@ -535,6 +570,28 @@ def array_type(machine: Machine) -> type[SimulatedArray]:
             machine.ndarray = type("ndarray", (SimulatedArray,), {"_machine": machine, "__slots__": ()})
         cls: type[SimulatedArray] = machine.ndarray
     return cls
+
+
+# Functions that write their first argument in place (besides ``out=``).
+_WRITE_FIRST: frozenset[Any] = frozenset(
+    {_setitem, np.ndarray.fill, np.copyto, np.put, np.place, np.putmask, np.fill_diagonal, np.put_along_axis}
+)
+
+
+def _written_memories(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> list[Memory]:
+    """The operand memories a kernel writes in place: ``out=``, and the first argument of in-place functions."""
+    targets: list[Any] = []
+    out = kwargs.get("out")
+    targets.extend(out if isinstance(out, tuple) else [out])
+    if args and (func in _WRITE_FIRST or getattr(func, "__name__", "") == "at"):
+        targets.append(args[0])
+    return list({id(t._memory): t._memory for t in targets if isinstance(t, SimulatedArray)}.values())
+
+
+def _has_new_array(result: Any, memories: list[Memory]) -> bool:
+    if isinstance(result, SimulatedArray):
+        return not any(result._memory is m for m in memories)
+    return type(result) in (list, tuple) and any(_has_new_array(r, memories) for r in result)
 
 
 def _unwrap(value: Any, operands: list[SimulatedArray], name: str, host_ok: bool) -> Any:
@@ -577,9 +634,9 @@ def _wrap_result(
                 return operand._view(result)
         if mode == "view":
             _check_devices(operands, device, name)  # not a view after all: a copy kernel ran
-        return new_array(machine, result, device)
+        return new_array(machine, result, device, name)
     if isinstance(result, np.generic):
-        return new_array(machine, np.asarray(result), device)
+        return new_array(machine, np.asarray(result), device, name)
     if type(result) in (list, tuple):
         return type(result)(_wrap_result(machine, r, operands, device, name, mode) for r in result)
     return result

@@ -13,6 +13,25 @@ real CUDA that towerdist depends on:
   queued on a stream so far. A wait that real hardware would never finish (a collective
   whose ranks never arrive) raises :class:`SimulatedGPUError` after
   ``Machine.hang_timeout`` seconds instead of hanging.
+* **Work on different streams is unordered** (``reference/cupy.md``, "Streams"). Every
+  allocation remembers the stream that last wrote it (a kernel's output, a copy's target,
+  an NCCL receive buffer) and that write's sequence number on its stream. A kernel, copy,
+  host transfer (``get``/``set``, on the array device's current stream) or NCCL call on
+  stream B that touches data last written on another stream A raises
+  :class:`UnorderedAccessError`, unless since that write A was synchronised
+  (``stream.synchronize()``, ``Device(d).synchronize()``, an event recorded after the write
+  and synchronised, or a ``done`` that returned True) or B waited for an event recorded on
+  A after the write (``event.record(A)``; ``B.wait_event(event)``, transitively). Streams:
+  the legacy null stream (pointer 0) is one stream per device, shared by all threads; with
+  ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`` each thread's default stream (pointer 2) is a
+  stream of its own; every ``Stream()`` is a stream of its own. As in CUDA, the legacy null
+  stream is ordered with the blocking streams (all but ``non_blocking=True``) of its
+  device, and a copy on it with those of the source device too. Simplifications: the host
+  is one timeline (a synchronisation in one thread orders later work of every thread);
+  only last writers are tracked (a write after an unordered read on another stream, a
+  write-after-read race, is not detected); and only the writes of cupy functions that
+  write an operand in place (``out=``, ``x[...] = v``, ``fill``, ``copyto``, ``ufunc.at``...)
+  count as writes of that operand.
 
 Each machine has its own ``Device``, ``Stream`` and ``Event`` classes (subclasses bound to
 it), so several simulated machines can coexist in one process (tests build their own).
@@ -26,11 +45,14 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from towerdist._src.testing.simulated_memory import Allocator, Memory
 
-__all__ = ["CUDARuntimeError", "Device", "Event", "Machine", "SimulatedGPUError", "Stream", "Work"]
+__all__ = [
+    "CUDARuntimeError", "Device", "Event", "Machine", "SimulatedGPUError", "Stream", "StreamKey",
+    "UnorderedAccessError", "Work",
+]  # fmt: skip
 
 HANG_TIMEOUT_SECONDS = 30.0
 
@@ -45,6 +67,37 @@ class CUDARuntimeError(RuntimeError):
 
 class SimulatedGPUError(RuntimeError):
     """A rule of real GPUs was broken that real hardware would not report: it would hang or compute garbage."""
+
+
+class UnorderedAccessError(SimulatedGPUError):
+    """Work on one stream touched data written on another stream with nothing ordering the two."""
+
+
+class StreamKey(NamedTuple):
+    """The identity of one simulated stream, for ordering (see ``Machine.check_order``).
+
+    Attributes:
+      device: the GPU the stream's work runs on.
+      ptr: the stream's pointer (0: the legacy null stream; 2: a per-thread default stream).
+      thread: for a per-thread default stream, the thread it belongs to (else "").
+      blocking: whether it synchronises with the legacy null stream (not ``non_blocking``).
+    """
+
+    device: int
+    ptr: int
+    thread: str
+    blocking: bool
+
+    def describe(self) -> str:
+        if self.ptr == 0:
+            return f"the legacy null stream of GPU {self.device}"
+        if self.ptr == 2:
+            return f"the per-thread default stream of thread {self.thread} on GPU {self.device}"
+        return f"stream 0x{self.ptr:x} on GPU {self.device}"
+
+
+Clock = dict[StreamKey, int]
+"""For each stream, the sequence number of its last write that something is ordered after."""
 
 
 class Work:
@@ -89,6 +142,12 @@ class Machine:
         stream.ptds = stream(ptds=True)
         self.Stream = stream
         self.ndarray: type[Any] | None = None  # set by simulated_array.array_type()
+        # Ordering between streams (guarded by ``condition``): writes per stream, what each
+        # stream waited for (events), and what the host waited for (synchronisations).
+        self._writes: dict[StreamKey, int] = {}
+        self._clocks: dict[StreamKey, Clock] = {}
+        self._host_clock: Clock = {}
+        self._threads = itertools.count(1)
 
     # --- devices -------------------------------------------------------------------------
 
@@ -140,6 +199,102 @@ class Machine:
         previous = self.current_stream(device)
         self._thread_dict("streams")[device] = stream
         return previous
+
+    # --- ordering between streams ----------------------------------------------------------
+
+    def stream_key(self, stream: Stream | None = None, device_id: int | None = None) -> StreamKey:
+        """The identity of ``stream`` (default: the calling thread's current stream of ``device_id``).
+
+        A default stream (null or per-thread) belongs to ``device_id`` if given, else to the
+        current device; a per-thread default stream is the calling thread's.
+        """
+        stream = self.current_stream(device_id) if stream is None else stream
+        if stream.device_id >= 0:
+            device = stream.device_id
+        else:
+            device = self.current_device() if device_id is None or device_id < 0 else device_id
+        return self.key_for_ptr(device, stream.ptr)
+
+    def key_for_ptr(self, device_id: int, ptr: int) -> StreamKey:
+        """The identity of the stream with pointer ``ptr`` on ``device_id``, seen from the calling thread."""
+        if ptr == 0:
+            return StreamKey(device_id, 0, "", True)
+        if ptr == 2:
+            return StreamKey(device_id, 2, self._thread_tag(), True)
+        stream = self.streams.get(ptr)
+        return StreamKey(device_id, ptr, "", stream is None or not stream.non_blocking)
+
+    def check_order(self, key: StreamKey, memories: Iterable[Memory], what: str, writes: Iterable[Memory] = ()) -> None:
+        """Raises :class:`UnorderedAccessError` unless work on ``key`` may touch ``memories`` now.
+
+        Work on stream B may touch data last written on stream A (A != B) only if something
+        orders it after that write: the host synchronised A since (``synchronize``), or B
+        waited for an event recorded on A since (``wait_event``), or one of them is the
+        legacy null stream and both are blocking streams (CUDA's implicit synchronisation).
+        ``writes`` are the memories among ``memories`` that the work writes (for messages).
+        """
+        written = {id(m) for m in writes}
+        with self.condition:
+            for memory in memories:
+                writer = memory.writer
+                if memory.size == 0 or writer is None or writer == key or self._ordered(writer, memory.write_seq, key):
+                    continue
+                access = "write" if id(memory) in written else "read"
+                raise UnorderedAccessError(
+                    f"unordered {access} on {key.describe()} of data written on {writer.describe()}: {what} "
+                    f"touches {memory!r}, last written by {memory.written_by} on the other stream, and nothing "
+                    "orders the two. (simulated GPU: work on different streams is unordered; record an Event on "
+                    "the producer's stream and wait for it (event.record(producer); "
+                    "consumer.wait_event(event)), or synchronize (stream.synchronize(), "
+                    "cupy.cuda.Device(i).synchronize()) before using the data on another stream.)"
+                )
+
+    def mark_written(self, key: StreamKey, memories: Iterable[Memory], what: str) -> None:
+        """Records that work on stream ``key`` (the operation ``what``) writes ``memories``."""
+        with self.condition:
+            seq = self._writes[key] = self._writes.get(key, 0) + 1
+            for memory in memories:
+                if memory.size:
+                    memory.writer, memory.write_seq, memory.written_by = key, seq, what
+
+    def stream_clock(self, key: StreamKey) -> Clock:
+        """What work queued on ``key`` so far is ordered after: its own writes and what it waited for."""
+        with self.condition:
+            return {**self._clocks.get(key, {}), key: self._writes.get(key, 0)}
+
+    def stream_waits(self, key: StreamKey, clock: Clock) -> None:
+        """Orders later work on ``key`` after ``clock`` (``wait_event``)."""
+        with self.condition:
+            _merge(self._clocks.setdefault(key, {}), clock)
+
+    def host_waited(self, clock: Clock) -> None:
+        """The host has waited for ``clock``: later work on every stream is ordered after it."""
+        with self.condition:
+            _merge(self._host_clock, clock)
+
+    def stream_synchronized(self, key: StreamKey) -> None:
+        """The host has waited for all work queued on ``key``."""
+        self.host_waited(self.stream_clock(key))
+
+    def device_synchronized(self, device_id: int) -> None:
+        """The host has waited for all work queued on ``device_id``, on every stream."""
+        with self.condition:
+            for key in [k for k in {*self._writes, *self._clocks} if k.device == device_id]:
+                self.stream_synchronized(key)
+
+    def _ordered(self, writer: StreamKey, seq: int, key: StreamKey) -> bool:
+        if self._host_clock.get(writer, 0) >= seq or self._clocks.get(key, {}).get(writer, 0) >= seq:
+            return True
+        # CUDA's legacy null stream waits for, and is waited for by, the blocking streams of its
+        # device; a peer copy on it waits for the work of both devices.
+        legacy = key.ptr == 0 or (writer.ptr == 0 and writer.device == key.device)
+        return legacy and writer.blocking and key.blocking
+
+    def _thread_tag(self) -> str:
+        tag: str | None = getattr(self._local, "tag", None)
+        if tag is None:
+            tag = self._local.tag = f"{threading.current_thread().name!r} (#{next(self._threads)})"
+        return tag
 
     # --- queued work ---------------------------------------------------------------------
 
@@ -242,6 +397,7 @@ class Device:
         """Waits for all queued work of this device, on every stream."""
         self._machine.check_device(self.id)
         self._machine.wait(self._machine.queued(self.id), f"Device({self.id}).synchronize()")
+        self._machine.device_synchronized(self.id)
 
     @property
     def compute_capability(self) -> str:
@@ -295,13 +451,17 @@ class Stream:
 
     @property
     def done(self) -> bool:
-        """True if all work queued on this stream has completed."""
-        return not self._machine.queued(self.device_for_work(), self.ptr)
+        """True if all work queued on this stream has completed (then later work is ordered after it)."""
+        done = not self._machine.queued(self.device_for_work(), self.ptr)
+        if done:
+            self._machine.stream_synchronized(self._machine.stream_key(self))
+        return done
 
     def synchronize(self) -> None:
         """Waits until all work queued on this stream has completed."""
         works = self._machine.queued(self.device_for_work(), self.ptr)
         self._machine.wait(works, f"{self!r}.synchronize()")
+        self._machine.stream_synchronized(self._machine.stream_key(self))
 
     def record(self, event: Event | None = None) -> Event:
         """Records ``event`` (a new one if None) on this stream and returns it."""
@@ -313,6 +473,7 @@ class Stream:
         """Orders later work on this stream after ``event`` (work runs eagerly in the simulation)."""
         if not isinstance(event, Event):
             raise TypeError(f"wait_event() needs a cupy.cuda.Event. Got {type(event).__name__}.")
+        self._machine.stream_waits(self._machine.stream_key(self), event._clock)
 
     def use(self) -> Stream:
         """Makes this stream current on its device for the calling thread."""
@@ -340,21 +501,33 @@ class Event:
     def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False) -> None:
         self.ptr = self._machine.new_handle()
         self._works: list[Work] = []
+        self._clock: Clock = {}  # what the recorded work is ordered after (its stream's writes so far)
 
     def record(self, stream: Stream | None = None) -> None:
         """Captures the work queued so far on ``stream`` (default: the current stream)."""
         stream = self._machine.current_stream() if stream is None else stream
         self._works = self._machine.queued(stream.device_for_work(), stream.ptr)
+        self._clock = self._machine.stream_clock(self._machine.stream_key(stream))
 
     @property
     def done(self) -> bool:
-        """True if the work captured by the last ``record`` has completed."""
+        """True if the work captured by the last ``record`` has completed (then later work is ordered after it)."""
         with self._machine.condition:
-            return all(work.done for work in self._works)
+            done = all(work.done for work in self._works)
+        if done:
+            self._machine.host_waited(self._clock)
+        return done
 
     def synchronize(self) -> None:
         """Waits for the work captured by the last ``record``."""
         self._machine.wait(self._works, "Event.synchronize()")
+        self._machine.host_waited(self._clock)
 
     def __repr__(self) -> str:
         return f"<simulated CUDA Event 0x{self.ptr:x}>"
+
+
+def _merge(into: Clock, clock: Clock) -> None:
+    for key, seq in clock.items():
+        if seq > into.get(key, 0):
+            into[key] = seq

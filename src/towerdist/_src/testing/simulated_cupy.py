@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from towerdist._src.testing.simulated_array import SimulatedArray, array_type, function_mode, launch, new_array
-from towerdist._src.testing.simulated_cuda import CUDARuntimeError, Machine, SimulatedGPUError
+from towerdist._src.testing.simulated_cuda import CUDARuntimeError, Machine, SimulatedGPUError, UnorderedAccessError
 from towerdist._src.testing.simulated_nccl import NCCL_CONSTANTS, Nccl, NcclError
 
 __all__ = ["ENV_VAR", "active_module", "enable", "module", "num_simulated_gpus", "owns"]
@@ -144,6 +144,7 @@ def module(num_gpus: int) -> types.ModuleType:
         get_device_id=machine.current_device,
         is_available=lambda: True,
         SimulatedGPUError=SimulatedGPUError,
+        UnorderedAccessError=UnorderedAccessError,
     )
     cupy = _SimulatedCupy("simulated_cupy", machine)
     vars(cupy).update(
@@ -203,7 +204,7 @@ class _SimulatedCupy(types.ModuleType):
         if _contains_device_arrays(obj):  # a nested sequence of device arrays: a stacking kernel
             return launch(machine, np.array, (obj,), {"dtype": dtype, "ndmin": ndmin}, "cupy.array")
         host = np.array(obj, dtype=dtype, copy=True, order=order, ndmin=ndmin)  # type: ignore[call-overload]
-        return new_array(machine, host, machine.current_device())
+        return new_array(machine, host, machine.current_device(), "cupy.array (an upload)")
 
     def asarray(self, a: Any, dtype: Any = None, order: str | None = None, *, copy: Any = None, blocking: bool = False) -> Any:
         """``a`` as an array on the current device (``cupy.asarray``); itself if it already is one there."""

@@ -21,9 +21,12 @@ import bisect
 import functools
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from towerdist._src.testing.simulated_cuda import StreamKey
 
 __all__ = ["Allocator", "Memory", "MemoryPointer"]
 
@@ -40,9 +43,12 @@ class Memory:
       device_id: the simulated GPU holding it.
       host: the numpy buffer standing in for the device memory.
       pending: how many queued collectives still read or write it (guarded by the machine).
+      writer: the stream that last wrote it (None: never written), ``write_seq`` that
+        write's sequence number on that stream and ``written_by`` the operation (guarded by
+        the machine; see ``Machine.check_order``).
     """
 
-    __slots__ = ("__weakref__", "device_id", "host", "pending", "ptr", "size")
+    __slots__ = ("__weakref__", "device_id", "host", "pending", "ptr", "size", "write_seq", "writer", "written_by")
 
     def __init__(self, host: np.ndarray, device_id: int, ptr: int) -> None:
         self.host = host
@@ -50,6 +56,9 @@ class Memory:
         self.ptr = ptr
         self.size = int(host.nbytes)
         self.pending = 0
+        self.writer: StreamKey | None = None
+        self.write_seq = 0
+        self.written_by = ""
 
     def address_of(self, view: np.ndarray) -> int:
         """The fake device address of ``view``'s first element (``view`` looks at this memory)."""

@@ -21,6 +21,10 @@ where real hardware would hang or silently compute garbage:
   blocks until every rank has joined); otherwise :class:`SimulatedGPUError`.
 * **A communicator must not be used from two threads at once** (a thread holds it from its
   call, or from its first call in a group until ``groupEnd``); the second thread raises.
+* **A collective runs on its stream** (``cupy.md``, "Streams"): when it is launched, its
+  buffers must be ordered after their last writes on other streams (an event waited for, or
+  a synchronisation), else :class:`~.simulated_cuda.UnorderedAccessError`; its receive
+  buffer is then written on that stream.
 * ``abort()`` ends the communicator's queued work; ``check_async_error()`` then raises on
   every rank of the clique.
 
@@ -41,7 +45,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from towerdist._src.testing.simulated_cuda import Machine, SimulatedGPUError, Work
+from towerdist._src.testing.simulated_cuda import Machine, SimulatedGPUError, StreamKey, Work
 from towerdist._src.testing.simulated_memory import Memory
 
 __all__ = ["NCCL_CONSTANTS", "Nccl", "NcclCommunicator", "NcclError"]
@@ -75,9 +79,10 @@ class _Op:
 
     def __init__(
         self, comm: NcclCommunicator, buffers: list[tuple[Memory, int] | None], count: int, dtype: Any, op: int,
-        stream_ptr: int,
+        stream_ptr: int, stream_key: StreamKey,
     ) -> None:  # fmt: skip
         self.comm, self.count, self.dtype, self.op, self.stream_ptr = comm, count, dtype, op, stream_ptr
+        self.stream_key = stream_key
         self.thread = threading.get_ident()
         self.offsets = [None if b is None else b[1] for b in buffers]
         self.refs = [None if b is None else weakref.ref(b[0]) for b in buffers]
@@ -242,11 +247,22 @@ class Nccl:
             for op in ops:
                 self._check_no_deadlock(op)  # against work queued before this launch
             for op in ops:
+                recv = self._recv_memory(op)
+                machine.check_order(op.stream_key, op.memories, op.signature(), [] if recv is None else [recv])
+            for op in ops:
                 op.comm._clique.queues[op.comm._rank].append(op)
                 op.work.memories = list(op.memories)
                 machine.enqueue(op.comm._device, op.stream_ptr, op.work)
+                recv = self._recv_memory(op)
+                if recv is not None:
+                    machine.mark_written(op.stream_key, [recv], f"NCCL {op.signature()}")
             for clique in {id(op.comm._clique): op.comm._clique for op in ops}.values():
                 self._progress(clique)
+
+    @staticmethod
+    def _recv_memory(op: _Op) -> Memory | None:
+        ref = op.refs[1]
+        return None if ref is None else ref()
 
     def _check_no_deadlock(self, op: _Op) -> None:
         clique = op.comm._clique
@@ -368,7 +384,8 @@ class NcclCommunicator:
         size = count * np.dtype(dtype).itemsize
         buffers = [self._resolve(int(ptr), size, role) for ptr, role in ((sendbuf, "send"), (recvbuf, "receive"))]
         self._check_stream(int(stream))
-        pending = _Op(self, buffers, count, dtype, int(op), int(stream))
+        key = machine.key_for_ptr(self._device, int(stream))  # the calling thread's, for a per-thread stream
+        pending = _Op(self, buffers, count, dtype, int(op), int(stream), key)
         me = threading.get_ident()
         with machine.condition:
             if self._owner is not None and self._owner != me:

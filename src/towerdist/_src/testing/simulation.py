@@ -29,7 +29,9 @@ def simulate_gpus(n: int) -> None:
     on it; an operand on another GPU raises (as without peer access); device arrays never
     turn into numpy arrays implicitly; non-contiguous arrays cannot be copied between
     GPUs; NCCL buffers must stay alive until ``groupEnd``; a communicator cannot be used
-    from two threads at once. It proves placement and ordering logic, not speed, and it
+    from two threads at once; data written on one stream cannot be used on another (another
+    thread's stream with ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``) until an event or a
+    synchronisation orders the two. It proves placement and ordering logic, not speed, and it
     does not run NCCL itself: keep tests on real GPUs for those.
 
     Example::
