@@ -461,3 +461,35 @@ def test_central_storage_hands_gpu_replicas_their_own_copy_of_the_variables():
     doubled = strategy.experimental_local_results(strategy.run(step))
     assert [d.device.id for d in doubled] == [0, 1]
     np.testing.assert_allclose(v.numpy(), [1.0 - 0.1 * 3] * 3, rtol=1e-6)
+
+
+@pytest.mark.multi_gpu(2)
+def test_nccl_communicators_are_destroyed_with_their_cross_device_ops():
+    # Defect 9: communicators were never destroyed explicitly.
+    import gc
+
+    ops = td.distribute.NcclAllReduce()
+    strategy = td.distribute.MirroredStrategy(gpus(2), cross_device_ops=ops)
+    strategy.run(lambda: td.distribute.get_replica_context().all_reduce("sum", td.ones([2])))
+    destroyed = []
+
+    class Recording:
+        def __init__(self, comm, rank):
+            self._comm, self._rank = comm, rank
+
+        def destroy(self):
+            destroyed.append(self._rank)
+            self._comm.destroy()
+
+    ((key, comms),) = ops._communicators.items()
+    ops._communicators[key] = [Recording(comm, rank) for rank, comm in enumerate(comms)]
+    del strategy, ops
+    gc.collect()
+    assert sorted(destroyed) == [0, 1]
+
+
+@pytest.mark.gpu
+def test_the_gpu_backend_refuses_cpu_devices():
+    # Defect 5: a cupy input under a CPU device scope was copied to the GPU with the CPU's index.
+    with pytest.raises(ValueError, match="not a GPU"):
+        cupy_backend.asarray(np.ones(2), device=device_lib.parse("CPU:0"))
