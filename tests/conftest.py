@@ -1,11 +1,11 @@
-"""Shared test setup: 8 logical CPU devices, named strategy fixtures, GPU/MPI markers.
+"""Shared test setup: 8 logical CPU devices and named strategy fixtures.
 
-Tests marked ``mpi`` are multi-worker test bodies: they run in the default suite (one
-worker) and again under ``mpiexec -n 2 python -m pytest -m mpi`` (``.ci/run``). Under a
-launcher, every phase of every test agrees its outcome across the ranks: a failure on one
-rank fails the test on every rank (rank 0 shows the other ranks' failures), so the ranks
-never fall out of step, and each rank writes a summary to ``$TOWERDIST_MPI_REPORT_DIR``
-(``.ci/run`` checks them rather than trusting mpiexec's exit status).
+towerdist's own pytest plugin (``towerdist.testing.pytest_plugin``, installed with the
+package) provides ``mirrored_strategy`` (here over 1, 2 and 4 logical CPUs: ``replicas`` is
+overridden below), the ``gpus(n)`` and ``mpi(n)`` markers, bounded replica waits, and the
+agreement of outcomes across MPI ranks. Tests marked ``multi_worker`` are multi-worker test
+bodies: they run in the default suite (one worker) and again under
+``mpiexec -n 2 python -m pytest -m multi_worker`` (``.ci/run``).
 
 Strategy fixtures are session-scoped so their replica threads are reused across tests
 (as a training script would); tests that break a strategy on purpose check that it is
@@ -28,59 +28,12 @@ import pytest
 
 import towerdist as td
 from towerdist._src.backend import cupy_backend
-from towerdist._src.multi_worker import mpi_runtime
+from towerdist.testing.pytest_plugin import broadcast_from_rank_0, mirrored_strategy_for, replica_bounds
 
 NUM_CPUS = 8
+# The replica wait bounds towerdist's pytest plugin sets for a one-process session.
 TEST_REPLICA_WARNING_SECONDS = 20.0
 TEST_REPLICA_TIMEOUT_SECONDS = 60.0
-MPI_WARNING_SECONDS = 5.0
-MPI_TIMEOUT_SECONDS = 20.0
-
-
-class _MPIAgreement:
-    """Under an MPI launcher: agrees test outcomes across the ranks (a duplicate of COMM_WORLD)."""
-
-    def __init__(self) -> None:
-        world = mpi_runtime.world()
-        assert world is not None
-        self.rank, self.size = world.rank, world.size
-        self._comm = world.MPI.COMM_WORLD.Dup()
-        self.counts = {"passed": 0, "failed": 0, "skipped": 0}
-
-    def broadcast_path(self, path: Any) -> Any:
-        """Rank 0's ``path`` on every rank (the ranks run on one machine)."""
-        return type(path)(self._comm.bcast(str(path), root=0))
-
-    def agree(self, report: pytest.TestReport) -> None:
-        text = str(report.longrepr) if report.failed else ""
-        outcomes = self._comm.allgather((report.outcome, text))
-        failed = [rank for rank, (outcome, _) in enumerate(outcomes) if outcome == "failed"]
-        if failed and not report.failed:
-            report.outcome = "failed"
-        if failed:
-            report.longrepr = "\n".join(
-                f"--- rank {rank} of {self.size} ({report.when}): ---\n{outcomes[rank][1]}" for rank in failed
-            )
-        if report.when == "call" or report.outcome != "passed":
-            self.counts[report.outcome] = self.counts.get(report.outcome, 0) + 1
-
-
-_MPI: _MPIAgreement | None = None
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
-    outcome = yield
-    if _MPI is not None:
-        _MPI.agree(outcome.get_result())
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    directory = os.environ.get("TOWERDIST_MPI_REPORT_DIR")
-    if _MPI is not None and directory:
-        summary = dict(_MPI.counts, exitstatus=int(exitstatus), rank=_MPI.rank, size=_MPI.size)
-        with open(os.path.join(directory, f"rank-{_MPI.rank}.json"), "w") as f:
-            json.dump(summary, f)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -95,30 +48,12 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    global _MPI
-    if mpi_runtime.launcher_size() > 1:
-        _MPI = _MPIAgreement()
     cpu = td.config.list_physical_devices("CPU")[0]
     td.config.set_logical_device_configuration(cpu, [td.config.LogicalDeviceConfiguration()] * NUM_CPUS)
-    if _MPI is not None:
-        # A test failing on one rank leaves the others in a collective until this bound.
-        td.config.set_replica_timeouts(warning_seconds=MPI_WARNING_SECONDS, timeout_seconds=MPI_TIMEOUT_SECONDS)
-        return
-    td.config.set_replica_timeouts(
-        warning_seconds=TEST_REPLICA_WARNING_SECONDS, timeout_seconds=TEST_REPLICA_TIMEOUT_SECONDS
-    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    gpus = cupy_backend.device_count()
     for item in items:
-        if item.get_closest_marker("gpu") and gpus == 0:
-            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU with cupy; none is available"))
-        marker = item.get_closest_marker("multi_gpu")
-        if marker is not None:
-            needed = marker.args[0] if marker.args else 2
-            if gpus < needed:
-                item.add_marker(pytest.mark.skip(reason=f"needs {needed} CUDA GPUs; {gpus} available"))
         if item.get_closest_marker("launches_mpi") and not _mpiexec():
             item.add_marker(pytest.mark.skip(reason='needs mpiexec and mpi4py (pip install "towerdist[mpi-mpich]")'))
 
@@ -138,10 +73,9 @@ def cpus(n: int) -> list[str]:
     return [f"CPU:{i}" for i in range(n)]
 
 
-@functools.lru_cache(maxsize=None)
 def mirrored(n: int) -> td.distribute.MirroredStrategy:
-    """A cached MirroredStrategy over ``n`` logical CPUs (for property tests over 1..8 replicas)."""
-    return td.distribute.MirroredStrategy(cpus(n))
+    """The session's MirroredStrategy over ``n`` replicas (towerdist's pytest plugin keeps one per count)."""
+    return mirrored_strategy_for(n)
 
 
 @pytest.fixture(scope="session")
@@ -185,10 +119,10 @@ def any_strategy(request: pytest.FixtureRequest) -> td.distribute.Strategy:
     return request.getfixturevalue(request.param)
 
 
-@pytest.fixture(params=MIRRORED_STRATEGIES)
-def mirrored_strategy(request: pytest.FixtureRequest) -> td.distribute.MirroredStrategy:
-    """MirroredStrategy on 1, 2 and 4 logical CPUs."""
-    return request.getfixturevalue(request.param)
+@pytest.fixture(params=[1, 2, 4])
+def replicas(request: pytest.FixtureRequest) -> int:
+    """The project's tests run the plugin's ``mirrored_strategy`` on 1, 2 and 4 logical CPUs."""
+    return int(request.param)
 
 
 @pytest.fixture(params=MULTI_REPLICA_STRATEGIES)
@@ -210,20 +144,16 @@ def multi_worker_strategy(request: pytest.FixtureRequest) -> td.distribute.Multi
 
 
 @pytest.fixture
-def shared_tmp_path(tmp_path):
+def shared_tmp_path(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
     """A fresh directory that every rank sees (rank 0's ``tmp_path`` under mpiexec)."""
-    if _MPI is None:
-        return tmp_path
-    return _MPI.broadcast_path(tmp_path)
+    return type(tmp_path)(broadcast_from_rank_0(request.config, str(tmp_path)))
 
 
 @pytest.fixture
-def replica_timeouts():
-    """Lets a test change the barrier timeouts; restores the suite's values afterwards."""
+def replica_timeouts(request: pytest.FixtureRequest):
+    """Lets a test change the barrier timeouts; restores the session's values afterwards."""
     try:
         yield td.config.set_replica_timeouts
     finally:
-        if _MPI is not None:
-            td.config.set_replica_timeouts(MPI_WARNING_SECONDS, MPI_TIMEOUT_SECONDS)
-        else:
-            td.config.set_replica_timeouts(TEST_REPLICA_WARNING_SECONDS, TEST_REPLICA_TIMEOUT_SECONDS)
+        warning, timeout = replica_bounds(request.config)
+        td.config.set_replica_timeouts(warning, timeout)

@@ -16,7 +16,7 @@ import pytest
 
 import towerdist as td
 
-from conftest import NUM_CPUS, TEST_REPLICA_TIMEOUT_SECONDS, TEST_REPLICA_WARNING_SECONDS
+from conftest import NUM_CPUS
 
 CPU0 = td.config.PhysicalDevice(name="/physical_device:CPU:0", device_type="CPU")
 
@@ -233,10 +233,11 @@ def test_fresh_process_replica_timeout_defaults():
 # --- replica timeouts ---------------------------------------------------------------------
 
 
-SUITE_TIMEOUTS = {"warning_seconds": TEST_REPLICA_WARNING_SECONDS, "timeout_seconds": TEST_REPLICA_TIMEOUT_SECONDS}
+# What towerdist's pytest plugin sets for a test session (one process): 20 s warnings, 60 s timeouts.
+SUITE_TIMEOUTS = {"warning_seconds": 20.0, "timeout_seconds": 60.0}
 
 
-def test_conftest_replica_timeouts_are_in_force():
+def test_the_pytest_plugins_replica_timeouts_are_in_force():
     assert td.config.get_replica_timeouts() == SUITE_TIMEOUTS
 
 

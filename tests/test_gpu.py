@@ -1,6 +1,6 @@
 """GPU paths: the cupy backend, MirroredStrategy on GPUs, NcclAllReduce, the training kit.
 
-Marked ``gpu``/``multi_gpu``: they run on real GPUs, and skip (with the reason) where cupy
+Marked ``gpus(n)`` (towerdist's pytest plugin): they run on real GPUs, and skip (with the reason) where cupy
 or a GPU is missing. ``.ci/run`` also runs them in a separate, named mode on 2 and 3
 *simulated* GPUs (``TOWERDIST_SIMULATE_GPUS``, see ``towerdist.testing``), which checks
 placement and ordering logic on CPU arrays; that is not GPU verification.
@@ -23,7 +23,7 @@ def gpus(n: int) -> list[str]:
     return [f"GPU:{i}" for i in range(n)]
 
 
-@pytest.mark.gpu
+@pytest.mark.gpus(1)
 def test_cupy_backend_places_arrays_on_the_device():
     cupy = cupy_backend._import()
     array = cupy_backend.asarray(np.arange(4, dtype=np.float32), device=device_lib.parse("GPU:0"))
@@ -31,14 +31,14 @@ def test_cupy_backend_places_arrays_on_the_device():
     np.testing.assert_array_equal(cupy.asnumpy(cupy_backend.add_n([array, array])), np.arange(4) * 2)
 
 
-@pytest.mark.gpu
+@pytest.mark.gpus(1)
 def test_constant_under_a_gpu_device_scope_is_a_cupy_array():
     with td.device("GPU:0"):
         value = td.constant([1.0, 2.0])
     assert cupy_backend.owns(value) and value.dtype == np.float32
 
 
-@pytest.mark.gpu
+@pytest.mark.gpus(1)
 def test_mirrored_on_one_gpu_runs_and_reduces():
     strategy = td.distribute.MirroredStrategy(gpus(1))
     result = strategy.run(lambda: td.constant([1.0, 2.0]) * 2.0)
@@ -46,14 +46,14 @@ def test_mirrored_on_one_gpu_runs_and_reduces():
     np.testing.assert_array_equal(cupy_backend.xp.asnumpy(strategy.reduce("sum", result, axis=None)), [2.0, 4.0])
 
 
-@pytest.mark.gpu
+@pytest.mark.gpus(1)
 def test_default_cross_device_ops_for_gpus_is_chosen_with_a_reason():
     ops, reason = choose_cross_device_ops([device_lib.parse("GPU:0")])
     assert isinstance(ops, (td.distribute.NcclAllReduce, td.distribute.HierarchicalCopyAllReduce))
     assert "GPU" in reason
 
 
-@pytest.mark.multi_gpu(2)
+@pytest.mark.gpus(2)
 @pytest.mark.parametrize("ops", ["nccl", "hierarchical", "one_device"])
 def test_all_reduce_across_gpus(ops):
     cross_device_ops = {
@@ -72,7 +72,7 @@ def test_all_reduce_across_gpus(ops):
         np.testing.assert_allclose(cupy_backend.xp.asnumpy(part), np.arange(1000) * 3.0)
 
 
-@pytest.mark.gpu
+@pytest.mark.gpus(1)
 def test_variable_under_a_gpu_device_scope_lives_on_the_gpu():
     with td.device("GPU:0"):
         v = td.Variable([1.0, 2.0])
@@ -84,7 +84,7 @@ def test_variable_under_a_gpu_device_scope_lives_on_the_gpu():
     assert isinstance(v.numpy(), np.ndarray) and "numpy=array([2., 3.]" in repr(v)
 
 
-@pytest.mark.multi_gpu(2)
+@pytest.mark.gpus(2)
 def test_mirrored_variable_on_two_gpus():
     strategy = td.distribute.MirroredStrategy(gpus(2))
     with strategy.scope():
@@ -105,7 +105,7 @@ def test_mirrored_variable_on_two_gpus():
     assert float(counter.numpy()) == 2.0
 
 
-@pytest.mark.gpu
+@pytest.mark.gpus(1)
 @pytest.mark.parametrize("fetch", [True, False])
 def test_distributed_dataset_places_pieces_on_the_gpu_unless_told_not_to(fetch):
     cupy = cupy_backend._import()
@@ -116,7 +116,7 @@ def test_distributed_dataset_places_pieces_on_the_gpu_unless_told_not_to(fetch):
     np.testing.assert_array_equal(np.concatenate([cupy.asnumpy(b) if fetch else b for b in batches]), np.arange(6))
 
 
-@pytest.mark.multi_gpu(2)
+@pytest.mark.gpus(2)
 def test_distributed_dataset_pieces_live_on_their_replicas_gpus():
     cupy = cupy_backend._import()
     strategy = td.distribute.MirroredStrategy(gpus(2))
@@ -140,7 +140,7 @@ def _adam_reference(w0: np.ndarray, grads: list[np.ndarray], lr: float = 0.01) -
     return w
 
 
-@pytest.mark.gpu
+@pytest.mark.gpus(1)
 def test_adam_on_one_gpu_matches_numpy_and_keeps_slots_on_the_gpu():
     strategy = td.distribute.MirroredStrategy(gpus(1))
     w0 = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
@@ -154,7 +154,7 @@ def test_adam_on_one_gpu_matches_numpy_and_keeps_slots_on_the_gpu():
     np.testing.assert_allclose(w.numpy(), _adam_reference(w0, grads), rtol=1e-5)
 
 
-@pytest.mark.multi_gpu(2)
+@pytest.mark.gpus(2)
 def test_adam_across_gpus_sums_the_replicas_gradients():
     strategy = td.distribute.MirroredStrategy(gpus(2))
     w0 = np.zeros(5, np.float32)
@@ -172,7 +172,7 @@ def test_adam_across_gpus_sums_the_replicas_gradients():
         np.testing.assert_allclose(cupy_backend.xp.asnumpy(component.value()), _adam_reference(w0, [summed]), rtol=1e-5)
 
 
-@pytest.mark.gpu
+@pytest.mark.gpus(1)
 def test_checkpoint_of_gpu_variables_restores_on_the_cpu(tmp_path):
     strategy = td.distribute.MirroredStrategy(gpus(1))
     with strategy.scope():
@@ -190,7 +190,7 @@ def test_checkpoint_of_gpu_variables_restores_on_the_cpu(tmp_path):
 # --- the defects of issue 16, part A (each failed on simulated GPUs before its fix) ----------
 
 
-@pytest.mark.multi_gpu(2)
+@pytest.mark.gpus(2)
 def test_each_replica_computes_on_its_own_gpu():
     # Defect 1: cupy launches on the thread's current device; a replica thread must make its GPU current.
     cupy = cupy_backend._import()
@@ -207,7 +207,7 @@ def test_each_replica_computes_on_its_own_gpu():
     assert [v.device.id for v in strategy.experimental_local_results(doubled)] == [0, 1]
 
 
-@pytest.mark.multi_gpu(2)
+@pytest.mark.gpus(2)
 @pytest.mark.parametrize("optimizer", ["sgd_momentum", "adam"])
 def test_optimizer_updates_keep_every_copy_and_slot_on_its_gpu(optimizer):
     # Defect 1: updates ran on GPU 0 and stored GPU-0 arrays into GPU-1 copies.
@@ -230,7 +230,7 @@ def test_optimizer_updates_keep_every_copy_and_slot_on_its_gpu(optimizer):
     np.testing.assert_array_equal(first, second)
 
 
-@pytest.mark.multi_gpu(2)
+@pytest.mark.gpus(2)
 @pytest.mark.parametrize("num_packs", [0, 1, 2])
 def test_nccl_all_reduce_of_views_keeps_its_temporaries_on_their_gpus(num_packs):
     # Defects 2 and 3: contiguous copies and pack buffers must be made on each rank's GPU and
@@ -251,7 +251,7 @@ def test_nccl_all_reduce_of_views_keeps_its_temporaries_on_their_gpus(num_packs)
         np.testing.assert_array_equal(cupy_backend.xp.asnumpy(plus), base * 3 + 2)
 
 
-@pytest.mark.multi_gpu(2)
+@pytest.mark.gpus(2)
 @pytest.mark.parametrize("ops", ["hierarchical", "one_device"])
 def test_views_on_another_gpu_are_copied_contiguously(ops):
     # Defect 4: cupy refuses to copy a non-contiguous array between GPUs.
@@ -268,7 +268,7 @@ def test_views_on_another_gpu_are_copied_contiguously(ops):
     np.testing.assert_array_equal(cupy_backend.xp.asnumpy(gathered), np.concatenate([expected, expected * 2]))
 
 
-@pytest.mark.multi_gpu(2)
+@pytest.mark.gpus(2)
 def test_constants_and_casts_follow_the_device_scope():
     # Defect 5: the backend was chosen by the input, not by the scope.
     cupy = cupy_backend._import()
@@ -285,7 +285,7 @@ def test_constants_and_casts_follow_the_device_scope():
     assert isinstance(on_gpu, cupy.ndarray)
 
 
-@pytest.mark.gpu
+@pytest.mark.gpus(1)
 def test_string_features_stay_on_the_host():
     # Defect 6: cupy holds numbers only; TF keeps string features on the host.
     cupy = cupy_backend._import()
@@ -296,7 +296,7 @@ def test_string_features_stay_on_the_host():
     assert words.tolist() == [b"a", b"b"]
 
 
-@pytest.mark.multi_gpu(2)
+@pytest.mark.gpus(2)
 @pytest.mark.parametrize("dtype", [np.complex64, np.int16, np.uint16])
 def test_nccl_reduces_dtypes_it_has_no_type_for(dtype):
     # Defect 7: complex as pairs of floats; int16/uint16 by copies.
@@ -312,7 +312,7 @@ def test_nccl_reduces_dtypes_it_has_no_type_for(dtype):
         np.testing.assert_array_equal(cupy_backend.xp.asnumpy(part), value * 3)
 
 
-@pytest.mark.gpu
+@pytest.mark.gpus(1)
 def test_a_gpu_that_does_not_exist_is_named():
     # Defect 10: a raw CUDA error before.
     with pytest.raises(td.errors.InvalidArgumentError, match="GPU:7 does not exist"):
@@ -320,7 +320,7 @@ def test_a_gpu_that_does_not_exist_is_named():
             td.constant([1.0])
 
 
-@pytest.mark.multi_gpu(2)
+@pytest.mark.gpus(2)
 @pytest.mark.parametrize("move", ["to_device", "copy"])
 def test_a_view_on_one_gpu_copies_to_another(move):
     # Defect 4, directly: cupy copies only contiguous arrays between GPUs.
@@ -331,7 +331,7 @@ def test_a_view_on_one_gpu_copies_to_another(move):
     np.testing.assert_array_equal(cupy_backend.xp.asnumpy(moved), np.arange(8, dtype=np.float32).reshape(2, 4)[:, ::2])
 
 
-@pytest.mark.multi_gpu(2)
+@pytest.mark.gpus(2)
 def test_the_main_job_on_every_gpu_matches_the_cpu_run_and_keeps_each_copy_on_its_gpu(tmp_path):
     import subprocess
     import sys
@@ -361,7 +361,7 @@ def test_the_main_job_on_every_gpu_matches_the_cpu_run_and_keeps_each_copy_on_it
     assert result["test_accuracy"] == pytest.approx(cpu_accuracy, abs=0.01)
 
 
-@pytest.mark.multi_gpu(2)
+@pytest.mark.gpus(2)
 def test_the_kmeans_example_on_gpus_matches_numpy():
     import sys
     from pathlib import Path
@@ -379,7 +379,7 @@ def test_the_kmeans_example_on_gpus_matches_numpy():
     np.testing.assert_allclose(np.asarray(centroids), kmeans.numpy_kmeans(points, initial, 5), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.multi_gpu(2)
+@pytest.mark.gpus(2)
 def test_a_failed_nccl_group_aborts_its_communicators_and_the_next_reduce_works():
     # Defect 9: a call failing inside a group left the other ranks' collectives waiting forever.
     ops = td.distribute.NcclAllReduce(num_packs=0)
@@ -414,7 +414,7 @@ def test_a_failed_nccl_group_aborts_its_communicators_and_the_next_reduce_works(
         np.testing.assert_array_equal(cupy_backend.xp.asnumpy(part), [3.0] * 3)
 
 
-@pytest.mark.multi_gpu(2)
+@pytest.mark.gpus(2)
 @pytest.mark.parametrize("ops", ["nccl", "hierarchical", "one_device"])
 def test_means_axis_reductions_and_aggregated_variables_across_gpus(ops):
     # Defect 1: MEAN's division, reduce(axis=...) and aggregated writes run on each array's own GPU.
@@ -444,7 +444,7 @@ def test_means_axis_reductions_and_aggregated_variables_across_gpus(ops):
         assert float(np.asarray(counter.read_value())) == 4.0
 
 
-@pytest.mark.multi_gpu(2)
+@pytest.mark.gpus(2)
 def test_central_storage_hands_gpu_replicas_their_own_copy_of_the_variables():
     # Defect 5: CentralStorage's aggregating variables handed host arrays to GPU replicas.
     strategy = td.distribute.experimental.CentralStorageStrategy(compute_devices=gpus(2), parameter_device="CPU:0")
@@ -463,7 +463,7 @@ def test_central_storage_hands_gpu_replicas_their_own_copy_of_the_variables():
     np.testing.assert_allclose(v.numpy(), [1.0 - 0.1 * 3] * 3, rtol=1e-6)
 
 
-@pytest.mark.multi_gpu(2)
+@pytest.mark.gpus(2)
 def test_nccl_communicators_are_destroyed_with_their_cross_device_ops():
     # Defect 9: communicators were never destroyed explicitly.
     import gc
@@ -488,7 +488,7 @@ def test_nccl_communicators_are_destroyed_with_their_cross_device_ops():
     assert sorted(destroyed) == [0, 1]
 
 
-@pytest.mark.gpu
+@pytest.mark.gpus(1)
 def test_the_gpu_backend_refuses_cpu_devices():
     # Defect 5: a cupy input under a CPU device scope was copied to the GPU with the CPU's index.
     with pytest.raises(ValueError, match="not a GPU"):

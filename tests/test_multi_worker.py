@@ -1,7 +1,7 @@
 """MultiWorkerMirroredStrategy: test bodies written once for any number of workers.
 
-Every test here is marked ``mpi``: it runs in the default suite (one worker, with one and
-with two local replicas) and again under ``mpiexec -n 2 python -m pytest -m mpi`` (two
+Every test here is marked ``multi_worker``: it runs in the default suite (one worker, with one and
+with two local replicas) and again under ``mpiexec -n 2 python -m pytest -m multi_worker`` (two
 workers), where the expected values are computed from the worker's rank and the replica
 counts. TensorFlow 2.21's observed results (``reference/mpi.md``, two workers with one
 replica each) are the special case ``workers == 2, local == 1``.
@@ -15,7 +15,7 @@ import pytest
 import towerdist as td
 from towerdist._src.multi_worker.cluster import ClusterSpec
 
-pytestmark = pytest.mark.mpi
+pytestmark = pytest.mark.multi_worker
 
 
 def _layout(strategy: td.distribute.MultiWorkerMirroredStrategy) -> tuple[int, int, int, int]:

@@ -1,7 +1,7 @@
 """MultiWorkerMirroredStrategy: input across workers, test bodies written once for any number of workers.
 
-Every test here is marked ``mpi``: it runs in the default suite (one worker, with one and
-with two local replicas) and again under ``mpiexec -n 2 python -m pytest -m mpi`` (two
+Every test here is marked ``multi_worker``: it runs in the default suite (one worker, with one and
+with two local replicas) and again under ``mpiexec -n 2 python -m pytest -m multi_worker`` (two
 workers). The expected pieces are computed from the worker's rank, the replica counts and
 TensorFlow's rules (``reference/mpi.md``, "What TF 2.21's MultiWorkerMirroredStrategy
 does, observed with two workers"); TF's observed results are the case ``workers == 2,
@@ -31,7 +31,7 @@ import pytest
 import towerdist as td
 from towerdist._src.values.per_replica_spec import PerReplicaSpec
 
-pytestmark = pytest.mark.mpi
+pytestmark = pytest.mark.multi_worker
 
 Policy = td.data.experimental.AutoShardPolicy
 

@@ -1,7 +1,7 @@
 """MultiWorkerMirroredStrategy: training end to end and the collective surface, for any number of workers.
 
-Every test here is marked ``mpi``: it runs in the default suite (one worker, with one and
-with two local replicas) and again under ``mpiexec -n 2 python -m pytest -m mpi`` (two
+Every test here is marked ``multi_worker``: it runs in the default suite (one worker, with one and
+with two local replicas) and again under ``mpiexec -n 2 python -m pytest -m multi_worker`` (two
 workers). Expected values are computed from the worker's rank and the replica counts, so
 the same body is right in every layout; every rank makes the same collective calls.
 
@@ -34,7 +34,7 @@ from towerdist._src.multi_worker.workers import _packs
 
 from numpy_reference import NumpyReference
 
-pytestmark = pytest.mark.mpi
+pytestmark = pytest.mark.multi_worker
 
 RTOL, ATOL = 1e-5, 1e-6
 ROWS_PER_REPLICA = 4
