@@ -19,7 +19,6 @@ outer bound).
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 from typing import Any
