@@ -493,3 +493,35 @@ def test_the_gpu_backend_refuses_cpu_devices():
     # Defect 5: a cupy input under a CPU device scope was copied to the GPU with the CPU's index.
     with pytest.raises(ValueError, match="not a GPU"):
         cupy_backend.asarray(np.ones(2), device=device_lib.parse("CPU:0"))
+
+
+@pytest.mark.gpus(2)
+def test_results_read_from_the_main_thread_are_computed_on_their_gpu():
+    # Kernels reading a GPU-1 array run on GPU 1, whichever GPU the calling thread has current.
+    strategy = td.distribute.OneDeviceStrategy("GPU:1")
+    with strategy.scope():
+        mean = td.metrics.Mean()
+    strategy.run(lambda: mean.update_state(td.ones([3])))
+    assert float(np.asarray(mean.result().get())) == 1.0
+    with td.device("GPU:1"):
+        losses = td.ones([4])
+    assert float(np.asarray(td.nn.compute_average_loss(losses, global_batch_size=8).get())) == 0.5
+
+
+@pytest.mark.gpus(1)
+def test_a_gpu_and_a_cpu_replica_all_reduce_one_array():
+    strategy = td.distribute.MirroredStrategy(["GPU:0", "CPU:0"])
+    result = strategy.run(lambda: td.distribute.get_replica_context().all_reduce("sum", td.ones([2])))
+    for part in strategy.experimental_local_results(result):
+        np.testing.assert_array_equal(np.asarray(part.get() if cupy_backend.owns(part) else part), [2.0, 2.0])
+
+
+@pytest.mark.gpus(1)
+def test_gpu_arrays_combine_with_variables_on_either_side():
+    # cupy hands an operator to the right operand only through __array_ufunc__ (no __array_priority__).
+    strategy = td.distribute.OneDeviceStrategy("GPU:0")
+    with strategy.scope():
+        v = td.Variable(np.full(2, 3.0, np.float32))
+        w = td.Variable(np.ones((2, 2), np.float32))
+    left, matmul, right = strategy.run(lambda: (td.ones([2]) * v, td.ones([2]) @ w, v * 2.0))
+    assert [cupy_backend.xp.asnumpy(x).tolist() for x in (left, matmul, right)] == [[3.0, 3.0], [2.0, 2.0], [6.0, 6.0]]

@@ -903,3 +903,11 @@ def test_deepcopy_of_a_model_copies_its_variables_once():
     model = {"a": v, "b": [v]}
     copied = copy.deepcopy(model)
     assert copied["a"] is copied["b"][0] and copied["a"] is not v
+
+
+def test_numpy_ufuncs_apply_to_a_variables_value():
+    v = td.Variable(np.full(2, 4.0))
+    np.testing.assert_array_equal(np.sqrt(v), [2.0, 2.0])
+    np.testing.assert_array_equal(np.add(np.ones(2), v), [5.0, 5.0])
+    np.testing.assert_array_equal(np.ones(2) * v, [4.0, 4.0])
+    assert isinstance(np.multiply(v, 2.0), np.ndarray)

@@ -68,11 +68,12 @@ def compute_average_loss(per_example_loss: Any, sample_weight: Any = None, globa
         global_batch_size = losses.shape[0] * context.get_strategy().num_replicas_in_sync
     batch = _check_global_batch_size(global_batch_size)
     xp = impl.xp
-    total = xp.sum(losses)
-    result_dtype = total.dtype if total.dtype.kind in "fc" else np.dtype(np.float64)
-    if batch == 0:
-        return xp.zeros((), dtype=result_dtype)
-    return xp.asarray(xp.true_divide(total, batch), dtype=result_dtype)
+    with impl.on_array_device(losses):  # on the losses' own GPU, whichever is current
+        total = xp.sum(losses)
+        result_dtype = total.dtype if total.dtype.kind in "fc" else np.dtype(np.float64)
+        if batch == 0:
+            return xp.zeros((), dtype=result_dtype)
+        return xp.asarray(xp.true_divide(total, batch), dtype=result_dtype)
 
 
 def scale_regularization_loss(regularization_loss: Any) -> Any:
@@ -90,10 +91,12 @@ def scale_regularization_loss(regularization_loss: Any) -> Any:
             "called in replica context. Call it inside strategy.run()."
         )
     loss = _as_array(regularization_loss)
-    xp = backend.for_array(loss).xp
-    total = xp.sum(loss)
-    result_dtype = total.dtype if total.dtype.kind in "fc" else np.dtype(np.float64)
-    return xp.asarray(xp.true_divide(total, context.get_strategy().num_replicas_in_sync), dtype=result_dtype)
+    impl = backend.for_array(loss)
+    xp = impl.xp
+    with impl.on_array_device(loss):  # on the loss's own GPU, whichever is current
+        total = xp.sum(loss)
+        result_dtype = total.dtype if total.dtype.kind in "fc" else np.dtype(np.float64)
+        return xp.asarray(xp.true_divide(total, context.get_strategy().num_replicas_in_sync), dtype=result_dtype)
 
 
 def _as_array(value: Any) -> Any:

@@ -39,6 +39,10 @@ class ArrayOperators:
     # numpy defers binary operators with such an object on the right to the object.
     __array_priority__ = 100
 
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        """numpy's and cupy's ufuncs (``np.sqrt(v)``, ``gpu_array * v``) applied to the array ``self`` stands for."""
+        return getattr(ufunc, method)(*(_operand(x) for x in inputs), **kwargs)
+
     def _operand(self) -> Any:
         raise NotImplementedError
 

@@ -8,11 +8,23 @@ expect a :class:`~towerdist._src.device.DeviceSpec` of type GPU.
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from towerdist._src.errors import InvalidArgumentError, MissingDependencyError
-from towerdist._src.testing import simulated_cupy
+
+_SIMULATION = "towerdist._src.testing.simulated_cupy"
+
+
+def _simulated() -> Any:
+    """The simulated cupy module when simulated GPUs are on, else None (the simulator loads only then)."""
+    if _SIMULATION not in sys.modules and not os.environ.get("TOWERDIST_SIMULATE_GPUS", "").strip():
+        return None
+    from towerdist._src.testing import simulated_cupy  # noqa: PLC0415  (only for simulated GPUs)
+
+    return simulated_cupy.active_module()
 
 name = "cupy"
 
@@ -23,7 +35,7 @@ _INSTALL_HINT = (
 
 @functools.lru_cache(maxsize=1)
 def _import() -> Any:
-    simulated = simulated_cupy.active_module()
+    simulated = _simulated()
     if simulated is not None:
         return simulated  # towerdist.testing.simulate_gpus(n) or TOWERDIST_SIMULATE_GPUS=n
     try:
@@ -56,12 +68,15 @@ def device_count() -> int:
 
 def owns(value: Any) -> bool:
     """True if ``value`` is a cupy array, or a simulated GPU's (checked without importing cupy)."""
-    return type(value).__module__.split(".", 1)[0] == "cupy" or simulated_cupy.owns(value)
+    if type(value).__module__.split(".", 1)[0] == "cupy":
+        return True
+    simulation = sys.modules.get(_SIMULATION)
+    return simulation is not None and bool(simulation.owns(value))
 
 
 def nccl() -> Any:
     """cupy's NCCL module (``cupy.cuda.nccl``), or the simulated one; ImportError if it cannot load."""
-    simulated = simulated_cupy.active_module()
+    simulated = _simulated()
     if simulated is not None:
         return simulated.cuda.nccl
     from cupy.cuda import nccl as module  # noqa: PLC0415  (lazy by design)

@@ -172,10 +172,11 @@ class Mean(Metric):
 
     def _result(self) -> Any:
         total, count = _read(self.total), _read(self.count)
-        xp = backend.for_array(total).xp
-        if float(count) == 0:
-            return xp.zeros((), dtype=self._dtype)
-        return xp.asarray(total / count, dtype=self._dtype)
+        impl = backend.for_array(total)
+        with impl.on_array_device(total):  # on the metric's own GPU, whichever is current
+            if float(count) == 0:
+                return impl.xp.zeros((), dtype=self._dtype)
+            return impl.xp.asarray(total / count, dtype=self._dtype)
 
 
 class MeanMetricWrapper(Mean):

@@ -16,6 +16,7 @@ import numpy as np
 
 from towerdist._src import array_ops, backend, context, nest, thread_state
 from towerdist._src import device as device_lib
+from towerdist._src.backend import cupy_backend
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import parse_reduce_op
 from towerdist._src.strategies.collective_args import (
@@ -239,7 +240,7 @@ _ALL_REDUCE = "ReplicaContext.all_reduce()"
 
 def _contribution(value: Any) -> Contribution:
     """One replica's argument to a collective, flattened (a single array skips optree)."""
-    if type(value) is np.ndarray:
+    if type(value) is np.ndarray or cupy_backend.owns(value):  # one array: no structure (host or GPU alike)
         return Contribution([value], None)
     leaves, spec = nest.flatten(value)
     return Contribution([array_ops.convert_to_tensor(leaf) for leaf in leaves], spec)
