@@ -18,3 +18,48 @@ def test_mypy_strict_passes():
         [sys.executable, "-m", "mypy", "--no-incremental"], cwd=ROOT, capture_output=True, text=True, timeout=280
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+USER_SNIPPET = """
+import numpy as np
+import towerdist as td
+
+strategy = td.distribute.MirroredStrategy(["CPU:0"])
+
+
+def step() -> None:
+    ctx = td.distribute.get_replica_context()
+    assert ctx is not None
+    ctx.merge_call(lambda s: None)
+    {mistake}
+
+
+strategy.run(step)
+"""
+
+
+MISTAKES = {
+    "correct": ("pass", None),
+    "merge_call_of_an_int": ("ctx.merge_call(1)", 'Argument 1 to "merge_call" of "ReplicaContext" has incompatible type'),
+    "unchecked_none": ("td.distribute.get_replica_context().all_reduce('sum', 1.0)", 'Item "None" of "ReplicaContext | None"'),
+    "run_of_an_int": ("td.distribute.get_strategy().run(3)", 'Argument 1 to "run" of "Strategy" has incompatible type'),
+}
+
+
+@pytest.mark.timeout(300)
+def test_a_users_type_checker_catches_mistakes(tmp_path):
+    pytest.importorskip("mypy", reason="mypy is part of the test extra: pip install -e '.[test]'")
+    for name, (mistake, _) in MISTAKES.items():
+        (tmp_path / f"{name}.py").write_text(USER_SNIPPET.format(mistake=mistake))
+    done = subprocess.run(  # one mypy run over every snippet (each is a module of its own)
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--cache-dir", str(tmp_path / ".mypy"),
+         *(f"{name}.py" for name in MISTAKES)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=280,
+    )
+    errors = [line for line in done.stdout.splitlines() if ": error:" in line]
+    for name, (_, message) in MISTAKES.items():
+        mine = [line for line in errors if line.startswith(f"{name}.py:")]
+        if message is None:
+            assert mine == [], done.stdout
+        else:
+            assert len(mine) == 1 and message in mine[0], done.stdout

@@ -31,6 +31,8 @@ from towerdist._src.thread_state import Mode, UpdateEntry
 
 if TYPE_CHECKING:
     from towerdist._src.device import DeviceSpec
+    from towerdist._src.strategies.replica_context import ReplicaContext
+    from towerdist._src.strategies.strategy import Strategy
 
 __all__ = [
     "experimental_set_strategy",
@@ -61,7 +63,7 @@ def default_strategy() -> Any:
 # --- queries ------------------------------------------------------------------------------
 
 
-def get_replica_context() -> Any:
+def get_replica_context() -> ReplicaContext | None:
     """The current ``ReplicaContext``, or None in cross-replica context.
 
     Outside any strategy scope this is the default strategy's replica context, whose
@@ -69,22 +71,25 @@ def get_replica_context() -> Any:
     """
     modes = _state.modes
     if modes:
-        return modes[-1].replica_context
+        current: ReplicaContext | None = modes[-1].replica_context
+        return current
     return default_replica_context()
 
 
-def default_replica_context() -> Any:
+def default_replica_context() -> ReplicaContext:
     """The replica context outside any strategy scope (the default strategy's)."""
-    return default_strategy().extended._default_replica_context
+    replica_context: ReplicaContext = default_strategy().extended._default_replica_context
+    return replica_context
 
 
-def get_cross_replica_context() -> Any:
+def get_cross_replica_context() -> Strategy | None:
     """The current strategy in cross-replica context, else None.
 
     Exactly one of ``get_replica_context()`` and ``get_cross_replica_context()`` is None.
     """
     modes = _state.modes
-    return modes[-1].cross_replica if modes else None
+    strategy: Strategy | None = modes[-1].cross_replica if modes else None
+    return strategy
 
 
 def in_cross_replica_context() -> bool:
@@ -93,10 +98,11 @@ def in_cross_replica_context() -> bool:
     return bool(modes) and modes[-1].cross_replica is not None
 
 
-def get_strategy() -> Any:
+def get_strategy() -> Strategy:
     """The current strategy: that of the innermost scope or replica, else the default strategy."""
     modes = _state.modes
-    return modes[-1].strategy if modes else default_strategy()
+    strategy: Strategy = modes[-1].strategy if modes else default_strategy()
+    return strategy
 
 
 def has_strategy() -> bool:

@@ -25,6 +25,7 @@ from towerdist._src.strategies.collective_args import (
     check_reduce_leaves,
     check_structures,
 )
+from towerdist._src.type_aliases import MergeFn, Nest
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.values.regroup import select_replica
 
@@ -94,9 +95,7 @@ class ReplicaContext:
 
     # --- replica context ------------------------------------------------------------------
 
-    def merge_call(
-        self, merge_fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
-    ) -> Any:
+    def merge_call(self, merge_fn: MergeFn, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> Nest:
         """Runs ``merge_fn(strategy, *args, **kwargs)`` once for all replicas.
 
         Every replica must call ``merge_call``; when all have arrived, replica 0's
@@ -168,7 +167,7 @@ class ReplicaContext:
         context.require_replica_context(self, "ReplicaContext._update()")
         return self._strategy.extended.update(var, fn, args, kwargs, group)
 
-    def all_reduce(self, reduce_op: Any, value: Any, options: CommunicationOptions | None = None) -> Any:
+    def all_reduce(self, reduce_op: Any, value: Nest, options: CommunicationOptions | None = None) -> Nest:
         """Reduces ``value`` (a nested structure of arrays) across replicas.
 
         Every replica contributes its own ``value`` and receives the reduced structure.

@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from towerdist._src import aliases, array_ops, backend, context, nest, thread_state
+from towerdist._src import aliases, array_ops, backend, context, nest, thread_state, type_aliases
 from towerdist._src import device as device_lib
 from towerdist._src.cross_device_ops.gather import normalize_axis
 from towerdist._src.cross_device_ops.placement import Destinations, resolve_destinations
@@ -21,6 +21,7 @@ from towerdist._src.input.distributed_dataset import DistributedDataset, Distrib
 from towerdist._src.input.input_context import InputContext, InputOptions, InputReplicationMode
 from towerdist._src.options import CommunicationOptions, ValueContext
 from towerdist._src.reduce_op import ReduceOp, parse_reduce_op
+from towerdist._src.type_aliases import Nest, ReplicaFn
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 from towerdist._src.values.regroup import local_results, regroup, value_container
 from towerdist._src.variables import creation
@@ -145,11 +146,11 @@ class Strategy:
 
     def run(
         self,
-        fn: Callable[..., Any],
+        fn: ReplicaFn,
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
         options: Any = None,
-    ) -> Any:
+    ) -> Nest:
         """Runs ``fn`` once per replica and merges the results.
 
         Replica ``i`` receives ``args``/``kwargs`` with every ``PerReplica``/``Mirrored``
@@ -404,7 +405,10 @@ class StrategyExtended:
 
     # --- cross-replica or default context -------------------------------------------------
 
-    def reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: CommunicationOptions | None = None) -> Any:
+    def reduce_to(
+        self, reduce_op: Any, value: Any, destinations: type_aliases.Destinations,
+        options: CommunicationOptions | None = None,
+    ) -> Any:
         """Reduces ``value`` across replicas and places the result on ``destinations``.
 
         Args:

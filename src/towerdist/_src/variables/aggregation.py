@@ -62,6 +62,7 @@ def write_in_replica(variable: Any, op: str, value: Any, read_value: bool) -> An
     if hasattr(value, "_towerdist_value"):
         value = value._towerdist_value()  # a variable: this replica reads it now
     replica_context = context.get_replica_context()
+    assert replica_context is not None  # callers write in replica context only
     return replica_context._collective(_settle_writes, (variable, op, value, read_value), api)
 
 
