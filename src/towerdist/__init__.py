@@ -22,6 +22,7 @@ from towerdist import experimental as experimental
 from towerdist import metrics as metrics
 from towerdist import nn as nn
 from towerdist import optimizers as optimizers
+from towerdist import profiler as profiler
 from towerdist import train as train
 from towerdist import types as types
 from towerdist._src.array_ops import add_n as add_n
@@ -97,6 +98,7 @@ __all__ = [
     "nn",
     "ones",
     "optimizers",
+    "profiler",
     "range",
     "reduce_mean",
     "reduce_sum",

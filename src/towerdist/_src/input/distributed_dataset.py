@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from towerdist._src import backend, context, nest
+from towerdist._src import profiler as _profiler
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.optional import Optional
 from towerdist._src.data.spec import is_fully_defined
@@ -340,6 +341,12 @@ class DistributedIterator:
     # --- internals -------------------------------------------------------------------------
 
     def _step(self) -> list[Any] | None:
+        if _profiler.active:
+            with _profiler.Span("input: next step"):
+                return self._next_step()
+        return self._next_step()
+
+    def _next_step(self) -> list[Any] | None:
         if self._steps is None:
             self._steps = self._source._steps()
         # The step returned now plus ``experimental_per_replica_buffer_size`` steps ahead.

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from towerdist._src import profiler as _profiler
 from towerdist._src.errors import (
     AbortedError,
     DeadlineExceededError,
@@ -167,7 +168,7 @@ class Communicator:
 
     def allreduce(self, buffers: Sequence[np.ndarray], call: Call, timeout: float | None, warning: float | None) -> None:
         """Sums each contiguous host buffer across the ranks, in place (one ``Iallreduce`` each)."""
-        with self._guarded(call):
+        with self._guarded(call, "MPI_Iallreduce", buffers):
             self._handshake(call, timeout, warning)
             deadline = _deadline(timeout)
             for buffer in buffers:
@@ -182,7 +183,7 @@ class Communicator:
         ``send`` holds ``call.extra`` rows of ``unit`` elements. Returns the concatenation
         and every rank's number of rows.
         """
-        with self._guarded(call):
+        with self._guarded(call, "MPI_Iallgatherv", (send,)):
             table = self._handshake(call, timeout, warning)
             rows = [int(x) for x in table[:, _EXTRA]]
             counts = [r * unit for r in rows]
@@ -194,7 +195,7 @@ class Communicator:
 
     def broadcast(self, buffer: np.ndarray, call: Call, timeout: float | None, warning: float | None) -> None:
         """Overwrites ``buffer`` on every rank with rank 0's (one ``Ibcast``)."""
-        with self._guarded(call):
+        with self._guarded(call, "MPI_Ibcast", (buffer,)):
             self._handshake(call, timeout, warning)
             request = self._comm.Ibcast(buffer, root=0)
             self._spin([request], _deadline(timeout), call)
@@ -372,20 +373,27 @@ class Communicator:
             self._world.mark_broken(reason)
 
     @contextlib.contextmanager
-    def _guarded(self, call: Call) -> Iterator[None]:
+    def _guarded(self, call: Call, algorithm: str = "handshake", payload: Sequence[np.ndarray] = ()) -> Iterator[None]:
         """One collective at a time; an interruption mid-way (Ctrl-C, a warning turned error) breaks it.
 
         The posted requests of an interrupted collective would pair with the next one's
-        messages, so the ranks could never agree again.
+        messages, so the ranks could never agree again. ``algorithm`` and ``payload`` (the
+        buffers sent) are for the timeline.
         """
         with self._lock:
+            begin = _profiler.now() if _profiler.active else 0
+            failed = True
             try:
                 yield
+                failed = False
             except OpError:
                 raise  # a mismatch leaves the communicator usable; timeouts have broken it already
             except BaseException as error:
                 self.mark_broken(f"{call.api} was interrupted on rank {self.rank} by {type(error).__name__}")
                 raise
+            finally:
+                if begin and _profiler.active:
+                    _record_collective(call, algorithm, payload, begin, failed)
 
     def _timed_out(self, call: Call, seq: int, missing: list[int], timeout: float | None) -> DeadlineExceededError:
         who = ", ".join(str(r) for r in missing)
@@ -416,6 +424,17 @@ class Communicator:
         )
         logger.warning(message)
         warnings.warn(message, ReplicaStallWarning, stacklevel=2)
+
+
+def _record_collective(call: Call, algorithm: str, payload: Sequence[np.ndarray], begin: int, failed: bool) -> None:
+    """Adds a collective to the timeline (a profiler is running)."""
+    args: dict[str, Any] = {
+        "api": call.api, "op": call.op, "signature": call.signature, "algorithm": algorithm,
+        "bytes": sum(int(b.nbytes) for b in payload), "packs": len(payload),
+    }
+    if failed:
+        args["error"] = True
+    _profiler.record(f"MPI {call.op}: {call.api}", begin, args)
 
 
 def _deadline(timeout: float | None) -> float | None:

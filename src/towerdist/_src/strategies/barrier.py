@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 
 from towerdist._src import context, thread_state
 from towerdist._src import device as device_lib
+from towerdist._src import profiler as _profiler
 from towerdist._src.backend import cupy_backend
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import MergeCallCountError
@@ -226,7 +227,12 @@ class Step:
             if self.sequential:
                 self._await_turn(i)
             with device_lib.activate(self.devices[i]):  # a GPU replica launches on its own GPU
-                result = self.fn(*self._args[i], **self._kwargs[i])
+                if _profiler.active:
+                    _profiler.name_replica_thread(i, self.devices[i])
+                    with _profiler.Span(f"run: {name_of(self.fn)}", {"replica": i}):
+                        result = self.fn(*self._args[i], **self._kwargs[i])
+                else:
+                    result = self.fn(*self._args[i], **self._kwargs[i])
         except StopReplica:
             pass
         except BaseException as error:  # reported to the caller, who re-raises it
@@ -253,8 +259,13 @@ class Step:
             if self.sequential:
                 self._pass_turn(i)
             outcome = self._arrive(i)
+            pending = [r for r, kind in enumerate(self._kinds) if kind is None] if _profiler.active else None
         if outcome is None:
-            part = self._park(i)
+            if pending is None:
+                part = self._park(i)
+            else:
+                with _profiler.Span("wait at merge_call", {"api": request.api, "waiting_for": pending}):
+                    part = self._park(i)
         else:
             error, waiting, requests = outcome
             if error is not None:
@@ -344,7 +355,12 @@ class Step:
             with device_lib.activate(state.devices[-1] if state.devices else None):
                 if self.on_gpus:  # the replicas' streams before the merge reads, the merge's before they do
                     cupy_backend.finish(self.devices)
-                parts = requests[0].settle(self, requests)
+                if _profiler.active:
+                    first = requests[0]
+                    with _profiler.Span(f"merge_fn: {first.api}", {"call": first.describe(), "replica": i}):
+                        parts = requests[0].settle(self, requests)
+                else:
+                    parts = requests[0].settle(self, requests)
                 if self.on_gpus:
                     cupy_backend.finish(self.devices)
         except BaseException as error:

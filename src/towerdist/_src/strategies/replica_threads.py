@@ -39,11 +39,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from towerdist._src import parallel
+from towerdist._src import profiler as _profiler
 from towerdist._src.backend import cupy_backend
 from towerdist._src.device import DeviceSpec
 from towerdist._src.mailbox import RUN, SHUTDOWN, TASK
 from towerdist._src.strategies import watchdog
-from towerdist._src.strategies.barrier import Step, StopReplica
+from towerdist._src.strategies.barrier import Step, StopReplica, name_of
 from towerdist._src.strategies.watchdog import get_replica_timeouts, set_replica_timeouts
 
 __all__ = ["ReplicaScheduler", "StopReplica", "get_replica_timeouts", "set_replica_timeouts"]
@@ -168,6 +169,7 @@ class ReplicaScheduler:
         strategy = self._strategy_ref()
         if len(self._devices) == 1:
             return self._run_here(strategy, fn, args, kwargs, make_context)
+        begin = _profiler.now() if _profiler.active else 0  # the caller's wait, on its track
         pool = self._acquire()
         step = Step(strategy, self._devices, pool.mailboxes, fn, args, kwargs, make_context, sequential)
         step.alive = pool.alive
@@ -193,6 +195,8 @@ class ReplicaScheduler:
         finally:
             self._release(pool, abandon)
             step.detach_contexts()
+            if begin and _profiler.active:
+                _profiler.record(f"strategy.run: {name_of(fn)}", begin, {"replicas": len(self._devices)})
         if caller_error is not None:
             raise caller_error
         step.raise_failure()

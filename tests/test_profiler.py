@@ -1,0 +1,123 @@
+"""The timeline (``td.profiler.experimental``): the trace-event file and its tracks and events."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+import towerdist as td
+from towerdist._src import profiler as profiler_lib
+
+from conftest import mirrored
+
+experimental = td.profiler.experimental
+
+
+def _step() -> Any:
+    ctx = td.distribute.get_replica_context()
+    assert ctx is not None
+    total = ctx.all_reduce("sum", td.constant(1.0))
+    return ctx.merge_call(lambda strategy, value: value, args=(total,))
+
+
+def _trace(logdir: str) -> dict[str, Any]:
+    strategy = mirrored(2)
+    strategy.run(_step)  # threads started before recording
+    experimental.start(logdir)
+    try:
+        with experimental.Trace("train", step_num=3):
+            strategy.run(_step)
+        iterator = iter(strategy.experimental_distribute_dataset(td.data.Dataset.range(8).batch(4)))
+        next(iterator)
+    finally:
+        path = experimental.stop()
+    assert path is not None and os.path.dirname(path) == logdir
+    assert path.endswith(f"_{os.getpid()}.trace.json")
+    with open(path, encoding="utf-8") as file:
+        document: dict[str, Any] = json.load(file)
+    return document
+
+
+def test_the_trace_is_valid_trace_event_json_with_the_expected_tracks_and_events(tmp_path):
+    document = _trace(str(tmp_path))
+    assert document["displayTimeUnit"] == "ms"
+    events = document["traceEvents"]
+    for event in events:
+        assert {"name", "ph", "pid", "tid"} <= event.keys()
+        assert event["ph"] in ("X", "M")
+        assert event["pid"] == os.getpid()
+        if event["ph"] == "X":
+            assert isinstance(event["ts"], (int, float)) and isinstance(event["dur"], (int, float))
+            assert event["ts"] >= 0 and event["dur"] >= 0
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    by_name = {name: tid for tid, name in tracks.items()}
+    assert "main" in by_name
+    replica_tracks = sorted(name for name in tracks.values() if name.startswith("replica "))
+    assert replica_tracks[0].startswith("replica 0 (") and replica_tracks[1].startswith("replica 1 (")
+    assert len(replica_tracks) == 2
+
+    complete = [e for e in events if e["ph"] == "X"]
+
+    def on(track: str) -> list[str]:
+        return [e["name"] for e in complete if tracks[e["tid"]] == track]
+
+    for track in replica_tracks:
+        assert on(track).count("run: _step") == 1
+    assert on("main").count("strategy.run: _step") == 1
+    assert "input: next step" in on("main")
+    merges = [e for e in complete if e["name"].startswith("merge_fn: ")]
+    assert {e["name"] for e in merges} == {"merge_fn: ReplicaContext.all_reduce()", "merge_fn: merge_call()"}
+    waits = [e for e in complete if e["name"] == "wait at merge_call"]
+    assert len(waits) == 2  # one replica parks in each of the two rounds
+    assert all(e["args"]["waiting_for"] for e in waits)
+    (user,) = [e for e in complete if e["name"] == "train"]
+    assert user["args"] == {"step_num": 3} and tracks[user["tid"]] == "main"
+    # The user span contains the step, which contains each replica's function.
+    (outer,) = [e for e in complete if e["name"] == "strategy.run: _step"]
+    assert user["ts"] <= outer["ts"] and outer["ts"] + outer["dur"] <= user["ts"] + user["dur"] + 1
+    for run in (e for e in complete if e["name"] == "run: _step"):
+        assert outer["ts"] <= run["ts"] and run["ts"] + run["dur"] <= outer["ts"] + outer["dur"] + 1
+
+
+def test_stop_without_start_raises_like_tensorflow():
+    with pytest.raises(td.errors.UnavailableError, match="No profiler is running"):
+        experimental.stop()
+
+
+def test_start_twice_raises_and_keeps_the_first_profiler(tmp_path):
+    experimental.start(str(tmp_path))
+    try:
+        with pytest.raises(td.errors.UnavailableError, match="Another profiler is running"):
+            experimental.start(str(tmp_path / "other"))
+    finally:
+        path = experimental.stop()
+    assert path is not None and os.path.exists(path)
+    assert not profiler_lib.active
+
+
+def test_nothing_is_recorded_while_off_and_trace_is_a_no_op(tmp_path):
+    with experimental.Trace("ignored"):
+        mirrored(2).run(_step)
+    assert not profiler_lib._events
+    experimental.start(str(tmp_path))
+    assert experimental.stop(save=False) is None
+    assert not os.listdir(tmp_path)
+
+
+def test_a_failing_replica_still_closes_its_event(tmp_path):
+    def fails() -> None:
+        raise ValueError("boom")
+
+    experimental.start(str(tmp_path))
+    try:
+        with pytest.raises(ValueError, match="boom"):
+            mirrored(2).run(fails)
+    finally:
+        path = experimental.stop()
+    assert path is not None
+    with open(path, encoding="utf-8") as file:
+        runs = [e for e in json.load(file)["traceEvents"] if e["name"] == "run: test_a_failing_replica_still_closes_its_event.<locals>.fails"]
+    assert len(runs) == 2 and all(e["args"]["error"] == "ValueError" for e in runs)
