@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import os
 import queue
-import shutil
-import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+from towerdist._src.multi_worker import launcher
 
 __all__ = ["MPIJob", "answer", "find_mpiexec", "mpi_command", "next_command", "run_mpi"]
 
@@ -33,10 +33,7 @@ def find_mpiexec() -> str:
         import mpi4py  # noqa: F401  (only whether it is importable; MPI itself starts in the workers)
     except ImportError as error:
         raise SystemExit(f"--mpi needs mpi4py ({error}). Install it with: pip install mpi4py mpich") from error
-    beside = Path(sys.executable).parent / "mpiexec"  # not resolved: a virtualenv's python is a symlink
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    found = shutil.which("mpiexec")
+    found = launcher.find_mpiexec()
     if found is None:
         raise SystemExit(f"--mpi needs an MPI launcher, but there is no mpiexec next to {sys.executable} nor on "
                          f"PATH. Install one with: pip install mpich (or launch the --mpi-worker mode yourself).")
@@ -56,20 +53,6 @@ def _environment(job_limit: float | None) -> dict[str, str]:
     return env
 
 
-def _kill_group(process: subprocess.Popen[str]) -> None:
-    """Ends the job this module started: its process group (mpiexec, its proxies and the ranks)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=5)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def run_mpi(command: list[str], timeout: float) -> None:
     """Runs ``command`` (rank 0's output goes straight to this process's stdout).
 
@@ -81,10 +64,10 @@ def run_mpi(command: list[str], timeout: float) -> None:
     try:
         code = process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(process)
+        launcher.kill_process_group(process)
         raise SystemExit(f"the MPI job ran past its limit of {timeout:g} s and was killed (--timeout).") from None
     except KeyboardInterrupt:
-        _kill_group(process)
+        launcher.kill_process_group(process)
         raise
     if code != 0:
         raise SystemExit(f"the MPI job failed (mpiexec exit status {code}); its ranks' errors are above.")
@@ -154,7 +137,7 @@ class MPIJob:
                 self.kill()
 
     def kill(self) -> None:
-        _kill_group(self._process)
+        launcher.kill_process_group(self._process)
 
     def __enter__(self) -> MPIJob:
         return self

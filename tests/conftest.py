@@ -19,14 +19,13 @@ outer bound).
 from __future__ import annotations
 
 import functools
-import os
-import sys
 from typing import Any
 
 import pytest
 
 import towerdist as td
 from towerdist._src.backend import cupy_backend
+from towerdist._src.multi_worker.launcher import find_mpiexec
 from towerdist.testing.pytest_plugin import broadcast_from_rank_0, mirrored_strategy_for, replica_bounds
 
 NUM_CPUS = 8
@@ -58,13 +57,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _mpiexec() -> str | None:
-    """The mpiexec next to this Python (the mpich extra), if mpi4py is installed too."""
+    """The mpiexec to launch test jobs with (next to this Python, else on PATH), if mpi4py is installed too."""
     try:
         import mpi4py  # noqa: F401
     except ImportError:
         return None
-    candidate = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "mpiexec")
-    return candidate if os.access(candidate, os.X_OK) else None
+    return find_mpiexec()
 
 
 def cpus(n: int) -> list[str]:

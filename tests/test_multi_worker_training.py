@@ -222,7 +222,7 @@ def _replica_batch(replica: int) -> dict[str, np.ndarray]:
 
 def test_metrics_aggregate_every_replica_of_every_worker(multi_worker_strategy):
     strategy = multi_worker_strategy
-    _, _, local, n = _layout(strategy)
+    _, _, _, n = _layout(strategy)
     with strategy.scope():
         mean, total = td.metrics.Mean(), td.metrics.Sum()
         accuracy, mse = td.metrics.SparseCategoricalAccuracy(), td.metrics.MeanSquaredError()
@@ -243,7 +243,6 @@ def test_metrics_aggregate_every_replica_of_every_worker(multi_worker_strategy):
     expected_accuracy = np.mean(scores.argmax(axis=1) == labels)
     assert 0.0 < expected_accuracy < 1.0
     in_run = _local(strategy, strategy.run(update))
-    assert 1 <= len(in_run) <= local  # every replica got the same aggregate (possibly the same object)
     assert [float(a) for a in in_run] == pytest.approx([expected_accuracy] * len(in_run))
     with strategy.scope():
         assert float(mean.result()) == pytest.approx((values * weights).sum() / weights.sum(), rel=1e-5)

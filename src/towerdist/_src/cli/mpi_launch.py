@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import signal
 import subprocess
 import sys
-from pathlib import Path
 
 from towerdist._src.cli.command_error import CommandError
+from towerdist._src.multi_worker.launcher import find_mpiexec, kill_process_group
 
 __all__ = ["MPI_INSTALL", "find_mpiexec", "run_under_mpiexec"]
 
@@ -27,28 +25,6 @@ MPI_INSTALL = (
     'pip install "towerdist[mpi]" (mpi4py, with your cluster\'s MPI) or "towerdist[mpi-mpich]" '
     "(mpi4py and MPICH, for laptops and CI)"
 )
-
-
-def find_mpiexec() -> str | None:
-    """The ``mpiexec`` next to this Python, else the one on ``PATH``, else None."""
-    beside = Path(sys.executable).parent / "mpiexec"  # not resolved: a virtualenv's python is a symlink
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    return shutil.which("mpiexec")
-
-
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    """Ends the job this module started: its process group (mpiexec, its proxies and the ranks)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=5)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def run_under_mpiexec(ranks: int, arguments: list[str], timeout: float) -> None:
@@ -78,10 +54,10 @@ def run_under_mpiexec(ranks: int, arguments: list[str], timeout: float) -> None:
     try:
         code = process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(process)
+        kill_process_group(process)
         raise CommandError(f"the MPI job ran past its limit of {timeout:g} s and was killed (--timeout).") from None
     except KeyboardInterrupt:
-        _kill_group(process)
+        kill_process_group(process)
         raise
     if code != 0:
         raise CommandError(f"the MPI job failed (mpiexec exit status {code}); its ranks' messages are above.")

@@ -17,7 +17,7 @@ from towerdist._src.cross_device_ops.all_reduce_ops import AllReduceCrossDeviceO
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import MissingDependencyError
 
-__all__ = ["NcclAllReduce", "nccl_unavailable_reason"]
+__all__ = ["NCCL_DTYPES", "NcclAllReduce", "nccl_unavailable_reason"]
 
 _INSTALL = 'pip install "towerdist[cuda12]" (CUDA 12) or "towerdist[cuda13]" (CUDA 13)'
 
@@ -56,7 +56,7 @@ def _sum_by_copies(devices: tuple[DeviceSpec, ...], components: list[Any]) -> li
     return [total if d == first else cupy_backend.copy(total, d) for d in devices]
 
 
-_NCCL_DTYPES = {
+NCCL_DTYPES = {
     "int8": "NCCL_INT8",
     "uint8": "NCCL_UINT8",
     "int32": "NCCL_INT32",
@@ -127,7 +127,7 @@ class NcclAllReduce(AllReduceCrossDeviceOps):
             floats = [cupy_backend.flat(c).view(f"f{dtype.itemsize // 2}") for c in components]
             summed = self._all_reduce_pack(devices, floats, pack_index)
             return [s.view(dtype).reshape(c.shape) for s, c in zip(summed, components)]
-        dtype_name = _NCCL_DTYPES.get(str(dtype))
+        dtype_name = NCCL_DTYPES.get(str(dtype))
         if dtype_name is None:  # int16, uint16, bool: NCCL has no such type; sum by copies instead
             return _sum_by_copies(devices, components)
         comms = self._comms(devices)

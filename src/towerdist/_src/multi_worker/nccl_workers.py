@@ -26,26 +26,15 @@ import time
 from typing import Any
 
 from towerdist._src.backend import cupy_backend
+from towerdist._src.cross_device_ops import nccl_all_reduce
 from towerdist._src.errors import DeadlineExceededError
 from towerdist._src.multi_worker.communicator import Call
 from towerdist._src.multi_worker.workers import Workers
 
 __all__ = ["NCCL_DTYPES", "NcclWorkers"]
 
-# numpy dtype name -> NCCL type name (complex values travel as pairs of floats for SUM).
-NCCL_DTYPES = {
-    "int8": "NCCL_INT8",
-    "uint8": "NCCL_UINT8",
-    "int32": "NCCL_INT32",
-    "uint32": "NCCL_UINT32",
-    "int64": "NCCL_INT64",
-    "uint64": "NCCL_UINT64",
-    "float16": "NCCL_FLOAT16",
-    "float32": "NCCL_FLOAT32",
-    "float64": "NCCL_FLOAT64",
-    "complex64": "NCCL_FLOAT32",
-    "complex128": "NCCL_FLOAT64",
-}
+# numpy dtype name -> NCCL type name: NcclAllReduce's table, and complex values as pairs of floats (SUM).
+NCCL_DTYPES = {**nccl_all_reduce.NCCL_DTYPES, "complex64": "NCCL_FLOAT32", "complex128": "NCCL_FLOAT64"}
 
 
 class NcclWorkers:
