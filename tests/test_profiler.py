@@ -53,28 +53,26 @@ def test_the_trace_is_valid_trace_event_json_with_the_expected_tracks_and_events
             assert isinstance(event["ts"], (int, float)) and isinstance(event["dur"], (int, float))
             assert event["ts"] >= 0 and event["dur"] >= 0
     tracks = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
-    by_name = {name: tid for tid, name in tracks.items()}
-    assert "main" in by_name
-    replica_tracks = sorted(name for name in tracks.values() if name.startswith("replica "))
-    assert replica_tracks[0].startswith("replica 0 (") and replica_tracks[1].startswith("replica 1 (")
-    assert len(replica_tracks) == 2
+    # The caller runs replica 0 itself: its track says so; replica 1 has a thread of its own.
+    main = "main (replica 0, /cpu:0)"
+    assert sorted(tracks.values()) == [main, "replica 1 (/cpu:1)"]
 
     complete = [e for e in events if e["ph"] == "X"]
 
     def on(track: str) -> list[str]:
         return [e["name"] for e in complete if tracks[e["tid"]] == track]
 
-    for track in replica_tracks:
+    for track in tracks.values():
         assert on(track).count("run: _step") == 1
-    assert on("main").count("strategy.run: _step") == 1
-    assert "input: next step" in on("main")
+    assert on(main).count("strategy.run: _step") == 1
+    assert "input: next step" in on(main)
     merges = [e for e in complete if e["name"].startswith("merge_fn: ")]
     assert {e["name"] for e in merges} == {"merge_fn: ReplicaContext.all_reduce()", "merge_fn: merge_call()"}
     waits = [e for e in complete if e["name"] == "wait at merge_call"]
     assert len(waits) == 2  # one replica parks in each of the two rounds
     assert all(e["args"]["waiting_for"] for e in waits)
     (user,) = [e for e in complete if e["name"] == "train"]
-    assert user["args"] == {"step_num": 3} and tracks[user["tid"]] == "main"
+    assert user["args"] == {"step_num": 3} and tracks[user["tid"]] == main
     # The user span contains the step, which contains each replica's function.
     (outer,) = [e for e in complete if e["name"] == "strategy.run: _step"]
     assert user["ts"] <= outer["ts"] and outer["ts"] + outer["dur"] <= user["ts"] + user["dur"] + 1
@@ -158,8 +156,8 @@ def test_each_rank_writes_its_own_track_with_its_collectives(multi_worker_strate
         replica_tracks = [t for t in tracks.values() if t.startswith("replica ")]
         complete = [e for e in events if e["ph"] == "X"]
         runs = [tracks[e["tid"]] for e in complete if e["name"] == "run: _step"]
-        # One local replica runs in the caller's thread; several run on their own threads.
-        assert sorted(runs) == (["main"] if local == 1 else sorted(replica_tracks))
+        # The first local replica runs in the caller's thread, the others on their own threads.
+        assert sorted(runs) == sorted([t for t in tracks.values() if t.startswith("main (replica ")] + replica_tracks)
         assert len(runs) == local
         collectives = [e for e in complete if e["name"].startswith("MPI ")]
         if workers == 1:
@@ -174,5 +172,5 @@ def test_each_rank_writes_its_own_track_with_its_collectives(multi_worker_strate
         for event in collectives:
             assert event["args"]["bytes"] > 0 and event["args"]["packs"] >= 1
             assert event["args"]["algorithm"] and "error" not in event["args"]
-            assert tracks[event["tid"]] in ("main", *replica_tracks)
+            assert tracks[event["tid"]].startswith("main") or tracks[event["tid"]] in replica_tracks
     assert ranks_seen == ({None} if workers == 1 else set(range(workers)))

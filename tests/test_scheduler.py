@@ -24,6 +24,7 @@ import pytest
 import towerdist as td
 from towerdist._src import device as device_lib
 from towerdist._src import parallel
+from towerdist._src.strategies.barrier import Step
 
 from conftest import TEST_REPLICA_TIMEOUT_SECONDS, TEST_REPLICA_WARNING_SECONDS, cpus
 
@@ -43,11 +44,12 @@ def fresh2() -> td.distribute.MirroredStrategy:
 # --- threads ------------------------------------------------------------------------------
 
 
-def test_replica_functions_run_on_named_threads_other_than_the_caller(mirrored_4cpu):
+def test_replica_0_runs_on_the_callers_thread_and_the_others_on_named_threads(mirrored_4cpu):
     names = mirrored_4cpu.run(lambda: threading.current_thread().name)
-    assert mirrored_4cpu.experimental_local_results(names) == tuple(f"towerdist-replica-{i}" for i in range(4))
+    caller = threading.current_thread().name
+    assert mirrored_4cpu.experimental_local_results(names) == (caller, *(f"towerdist-replica-{i}" for i in range(1, 4)))
     idents = mirrored_4cpu.experimental_local_results(mirrored_4cpu.run(threading.get_ident))
-    assert threading.get_ident() not in idents
+    assert idents[0] == threading.get_ident()
     assert len(set(idents)) == 4
 
 
@@ -76,14 +78,14 @@ def test_ten_thousand_runs_leave_no_extra_threads(mirrored_2cpu):
     for _ in range(10_000):
         mirrored_2cpu.run(lambda: None)
     assert threading.active_count() == before
-    assert mirrored_2cpu.extended._scheduler.num_threads == 2
+    assert mirrored_2cpu.extended._scheduler.num_threads == 1  # replica 0 runs on the caller's thread
 
 
 def test_collecting_a_strategy_stops_its_threads():
     strategy = td.distribute.MirroredStrategy(cpus(3))
-    idents = strategy.experimental_local_results(strategy.run(threading.get_ident))
+    idents = strategy.experimental_local_results(strategy.run(threading.get_ident))[1:]  # replica 0: the caller
     threads = [t for t in threading.enumerate() if t.ident in idents]
-    assert len(threads) == 3
+    assert len(threads) == 2
     del strategy
     gc.collect()
     for thread in threads:
@@ -288,7 +290,7 @@ def test_keyboard_interrupt_in_the_caller_stops_the_step(fresh2):
     finally:
         signal.signal(signal.SIGINT, previous)
     assert fresh2.experimental_local_results(fresh2.run(replica_id)) == (0, 1)
-    assert fresh2.extended._scheduler.num_threads == 2
+    assert fresh2.extended._scheduler.num_threads == 1
 
 
 # --- no silent hangs ----------------------------------------------------------------------
@@ -404,12 +406,12 @@ def test_merge_fn_can_run_parts_on_the_parked_replica_threads(mirrored_4cpu):
 
 def test_cross_replica_reductions_borrow_the_idle_replica_threads(mirrored_4cpu):
     mirrored_4cpu.run(lambda: None)  # the pool exists
-    replica_threads = set(mirrored_4cpu.experimental_local_results(mirrored_4cpu.run(threading.get_ident)))
+    replica_threads = set(mirrored_4cpu.experimental_local_results(mirrored_4cpu.run(threading.get_ident))[1:])
     ran_on: list[int] = []
     with mirrored_4cpu.extended._scheduler.idle_helpers():
         workers = parallel.max_parts()
         parallel.run_parts(lambda part: ran_on.append(threading.get_ident()), workers)
-    assert workers == min(4 + 1, os.cpu_count() or 1)
+    assert workers == min(3 + 1, os.cpu_count() or 1)  # the 3 replica threads and the caller
     assert threading.get_ident() in ran_on  # the caller does one part itself
     assert len(set(ran_on) & replica_threads) == workers - 1
 
@@ -505,6 +507,36 @@ def interrupt_main() -> None:
     signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
 
+@pytest.fixture
+def caller_parks_first(monkeypatch) -> threading.Event:
+    """An event set when replica 0 (the caller) parks at a barrier.
+
+    A replica function whose other replicas wait for it before their ``merge_call`` makes
+    the merge_fn run on a replica thread while the caller waits, as these tests need.
+    """
+    parked = threading.Event()
+    park = Step._park
+
+    def park_and_signal(self, i):
+        if i == 0:
+            parked.set()
+        return park(self, i)
+
+    monkeypatch.setattr(Step, "_park", park_and_signal)
+    return parked
+
+
+def merge_after_the_caller(merge_fn, parked: threading.Event):
+    """A replica function: replica 0 calls merge_call at once, the others once it is parked."""
+
+    def fn():
+        if replica_id() != 0:
+            assert parked.wait(WAIT)
+        return td.distribute.get_replica_context().merge_call(merge_fn)
+
+    return fn
+
+
 def test_a_stall_warning_turned_into_an_error_stops_the_step_cleanly(fresh2, replica_timeouts):
     replica_timeouts(warning_seconds=0.05, timeout_seconds=None)
 
@@ -521,7 +553,7 @@ def test_a_stall_warning_turned_into_an_error_stops_the_step_cleanly(fresh2, rep
     assert fresh2.run(lambda: 2) == 2  # the pool is idle, not stuck with a parked replica
 
 
-def test_an_interrupt_during_merge_fn_then_a_merge_fn_error_releases_everyone(fresh2, sigint):
+def test_an_interrupt_during_merge_fn_then_a_merge_fn_error_releases_everyone(fresh2, sigint, caller_parks_first):
     interrupted = threading.Event()
     sigint(_on_sigint(interrupted))
 
@@ -532,15 +564,15 @@ def test_an_interrupt_during_merge_fn_then_a_merge_fn_error_releases_everyone(fr
 
     threads_before = fresh2.experimental_local_results(fresh2.run(threading.get_ident))
     with pytest.raises(KeyboardInterrupt):
-        fresh2.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))
+        fresh2.run(merge_after_the_caller(merge_fn, caller_parks_first))
     # Every replica was released and drained: the same threads serve the next run.
     assert fresh2.experimental_local_results(fresh2.run(threading.get_ident)) == threads_before
 
 
-def test_a_second_interrupt_abandons_the_threads_which_then_exit(fresh2, sigint, monkeypatch):
+def test_a_second_interrupt_abandons_the_threads_which_then_exit(fresh2, sigint, monkeypatch, caller_parks_first):
     first, second, abandoned = threading.Event(), threading.Event(), threading.Event()
     sigint(_on_sigint(first, second))
-    idents = fresh2.experimental_local_results(fresh2.run(threading.get_ident))
+    idents = fresh2.experimental_local_results(fresh2.run(threading.get_ident))[1:]  # replica 0: the caller
     old_threads = [t for t in threading.enumerate() if t.ident in idents]
     scheduler = fresh2.extended._scheduler
     release = scheduler._release
@@ -560,7 +592,8 @@ def test_a_second_interrupt_abandons_the_threads_which_then_exit(fresh2, sigint,
         return "merge_fn finished late"
 
     with pytest.raises(KeyboardInterrupt):
-        fresh2.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))
+        fresh2.run(merge_after_the_caller(merge_fn, caller_parks_first))
+    assert old_threads
     for thread in old_threads:
         thread.join(timeout=WAIT)
     assert not any(t.is_alive() for t in old_threads)
@@ -608,19 +641,49 @@ def test_a_slow_merge_fn_warns(fresh2, replica_timeouts):
             assert fresh2.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn)) == "merged"
 
 
-def test_a_hung_merge_fn_times_out(fresh2, replica_timeouts):
+def test_a_hung_merge_fn_times_out_and_the_caller_gives_up_on_its_thread(fresh2, replica_timeouts, caller_parks_first):
+    """The merge_fn hangs on replica 1's thread; the caller, parked as replica 0, times out and leaves."""
     replica_timeouts(warning_seconds=None, timeout_seconds=0.2)
     release = threading.Event()
+    merge_fn_returned: list[bool] = []
 
     def merge_fn(strategy):
         release.wait(WAIT)
+        merge_fn_returned.append(True)
         return "merged"
 
     try:
         with pytest.raises(td.errors.DeadlineExceededError, match="merge_fn .* has been running"):
-            fresh2.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))
+            fresh2.run(merge_after_the_caller(merge_fn, caller_parks_first))
+        assert merge_fn_returned == []  # run did not wait for the hung merge_fn
     finally:
         release.set()
+    replica_timeouts(warning_seconds=TEST_REPLICA_WARNING_SECONDS, timeout_seconds=TEST_REPLICA_TIMEOUT_SECONDS)
+    assert fresh2.run(lambda: "ok") == "ok"
+
+
+def test_a_merge_fn_hung_on_the_callers_thread_times_out_when_it_returns(fresh2, replica_timeouts):
+    """Replica 0 arrives last and runs the merge_fn itself: the parked replica times out, the
+    timeout is logged at once, and run raises it when the merge_fn returns."""
+    replica_timeouts(warning_seconds=None, timeout_seconds=0.2)
+
+    def fn():
+        if replica_id() == 0:
+            assert parked.wait(WAIT)  # replica 1 is at the barrier first
+        else:
+            parked.set()
+        return td.distribute.get_replica_context().merge_call(merge_fn)
+
+    def merge_fn(strategy):
+        assert threading.get_ident() == caller  # replica 0 arrived last: the merge_fn runs on its thread
+        assert timed_out.wait(WAIT)  # hung until the timeout is logged
+        return "merged"
+
+    caller = threading.get_ident()
+    parked = threading.Event()
+    with logged("Raising because the replica timeout") as timed_out:
+        with pytest.raises(td.errors.DeadlineExceededError, match="merge_fn .* has been running"):
+            fresh2.run(fn)
     replica_timeouts(warning_seconds=TEST_REPLICA_WARNING_SECONDS, timeout_seconds=TEST_REPLICA_TIMEOUT_SECONDS)
     assert fresh2.run(lambda: "ok") == "ok"
 
@@ -768,19 +831,18 @@ def test_a_replica_computing_longer_than_the_others_is_not_timed(fresh2, replica
 
 def test_a_replica_waiting_at_a_barrier_is_still_timed(fresh2, replica_timeouts):
     replica_timeouts(warning_seconds=None, timeout_seconds=0.2)
-    release = threading.Event()
 
     def fn():
         if replica_id() == 0:
-            release.wait(WAIT)  # replica 1 waits for it in merge_call
+            assert timed_out.wait(WAIT)  # replica 1 waits for it in merge_call until the timeout
         return td.distribute.get_replica_context().merge_call(lambda s: "merged")
 
-    try:
+    with logged("Raising because the replica timeout") as timed_out:
         with pytest.raises(td.errors.DeadlineExceededError, match="replica 0 of MirroredStrategy") as info:
             fresh2.run(fn)
-    finally:
-        release.set()
     assert info.value.missing == [0]
+    replica_timeouts(warning_seconds=TEST_REPLICA_WARNING_SECONDS, timeout_seconds=TEST_REPLICA_TIMEOUT_SECONDS)
+    assert fresh2.experimental_local_results(fresh2.run(replica_id)) == (0, 1)
 
 
 class _UnprintableError(Exception):

@@ -100,10 +100,18 @@ def trace_path(logdir: str | os.PathLike[str], rank: int | None = None) -> str:
 
 
 def name_replica_thread(replica: int, device: Any) -> None:
-    """Names the current thread's track ``replica i (device)`` (the caller's stays ``main``)."""
+    """Names the current thread's track ``replica i (device)``.
+
+    The caller of ``strategy.run`` runs replica 0 itself: its track keeps its name and adds
+    the replica, e.g. ``main (replica 0, /cpu:0)``.
+    """
     ident = threading.get_ident()
-    if ident not in _thread_names:
-        _thread_names[ident] = f"replica {replica} ({getattr(device, 'short_name', device)})"
+    where = getattr(device, "short_name", device)
+    name = _thread_names.get(ident)
+    if name is None:
+        _thread_names[ident] = f"replica {replica} ({where})"
+    elif not name.startswith("replica ") and "(replica " not in name:
+        _thread_names[ident] = f"{name} (replica {replica}, {where})"
 
 
 def record(name: str, begin_ns: int, args: dict[str, Any] | None = None) -> None:

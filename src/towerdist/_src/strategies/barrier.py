@@ -1,11 +1,14 @@
 """One ``strategy.run`` step: the replicas' barrier, their turns, and failure bookkeeping.
 
-A :class:`Step` is shared by the caller of ``run`` and the replica threads (see
-``replica_threads.py`` for who posts what). Its protocol:
+A :class:`Step` is shared by the caller of ``run``, which runs replica 0 itself, and the
+replica threads of replicas 1..n-1 (see ``replica_threads.py`` for who posts what). Each
+replica has a mailbox: a thread's own, and for replica 0 one the caller reads while it
+waits at the barrier. Its protocol:
 
 **Rounds.** Replicas meet at the barrier in *rounds*. A replica arrives either with a
 request (``merge_call``, or an internal collective such as ``all_reduce``) or because it
-returned from the replica function. The *last* replica to arrive settles the round:
+returned from the replica function. The *last* replica to arrive settles the round, on
+its own thread, without waking anyone first:
 
 * every replica brought a request: it runs replica 0's request once, in the caller's
   context made cross-replica, with the parked replicas lent as helpers for parallel
@@ -14,11 +17,18 @@ returned from the replica function. The *last* replica to arrive settles the rou
   step (``MergeCallCountError``);
 * requests of different kinds (a ``merge_call`` against an ``all_reduce``) fail the step.
 
-Parked replicas wait on their mailbox; they run ``TASK`` messages meanwhile. Requests come
-in two kinds: a *merge* request (``merge_call``: the arguments are regrouped into
-distributed values and the result is split with ``select_replica``) and a *collective*
-request (towerdist's own ``all_reduce``/``all_gather``/optimizer steps: the function gets
-the replicas' payloads as a list and returns one part per replica, with no regrouping).
+Parked replicas wait on their mailbox (``waiting.get``: a short calibrated spin, then a
+blocking wait that wakes up now and then to watch the step, ``watchdog.py``); they run
+``TASK`` messages meanwhile. Requests come in two kinds: a *merge* request
+(``merge_call``: the arguments are regrouped into distributed values and the result is
+split with ``select_replica``) and a *collective* request (towerdist's own
+``all_reduce``/``all_gather``/optimizer steps: the function gets the replicas' payloads as
+a list and returns one part per replica, with no regrouping).
+
+**The end of a step.** A replica thread that returns reports its result and leaves; the
+last one to leave posts to ``done``. The caller, once replica 0 has returned, waits for
+``done`` only if some replica thread is still running: when replica 0 is the last to
+finish, the step ends without any hand-off.
 
 **Turns.** A sequential step (TF 1.x ``run_concurrently=False``) runs one replica at a
 time: replica 0 until its next barrier or its return, then replica 1, and so on; after a
@@ -27,12 +37,15 @@ round settles the turn goes back to replica 0.
 **Failure.** The first exception (in a replica, in a request's function, or the caller's
 interrupt) is recorded; parked replicas are released with ``STOP``, replicas arriving
 later stop at once (:class:`StopReplica`), and :meth:`raise_failure` re-raises the
-original exception in the caller with a note naming where it happened.
+original exception in the caller with a note naming where it happened. Replica 0 runs on
+the caller's thread, where a ``KeyboardInterrupt`` may land between any two bytecodes:
+once a round is complete, the replica settling it releases every parked replica whatever
+happens (``_release_unreleased``), so an interrupt there cannot leave one parked forever.
 
 **Timing.** ``round_started`` is set when the first replica *parks* in a round (a replica
 that returned waits for nobody, so a replica computing longer than returned ones is never
 timed); ``merge_started`` while a request's function runs; ``turn_started`` in a
-sequential step. The caller's watch (``watchdog.py``) reads them through :meth:`status`.
+sequential step. Every waiting thread watches the step through :meth:`status`.
 """
 
 from __future__ import annotations
@@ -41,19 +54,20 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
-from towerdist._src import context, thread_state
+from towerdist._src import context, thread_state, waiting
 from towerdist._src import device as device_lib
 from towerdist._src import profiler as _profiler
 from towerdist._src.backend import cupy_backend
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import MergeCallCountError
-from towerdist._src.mailbox import RESUME, STOP, TASK
+from towerdist._src.mailbox import RESUME, SHUTDOWN, STOP, TASK
+from towerdist._src.strategies.watchdog import Status, Watch, name_of
 from towerdist._src.thread_state import Mode
 from towerdist._src.values.regroup import regroup, select_replica
 
-__all__ = ["CollectiveRequest", "MergeRequest", "Status", "Step", "StopReplica", "describe_error", "name_of"]
+__all__ = ["CollectiveRequest", "MergeRequest", "Step", "StopReplica", "add_note", "describe_error", "name_of"]
 
 _MERGE = "merge"  # a replica's kind in the current round: parked with a request
 _DONE = "done"  # returned from the replica function
@@ -118,25 +132,12 @@ class _NoTurns:
 _NO_TURNS: Any = _NoTurns()
 
 
-class Status(NamedTuple):
-    """What the caller's watch reads of a step, taken under its lock."""
-
-    failure: BaseException | None
-    failure_origin: tuple[str, int | None] | None
-    failure_time: float | None
-    round: int
-    round_started: float | None
-    merge_started: float | None
-    turn: int
-    turn_started: float | None
-    kinds: tuple[str | None, ...]
-    merge_counts: tuple[int, ...]
-    waiting_in: str | None  # what the parked replicas wait in, e.g. "merge_call() (merge_fn=f)"
-    exited: tuple[bool, ...]
-
-
 class Step:
-    """The state of one ``strategy.run`` call shared by the caller and the replica threads."""
+    """The state of one ``strategy.run`` call shared by the caller and the replica threads.
+
+    ``mailboxes[0]`` is read by the caller while replica 0 waits at the barrier;
+    ``mailboxes[i]`` for ``i >= 1`` belong to the threads running the other replicas.
+    """
 
     def __init__(
         self,
@@ -148,28 +149,38 @@ class Step:
         kwargs: Sequence[dict[str, Any]],
         make_context: Callable[[int, Step], Any],
         sequential: bool = False,
+        sites: Sequence[waiting.Site] = (),
     ) -> None:
         n = len(devices)
         self.strategy = strategy
         self.devices = devices
-        self.on_gpus = any(d.device_type == "GPU" for d in devices)
+        self.on_gpus = devices[0].device_type == "GPU" or any(d.device_type == "GPU" for d in devices)
         self.fn = fn
         self.num_replicas = n
         self.results: list[Any] = [None] * n
         self.sequential = sequential
         self.abandoned = False  # set when the caller gave up on threads that never returned
-        # The last replica to exit posts to ``done``; ``remaining == 0`` is the truth (the
-        # post may have been consumed by a wait that an interrupt cut short).
+        # The first exception raised in the caller while it waited (an interrupt, a stall
+        # warning turned into an error); it wins over the step's own failure.
+        self.caller_error: BaseException | None = None
+        # The last replica *thread* to exit posts to ``done``; ``remaining == 0`` is the
+        # truth (the post may have been consumed by a wait that an interrupt cut short).
+        # Replica 0 runs on the caller's thread and is not counted.
         self.done: queue.SimpleQueue[bool] = queue.SimpleQueue()
-        self.remaining = n
+        self.remaining = n - 1
         self.alive: Callable[[], list[bool]] = lambda: [True] * n
+        self.watch = Watch()
         self._mailboxes = mailboxes
         self._args = args
         self._kwargs = kwargs
         self._make_context = make_context  # each replica builds its context on its own thread
         self._contexts: list[Any] = [None] * n
         self._caller = thread_state.snapshot()
+        self._caller_thread = threading.get_ident()
         self._cross_replica = context.cross_replica_mode(strategy)
+        # Where each replica waits at the barrier (replica i: sites[i]), and the caller for the
+        # replica threads (sites[n]): they remember how long recent waits took (waiting.py).
+        self.sites = sites
         self._lock = threading.Lock()
         self._exited = [False] * n
         # The current round.
@@ -180,6 +191,9 @@ class Step:
         self._round_started: float | None = None
         self._merge_started: float | None = None
         self._merge_counts = [0] * n
+        # Replicas parked in a completed round that its settler has not released yet.
+        self._unreleased: list[int] = []
+        self._settler: int | None = None  # the thread that completed the latest round
         # Sequential steps: the replica whose turn it is.
         self._turn = 0
         self._turn_changed = threading.Condition(self._lock) if sequential else _NO_TURNS
@@ -190,6 +204,10 @@ class Step:
         self._failure_time: float | None = None
         self._failure_api: str | None = None  # the collective whose function failed
         self._other_failures: list[tuple[int | None, BaseException]] = []
+
+    @property
+    def failed(self) -> bool:
+        return self._failure is not None
 
     def status(self) -> Status:
         """A consistent copy of what the watch needs."""
@@ -221,18 +239,20 @@ class Step:
                 ctx._step = None
         self._contexts = []
 
-    # --- replica threads ------------------------------------------------------------------
+    # --- replicas ---------------------------------------------------------------------------
 
     def execute(self, i: int) -> None:
-        """Runs replica ``i`` (on its thread) and reports the outcome."""
+        """Runs replica ``i`` on this thread (a replica thread, or the caller for replica 0)."""
         state = thread_state.state
-        saved = (state.modes, state.devices, state.updates, state.sync_on_read)
+        saved = (state.modes, state.devices, state.updates, state.sync_on_read, state.helpers, state.colocations)
         try:
             ctx = self._contexts[i] = self._make_context(i, self)
             state.modes = [Mode(self.strategy, None, ctx)]
             state.devices = [self.devices[i]]
             state.updates = []
             state.sync_on_read = list(self._caller.sync_on_read)
+            state.helpers = None
+            state.colocations = []
             if self.sequential:
                 self._await_turn(i)
             with device_lib.activate(self.devices[i]):  # a GPU replica launches on its own GPU
@@ -244,12 +264,17 @@ class Step:
                     result = self.fn(*self._args[i], **self._kwargs[i])
         except StopReplica:
             pass
-        except BaseException as error:  # reported to the caller, who re-raises it
+        except Exception as error:  # reported to the caller, who re-raises it
             self.fail(error, ("replica", i))
+        except BaseException as error:  # KeyboardInterrupt, SystemExit: on the caller's thread, an interrupt
+            if self.on_caller_thread():
+                self._interrupted_in_replica_0(error)
+            else:
+                self.fail(error, ("replica", i))
         else:
             self._arrive_done(i, result)
         finally:
-            state.modes, state.devices, state.updates, state.sync_on_read = saved
+            (state.modes, state.devices, state.updates, state.sync_on_read, state.helpers, state.colocations) = saved
             self._exit(i)
 
     def meet(self, i: int, request: MergeRequest | CollectiveRequest) -> Any:
@@ -259,28 +284,36 @@ class Step:
         ...): replicas meeting in different calls fail the step instead of running replica
         0's function on arguments meant for something else.
         """
-        with self._lock:
-            if self._failure is not None:
-                raise StopReplica
-            self._merge_counts[i] += 1
-            self._kinds[i] = _MERGE
-            self._requests[i] = request
-            if self.sequential:
-                self._pass_turn(i)
-            outcome = self._arrive(i)
-            pending = [r for r, kind in enumerate(self._kinds) if kind is None] if _profiler.active else None
-        if outcome is None:
-            if pending is None:
-                part = self._park(i)
-            else:
-                with _profiler.Span("wait at merge_call", {"api": request.api, "waiting_for": pending}):
+        try:
+            with self._lock:
+                if self._failure is not None:
+                    raise StopReplica
+                self._merge_counts[i] += 1
+                self._kinds[i] = _MERGE
+                self._requests[i] = request
+                if self.sequential:
+                    self._pass_turn(i)
+                outcome = self._arrive(i)
+                pending = [r for r, kind in enumerate(self._kinds) if kind is None] if _profiler.active else None
+            if outcome is None:
+                if pending is None:
                     part = self._park(i)
-        else:
-            error, waiting, requests = outcome
-            if error is not None:
-                self.fail(error, ("barrier", None), stop=waiting)
-                raise StopReplica
-            part = self._settle(i, requests)
+                else:
+                    with _profiler.Span("wait at merge_call", {"api": request.api, "waiting_for": pending}):
+                        part = self._park(i)
+            else:
+                error, requests = outcome
+                if error is not None:
+                    self.fail(error, ("barrier", None))
+                    raise StopReplica
+                part = self._settle(i, requests)
+        except StopReplica:
+            raise
+        except BaseException as error:
+            # Only the caller's thread gets here (an interrupt landing in this bookkeeping):
+            # release anyone this replica was about to, then unwind.
+            self._interrupted_in_replica_0(error)
+            raise StopReplica from None
         if self.sequential:
             self._await_turn(i)
         return part
@@ -295,14 +328,14 @@ class Step:
                 self._pass_turn(i)
             outcome = self._arrive(i)
         if outcome is not None and outcome[0] is not None:
-            self.fail(outcome[0], ("barrier", None), stop=outcome[1])
+            self.fail(outcome[0], ("barrier", None))
 
-    def _arrive(self, i: int) -> tuple[Exception | None, list[int], list[Any]] | None:
+    def _arrive(self, i: int) -> tuple[Exception | None, list[Any]] | None:
         """Records replica ``i``'s arrival (lock held). None while the round is incomplete.
 
-        When ``i`` completes the round, returns ``(error, waiting, requests)``: the
-        unequal-count error and the parked replicas only ``i`` may now release, or the
-        requests when every replica brought one.
+        When ``i`` completes the round, the replicas parked in it become ``_unreleased``
+        (``i`` alone may release them) and this returns ``(error, requests)``: the
+        unequal-count or mixed-call error, or the requests when every replica brought one.
         """
         n = self.num_replicas
         self._arrived += 1
@@ -311,31 +344,42 @@ class Step:
                 self._round_started = time.monotonic()
             return None
         kinds, requests = self._kinds, self._requests
+        self._unreleased = [r for r, kind in enumerate(kinds) if kind is _MERGE and r != i]
+        self._settler = threading.get_ident()
         self._kinds = [None] * n
         self._requests = [None] * n
         self._arrived = 0
         self._round += 1
         self._round_started = None
         if n == 1:  # a one-replica step: nothing to compare
-            return (None, [], requests) if kinds[0] is _MERGE else (None, [], [])
+            return (None, requests) if kinds[0] is _MERGE else (None, [])
         if _DONE in kinds:
             if _MERGE not in kinds:
-                return None, [], []
-            waiting = [r for r, kind in enumerate(kinds) if kind is _MERGE and r != i]
-            return self._count_error(kinds), waiting, []
+                return None, []
+            return self._count_error(kinds), []
         first = requests[0]
         for request in requests:
             if request.api != first.api or type(request) is not type(first):
-                waiting = [r for r in range(n) if r != i]
-                return self._mixed_calls_error([r.api for r in requests]), waiting, []
+                return self._mixed_calls_error([r.api for r in requests]), []
         self._merge_started = time.monotonic()
-        return None, [], requests
+        return None, requests
 
     def _park(self, i: int) -> Any:
         """Waits at the barrier for this replica's part; runs parts of parallel jobs meanwhile."""
         mailbox = self._mailboxes[i]
+        site = self.sites[i]
+        budget = site.budget(self.num_replicas)
         while True:
-            message = mailbox.get()
+            try:
+                message = waiting.get(mailbox, budget, self.watch.poll_seconds(), site)
+            except queue.Empty:
+                self._watch()
+                continue
+            except BaseException as error:  # an interrupt of the caller waiting as replica 0
+                self._caller_interrupted(error)
+                continue
+            finally:
+                budget = 0.0  # spin once per wait: past the budget the peer is not "about to arrive"
             kind = message[0]
             if kind is RESUME:
                 return message[1]
@@ -350,7 +394,7 @@ class Step:
 
     def _settle(self, i: int, requests: list[Any]) -> Any:
         """Runs the round's request once (replica ``i`` arrived last) and releases the others."""
-        others = [r for r in range(self.num_replicas) if r != i]
+        others = self._unreleased
         state = thread_state.state
         saved = (state.modes, state.devices, state.updates, state.sync_on_read, state.helpers)
         caller = self._caller
@@ -377,14 +421,10 @@ class Step:
                 self._merge_started = None
                 if self._failure is None:
                     self._failure_api = requests[0].api
-            self.fail(error, ("merge_fn", i), stop=others)
+            self.fail(error, ("merge_fn", i))
             raise StopReplica from None
         finally:
             state.modes, state.devices, state.updates, state.sync_on_read, state.helpers = saved
-        if not others:  # a one-replica step: nobody to release
-            if self._failure is not None:
-                raise StopReplica
-            return parts[i]
         with self._lock:
             self._merge_started = None
             failed = self._failure is not None
@@ -392,20 +432,80 @@ class Step:
                 self._turn = 0
                 self._turn_started = time.monotonic()
                 self._turn_changed.notify_all()
-        mailboxes = self._mailboxes
-        for r in others:
-            mailboxes[r].put((STOP,) if failed else (RESUME, parts[r]))
         if failed:
+            self._release_unreleased()
             raise StopReplica
+        mailboxes = self._mailboxes
+        while others:
+            r = others[0]
+            mailboxes[r].put((RESUME, parts[r]))
+            del others[0]
         return parts[i]
+
+    def _release_unreleased(self) -> None:
+        """Stops the replicas parked in the round this thread settles (after a failure)."""
+        others = self._unreleased
+        while others:
+            self._mailboxes[others.pop()].put((STOP,))
 
     def _exit(self, i: int) -> None:
         with self._lock:
             self._exited[i] = True
+            if i == 0:  # the caller's own replica: nobody waits for it
+                return
             self.remaining -= 1
             last = self.remaining == 0
         if last:
             self.done.put(True)
+
+    # --- waiting and watching -----------------------------------------------------------------
+
+    def on_caller_thread(self) -> bool:
+        return threading.get_ident() == self._caller_thread
+
+    def _watch(self) -> None:
+        """One look at the step by a waiting thread (warnings, timeouts, lost threads).
+
+        The caller, waiting as replica 0, also gives up on the replica threads when the step
+        has failed and some of them have not come back within the timeout (they are stuck
+        in user code or in a hung ``merge_fn``).
+        """
+        on_caller = self.on_caller_thread()
+        try:
+            self.watch.check(self)
+            give_up = on_caller and (self.watch.drain(self) or self.watch.lost_threads)
+        except BaseException as error:  # a stall warning turned into an error, or an interrupt
+            if on_caller:
+                self._caller_interrupted(error)
+            else:
+                self.fail(error, ("barrier", None))
+            return
+        if give_up:
+            self.abandoned = True
+            raise StopReplica
+
+    def _caller_interrupted(self, error: BaseException) -> None:
+        """An exception raised asynchronously in the caller's thread: stop the step, then drain.
+
+        The first one (``caller_error``) is re-raised once every replica is idle; a second
+        gives up on the replica threads at once.
+        """
+        if not self.on_caller_thread():
+            raise error
+        if self.caller_error is not None:
+            self.abandoned = True
+            raise StopReplica from None
+        self.caller_error = error
+        self.fail(error, ("caller", None))
+
+    def _interrupted_in_replica_0(self, error: BaseException) -> None:
+        """An interrupt that landed while the caller ran replica 0 (not while it waited)."""
+        try:
+            self._caller_interrupted(error)
+        except StopReplica:  # the second one: the threads are given up
+            pass
+        if self._unreleased and self._settler == threading.get_ident():
+            self._release_unreleased()
 
     # --- turns (sequential steps) ---------------------------------------------------------
 
@@ -413,14 +513,24 @@ class Step:
         """Blocks replica ``i`` until it is its turn (or the step failed).
 
         The wait ends when the replica before it reaches a barrier or returns, or when the
-        step fails (``fail`` wakes every waiter). The caller's watch times the replica
-        holding the turn, so a stuck turn warns and can time out like a stuck barrier.
+        step fails (``fail`` wakes every waiter). The waiters watch the replica holding the
+        turn, so a stuck turn warns and can time out like a stuck barrier.
         """
-        with self._lock:
-            while self._turn != i and self._failure is None:
-                self._turn_changed.wait()
-            if self._failure is not None:
-                raise StopReplica
+        while True:
+            try:
+                with self._lock:
+                    if self._failure is not None:
+                        raise StopReplica
+                    if self._turn == i:
+                        return
+                    if self._turn_changed.wait(self.watch.poll_seconds()):
+                        continue
+            except StopReplica:
+                raise
+            except BaseException as error:  # an interrupt of the caller waiting as replica 0
+                self._caller_interrupted(error)
+                continue
+            self._watch()
 
     def _pass_turn(self, i: int) -> None:
         """Replica ``i`` reached a barrier or returned: the next replica may run (lock held)."""
@@ -430,25 +540,27 @@ class Step:
 
     # --- failure --------------------------------------------------------------------------
 
-    def fail(self, error: BaseException, origin: tuple[str, int | None], stop: Sequence[int] | None = None) -> None:
+    def fail(self, error: BaseException, origin: tuple[str, int | None]) -> None:
         """Records a failure (the first one wins) and releases replicas parked at the barrier.
 
-        ``stop`` lists replicas the caller alone took out of a completed round; they are
-        always released. Without it, the replicas parked in the current round are; while
-        a request's function runs, its thread releases them when it finishes.
+        The replicas parked in the current round are released at once; those parked in a
+        round being settled are released by the thread settling it: here when that is the
+        calling thread (its request failed, or it was interrupted), else when it finishes.
         """
         with self._lock:
             if self._failure is None:
                 self._failure = error
                 self._failure_origin = origin
                 self._failure_time = time.monotonic()
-                if stop is None and self._merge_started is None:
-                    stop = [r for r, kind in enumerate(self._kinds) if kind is _MERGE]
+                stop = [r for r, kind in enumerate(self._kinds) if kind is _MERGE]
             else:
                 self._other_failures.append((origin[1], error))
+                stop = []
             self._turn_changed.notify_all()
-        for r in stop or ():
+        for r in stop:
             self._mailboxes[r].put((STOP,))
+        if self._unreleased and self._settler == threading.get_ident():
+            self._release_unreleased()
 
     def raise_failure(self) -> None:
         """Re-raises the step's failure in the caller, annotated with where it happened."""
@@ -505,11 +617,6 @@ class Step:
         )
 
 
-def name_of(fn: Any) -> str:
-    """A function's qualified name, for messages."""
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
-
-
 def describe_error(error: BaseException) -> str:
     """``Type(message)`` of an exception, even when its ``__str__`` raises."""
     try:
@@ -528,3 +635,6 @@ def add_note(error: BaseException, note: str) -> None:
             error.__notes__ = [*getattr(error, "__notes__", []), note]
     except Exception:  # noqa: S110 - the original error matters more than its note
         pass
+
+
+_ = SHUTDOWN  # the thread loop's message, handed back by _park

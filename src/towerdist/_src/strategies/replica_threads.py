@@ -1,28 +1,36 @@
 """The replica scheduler: persistent replica threads that run ``strategy.run`` steps.
 
 Each multi-replica strategy owns a :class:`ReplicaScheduler`. On first use it starts one
-daemon thread per replica (``towerdist-replica-<i>``) that lives as long as the strategy;
-the threads wait on their mailboxes for the messages of ``mailbox.py``.
+daemon thread for each replica but the first (``towerdist-replica-<i>``, i >= 1) that
+lives as long as the strategy; the threads wait on their mailboxes for the messages of
+``mailbox.py``.
 
 **A step.** The caller builds a :class:`~towerdist._src.strategies.barrier.Step`, posts
-``(RUN, step)`` to every replica thread and waits (``watchdog.wait_for``) until the last
-replica has exited. Replicas run concurrently (numpy and cupy release the GIL in their
-kernels), or, for a sequential step (TF 1.x's ``run_concurrently=False``), one at a time.
-Replicas meet at the barrier of the step for ``merge_call`` and the internal collectives;
-the protocol is documented in ``barrier.py``. When every replica has returned, the caller
+``(RUN, step)`` to the replica threads and then runs **replica 0 itself**, on its own
+thread, in replica 0's context (its replica context and id, device scope, the timeline
+track of the caller): a step of N replicas wakes N - 1 threads, not N. Replicas run
+concurrently (numpy and cupy release the GIL in their kernels), or, for a sequential step
+(TF 1.x's ``run_concurrently=False``), one at a time. Replicas meet at the barrier of the
+step for ``merge_call`` and the internal collectives; the protocol (the last replica to
+arrive settles the round) is documented in ``barrier.py``. When replica 0 has returned,
+the caller waits (``watchdog.wait_for``) only for replica threads still running, then
 re-raises a failure (with a note naming the replica) or returns the results in replica
-order.
+order. Every wait spins briefly when that pays on this machine (``waiting.py``).
 
 **One replica.** A strategy with a single replica has nobody to wait for: its step runs
 on the caller's own thread, with the same replica context, ``merge_call`` and failure
-notes, and without the cost of a thread hand-off.
+notes, and without any hand-off.
 
-**Interrupts and forks.** An exception raised in the caller while it waits
-(``KeyboardInterrupt``, ...) stops the step and is re-raised once the replicas are idle,
-wherever it lands (``watchdog.py``); an interrupt that lands while ``RUN`` is being posted
-stops the replicas that started and gives up on the pool. A process forked while the
-scheduler has threads inherits the pools but none of their threads: the child forgets
-them and starts fresh threads on its first ``run``.
+**Interrupts and forks.** A ``KeyboardInterrupt`` that lands in replica 0's code is that
+replica's failure: the step stops and ``run`` re-raises it once the other replicas are
+idle. One that lands while the caller waits (at a barrier as replica 0, or for the
+replica threads) stops the step the same way and is re-raised as it is; a second gives
+up on the replica threads at once (``watchdog.py``). One that lands while ``RUN`` is
+being posted stops the replicas that started and gives up on the pool. A replica 0 that
+never returns keeps ``run`` from returning, like any function the caller calls; the
+waiting replicas still warn and time out, and the timeout is logged. A process forked
+while the scheduler has threads inherits the pools but none of their threads: the child
+forgets them and starts fresh threads on its first ``run``.
 
 **Nesting.** ``run`` inside a ``merge_fn``, or two user threads calling ``run`` at once,
 each get their own pool of threads; consecutive calls reuse the first pool.
@@ -38,23 +46,24 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from towerdist._src import parallel
+from towerdist._src import parallel, waiting
 from towerdist._src import profiler as _profiler
 from towerdist._src.backend import cupy_backend
 from towerdist._src.device import DeviceSpec
 from towerdist._src.mailbox import RUN, SHUTDOWN, TASK
 from towerdist._src.strategies import watchdog
-from towerdist._src.strategies.barrier import Step, StopReplica, name_of
-from towerdist._src.strategies.watchdog import get_replica_timeouts, set_replica_timeouts
+from towerdist._src.strategies.barrier import Step, StopReplica
+from towerdist._src.strategies.watchdog import get_replica_timeouts, name_of, set_replica_timeouts
 
 __all__ = ["ReplicaScheduler", "StopReplica", "get_replica_timeouts", "set_replica_timeouts"]
 
 
-def _thread_main(mailbox: queue.SimpleQueue[Any], index: int) -> None:
+def _thread_main(mailbox: queue.SimpleQueue[Any], index: int, participants: int) -> None:
     # Holds no reference to the pool or strategy between messages, so that both can be
     # garbage-collected (which posts SHUTDOWN).
+    site = waiting.Site("the next step")
     while True:
-        message = mailbox.get()
+        message = waiting.get(mailbox, site.budget(participants), None, site)
         kind = message[0]
         if kind is RUN:
             step = message[1]
@@ -77,22 +86,26 @@ def _shutdown(mailboxes: Sequence[queue.SimpleQueue[Any]]) -> None:
 
 
 class _Pool:
-    """One thread per replica, with their mailboxes."""
+    """One thread per replica but the first (the caller runs replica 0), with their mailboxes."""
 
     def __init__(self, num_replicas: int) -> None:
-        self.mailboxes: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(num_replicas)]
+        self.mailboxes: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(num_replicas - 1)]
         self.threads = [
-            threading.Thread(target=_thread_main, args=(mailbox, i), name=f"towerdist-replica-{i}", daemon=True)
-            for i, mailbox in enumerate(self.mailboxes)
+            threading.Thread(
+                target=_thread_main, args=(mailbox, i, num_replicas), name=f"towerdist-replica-{i}", daemon=True
+            )
+            for i, mailbox in enumerate(self.mailboxes, start=1)
         ]
+        # Where replica i waits at a barrier (sites[i]) and the caller for the threads (sites[-1]).
+        self.sites = [*(waiting.Site("barrier") for _ in range(num_replicas)), waiting.Site("the end of the step")]
         self.busy = False
         for thread in self.threads:
             thread.start()
         self._finalizer = weakref.finalize(self, _shutdown, self.mailboxes)
 
     def alive(self) -> list[bool]:
-        """Whether each replica thread is still running."""
-        return [thread.is_alive() for thread in self.threads]
+        """Whether each replica's thread is still running (replica 0's is the caller's)."""
+        return [True, *(thread.is_alive() for thread in self.threads)]
 
     def shutdown(self) -> None:
         self._finalizer()
@@ -169,9 +182,10 @@ class ReplicaScheduler:
         strategy = self._strategy_ref()
         if len(self._devices) == 1:
             return self._run_here(strategy, fn, args, kwargs, make_context)
-        begin = _profiler.now() if _profiler.active else 0  # the caller's wait, on its track
+        begin = _profiler.now() if _profiler.active else 0  # the caller's step, on its track
         pool = self._acquire()
-        step = Step(strategy, self._devices, pool.mailboxes, fn, args, kwargs, make_context, sequential)
+        mailboxes = (queue.SimpleQueue(), *pool.mailboxes)  # replica 0's: read by this thread
+        step = Step(strategy, self._devices, mailboxes, fn, args, kwargs, make_context, sequential, pool.sites)
         step.alive = pool.alive
         if step.on_gpus:  # what the caller computed for the replicas, before their streams read it
             cupy_backend.finish(self._devices)
@@ -183,22 +197,25 @@ class ReplicaScheduler:
             for mailbox in pool.mailboxes:
                 mailbox.put((RUN, step))
                 posted += 1
-            caller_error = watchdog.wait_for(step)
+            step.execute(0)
+            if step.remaining and not step.abandoned:
+                watchdog.wait_for(step)
             abandon = step.abandoned
         except BaseException as interrupt:
-            # Interrupted outside wait_for's own handling: while posting RUN (some replicas
-            # never start: stop the others at their first barrier) or just before waiting.
+            # Interrupted outside the waits' own handling: while posting RUN (some replicas
+            # never start: stop the others at their first barrier), or between the waits.
             step.fail(interrupt, ("caller", None))
-            if posted == len(pool.mailboxes):
-                watchdog.wait_for(step, interrupted=True)
+            if posted == len(pool.mailboxes) and step.caller_error is None and not step.abandoned:
+                step.caller_error = interrupt  # a further one gives up on the threads at once
+                watchdog.wait_for(step)
             raise
         finally:
             self._release(pool, abandon)
             step.detach_contexts()
             if begin and _profiler.active:
                 _profiler.record(f"strategy.run: {name_of(fn)}", begin, {"replicas": len(self._devices)})
-        if caller_error is not None:
-            raise caller_error
+        if step.caller_error is not None:
+            raise step.caller_error
         step.raise_failure()
         if step.on_gpus:  # the replicas' streams before the caller reads their results
             cupy_backend.finish(self._devices)

@@ -182,8 +182,7 @@ class Strategy:
             )
         if kwargs is not None and not isinstance(kwargs, dict):
             raise TypeError(f"Strategy.run() takes kwargs as a dict. Got kwargs of type {type(kwargs).__name__}.")
-        with self.scope():
-            return self._extended._call_for_each_replica(fn, tuple(args), kwargs or {})
+        return self._extended._run(fn, tuple(args), kwargs or {})
 
     def reduce(self, reduce_op: Any, value: Any, axis: Any) -> Any:
         """Reduces ``value`` across replicas (and along ``axis`` when given).
@@ -590,6 +589,11 @@ class StrategyExtended:
         return array_ops.identity(v)
 
     # --- hooks for concrete strategies ----------------------------------------------------
+
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``Strategy.run`` once its arguments are checked: in the strategy's scope by default."""
+        with self._container_strategy().scope():
+            return self._call_for_each_replica(fn, args, kwargs)
 
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         raise NotImplementedError

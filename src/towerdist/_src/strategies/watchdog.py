@@ -1,7 +1,9 @@
-"""The caller's watch over a step: stall warnings, hard timeouts, and the replica timeouts.
+"""The watch over a step: stall warnings, hard timeouts, and the replica timeouts.
 
-While the replicas of a ``strategy.run`` step work, the caller waits in :func:`wait_for`.
-It wakes at least every ``_MAX_POLL_SECONDS`` and looks at the step:
+Every thread that waits in a ``strategy.run`` step — a replica parked at the barrier or
+waiting for its turn, the caller waiting for the replica threads to finish — wakes at
+least every ``_MAX_POLL_SECONDS`` and looks at the step (:meth:`Watch.check`; one
+:class:`Watch` per step, so a stall is reported once, by whichever waiter sees it first):
 
 * **a stalled round** — replicas parked at the barrier have waited longer than the
   warning bound for others: warn (``ReplicaStallWarning`` and the ``towerdist`` logger)
@@ -14,10 +16,14 @@ It wakes at least every ``_MAX_POLL_SECONDS`` and looks at the step:
 * **a slow drain** — after a failure, replicas still in user code;
 * **a lost thread** — a replica thread that ended without reporting fails the step.
 
+Replica 0 runs on the caller's thread. While it computes, the replicas parked at the
+barrier watch; if replica 0 itself never arrives, they warn and time out (the timeout is
+also logged at once, since ``run`` can only raise it when replica 0's code returns).
+
 An exception raised in the caller while it waits (``KeyboardInterrupt``, a warning turned
-into an error, a test timeout) stops the step; :func:`wait_for` returns it once the
-replicas are idle, wherever it landed (the wait trusts ``step.remaining``, never a wake-up
-the interrupt may have consumed). A second one gives up on the threads at once.
+into an error, a test timeout) stops the step; ``run`` re-raises it once the replicas are
+idle, wherever it landed (the wait trusts ``step.remaining``, never a wake-up the
+interrupt may have consumed). A second one gives up on the threads at once.
 
 The bounds are set with :func:`set_replica_timeouts` or the environment variables
 ``TOWERDIST_REPLICA_WARNING_SECONDS`` and ``TOWERDIST_REPLICA_TIMEOUT_SECONDS``.
@@ -31,16 +37,20 @@ import numbers
 import os
 import queue
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from towerdist._src import waiting
 from towerdist._src.errors import DeadlineExceededError, ReplicaStallWarning
-from towerdist._src.strategies.barrier import Status, Step, name_of
 
-__all__ = ["get_replica_timeouts", "set_replica_timeouts", "wait_for"]
+if TYPE_CHECKING:
+    from towerdist._src.strategies.barrier import Step
+
+__all__ = ["Status", "Watch", "get_replica_timeouts", "name_of", "set_replica_timeouts", "wait_for"]
 
 logger = logging.getLogger("towerdist")
 
@@ -128,76 +138,77 @@ def get_replica_timeouts() -> dict[str, float | None]:
     return dict(_timeouts)
 
 
-# --- the caller's wait ------------------------------------------------------------------------
+# --- watching a step -------------------------------------------------------------------------
 
 
-def wait_for(step: Step, interrupted: bool = False) -> BaseException | None:
-    """Waits (in the caller) until every replica thread of ``step`` is idle again.
+class Status(NamedTuple):
+    """What the watch reads of a step, taken under its lock."""
 
-    Sets ``step.abandoned`` when some threads never came back and must be given up.
-    Returns the exception that interrupted the wait (see the module docstring), if any;
-    with ``interrupted``, the caller was interrupted already and a further exception
-    gives up on the threads at once.
+    failure: BaseException | None
+    failure_origin: tuple[str, int | None] | None
+    failure_time: float | None
+    round: int
+    round_started: float | None
+    merge_started: float | None
+    turn: int
+    turn_started: float | None
+    kinds: tuple[str | None, ...]
+    merge_counts: tuple[int, ...]
+    waiting_in: str | None  # what the parked replicas wait in, e.g. "merge_call() (merge_fn=f)"
+    exited: tuple[bool, ...]
+
+
+class Watch:
+    """What has been reported about one step, and the checks every waiting thread runs.
+
+    Each step holds its own ``Watch``; the watch holds no reference back (the checks take
+    the step), so that a finished step and its results are freed without the cycle collector.
     """
-    watch = _Watch(step)
-    caller_error: BaseException | None = None
-    while step.remaining:
-        try:
-            if watch.wait_once():
-                break
-        except BaseException as error:
-            if caller_error is not None or interrupted:
-                step.abandoned = True  # interrupted again while draining: give up on the threads
-                break
-            caller_error = error
-            step.fail(error, ("caller", None))
-    return caller_error
 
+    __slots__ = ("_lock", "drain_warned", "lost_threads", "merge_warned", "round_warned", "turn_warned")
 
-class _Watch:
-    """What the caller has already warned about during one step, and the checks."""
-
-    __slots__ = ("drain_warned", "merge_warned", "round_warned", "step", "turn_warned")
-
-    def __init__(self, step: Step) -> None:
-        self.step = step
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
         self.round_warned = -1
         self.merge_warned = -1
         self.turn_warned: float | None = None
         self.drain_warned = float("-inf")
+        self.lost_threads = False  # a replica thread ended without reporting
 
-    def wait_once(self) -> bool:
-        """One bounded wait; True when the step is over (or its threads are given up)."""
-        step = self.step
+    @staticmethod
+    def poll_seconds() -> float:
+        """How long a waiting thread may block before it looks at the step again."""
+        return _poll_interval(_timeouts["warning_seconds"], _timeouts["timeout_seconds"])
+
+    def check(self, step: Step) -> None:
+        """Warns about a stalled round, a slow request or a stuck turn; fails the step past the timeout.
+
+        A replica thread that ended without reporting fails the step too. Does nothing while
+        another thread is checking.
+        """
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._check(step)
+        finally:
+            self._lock.release()
+
+    def _check(self, step: Step) -> None:
+        if not self._threads_alive(step):
+            return
         warning_s = _timeouts["warning_seconds"]
         timeout_s = _timeouts["timeout_seconds"]
-        try:
-            step.done.get(timeout=_poll_interval(warning_s, timeout_s))
-        except queue.Empty:
-            pass
-        if not step.remaining:
-            return True
-        if not self._threads_alive():
-            step.abandoned = True
-            return True
         now = time.monotonic()
         status = step.status()
         if status.failure_time is not None:
-            # Draining after a failure: wait for replicas still in user code.
-            waited = now - status.failure_time
-            if warning_s is not None and waited >= warning_s and now - self.drain_warned >= warning_s:
-                self.drain_warned = now
-                _warn(_describe_drain(step, status, waited))
-            if timeout_s is not None and waited >= timeout_s:
-                step.abandoned = True
-                return True
-        elif status.merge_started is not None:
+            return  # draining: the caller watches the replicas still in user code (wait_for)
+        if status.merge_started is not None:
             waited = now - status.merge_started
             if warning_s is not None and waited >= warning_s and self.merge_warned != status.round:
                 self.merge_warned = status.round
                 _warn(_describe_slow_merge(step, waited))
             if timeout_s is not None and waited >= timeout_s:
-                self._time_out(_describe_slow_merge(step, waited), timeout_s, missing=[])
+                self._time_out(step, _describe_slow_merge(step, waited), timeout_s, missing=[])
         elif step.sequential and status.turn_started is not None:
             # One replica runs at a time: time the one holding the turn, not the round.
             waited = now - status.turn_started
@@ -206,7 +217,7 @@ class _Watch:
                 _warn(_describe_turn(step, status, waited))
             if timeout_s is not None and waited >= timeout_s:
                 holder = [status.turn] if status.turn < step.num_replicas else []
-                self._time_out(_describe_turn(step, status, waited), timeout_s, missing=holder)
+                self._time_out(step, _describe_turn(step, status, waited), timeout_s, missing=holder)
         elif status.round_started is not None:
             waited = now - status.round_started
             if warning_s is not None and waited >= warning_s and self.round_warned != status.round:
@@ -214,12 +225,24 @@ class _Watch:
                 _warn(_describe_stall(step, status, waited))
             if timeout_s is not None and waited >= timeout_s:
                 missing = [r for r, kind in enumerate(status.kinds) if kind is None and not status.exited[r]]
-                self._time_out(_describe_stall(step, status, waited), timeout_s, missing=missing)
-        return False
+                self._time_out(step, _describe_stall(step, status, waited), timeout_s, missing=missing)
 
-    def _threads_alive(self) -> bool:
+    def drain(self, step: Step) -> bool:
+        """After a failure, the caller's look at replicas still in user code; True: give up on them."""
+        status = step.status()
+        if status.failure_time is None:
+            return False
+        warning_s = _timeouts["warning_seconds"]
+        timeout_s = _timeouts["timeout_seconds"]
+        now = time.monotonic()
+        waited = now - status.failure_time
+        if warning_s is not None and waited >= warning_s and now - self.drain_warned >= warning_s:
+            self.drain_warned = now
+            _warn(_describe_drain(step, status, waited))
+        return timeout_s is not None and waited >= timeout_s
+
+    def _threads_alive(self, step: Step) -> bool:
         """False when a replica thread is gone without reporting (reported as a failure)."""
-        step = self.step
         alive = step.alive()
         if all(alive):
             return True
@@ -227,6 +250,7 @@ class _Watch:
         dead = [r for r, up in enumerate(alive) if not up and not status.exited[r]]
         if not dead:
             return True
+        self.lost_threads = True
         step.fail(
             RuntimeError(
                 f"The replica threads of {_replicas(dead)} of {step.strategy!r} ended without finishing "
@@ -237,11 +261,52 @@ class _Watch:
         )
         return False
 
-    def _time_out(self, description: str, timeout_s: float, missing: list[int]) -> None:
+    def _time_out(self, step: Step, description: str, timeout_s: float, missing: list[int]) -> None:
         message = (
             f"{description} Raising because the replica timeout (td.config.set_replica_timeouts) is {timeout_s:g} s."
         )
-        self.step.fail(DeadlineExceededError(message, missing=missing), ("barrier", None))
+        if not step.on_caller_thread():  # the caller may be busy as replica 0: run raises this only later
+            logger.error(message)
+        step.fail(DeadlineExceededError(message, missing=missing), ("barrier", None))
+
+
+def wait_for(step: Step) -> None:
+    """Waits (in the caller, after replica 0 returned) until every replica thread of ``step`` is idle.
+
+    Sets ``step.abandoned`` when some threads never came back and must be given up. An
+    exception raised meanwhile (see the module docstring) is kept in ``step.caller_error``.
+    """
+    watch = step.watch
+    site = step.sites[-1]
+    budget = site.budget(step.num_replicas)
+    while step.remaining and not step.abandoned:
+        try:
+            waiting.get(step.done, budget, watch.poll_seconds(), site)
+        except queue.Empty:
+            pass
+        except BaseException as error:
+            if step.caller_error is not None:
+                step.abandoned = True  # interrupted again while draining: give up on the threads
+                return
+            step.caller_error = error
+            step.fail(error, ("caller", None))
+        budget = 0.0
+        if not step.remaining:
+            return
+        try:
+            watch.check(step)
+            if watch.drain(step):
+                step.abandoned = True
+                return
+        except BaseException as error:  # a stall warning turned into an error
+            if step.caller_error is not None:
+                step.abandoned = True
+                return
+            step.caller_error = error
+            step.fail(error, ("caller", None))
+        if watch.lost_threads:
+            step.abandoned = True
+            return
 
 
 # --- what the warnings say --------------------------------------------------------------------
@@ -317,6 +382,11 @@ def _user_stacklevel() -> int:
         frame = frame.f_back
         level += 1
     return level
+
+
+def name_of(fn: Any) -> str:
+    """A function's qualified name, for messages."""
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
 def _poll_interval(warning_s: float | None, timeout_s: float | None) -> float:

@@ -63,6 +63,8 @@ def split_for_replicas(structure: Any, num_replicas: int, api: str, name: str) -
     """
     if isinstance(structure, (tuple, dict)) and not structure:
         return [structure] * num_replicas  # no arguments
+    if type(structure) is tuple and all(_is_plain_leaf(leaf) for leaf in structure):
+        return _split_flat_tuple(structure, num_replicas, api, name)  # args=(x, y): no nest to walk
     leaves, spec = nest.flatten(structure)
     split_at = [k for k, leaf in enumerate(leaves) if _is_split(leaf)]
     if not split_at:
@@ -82,6 +84,37 @@ def split_for_replicas(structure: Any, num_replicas: int, api: str, name: str) -
         for k in split_at:
             picked[k] = leaves[k]._values[replica_id]
         per_replica.append(nest.unflatten(spec, picked))
+    return per_replica
+
+
+_PLAIN_LEAVES = (np.ndarray, np.generic, int, float, complex, str, bytes, type(None))
+
+
+def _is_plain_leaf(value: Any) -> bool:
+    """A value every pytree registry treats as a leaf (a distributed value, an array, a scalar)."""
+    return isinstance(value, (DistributedValues, *_PLAIN_LEAVES))
+
+
+def _split_flat_tuple(args: tuple[Any, ...], num_replicas: int, api: str, name: str) -> list[Any]:
+    """``split_for_replicas`` of a tuple whose items are leaves (the usual ``args=(x, y)``)."""
+    split_at = [k for k, leaf in enumerate(args) if _is_split(leaf)]
+    if not split_at:
+        return [args] * num_replicas
+    for k in split_at:
+        count = len(args[k]._values)
+        if count != num_replicas:
+            raise ValueError(
+                f"{api} got a {type(args[k]).__name__} with {count} components at {name}[{k}], but the strategy "
+                f"has {num_replicas} replicas; distributed values must come from the same strategy."
+            )
+    if len(split_at) == len(args):
+        return list(zip(*(leaf._values for leaf in args)))
+    per_replica = []
+    for replica_id in range(num_replicas):
+        picked = list(args)
+        for k in split_at:
+            picked[k] = args[k]._values[replica_id]
+        per_replica.append(tuple(picked))
     return per_replica
 
 
@@ -118,6 +151,8 @@ def regroup(
     first = values[0]
     if len(values) == 1 and not always_wrap and _plain(first):
         return first  # one replica, nothing to merge back into a variable: the common case, fast
+    if first is None and not always_wrap and all(value is None for value in values):
+        return None  # a step that returns nothing
     if not any(isinstance(value, _CONTAINERS) for value in values):
         return _regroup_leaf(list(values), devices, wrap_class, always_wrap)  # plain values
     if all(type(value) in (tuple, dict) and not value for value in values) and len({type(v) for v in values}) == 1:
