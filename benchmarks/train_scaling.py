@@ -62,8 +62,10 @@ for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLI
     os.environ[_name] = "1"
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import queue  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
@@ -88,8 +90,10 @@ SGD_RATE = 0.1
 TARGET_ONE_REPLICA = 0.9  # towerdist 1 / numpy loop
 TARGET_TWO_REPLICAS = 0.75  # towerdist 2 / ceiling
 TARGET_APPLY_MS = 0.3  # what apply_gradients adds per step at 2 replicas
-TARGET_MWMS = 0.8  # MultiWorkerMirroredStrategy 2 x 1 / ceiling
-MPI_WORKERS = 2
+TARGET_MWMS = 0.8  # MultiWorkerMirroredStrategy 2 x 1 / free threads
+TARGET_MORE_RANKS = 0.8  # MWMS 4 x 1 / MWMS 2 x 1 on 2 cores
+TARGET_COMPETED_MWMS = 0.6  # MWMS 2 x 1 with a competing CPU-bound process / without
+TARGET_COMPETED_IN_PROCESS = 0.79  # in-process variants, the same
 CHECK_STEPS = 5  # --mpi: steps after which the workers' parameters are compared with towerdist 2's
 
 Step = Callable[[], None]
@@ -508,13 +512,15 @@ def mpi_worker(args: argparse.Namespace) -> None:
     if rank == 0:
         answer(f"ready {steps} {disagreement!r}")
     while (command := next_command(comm)) != "quit":
-        if command != "sample":
-            raise RuntimeError(f"--mpi-worker: unknown command {command!r} (expected 'sample' or 'quit').")
-        comm.Barrier()  # the ranks start together
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        elapsed = time.perf_counter() - start
+        if command not in ("sample", "sample with a competitor"):
+            raise RuntimeError(f"--mpi-worker: unknown command {command!r} (expected 'sample', 'sample with a "
+                               f"competitor' or 'quit').")
+        with Competitor() if command != "sample" and rank == 0 else contextlib.nullcontext():
+            comm.Barrier()  # the ranks start together
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            elapsed = time.perf_counter() - start
         if rank == 0:
             answer(f"{steps * GLOBAL_BATCH / elapsed!r}")
     comm.Free()
@@ -533,52 +539,118 @@ def in_process_sampler(step: Step, examples: int, seconds: float) -> Callable[[]
     return sample
 
 
+_BUSY_LOOP = "print('running', flush=True)\nwhile True:\n    pass\n"
+
+
+class Competitor:
+    """A CPU-bound process (a Python busy loop) that shares the cores while it runs.
+
+    It is started by the process being measured (the benchmark, or rank 0 of an MPI job),
+    so it runs in that program's session: with the kernel's autogroup scheduling (on by
+    default on desktop Linux) every session gets an equal share of the machine, and a
+    competitor in another session would leave the MPI job one core whatever its ranks do.
+    Within one session the kernel shares the cores by task: the fair share of 2 busy tasks
+    against 1 competitor on 2 cores is 2/3.
+    """
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Competitor:
+        self._process = subprocess.Popen([sys.executable, "-c", _BUSY_LOOP], stdout=subprocess.PIPE)
+        assert self._process.stdout is not None
+        self._process.stdout.readline()  # it is running (its interpreter has started)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._process is not None
+        self._process.kill()
+        self._process.wait(timeout=60)
+
+
 def mpi_task(args: argparse.Namespace) -> None:
-    """``--mpi``: MWMS 2 x 1 against the in-process variants, in one rotation."""
-    print(f"task sgd over MPI: plain SGD (lr {SGD_RATE}), global batch {GLOBAL_BATCH}; MWMS = "
-          f"MultiWorkerMirroredStrategy on {MPI_WORKERS} processes x 1 CPU replica ({GLOBAL_BATCH // MPI_WORKERS} "
-          f"examples each)")
+    """``--mpi``: MWMS on ``--ranks`` processes (1 replica each) against the in-process variants, in one rotation."""
+    print(f"task sgd over MPI: plain SGD (lr {SGD_RATE}), global batch {GLOBAL_BATCH}; MWMS n x 1 = "
+          f"MultiWorkerMirroredStrategy on n processes x 1 CPU replica ({GLOBAL_BATCH} / n examples each), "
+          f"n = {', '.join(map(str, args.ranks))} on {os.cpu_count()} cores")
+    if args.compete:
+        print("  every variant is sampled alone and with one competing CPU-bound process (a Python busy loop)")
     x, y = batches(1, GLOBAL_BATCH)
     half = GLOBAL_BATCH // 2
-    mwms = f"MWMS {MPI_WORKERS} x 1 (mpiexec)"
-    with tempfile.TemporaryDirectory() as directory:
-        check_file = Path(directory) / "mwms_parameters.npz"
-        worker_args = ["--mpi-worker", "--seconds", str(args.seconds), "--check-file", str(check_file)]
-        script = Path(__file__).resolve()
-        with MPIJob(mpi_command(MPI_WORKERS, script, worker_args), args.timeout) as job:
-            # The job sets itself up and calibrates first, then idles while these calibrate.
+    script = Path(__file__).resolve()
+    with tempfile.TemporaryDirectory() as directory, contextlib.ExitStack() as jobs:
+        checks: dict[int, tuple[Path, str]] = {}
+        samplers: dict[str, Callable[[], float]] = {}
+        competed_samplers: dict[str, Callable[[], float]] = {}
+        for ranks in args.ranks:
+            check_file = Path(directory) / f"mwms{ranks}_parameters.npz"
+            worker_args = ["--mpi-worker", "--seconds", str(args.seconds), "--check-file", str(check_file)]
+            job = jobs.enter_context(MPIJob(mpi_command(ranks, script, worker_args), args.timeout))
+            # The job sets itself up and calibrates first, then idles while the others calibrate.
             _, _, disagreement = job.answer().split()
-            samplers = {
-                "numpy loop": in_process_sampler(numpy_sgd_step(x, y, GLOBAL_BATCH), GLOBAL_BATCH, args.seconds),
-                "ceiling (2 threads)": in_process_sampler(lockstep_threads([
-                    numpy_sgd_step(x[:half], y[:half], GLOBAL_BATCH),
-                    numpy_sgd_step(x[half:], y[half:], GLOBAL_BATCH)]), GLOBAL_BATCH, args.seconds),
-            }
-            for n in (1, 2):
-                samplers[f"towerdist {n}"] = in_process_sampler(
-                    towerdist_step(n, GLOBAL_BATCH // n, GLOBAL_BATCH, "sgd"), GLOBAL_BATCH, args.seconds)
-            samplers[mwms] = lambda: float(job.ask("sample"))
-            rates: dict[str, list[float]] = {name: [] for name in samplers}
-            for _ in range(args.repeats):
-                for name, sample in samplers.items():
-                    rates[name].append(sample())
-        mwms_parameters = [a for _, a in sorted(np.load(check_file).items(), key=lambda kv: int(kv[0][4:]))]
+            checks[ranks] = (check_file, disagreement)
+            samplers[f"MWMS {ranks} x 1 (mpiexec)"] = lambda job=job: float(job.ask("sample"))
+            competed_samplers[f"MWMS {ranks} x 1 (mpiexec)"] = (
+                lambda job=job: float(job.ask("sample with a competitor")))
+        samplers = {
+            "numpy loop": in_process_sampler(numpy_sgd_step(x, y, GLOBAL_BATCH), GLOBAL_BATCH, args.seconds),
+            "ceiling (2 threads)": in_process_sampler(lockstep_threads([
+                numpy_sgd_step(x[:half], y[:half], GLOBAL_BATCH),
+                numpy_sgd_step(x[half:], y[half:], GLOBAL_BATCH)]), GLOBAL_BATCH, args.seconds),
+            "free threads (2)": lambda: free_threads_rate(
+                [numpy_sgd_step(x[:half], y[:half], GLOBAL_BATCH), numpy_sgd_step(x[half:], y[half:], GLOBAL_BATCH)],
+                half, args.seconds),
+            **{f"towerdist {n}": in_process_sampler(towerdist_step(n, GLOBAL_BATCH // n, GLOBAL_BATCH, "sgd"),
+                                                    GLOBAL_BATCH, args.seconds) for n in (1, 2)},
+            **samplers,
+        }
+        rates: dict[str, list[float]] = {name: [] for name in samplers}
+        competed: dict[str, list[float]] = {name: [] for name in samplers}
+        for _ in range(args.repeats):
+            for name, sample in samplers.items():
+                rates[name].append(sample())
+                if args.compete and name in competed_samplers:
+                    competed[name].append(competed_samplers[name]())
+                elif args.compete:
+                    with Competitor():
+                        competed[name].append(sample())
+        parameters = {ranks: [a for _, a in sorted(np.load(file).items(), key=lambda kv: int(kv[0][4:]))]
+                      for ranks, (file, _) in checks.items()}
 
     medians = table(rates, "numpy loop", {name: GLOBAL_BATCH for name in rates})
-    ceiling, two, one = medians["ceiling (2 threads)"], medians["towerdist 2"], medians["towerdist 1"]
-    ratio = medians[mwms] / ceiling
-    print(f"  MWMS / ceiling     = {ratio:.2f}x (target >= {TARGET_MWMS}x: {verdict(ratio >= TARGET_MWMS)})")
-    print(f"  MWMS / towerdist 2 = {medians[mwms] / two:.2f}x; MWMS / towerdist 1 = {medians[mwms] / one:.2f}x; "
-          f"towerdist 2 / ceiling = {two / ceiling:.2f}x")
+    free, two = medians["free threads (2)"], medians["towerdist 2"]
+    for ranks in args.ranks:
+        mwms = medians[f"MWMS {ranks} x 1 (mpiexec)"]
+        line = f"  MWMS {ranks} x 1 / free threads = {mwms / free:.2f}x; / towerdist 2 = {mwms / two:.2f}x"
+        if ranks == 2:
+            line += f" (target >= {TARGET_MWMS}x the free threads: {verdict(mwms / free >= TARGET_MWMS)})"
+        print(line)
+    if 2 in args.ranks:
+        for ranks in args.ranks:
+            if ranks > 2:
+                ratio = medians[f"MWMS {ranks} x 1 (mpiexec)"] / medians["MWMS 2 x 1 (mpiexec)"]
+                print(f"  MWMS {ranks} x 1 / MWMS 2 x 1 = {ratio:.2f}x on {os.cpu_count()} cores "
+                      f"(target >= {TARGET_MORE_RANKS}x: {verdict(ratio >= TARGET_MORE_RANKS)})")
+    if args.compete:
+        print("  with one competing CPU-bound process (medians of the samples taken with it):")
+        shared = table(competed, "numpy loop", {name: GLOBAL_BATCH for name in competed})
+        for name in samplers:
+            ratio = shared[name] / medians[name]
+            target = TARGET_COMPETED_MWMS if name.startswith("MWMS 2 ") else TARGET_COMPETED_IN_PROCESS
+            applies = name.startswith("MWMS 2 ") or name.startswith("towerdist")
+            print(f"  {name:<28} with / without = {ratio:.2f}x"
+                  + (f" (target >= {target}x: {verdict(ratio >= target)})" if applies else ""))
 
     # The check: towerdist 2 trained CHECK_STEPS steps on the same batch from the same start.
     check_step, check_model = towerdist_training(
         td.distribute.MirroredStrategy(["CPU:0", "CPU:1"]), half, GLOBAL_BATCH, "sgd")
     for _ in range(CHECK_STEPS):
         check_step()
-    drift = max(float(np.max(np.abs(a - b))) for a, b in zip(parameters_of(check_model), mwms_parameters))
-    print(f"  check after {CHECK_STEPS} steps: the workers' parameters differ by {float(disagreement):.1e} between "
-          f"ranks and by {drift:.1e} from towerdist 2's")
+    reference = parameters_of(check_model)
+    for ranks, (_, disagreement) in checks.items():
+        drift = max(float(np.max(np.abs(a - b))) for a, b in zip(reference, parameters[ranks]))
+        print(f"  check after {CHECK_STEPS} steps, MWMS {ranks} x 1: the workers' parameters differ by "
+              f"{float(disagreement):.1e} between ranks and by {drift:.1e} from towerdist 2's (summation order)")
     print()
 
 
@@ -593,6 +665,10 @@ def main() -> None:
                         help="the sgd task on MultiWorkerMirroredStrategy (2 processes under mpiexec) against "
                              "the in-process variants")
     parser.add_argument("--quick", action="store_true", help="--mpi smoke run: 5 repeats of ~0.2 s")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4],
+                        help="--mpi: the MWMS jobs to run (processes of 1 replica each); default 2 and 4")
+    parser.add_argument("--compete", action="store_true",
+                        help="--mpi: also sample every variant while a competing CPU-bound process runs")
     parser.add_argument("--timeout", type=float, default=300.0, help="--mpi: seconds the MPI job may wait or be silent")
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)  # one rank of --mpi
     parser.add_argument("--check-file", default=None, help=argparse.SUPPRESS)  # --mpi-worker: rank 0 saves here

@@ -46,6 +46,7 @@ from towerdist._src import profiler as _profiler
 
 __all__ = [
     "Calibration",
+    "Poller",
     "Site",
     "calibration",
     "get",
@@ -215,6 +216,55 @@ def _spin(poll: Callable[[], T], budget: float) -> T | Any:
     if wall > 20e-6 and time.thread_time() - start_cpu < _SHARED_CORE_RATIO * wall:
         _shared_until = time.monotonic() + _BACK_OFF_SECONDS  # another thread wanted this core
     return result
+
+
+class Poller:
+    """Paces a loop that can only poll for what it waits for (an MPI request: MPI progresses
+    only while the waiting process calls it).
+
+    Between two polls it yields the core (``os.sched_yield()``): that costs nothing while no
+    other task wants the core, and hands the core at once to one that does. Two cases differ:
+
+    * ``crowded`` (more ranks of the job on this host than cores): the tasks waiting for the
+      core are the job's own ranks, which the waiter needs to make progress; it yields.
+    * otherwise, while other programs keep more tasks runnable than there are cores
+      (``/proc/loadavg``, read at most every :data:`_LOAD_CHECK_SECONDS`), it sleeps
+      :data:`_SHARED_POLL_SECONDS` between polls instead: a rank that stays runnable holds a
+      core the kernel would otherwise give the foreign work, which then shares the core of
+      the rank still computing. Measured with one competing process on 2 cores: 2 ranks ran
+      at 0.20x their own speed polling with yields for 5 ms per wait, ~0.4x with this.
+    """
+
+    __slots__ = ("_crowded",)
+
+    def __init__(self, crowded: bool) -> None:
+        self._crowded = crowded
+
+    def pause(self) -> None:
+        """Waits between two polls."""
+        if not self._crowded and _foreign_load():
+            time.sleep(_SHARED_POLL_SECONDS)
+        else:
+            _yield()
+
+
+_SHARED_POLL_SECONDS = 50e-6
+_LOAD_CHECK_SECONDS = 0.05
+_load = [float("-inf"), False]  # when /proc/loadavg was last read, and whether it said "oversubscribed"
+_yield: Callable[[], None] = getattr(os, "sched_yield", lambda: time.sleep(0))  # (POSIX; elsewhere a zero sleep)
+
+
+def _foreign_load() -> bool:
+    """Whether more tasks are runnable than there are cores (Linux; elsewhere never)."""
+    now = time.monotonic()
+    if now - _load[0] > _LOAD_CHECK_SECONDS:
+        try:
+            with open("/proc/loadavg", encoding="ascii") as file:
+                running = int(file.read().split()[3].split("/")[0])
+        except (OSError, ValueError, IndexError):  # not Linux, or an unexpected format
+            running = 0
+        _load[0], _load[1] = now, running > _CORES
+    return bool(_load[1])
 
 
 # --- calibration --------------------------------------------------------------------------------

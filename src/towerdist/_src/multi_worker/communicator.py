@@ -13,11 +13,17 @@ Every collective has two phases:
 2. **The payload**, only once everyone agreed: one buffer-protocol, in-place, non-blocking
    MPI call (``Iallreduce``, ``Iallgatherv``, ``Ibcast``), polled with the deadline.
 
-Waiting: the handshake spins briefly, then backs off with short sleeps (a peer may still be
-computing); the payload spins (every peer is there, and sleeping would stall MPI's
-progress). After a timeout the communicator is *broken*: a late peer's call would match the
-stale request, so later collectives raise ``UnavailableError`` at once and the job is
-aborted at exit (``mpi_runtime``).
+Waiting: MPI makes progress only while a rank calls it, so a waiting rank polls
+(``Testall``); between two polls it *yields its core* (``os.sched_yield()``): a rank that
+polled without yielding kept its core while the peer it waited for, or another program,
+needed it (4 ranks on 2 cores trained at 0.09x the speed of 2 ranks, and one competing
+process cut 2 ranks to 0.33x). A yield costs nothing when nobody else wants the core; once
+the waiting rank sees that it shares its core, it sleeps briefly between polls instead
+(``waiting.Poller``). The handshake (a peer may still be computing) polls that way for
+``_SPIN_SECONDS``, then backs off with longer sleeps; the payload (every peer is there, and
+sleeping long would stall MPI's progress) polls that way until done. After a timeout the communicator is
+*broken*: a late peer's call would match the stale request, so later collectives raise
+``UnavailableError`` at once and the job is aborted at exit (``mpi_runtime``).
 
 Calls are serialised by a lock: one collective at a time per communicator, from whichever
 thread runs the cross-replica part (the caller or a ``merge_fn``).
@@ -29,6 +35,7 @@ import contextlib
 import functools
 import hashlib
 import logging
+import socket
 import threading
 import time
 import warnings
@@ -38,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from towerdist._src import profiler as _profiler
+from towerdist._src import waiting
 from towerdist._src.errors import (
     AbortedError,
     DeadlineExceededError,
@@ -60,8 +68,11 @@ _OK, _TIMED_OUT, _ABSENT = 0, 1, 2
 
 _TAG_HEADER, _TAG_TABLE, _TAG_BYE = 17, 18, 19
 
-_SPIN_SECONDS = 0.005  # spin this long on a handshake before sleeping between polls
-_MAX_SLEEP_SECONDS = 0.002
+_POLL_SECONDS = 0.0002  # a handshake polls back to back this long (a peer about to arrive), then sleeps between polls
+_SHORT_SLEEP_SECONDS = 0.00005  # between polls after that ...
+_SLOW_SECONDS = 0.05  # ... until the wait has lasted this long (a slow peer): then longer sleeps
+_MAX_SLEEP_SECONDS = 0.001
+_SPIN_SECONDS = 0.005  # a wait this long checks whether a rank has ended its program (leavers)
 _ROOT_GRACE_SECONDS = 0.5  # non-roots give rank 0 this much longer to report, since it reports first
 
 
@@ -128,9 +139,24 @@ class Communicator:
         self._table = np.zeros((self.size, _HEADER), np.int64)
         self._rows = list(self._table)  # each rank's row, a view
         self._status = world.MPI.Status()
+        # More ranks on this host than cores: the ranks take turns on the cores, and a waiting
+        # rank must hand its core to a peer at once (waiting.Poller).
+        self.local_size = self._count_local_ranks(world, timeout, warning)
+        self._crowded = self.local_size > waiting.usable_cores()
 
     def _duplicate(self, world: World, timeout: float | None, warning: float | None) -> Any:
         comm, request = world.MPI.COMM_WORLD.Idup()
+        self._await_creation(world, request, timeout, warning)
+        return comm
+
+    def _count_local_ranks(self, world: World, timeout: float | None, warning: float | None) -> int:
+        """How many ranks run on this host (one collective, when the communicator is made)."""
+        digests = np.zeros(self.size, np.int64)
+        mine = np.array([_code(socket.gethostname())], np.int64)
+        self._await_creation(world, self._comm.Iallgather(mine, digests), timeout, warning)
+        return int(np.count_nonzero(digests == mine[0]))
+
+    def _await_creation(self, world: World, request: Any, timeout: float | None, warning: float | None) -> None:
         start = time.monotonic()
         warned_at = 0.0
         while not request.Test():
@@ -150,9 +176,8 @@ class Communicator:
                     f"MultiWorkerMirroredStrategy (every process must create it, at the same point)."
                 )
                 logger.warning(message)
-                warnings.warn(message, ReplicaStallWarning, stacklevel=3)
-            time.sleep(0.001 if waited > _SPIN_SECONDS else 0)
-        return comm
+                warnings.warn(message, ReplicaStallWarning, stacklevel=4)
+            time.sleep(_MAX_SLEEP_SECONDS if waited > _SPIN_SECONDS else _SHORT_SLEEP_SECONDS)
 
     @property
     def broken(self) -> str | None:
@@ -258,11 +283,16 @@ class Communicator:
     def _poll(
         self, requests: list[Any], call: Call, seq: int, timeout: float | None, warning: float | None
     ) -> list[bool]:
-        """Waits for ``requests``: spins, then sleeps a little between polls; warns and times out."""
+        """Waits for ``requests`` (a peer may still be computing): polls, warns and times out.
+
+        For ``_POLL_SECONDS`` it polls paced by ``waiting.Poller`` (a peer that is about to
+        arrive is seen at once), then sleeps ``_SHORT_SLEEP_SECONDS`` between polls: a rank
+        that keeps its core while waiting for a slow peer takes that core from other work.
+        """
         testall = self._Testall
         start = time.monotonic()
-        pause = 0.0
         warned_at = 0.0
+        poller = waiting.Poller(self._crowded)
         while True:
             if testall(requests):
                 return [True] * len(requests)
@@ -272,10 +302,14 @@ class Communicator:
             if warning is not None and waited > warning and waited - warned_at > warning:
                 warned_at = waited
                 self._warn_stall(call, seq, waited, [bool(r.Test()) for r in requests])
+            if waited < _POLL_SECONDS:
+                poller.pause()
+                continue
             if waited > _SPIN_SECONDS:
                 self._check_leavers(call, seq)
-                pause = min(_MAX_SLEEP_SECONDS, pause * 2 or 0.00005)
-                time.sleep(pause)
+                time.sleep(_MAX_SLEEP_SECONDS if waited > _SLOW_SECONDS else _SHORT_SLEEP_SECONDS)
+            else:
+                time.sleep(_SHORT_SLEEP_SECONDS)
 
     def _check(self, table: np.ndarray, call: Call, seq: int, timeout: float | None) -> None:
         keys = table[:, :_EXTRA]
@@ -309,9 +343,11 @@ class Communicator:
 
     def _spin(self, pending: list[Any], deadline: float | None, call: Call) -> None:
         testall = self._Testall
+        poller = waiting.Poller(self._crowded)
         while True:
             if testall(pending):
                 return
+            poller.pause()
             if deadline is not None and time.monotonic() > deadline:
                 reason = f"{call.api} timed out while moving its data between the ranks"
                 self.mark_broken(reason)
@@ -348,7 +384,7 @@ class Communicator:
                         f"Rank {self.rank} has ended and waited {waited:.0f} s for the other ranks to end (they are "
                         f"still computing, or stuck outside towerdist's collectives)."
                     )
-                time.sleep(0.001 if waited > _SPIN_SECONDS else 0)
+                time.sleep(_MAX_SLEEP_SECONDS if waited > _SPIN_SECONDS else _SHORT_SLEEP_SECONDS)
 
     def _check_leavers(self, call: Call, seq: int) -> None:
         """Raises ``AbortedError`` if a rank has ended its program while this one waits in a collective."""
