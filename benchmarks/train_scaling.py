@@ -265,7 +265,7 @@ def parameters_of(model: Any) -> list[np.ndarray]:
 
 def with_fresh_buffers(step: Step) -> Step:
     """``step`` with the optimizer's buffer reuse switched off for its duration."""
-    from towerdist._src.optimizers.update_buffers import UpdateBuffers
+    from towerdist._src.variables.update_buffers import UpdateBuffers
 
     reusing_out, reusing_scratch = UpdateBuffers.out, UpdateBuffers.scratch
 

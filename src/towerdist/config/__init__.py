@@ -1,4 +1,4 @@
-"""Device configuration (``tf.config``): physical and logical devices, replica timeouts."""
+"""Device configuration (``tf.config``): physical and logical devices, threads per operation, replica timeouts."""
 
 from towerdist._src.config import LogicalDevice as LogicalDevice
 from towerdist._src.config import LogicalDeviceConfiguration as LogicalDeviceConfiguration
@@ -9,6 +9,7 @@ from towerdist._src.config import list_physical_devices as list_physical_devices
 from towerdist._src.config import set_logical_device_configuration as set_logical_device_configuration
 from towerdist._src.strategies.replica_threads import get_replica_timeouts as get_replica_timeouts
 from towerdist._src.strategies.replica_threads import set_replica_timeouts as set_replica_timeouts
+from towerdist.config import threading as threading
 
 __all__ = [
     "LogicalDevice",
@@ -20,4 +21,5 @@ __all__ = [
     "list_physical_devices",
     "set_logical_device_configuration",
     "set_replica_timeouts",
+    "threading",
 ]

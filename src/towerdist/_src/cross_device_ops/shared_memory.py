@@ -20,7 +20,7 @@ VM): 128 KiB chunks cost more in per-call overhead than they save in memory traf
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues
 
-__all__ = ["SharedMemoryAllReduce", "reduce_host_arrays"]
+__all__ = ["SharedMemoryAllReduce", "reduce_host_arrays", "reduce_into_update"]
 
 _host = backend.host()
 
@@ -78,8 +78,41 @@ def reduce_host_arrays(
     return target.reshape(first.shape)
 
 
+def reduce_into_update(
+    reduce_op: ReduceOp,
+    arrays: Sequence[np.ndarray],
+    old: np.ndarray,
+    subtract: bool | None,
+    out: np.ndarray,
+    chunk_bytes: int = 1 << 20,
+    parallel_threshold_bytes: int = 1 << 22,
+) -> np.ndarray:
+    """An aggregated variable write in one pass: ``out = old + reduce(arrays)`` (or ``-``; or the
+    reduction alone with ``subtract=None``, an ``assign``).
+
+    The reduction is taken first, chunk by chunk, then combined with ``old`` while the chunk
+    is in cache, so the result is exactly ``old + (a0 + a1 + ...)`` as an all-reduce followed
+    by ``assign_add`` gives, for one pass over memory instead of two (and no temporary).
+    Same-shaped, same-dtype, contiguous host arrays; ``out`` is a private buffer like ``old``.
+    """
+    flats = [_host.flat(a) for a in arrays]
+    target = out.reshape(-1)
+    base = None if subtract is None else _host.flat(old)
+    combine = np.subtract if subtract else np.add
+    _reduce_flat_into(
+        target, flats, reduce_op, chunk_bytes, parallel_threshold_bytes,
+        then=None if base is None else lambda lo, hi: combine(base[lo:hi], target[lo:hi], out=target[lo:hi]),
+    )
+    return out
+
+
 def _reduce_flat_into(
-    out: Any, flats: Sequence[Any], reduce_op: ReduceOp, chunk_bytes: int, parallel_threshold_bytes: int
+    out: Any,
+    flats: Sequence[Any],
+    reduce_op: ReduceOp,
+    chunk_bytes: int,
+    parallel_threshold_bytes: int,
+    then: Callable[[int, int], Any] | None = None,
 ) -> None:
     size = out.size
     count = len(flats)
@@ -100,6 +133,8 @@ def _reduce_flat_into(
             _host.accumulate_into(out, flats, lo, hi)
             if divide:
                 _host.divide_into(out, count, lo, hi)
+            if then is not None:
+                then(lo, hi)
 
     parallel.run_parts(reduce_part, parts)
 

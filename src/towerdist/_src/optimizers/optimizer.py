@@ -36,13 +36,13 @@ import numpy as np
 
 from towerdist._src import backend, context, parallel
 from towerdist._src.errors import InvalidArgumentError
-from towerdist._src.optimizers.update_buffers import UpdateBuffers
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.variable_enums import VariableAggregation
 from towerdist._src.variables import creation
 from towerdist._src.variables.aggregating_variable import AggregatingVariable
 from towerdist._src.variables.distributed_variable import DistributedVariable
+from towerdist._src.variables.update_buffers import UpdateBuffers
 from towerdist._src.variables.variable import ResourceVariable, Variable, VariableRef
 
 __all__ = ["Optimizer"]

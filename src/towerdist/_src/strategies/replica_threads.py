@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from towerdist._src import parallel, waiting
+from towerdist._src import intra_op_threads, parallel, waiting
 from towerdist._src import profiler as _profiler
 from towerdist._src.backend import cupy_backend
 from towerdist._src.device import DeviceSpec
@@ -130,6 +130,8 @@ class ReplicaScheduler:
     def __init__(self, strategy: Any, devices: Sequence[DeviceSpec]) -> None:
         self._strategy_ref = weakref.ref(strategy)
         self._devices = tuple(devices)
+        self._on_gpus = any(d.device_type == "GPU" for d in self._devices)
+        self._local_workers = 1  # processes of the job on this host running as many replicas (multi-worker)
         self._pools: list[_Pool] = []
         self._lock = threading.Lock()
         _schedulers.add(self)
@@ -183,6 +185,8 @@ class ReplicaScheduler:
         if len(self._devices) == 1:
             return self._run_here(strategy, fn, args, kwargs, make_context)
         begin = _profiler.now() if _profiler.active else 0  # the caller's step, on its track
+        if not self._on_gpus:  # CPU replicas run at once: BLAS threads must not oversubscribe the cores
+            intra_op_threads.for_concurrent_replicas(len(self._devices) * self._local_workers)
         pool = self._acquire()
         mailboxes = (queue.SimpleQueue(), *pool.mailboxes)  # replica 0's: read by this thread
         step = Step(strategy, self._devices, mailboxes, fn, args, kwargs, make_context, sequential, pool.sites)

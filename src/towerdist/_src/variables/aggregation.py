@@ -24,13 +24,18 @@ When every replica passes the *same* object (a Python number, an array made outs
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+import numpy as np
+
 from towerdist._src import context
+from towerdist._src.cross_device_ops.shared_memory import SharedMemoryAllReduce, reduce_into_update
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.values.regroup import regroup, select_replica
 from towerdist._src.variable_enums import VariableAggregation
+from towerdist._src.variables.variable import ASSIGN, ASSIGN_ADD, ASSIGN_SUB
 
 __all__ = ["aggregation_error", "write_in_replica"]
 
@@ -80,11 +85,89 @@ def _settle_writes(strategy: Any, writes: list[tuple[Any, str, Any, bool]]) -> l
             f"variables or methods ({_describe(regroup([write[0] for write in writes]))}, {op!r}); every "
             f"replica must make the same write (same variable, same method) at the same point."
         )
+    read_value = any(write[3] for write in writes)
+    written = _write_fused(strategy, variable, op, [write[2] for write in writes], read_value)
+    if written is not _NOT_FUSED:
+        return [select_replica(i, written) if write[3] else None for i, write in enumerate(writes)]
     devices = strategy.extended._devices if len(writes) > 1 else None  # the replicas' devices (multi-replica)
     value = regroup([write[2] for write in writes], devices, what=f"values of {type(variable).__name__}.{op}()")
     combined = _aggregate(strategy, variable, value, f"{type(variable).__name__}.{op}()")
-    written = variable._write_cross_replica(op, combined, any(write[3] for write in writes))
+    written = variable._write_cross_replica(op, combined, read_value)
     return [select_replica(i, written) if write[3] else None for i, write in enumerate(writes)]
+
+
+_NOT_FUSED: Any = object()
+_FUSED_OPS = {ASSIGN: None, ASSIGN_ADD: False, ASSIGN_SUB: True}  # op -> ``subtract`` of reduce_into_update
+
+
+def _write_fused(strategy: Any, variable: Any, op: str, values: list[Any], read_value: bool) -> Any:
+    """The write as one pass over host memory, when it can be: ``_NOT_FUSED`` otherwise.
+
+    The common case of a large aggregated write on logical CPUs: a SUM or MEAN
+    ``MirroredVariable`` whose components share one host buffer, each replica passing its own
+    host array of the variable's shape and dtype, in one process. The reduction and the
+    update then run chunk by chunk in one pass (``reduce_into_update``), into the buffer the
+    previous value was in when nobody still looks at it; the result is the same as reducing
+    first and writing after. Anything else takes the general path.
+    """
+    subtract = _FUSED_OPS.get(op, _NOT_FUSED)
+    agg = variable.aggregation
+    extended = strategy.extended
+    components: tuple[Any, ...] = getattr(variable, "_components", ())
+    if (
+        subtract is _NOT_FUSED
+        or agg not in (VariableAggregation.SUM, VariableAggregation.MEAN)
+        or len(values) < 2
+        or len(components) != len(values)
+        or extended._num_workers != 1
+        or not isinstance(extended._cross_device_ops, SharedMemoryAllReduce)
+    ):
+        return _NOT_FUSED
+    old = components[0]._array
+    if not _one_host_buffer(components, old):
+        return _NOT_FUSED
+    if agg is VariableAggregation.MEAN and old.dtype.kind not in "fc":
+        return _NOT_FUSED  # (the general path raises the error for integer MEAN)
+    for k, value in enumerate(values):
+        if type(value) is not np.ndarray or value.shape != old.shape or value.dtype != old.dtype:
+            return _NOT_FUSED
+        if not value.flags.c_contiguous or any(value is other for other in values[:k]):
+            return _NOT_FUSED  # (the same object from two replicas: the general path says why SUM refuses it)
+    if op == ASSIGN:
+        components[0]._check_assign_shape(old.shape)
+    with contextlib.ExitStack() as locks:
+        for component in components:
+            locks.enter_context(component._write_lock)
+        if not _one_host_buffer(components, old):
+            return _NOT_FUSED  # written meanwhile (by code outside this step)
+        out = components[0]._spare_like(old)
+        if out is None:
+            out = np.empty_like(old)
+        reduce_into_update(ReduceOp.from_variable_aggregation(agg), values, old, subtract, out)
+        for k, component in enumerate(components):
+            component._store(out)
+            if k:
+                component._drop_spare()
+    if not read_value:
+        return None
+    return variable._write_result()
+
+
+def _one_host_buffer(components: Any, old: Any) -> bool:
+    """Whether every component's value is ``old`` or a view of the same whole host buffer."""
+    if type(old) is not np.ndarray:
+        return False
+    owner = old if old.base is None else old.base
+    for component in components:
+        array = component._array
+        if array is not old and (
+            type(array) is not np.ndarray
+            or (array if array.base is None else array.base) is not owner
+            or array.shape != old.shape
+            or array.strides != old.strides
+        ):
+            return False
+    return owner.shape == old.shape or owner.size == old.size
 
 
 def _aggregate(strategy: Any, variable: Any, value: Any, api: str) -> Any:

@@ -146,9 +146,12 @@ class DistributedVariable(DistributedValues, Variable):
         from towerdist._src.values.regroup import split_for_replicas  # noqa: PLC0415  (regroup imports values)
 
         parts = split_for_replicas(value, len(self._components), f"{type(self).__name__}.{op}()", "value")
-        new = write_components(self._components, op, parts)
-        if not read_value:
-            return None
+        write_components(self._components, op, parts)
+        return self._write_result() if read_value else None
+
+    def _write_result(self) -> Any:
+        """What a write returns when asked to read the value: every component's new value."""
+        new = [component.value() for component in self._components]
         return new[0] if len(new) == 1 else Mirrored(new, self._devices)
 
     def _update_component(self) -> ResourceVariable | None:
@@ -303,6 +306,7 @@ def write_components(components: Sequence[ResourceVariable], op: str, parts: Seq
 def _write_locked(components: Sequence[ResourceVariable], op: str, parts: Sequence[Any]) -> list[Any]:
     host = backend.host()
     prepared: list[Any] = []
+    shared: list[bool] = []  # the component reuses another's result (that one keeps the spare buffer)
     cache: dict[tuple[Any, ...], Any] = {}
     for component, part in zip(components, parts):
         key = None
@@ -312,13 +316,17 @@ def _write_locked(components: Sequence[ResourceVariable], op: str, parts: Sequen
                 key = (_content_key(component._array), part_key)
                 if key in cache:
                     prepared.append(cache[key])
+                    shared.append(True)
                     continue
         array = component._prepare(op, part)
         if key is not None:
             cache[key] = array
         prepared.append(array)
-    for component, array in zip(components, prepared):
+        shared.append(False)
+    for component, array, reused in zip(components, prepared, shared):
         component._store(array)
+        if reused:
+            component._drop_spare()
     return [component.value() for component in components]
 
 
