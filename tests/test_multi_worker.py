@@ -536,3 +536,15 @@ def test_the_buffer_pool_never_hands_out_a_buffer_a_result_still_uses():
     assert id(pool.take(dtype, 10)) != first_id  # a view keeps it busy
     del view
     assert id(pool.take(dtype, 10)) == first_id
+
+
+@pytest.mark.multi_worker
+def test_the_communicator_counts_the_ranks_on_this_host(multi_worker_strategy):
+    """Every rank of the CI job runs on one host: they share its cores (and its BLAS threads' budget)."""
+    extended = multi_worker_strategy.extended
+    communicator = extended._workers.communicator
+    if extended._num_workers == 1:
+        assert communicator is None  # one worker has no MPI at all
+        return
+    assert communicator.local_size == extended._num_workers
+    assert extended._scheduler._local_workers == communicator.local_size

@@ -9,6 +9,7 @@ from __future__ import annotations
 import _thread
 import contextlib
 import gc
+import json
 import logging
 import multiprocessing
 import os
@@ -23,7 +24,7 @@ import pytest
 
 import towerdist as td
 from towerdist._src import device as device_lib
-from towerdist._src import parallel
+from towerdist._src import parallel, waiting
 from towerdist._src.strategies.barrier import Step
 
 from conftest import TEST_REPLICA_TIMEOUT_SECONDS, TEST_REPLICA_WARNING_SECONDS, cpus
@@ -867,3 +868,140 @@ def test_an_exception_whose_str_raises_never_replaces_the_original(mirrored_2cpu
     notes = "\n".join(info.value.__notes__)
     assert f"Other replicas also raised: replica {1 if other.startswith('_Other') else 0}: {other}(<{other}.__str__ raised>)" in notes
     assert mirrored_2cpu.run(lambda: 5) == 5
+
+
+# --- replica 0 runs on the caller's thread ----------------------------------------------------
+
+
+def test_replica_0_sees_its_own_context_and_device_and_the_caller_gets_its_own_back(fresh2):
+    seen: dict[int, tuple[object, ...]] = {}
+
+    def fn():
+        ctx = td.distribute.get_replica_context()
+        seen[replica_id()] = (
+            threading.get_ident(),
+            ctx.replica_id_in_sync_group,
+            device_lib.current().short_name,
+            td.distribute.in_cross_replica_context(),
+            td.distribute.get_strategy() is fresh2,
+        )
+
+    with td.device("CPU:5"):
+        fresh2.run(fn)
+        assert device_lib.current().short_name == "/cpu:5"  # the caller's own device scope, restored
+    assert seen[0] == (threading.get_ident(), 0, "/cpu:0", False, True)
+    assert seen[1][1:] == (1, "/cpu:1", False, True) and seen[1][0] != threading.get_ident()
+    assert td.distribute.get_replica_context() is not None  # the default replica context again
+    assert not td.distribute.has_strategy()
+    with fresh2.scope():
+        fresh2.run(fn)
+        assert td.distribute.in_cross_replica_context() and td.distribute.get_strategy() is fresh2
+
+
+def test_an_exception_in_replica_0_names_replica_0_and_the_strategy_stays_usable(fresh2):
+    def fn():
+        if replica_id() == 0:
+            raise LookupError("replica 0's own error")
+        return td.distribute.get_replica_context().merge_call(lambda s: "never merged")
+
+    with pytest.raises(LookupError, match="replica 0's own error") as info:
+        fresh2.run(fn)
+    assert any("Raised in replica 0 (on /cpu:0)" in note for note in info.value.__notes__)
+    assert fresh2.experimental_local_results(fresh2.run(replica_id)) == (0, 1)
+
+
+def test_run_inside_run_from_replica_0_raises_the_context_error(fresh2):
+    def fn():
+        if replica_id() == 0:
+            fresh2.run(lambda: None)
+
+    with pytest.raises(td.errors.ContextError, match="Strategy.run\\(\\) must be called in cross-replica context"):
+        fresh2.run(fn)
+    assert fresh2.run(lambda: 3) == 3
+
+
+def test_run_inside_a_merge_fn_that_replica_0_runs_on_the_callers_thread(fresh2):
+    """Replica 1 parks first, so replica 0 settles the round on the caller's thread; its
+    merge_fn runs a nested step, whose replica 0 is that same thread."""
+    caller = threading.get_ident()
+    parked = threading.Event()
+
+    def merge_fn(strategy):
+        assert threading.get_ident() == caller
+        inner = strategy.run(lambda: (threading.get_ident(), replica_id()))
+        return strategy.experimental_local_results(inner)
+
+    def fn():
+        if replica_id() == 1:
+            parked.set()
+        else:
+            assert parked.wait(WAIT)
+        return td.distribute.get_replica_context().merge_call(merge_fn)
+
+    result = fresh2.run(fn)
+    parts = fresh2.experimental_local_results(result)
+    assert parts[0] == parts[1]  # the merge result, the same object for both replicas
+    (ident_0, id_0), (ident_1, id_1) = parts[0]
+    assert (ident_0, id_0, id_1) == (caller, 0, 1) and ident_1 != caller
+    assert fresh2.experimental_local_results(fresh2.run(replica_id)) == (0, 1)
+
+
+@pytest.fixture
+def replica_1_parks(monkeypatch) -> threading.Event:
+    """An event set when replica 1 parks at a barrier (it waits there for replica 0)."""
+    parked = threading.Event()
+    park = Step._park
+
+    def park_and_signal(self, i):
+        if i == 1:
+            parked.set()
+        return park(self, i)
+
+    monkeypatch.setattr(Step, "_park", park_and_signal)
+    return parked
+
+
+def test_a_keyboard_interrupt_in_replica_0s_code_stops_the_step(fresh2, sigint, replica_1_parks):
+    """Ctrl-C lands while replica 0 (on the caller's thread) is in user code and replica 1 is parked."""
+    sigint(signal.default_int_handler)
+    reached: list[str] = []
+
+    def fn():
+        if replica_id() == 1:
+            return td.distribute.get_replica_context().merge_call(lambda s: "merged")
+        assert replica_1_parks.wait(WAIT)
+        interrupt_main()
+        threading.Event().wait(WAIT)  # user code, busy when the interrupt lands (it ends this wait)
+        reached.append("after the interrupt")
+        return td.distribute.get_replica_context().merge_call(lambda s: "merged")
+
+    with pytest.raises(KeyboardInterrupt):
+        fresh2.run(fn)
+    assert reached == []
+    # Replica 1 was released from the barrier and its thread serves the next step.
+    assert fresh2.experimental_local_results(fresh2.run(replica_id)) == (0, 1)
+    assert fresh2.extended._scheduler.num_threads == 1
+
+
+def test_the_timeline_shows_each_wake_up(fresh2, tmp_path, replica_1_parks, monkeypatch):
+    """With spinning off, a replica parked at the barrier blocks: one ``blocked: barrier`` span per wake-up."""
+    monkeypatch.setattr(waiting, "_override", 0.0)  # no spinning (restored afterwards)
+
+    def fn():
+        if replica_id() == 0:
+            assert replica_1_parks.wait(WAIT)  # replica 1 waits for replica 0 at the barrier
+        return td.distribute.get_replica_context().merge_call(lambda s: None)
+
+    fresh2.run(fn)  # threads started before recording
+    replica_1_parks.clear()
+    td.profiler.experimental.start(str(tmp_path))
+    try:
+        fresh2.run(fn)
+    finally:
+        path = td.profiler.experimental.stop()
+    with open(path, encoding="utf-8") as file:
+        events = json.load(file)["traceEvents"]
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    blocked = [(tracks[e["tid"]], e["name"]) for e in events if e["ph"] == "X" and e["name"].startswith("blocked: ")]
+    assert ("replica 1 (/cpu:1)", "blocked: barrier") in blocked
+    assert all(not name.startswith("main") for name, what in blocked if what == "blocked: barrier")
