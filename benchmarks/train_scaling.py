@@ -10,11 +10,13 @@ the machine hits all of them alike); figures are examples/s, medians of ``--repe
 examples split over the replicas (strong scaling). Variants:
 
 * ``numpy loop``      the same model and update in one plain numpy loop (no towerdist);
-* ``ceiling``         two numpy threads, each training on half of every batch with no
-                      communication at all, stepping together (a step ends when both halves
-                      are done): the most two synchronous replicas can reach on this machine;
-* ``free threads``    the same two threads never waiting for each other (an upper bound no
-                      synchronous step reaches; shown for reference);
+* ``free threads (N)``  the ceiling (DESIGN 11): N numpy threads, each training its own copy
+                      of the model on 1/N of every batch with no communication at all and
+                      never waiting for each other; N = 2, and 4 as the bound of 4 replicas
+                      on this machine's cores;
+* ``lockstep (2)``    the same two threads stepping together (a step ends when both halves
+                      are done; the caller posts to them and waits): the shape of a
+                      synchronous step without any reduction, shown for reference;
 * ``towerdist N``     ``MirroredStrategy`` over N logical CPUs, N = 1, 2, 4;
 * ``towerdist N, no update``  the same step without ``apply_gradients``: the difference is
                       what applying the gradients adds per step;
@@ -24,19 +26,22 @@ examples split over the replicas (strong scaling). Variants:
 * ``PyTorch DDP N``   (when torch is importable) the same model and SGD in
                       ``DistributedDataParallel`` over gloo, N = 1, 2 processes.
 
-Targets: towerdist 1 >= 0.9x the numpy loop; towerdist 2 >= 0.75x the ceiling;
-``apply_gradients`` adds <= 0.3 ms per step at 2 replicas; and the same test accuracy as the
-numpy loop (checked after the timing by training both for ``--epochs``).
+Targets: towerdist 1 >= 0.9x the numpy loop; towerdist 2 >= 0.75x free threads (2);
+towerdist 4 >= 0.9x towerdist 2 (on 2 cores; free threads (4) / free threads (2) shows what
+the machine allows); ``apply_gradients`` adds <= 0.3 ms per step at 2 replicas; and the same
+test accuracy as the numpy loop (checked after the timing by training both for ``--epochs``).
 
 **adam** (weak scaling): each replica gets ``--batch`` examples per step and the optimizer is
-Adam 1e-3, as in the main job; numpy loop, the two-thread ceiling, towerdist 1/2/4, DDP.
+Adam 1e-3, as in the main job; numpy loop, free threads (2) and lockstep (2) on ``--batch``
+examples each, towerdist 1/2/4, DDP.
 
 **--mpi** (the sgd task across processes): ``MultiWorkerMirroredStrategy`` on 2 processes x 1
 CPU replica, started by this script as ``mpiexec -n 2 python benchmarks/train_scaling.py
 --mpi-worker`` (the ``mpiexec`` next to this Python, else on ``PATH``), against the in-process
-variants, all in one run: the numpy loop, the two-thread ceiling, ``towerdist 1`` and
-``towerdist 2`` (``MirroredStrategy`` over 2 logical CPUs). Every variant trains on the same
-global batch of 256 per step; each MPI worker takes its 128 examples the way ``towerdist 2``'s
+variants, all in one run: the numpy loop, free threads (2), lockstep (2), ``towerdist 1`` and
+``towerdist 2`` (``MirroredStrategy`` over 2 logical CPUs); ``--ranks`` (default 2 and 4) sets
+the MWMS jobs. Every variant trains on the same global batch of 256 per step; each MPI worker
+takes its share (128 examples with 2 ranks) the way ``towerdist 2``'s
 replicas do (``experimental_distribute_values_from_function`` with the global replica id),
 runs the same step function, and ``apply_gradients`` sums the gradients across the processes.
 The workers run this file, so BLAS is pinned to one thread there too. The job stays up for
@@ -44,12 +49,14 @@ the whole run and idles between its samples (rank 0 blocks reading its stdin, ra
 between polls), so the variants are timed in rotation as above: rank 0 reports the
 examples/s of each sample (the ranks start it together after a barrier). Before timing, the
 parameters after a few steps are checked to be the same on both workers and against
-``towerdist 2`` on the same batch. Targets: MWMS >= 0.8x the ceiling; the ratio to
-``towerdist 2`` is reported.
+``towerdist 2`` on the same batch. Targets: MWMS 2 x 1 >= 0.8x free threads (2); MWMS 4 x 1
+>= 0.8x MWMS 2 x 1 (4 ranks on 2 cores). With ``--compete`` every variant is also sampled
+while a competing CPU-bound process runs in the measured program's session (see
+``Competitor``): MWMS 2 x 1 with it >= 0.6x without it, the in-process variants >= 0.79x.
 
 Run:
     python benchmarks/train_scaling.py [--task sgd adam] [--repeats 7] [--seconds 0.4] [--batch 64 256]
-    python benchmarks/train_scaling.py --mpi [--repeats 9] [--seconds 0.4] [--quick]
+    python benchmarks/train_scaling.py --mpi [--repeats 9] [--seconds 0.4] [--quick] [--ranks 2 4] [--compete]
 """
 
 from __future__ import annotations
@@ -88,7 +95,8 @@ REPLICAS = (1, 2, 4)
 GLOBAL_BATCH = 256
 SGD_RATE = 0.1
 TARGET_ONE_REPLICA = 0.9  # towerdist 1 / numpy loop
-TARGET_TWO_REPLICAS = 0.75  # towerdist 2 / ceiling
+TARGET_TWO_REPLICAS = 0.75  # towerdist 2 / free threads (2)
+TARGET_FOUR_REPLICAS = 0.9  # towerdist 4 / towerdist 2 on 2 cores
 TARGET_APPLY_MS = 0.3  # what apply_gradients adds per step at 2 replicas
 TARGET_MWMS = 0.8  # MultiWorkerMirroredStrategy 2 x 1 / free threads
 TARGET_MORE_RANKS = 0.8  # MWMS 4 x 1 / MWMS 2 x 1 on 2 cores
@@ -330,17 +338,22 @@ def calibrate(step: Step, seconds: float) -> int:
     return max(3, int(steps * 4))
 
 
-def measure(variants: dict[str, tuple[Step, int]], repeats: int, seconds: float) -> dict[str, list[float]]:
-    """examples/s samples of every variant ``(step, examples per step)``, taken in rotation."""
-    steps = {name: calibrate(step, seconds) for name, (step, _) in variants.items()}
-    rates: dict[str, list[float]] = {name: [] for name in variants}
+def measure(variants: dict[str, tuple[Step, int]], repeats: int, seconds: float,
+            extra: dict[str, Callable[[], float]] | None = None) -> dict[str, list[float]]:
+    """examples/s samples of every variant ``(step, examples per step)``, and of every ``extra``
+    sampler (a function returning examples/s), all taken in rotation."""
+    samplers = {name: in_process_sampler(step, examples, seconds) for name, (step, examples) in variants.items()}
+    samplers.update(extra or {})
+    rates: dict[str, list[float]] = {name: [] for name in samplers}
     for _ in range(repeats):
-        for name, (step, examples) in variants.items():
-            start = time.perf_counter()
-            for _ in range(steps[name]):
-                step()
-            rates[name].append(steps[name] * examples / (time.perf_counter() - start))
+        for name, sample in samplers.items():
+            rates[name].append(sample())
     return rates
+
+
+def free_threads(steps: list[Step], examples_per_step: int, seconds: float) -> Callable[[], float]:
+    """A sampler of ``steps`` run as free threads (see ``free_threads_rate``)."""
+    return lambda: free_threads_rate(steps, examples_per_step, seconds)
 
 
 def table(rates: dict[str, list[float]], base: str, per_step: dict[str, int]) -> dict[str, float]:
@@ -361,11 +374,14 @@ def verdict(ok: bool) -> str:
 def sgd_task(args: argparse.Namespace) -> None:
     print(f"task sgd: plain SGD (lr {SGD_RATE}), global batch {GLOBAL_BATCH} split over the replicas")
     x, y = batches(1, GLOBAL_BATCH)
-    half = GLOBAL_BATCH // 2
-    halves = [numpy_sgd_step(x[:half], y[:half], GLOBAL_BATCH), numpy_sgd_step(x[half:], y[half:], GLOBAL_BATCH)]
+
+    def parts(n: int) -> list[Step]:
+        size = GLOBAL_BATCH // n
+        return [numpy_sgd_step(x[k * size:(k + 1) * size], y[k * size:(k + 1) * size], GLOBAL_BATCH) for k in range(n)]
+
     variants: dict[str, tuple[Step, int]] = {
         "numpy loop": (numpy_sgd_step(x, y, GLOBAL_BATCH), GLOBAL_BATCH),
-        "ceiling (2 threads)": (lockstep_threads(halves), GLOBAL_BATCH),
+        "lockstep (2)": (lockstep_threads(parts(2)), GLOBAL_BATCH),
     }
     for n in REPLICAS:
         variants[f"towerdist {n}"] = (towerdist_step(n, GLOBAL_BATCH // n, GLOBAL_BATCH, "sgd"), GLOBAL_BATCH)
@@ -374,23 +390,24 @@ def sgd_task(args: argparse.Namespace) -> None:
             towerdist_step(n, GLOBAL_BATCH // n, GLOBAL_BATCH, "sgd", update=False), GLOBAL_BATCH)
     variants["towerdist 2, fresh buffers"] = (
         with_fresh_buffers(towerdist_step(2, GLOBAL_BATCH // 2, GLOBAL_BATCH, "sgd")), GLOBAL_BATCH)
-    rates = measure(variants, args.repeats, args.seconds)
-    free = [free_threads_rate([numpy_sgd_step(x[:half], y[:half], GLOBAL_BATCH),
-                               numpy_sgd_step(x[half:], y[half:], GLOBAL_BATCH)], half, args.seconds)
-            for _ in range(args.repeats)]
-    rates["free threads (2, reference)"] = free
+    free = {f"free threads ({n})": free_threads(parts(n), GLOBAL_BATCH // n, args.seconds) for n in (2, 4)}
+    rates = measure(variants, args.repeats, args.seconds, free)
     for processes in (1, 2):
         ddp = torch_ddp_rates("sgd", GLOBAL_BATCH // processes, processes, args.seconds, args.repeats)
         if ddp:
             rates[f"PyTorch DDP {processes}"] = ddp
     medians = table(rates, "numpy loop", {name: GLOBAL_BATCH for name in rates})
-    numpy_rate, ceiling = medians["numpy loop"], medians["ceiling (2 threads)"]
-    one, two = medians["towerdist 1"] / numpy_rate, medians["towerdist 2"] / ceiling
+    numpy_rate, free2, free4 = medians["numpy loop"], medians["free threads (2)"], medians["free threads (4)"]
+    one, two = medians["towerdist 1"] / numpy_rate, medians["towerdist 2"] / free2
+    four = medians["towerdist 4"] / medians["towerdist 2"]
     apply_ms = (GLOBAL_BATCH / medians["towerdist 2"] - GLOBAL_BATCH / medians["towerdist 2, no update"]) * 1e3
-    print(f"  towerdist 1 / numpy loop = {one:.2f}x (target >= {TARGET_ONE_REPLICA}x: {verdict(one >= TARGET_ONE_REPLICA)})")
-    print(f"  towerdist 2 / ceiling    = {two:.2f}x (target >= {TARGET_TWO_REPLICAS}x: "
-          f"{verdict(two >= TARGET_TWO_REPLICAS)}); / free threads = {medians['towerdist 2'] / medians['free threads (2, reference)']:.2f}x;"
+    print(f"  towerdist 1 / numpy loop        = {one:.2f}x (target >= {TARGET_ONE_REPLICA}x: "
+          f"{verdict(one >= TARGET_ONE_REPLICA)})")
+    print(f"  towerdist 2 / free threads (2)  = {two:.2f}x (target >= {TARGET_TWO_REPLICAS}x: "
+          f"{verdict(two >= TARGET_TWO_REPLICAS)}); / lockstep (2) = {medians['towerdist 2'] / medians['lockstep (2)']:.2f}x;"
           f" / numpy loop = {medians['towerdist 2'] / numpy_rate:.2f}x")
+    print(f"  towerdist 4 / towerdist 2       = {four:.2f}x on {os.cpu_count()} cores (target >= {TARGET_FOUR_REPLICAS}x: "
+          f"{verdict(four >= TARGET_FOUR_REPLICAS)}); the machine's bound, free threads (4) / (2) = {free4 / free2:.2f}x")
     print(f"  apply_gradients adds {apply_ms:.3f} ms per step at 2 replicas (target <= {TARGET_APPLY_MS} ms: "
           f"{verdict(apply_ms <= TARGET_APPLY_MS)})")
     fresh_ms = (GLOBAL_BATCH / medians["towerdist 2, fresh buffers"] - GLOBAL_BATCH / medians["towerdist 2"]) * 1e3
@@ -450,11 +467,12 @@ def adam_task(args: argparse.Namespace) -> None:
     for batch in args.batch:
         variants: dict[str, tuple[Step, int]] = {
             "numpy loop": (numpy_adam_step(batch), batch),
-            "ceiling (2 threads)": (lockstep_threads([numpy_adam_step(batch), numpy_adam_step(batch)]), 2 * batch),
+            "lockstep (2)": (lockstep_threads([numpy_adam_step(batch), numpy_adam_step(batch)]), 2 * batch),
         }
         for n in REPLICAS:
             variants[f"towerdist {n}"] = (towerdist_step(n, batch, n * batch, "adam"), n * batch)
-        rates = measure(variants, args.repeats, args.seconds)
+        free = {"free threads (2)": free_threads([numpy_adam_step(batch), numpy_adam_step(batch)], batch, args.seconds)}
+        rates = measure(variants, args.repeats, args.seconds, free)
         for processes in (1, 2):
             ddp = torch_ddp_rates("adam", batch, processes, args.seconds, args.repeats)
             if ddp:
@@ -462,9 +480,10 @@ def adam_task(args: argparse.Namespace) -> None:
         print(f" per-replica batch {batch}")
         per_step = {name: examples for name, (_, examples) in variants.items()}
         per_step.update({f"PyTorch DDP {n}": n * batch for n in (1, 2)})
+        per_step["free threads (2)"] = 2 * batch
         medians = table(rates, "numpy loop", per_step)
         print(f"  towerdist 2 / towerdist 1 = {medians['towerdist 2'] / medians['towerdist 1']:.2f}x; "
-              f"towerdist 2 / ceiling = {medians['towerdist 2'] / medians['ceiling (2 threads)']:.2f}x")
+              f"towerdist 2 / free threads (2) = {medians['towerdist 2'] / medians['free threads (2)']:.2f}x")
     print()
 
 
@@ -594,7 +613,7 @@ def mpi_task(args: argparse.Namespace) -> None:
                 lambda job=job: float(job.ask("sample with a competitor")))
         samplers = {
             "numpy loop": in_process_sampler(numpy_sgd_step(x, y, GLOBAL_BATCH), GLOBAL_BATCH, args.seconds),
-            "ceiling (2 threads)": in_process_sampler(lockstep_threads([
+            "lockstep (2)": in_process_sampler(lockstep_threads([
                 numpy_sgd_step(x[:half], y[:half], GLOBAL_BATCH),
                 numpy_sgd_step(x[half:], y[half:], GLOBAL_BATCH)]), GLOBAL_BATCH, args.seconds),
             "free threads (2)": lambda: free_threads_rate(

@@ -144,21 +144,23 @@ class Site:
 
     ``short`` is an exponential average of "the wait ended within the spin budget": a wait
     spins only while it is at least one half. A wait that spun in vain counts as long.
+    Waits are only timed while spinning is possible at all (``learning``).
     """
 
-    __slots__ = ("name", "short")
+    __slots__ = ("learning", "name", "short")
 
     _WEIGHT = 0.2  # of the latest wait in the average
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.short = 1.0  # optimistic until waits say otherwise
+        self.learning = False
 
     def budget(self, participants: int) -> float:
         """The spin budget for this site's next wait (0: block at once)."""
-        if self.short < 0.5:
-            return 0.0
-        return spin_budget(participants)
+        budget = spin_budget(participants)
+        self.learning = budget > 0
+        return budget if self.short >= 0.5 else 0.0
 
     def record(self, waited: float, budget: float) -> None:
         """Remembers how long a wait took (seconds), judged against ``budget`` (or the current one)."""
@@ -175,6 +177,8 @@ def get(mailbox: queue.SimpleQueue[T], budget: float, timeout: float | None, sit
     Raises:
       queue.Empty: nothing arrived within ``budget + timeout``.
     """
+    if not (budget or site.learning or _profiler.active):
+        return mailbox.get(timeout=timeout)  # no spinning possible here: the plain wait
     try:
         return mailbox.get_nowait()
     except queue.Empty:
@@ -191,7 +195,8 @@ def get(mailbox: queue.SimpleQueue[T], budget: float, timeout: float | None, sit
                 return mailbox.get(timeout=timeout)
         return mailbox.get(timeout=timeout)
     finally:
-        site.record(time.perf_counter() - start, budget)
+        if site.learning:
+            site.record(time.perf_counter() - start, budget)
 
 
 _NOTHING: Any = object()
