@@ -14,8 +14,10 @@ spinning thread slowed such a peer by ~95% while it spun.
 **The budget.** So spinning for ``t`` seconds costs the peer about ``slowdown * t`` and
 saves ``W - L`` when the peer arrives within it (``W`` and ``L``: the blocking and spinning
 hand-off costs). A wait spins for at most ``(W - L) / slowdown`` (the point where spinning
-stops paying), all three measured on this machine the first time a wait asks
-(:func:`calibration`, ~30 ms); a machine with cheap wake-ups gets a small budget or none.
+stops paying), all three measured on this machine once per process (:func:`calibration`,
+~40 ms, when the first strategy whose replica threads could spin is made: not inside a
+step, where it would cost the user's training loop); a machine with cheap wake-ups gets a
+small budget or none.
 
 **Is the peer about to arrive?** Spinning only pays for waits shorter than the budget.
 Each kind of wait (a :class:`Site`: a replica thread waiting for the next step, a replica

@@ -133,6 +133,8 @@ class ReplicaScheduler:
         self._on_gpus = any(d.device_type == "GPU" for d in self._devices)
         self._local_workers = 1  # processes of the job on this host running as many replicas (multi-worker)
         self._pools: list[_Pool] = []
+        if 2 <= len(self._devices) <= waiting.usable_cores():
+            waiting.calibration()  # once per process (~40 ms), here rather than in a step
         self._lock = threading.Lock()
         _schedulers.add(self)
 
