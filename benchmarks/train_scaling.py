@@ -51,12 +51,13 @@ examples/s of each sample (the ranks start it together after a barrier). Before 
 parameters after a few steps are checked to be the same on both workers and against
 ``towerdist 2`` on the same batch. Targets: MWMS 2 x 1 >= 0.8x free threads (2); MWMS 4 x 1
 >= 0.8x MWMS 2 x 1 (4 ranks on 2 cores). With ``--compete`` every variant is also sampled
-while a competing CPU-bound process runs in the measured program's session (see
-``Competitor``): MWMS 2 x 1 with it >= 0.6x without it, the in-process variants >= 0.79x.
+while a competing CPU-bound process runs, in the measured program's session or
+(``--compete other-session``) in one of its own (see ``Competitor``): MWMS 2 x 1 with it >=
+0.6x without it, the in-process variants >= 0.79x.
 
 Run:
     python benchmarks/train_scaling.py [--task sgd adam] [--repeats 7] [--seconds 0.4] [--batch 64 256]
-    python benchmarks/train_scaling.py --mpi [--repeats 9] [--seconds 0.4] [--quick] [--ranks 2 4] [--compete]
+    python benchmarks/train_scaling.py --mpi [--repeats 9] [--seconds 0.4] [--quick] [--ranks 2 4] [--compete [other-session]]
 """
 
 from __future__ import annotations
@@ -564,19 +565,22 @@ _BUSY_LOOP = "print('running', flush=True)\nwhile True:\n    pass\n"
 class Competitor:
     """A CPU-bound process (a Python busy loop) that shares the cores while it runs.
 
-    It is started by the process being measured (the benchmark, or rank 0 of an MPI job),
-    so it runs in that program's session: with the kernel's autogroup scheduling (on by
-    default on desktop Linux) every session gets an equal share of the machine, and a
-    competitor in another session would leave the MPI job one core whatever its ranks do.
-    Within one session the kernel shares the cores by task: the fair share of 2 busy tasks
-    against 1 competitor on 2 cores is 2/3.
+    ``own_session=False``: started by the process being measured (the benchmark, or rank 0 of
+    an MPI job), it runs in that program's session; within one session the kernel shares the
+    cores by task, and the fair share of 2 busy tasks against 1 competitor on 2 cores is 2/3.
+    ``own_session=True``: in a session of its own, as a program started from another
+    terminal; with the kernel's autogroup scheduling (on by default on desktop Linux:
+    /proc/sys/kernel/sched_autogroup_enabled) every busy session gets an equal share of the
+    machine, so the MPI job (its own session) gets one of the 2 cores: a fair share of 1/2.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, own_session: bool = False) -> None:
         self._process: subprocess.Popen[bytes] | None = None
+        self._own_session = own_session
 
     def __enter__(self) -> Competitor:
-        self._process = subprocess.Popen([sys.executable, "-c", _BUSY_LOOP], stdout=subprocess.PIPE)
+        self._process = subprocess.Popen([sys.executable, "-c", _BUSY_LOOP], stdout=subprocess.PIPE,
+                                         start_new_session=self._own_session)
         assert self._process.stdout is not None
         self._process.stdout.readline()  # it is running (its interpreter has started)
         return self
@@ -587,13 +591,20 @@ class Competitor:
         self._process.wait(timeout=60)
 
 
+def _competed(job: MPIJob) -> float:
+    with Competitor(own_session=True):
+        return float(job.ask("sample"))
+
+
 def mpi_task(args: argparse.Namespace) -> None:
     """``--mpi``: MWMS on ``--ranks`` processes (1 replica each) against the in-process variants, in one rotation."""
     print(f"task sgd over MPI: plain SGD (lr {SGD_RATE}), global batch {GLOBAL_BATCH}; MWMS n x 1 = "
           f"MultiWorkerMirroredStrategy on n processes x 1 CPU replica ({GLOBAL_BATCH} / n examples each), "
           f"n = {', '.join(map(str, args.ranks))} on {os.cpu_count()} cores")
     if args.compete:
-        print("  every variant is sampled alone and with one competing CPU-bound process (a Python busy loop)")
+        where = ("in a session of its own" if args.compete == "other-session"
+                 else "in the session of the program it competes with")
+        print(f"  every variant is sampled alone and with one competing CPU-bound process (a Python busy loop) {where}")
     x, y = batches(1, GLOBAL_BATCH)
     half = GLOBAL_BATCH // 2
     script = Path(__file__).resolve()
@@ -609,8 +620,11 @@ def mpi_task(args: argparse.Namespace) -> None:
             _, _, disagreement = job.answer().split()
             checks[ranks] = (check_file, disagreement)
             samplers[f"MWMS {ranks} x 1 (mpiexec)"] = lambda job=job: float(job.ask("sample"))
-            competed_samplers[f"MWMS {ranks} x 1 (mpiexec)"] = (
-                lambda job=job: float(job.ask("sample with a competitor")))
+            if args.compete == "other-session":
+                competed_samplers[f"MWMS {ranks} x 1 (mpiexec)"] = lambda job=job: _competed(job)
+            else:
+                competed_samplers[f"MWMS {ranks} x 1 (mpiexec)"] = (
+                    lambda job=job: float(job.ask("sample with a competitor")))
         samplers = {
             "numpy loop": in_process_sampler(numpy_sgd_step(x, y, GLOBAL_BATCH), GLOBAL_BATCH, args.seconds),
             "lockstep (2)": in_process_sampler(lockstep_threads([
@@ -631,7 +645,7 @@ def mpi_task(args: argparse.Namespace) -> None:
                 if args.compete and name in competed_samplers:
                     competed[name].append(competed_samplers[name]())
                 elif args.compete:
-                    with Competitor():
+                    with Competitor(own_session=args.compete == "other-session"):
                         competed[name].append(sample())
         parameters = {ranks: [a for _, a in sorted(np.load(file).items(), key=lambda kv: int(kv[0][4:]))]
                       for ranks, (file, _) in checks.items()}
@@ -686,8 +700,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="--mpi smoke run: 5 repeats of ~0.2 s")
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4],
                         help="--mpi: the MWMS jobs to run (processes of 1 replica each); default 2 and 4")
-    parser.add_argument("--compete", action="store_true",
-                        help="--mpi: also sample every variant while a competing CPU-bound process runs")
+    parser.add_argument("--compete", nargs="?", const="same-session", choices=("same-session", "other-session"),
+                        help="--mpi: also sample every variant while a competing CPU-bound process runs, in the "
+                             "measured program's session (the default) or in one of its own")
     parser.add_argument("--timeout", type=float, default=300.0, help="--mpi: seconds the MPI job may wait or be silent")
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)  # one rank of --mpi
     parser.add_argument("--check-file", default=None, help=argparse.SUPPRESS)  # --mpi-worker: rank 0 saves here

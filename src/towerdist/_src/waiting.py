@@ -32,6 +32,10 @@ stops everywhere for :data:`_BACK_OFF_SECONDS`.
 
 The environment variable ``TOWERDIST_SPIN_MICROSECONDS`` (or :func:`set_spin_budget`)
 replaces the measured budget; ``0`` turns spinning off.
+
+**Waits only a poll can watch** (an MPI request progresses only while its process calls
+MPI) have no blocking form: :class:`Poller` paces them, yielding the core between polls,
+or sleeping briefly when other programs keep more tasks runnable than there are cores.
 """
 
 from __future__ import annotations

@@ -343,7 +343,9 @@ class Communicator:
 
     def _spin(self, pending: list[Any], deadline: float | None, call: Call) -> None:
         testall = self._Testall
-        poller = waiting.Poller(self._crowded)
+        # Every rank is in this transfer: each must keep polling for it to progress, so a
+        # waiting rank yields (a sleeping one would hold up its peers) even under foreign load.
+        poller = waiting.Poller(crowded=True)
         while True:
             if testall(pending):
                 return
