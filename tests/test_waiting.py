@@ -108,11 +108,18 @@ def test_mpi_polls_yield_when_the_jobs_own_ranks_crowd_the_cores(monkeypatch):
     calls: list[str] = []
     monkeypatch.setattr(waiting, "_yield", lambda: calls.append("yield"))
     monkeypatch.setattr(waiting.time, "sleep", lambda seconds: calls.append(f"sleep {seconds}"))
+    monkeypatch.setattr(waiting.Poller, "_FREE_POLLS", 2)
     monkeypatch.setattr(waiting, "_foreign_load", lambda: True)
-    waiting.Poller(crowded=True).pause()
-    waiting.Poller(crowded=False).pause()
+
+    def pauses(poller: waiting.Poller, count: int) -> None:
+        for _ in range(count):
+            poller.pause()
+
+    pauses(waiting.Poller(crowded=True), 3)
+    assert calls == ["yield"]  # the first polls go back to back
+    pauses(waiting.Poller(crowded=False), 3)
     monkeypatch.setattr(waiting, "_foreign_load", lambda: False)
-    waiting.Poller(crowded=False).pause()
+    pauses(waiting.Poller(crowded=False), 3)
     assert calls == ["yield", f"sleep {waiting._SHARED_POLL_SECONDS}", "yield"]
 
 

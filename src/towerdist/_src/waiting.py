@@ -246,13 +246,19 @@ class Poller:
       at 0.20x their own speed polling with yields for 5 ms per wait, ~0.4x with this.
     """
 
-    __slots__ = ("_crowded",)
+    __slots__ = ("_crowded", "_free")
+
+    _FREE_POLLS = 16  # polls back to back first: a small transfer completes within them (~10 µs)
 
     def __init__(self, crowded: bool) -> None:
         self._crowded = crowded
+        self._free = self._FREE_POLLS
 
     def pause(self) -> None:
         """Waits between two polls."""
+        if self._free:
+            self._free -= 1
+            return
         if not self._crowded and _foreign_load():
             time.sleep(_SHARED_POLL_SECONDS)
         else:
