@@ -10,7 +10,7 @@ import pytest
 import towerdist as td
 from towerdist._src import intra_op_threads
 
-from conftest import mirrored
+from conftest import cpus
 
 
 class FakeController:
@@ -23,15 +23,26 @@ class FakeController:
     def info(self) -> list[dict[str, Any]]:
         return [{"user_api": "blas", "internal_api": "openblas", "num_threads": self.threads}]
 
-    def limit(self, *, limits: int, user_api: str) -> None:
+    def limit(self, *, limits: int, user_api: str) -> FakeLimiter:
         assert user_api == "blas"
         self.limits.append(limits)
+        limiter = FakeLimiter(self, self.threads)
         self.threads = limits
+        return limiter
+
+
+class FakeLimiter:
+    def __init__(self, controller: FakeController, before: int) -> None:
+        self.controller, self.before = controller, before
+
+    def restore_original_limits(self) -> None:
+        self.controller.threads = self.before
 
 
 @pytest.fixture
 def fresh(monkeypatch):
     """A process that has not limited anything yet, 4 usable cores, no user setting."""
+    monkeypatch.setattr(intra_op_threads, "_limiters", [])
     monkeypatch.setattr(intra_op_threads, "_limited_for", 1)
     monkeypatch.setattr(intra_op_threads, "_said", False)
     monkeypatch.setattr(intra_op_threads, "_chosen", 0)
@@ -91,8 +102,11 @@ def test_a_number_set_by_the_user_applies_at_once_and_towerdist_no_longer_picks(
     assert td.config.threading.get_intra_op_parallelism_threads() == 3
     intra_op_threads.for_concurrent_replicas(4)
     assert controller.limits == [3]
-    td.config.threading.set_intra_op_parallelism_threads(0)
+    td.config.threading.set_intra_op_parallelism_threads(2)
+    assert controller.threads == 2
+    td.config.threading.set_intra_op_parallelism_threads(0)  # back to the libraries' own threads
     assert td.config.threading.get_intra_op_parallelism_threads() == 0
+    assert controller.threads == 4
 
 
 def test_setting_a_number_without_threadpoolctl_names_what_to_install(fresh):
@@ -115,9 +129,10 @@ def test_bad_numbers_of_threads_are_refused(value, error, message):
         td.config.threading.set_intra_op_parallelism_threads(value)
 
 
-def test_a_multi_replica_run_on_cpus_asks_for_the_limit(fresh, monkeypatch):
+def test_a_strategy_of_several_cpu_replicas_asks_for_the_limit_when_it_is_made(fresh, monkeypatch):
     asked: list[int] = []
     monkeypatch.setattr(intra_op_threads, "for_concurrent_replicas", asked.append)
-    mirrored(2).run(lambda: None)
-    mirrored(4).run(lambda: None)
+    td.distribute.MirroredStrategy(cpus(2))
+    td.distribute.MirroredStrategy(cpus(4))
+    td.distribute.MirroredStrategy(cpus(1))  # one replica: nothing runs at once
     assert asked == [2, 4]

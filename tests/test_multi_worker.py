@@ -547,4 +547,4 @@ def test_the_communicator_counts_the_ranks_on_this_host(multi_worker_strategy):
         assert communicator is None  # one worker has no MPI at all
         return
     assert communicator.local_size == extended._num_workers
-    assert extended._scheduler._local_workers == communicator.local_size
+    assert extended._scheduler.local_workers == communicator.local_size

@@ -1005,3 +1005,77 @@ def test_the_timeline_shows_each_wake_up(fresh2, tmp_path, replica_1_parks, monk
     blocked = [(tracks[e["tid"]], e["name"]) for e in events if e["ph"] == "X" and e["name"].startswith("blocked: ")]
     assert ("replica 1 (/cpu:1)", "blocked: barrier") in blocked
     assert all(not name.startswith("main") for name, what in blocked if what == "blocked: barrier")
+
+
+# --- signals while the caller waits at the barrier ---------------------------------------------
+
+
+@pytest.mark.parametrize("size", [4, 4 << 20], ids=["RESUME to the caller", "a parallel part for the caller"])
+def test_a_sigint_while_the_caller_waits_never_loses_its_message(
+    fresh2, sigint, caller_parks_first, monkeypatch, replica_timeouts, size
+):
+    """Ctrl-C lands on replica 1's thread while it settles the round: the caller, parked as
+    replica 0, gets its RESUME (or a part of the 16 MiB reduction) and then the interrupt,
+    instead of losing the message to it and waiting until the hard timeout gives up on the
+    replica thread (which would then be a new one in the next run)."""
+    monkeypatch.setattr(waiting, "_override", 0.0)  # the plain blocking wait
+    replica_timeouts(warning_seconds=None, timeout_seconds=5.0)
+    sigint(signal.default_int_handler)
+    value = np.ones(size, np.float32)
+    threads_before = fresh2.experimental_local_results(fresh2.run(threading.get_ident))
+    caller_parks_first.clear()
+
+    def fn():
+        if replica_id() == 1:
+            assert caller_parks_first.wait(WAIT)
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # as a terminal's Ctrl-C may land
+        return td.distribute.get_replica_context().all_reduce("sum", value)
+
+    with pytest.raises(KeyboardInterrupt):
+        fresh2.run(fn)
+    assert fresh2.experimental_local_results(fresh2.run(threading.get_ident)) == threads_before  # not given up
+    result = fresh2.run(lambda: td.distribute.get_replica_context().all_reduce("sum", value))
+    for part in fresh2.experimental_local_results(result):
+        np.testing.assert_array_equal(part, 2 * value)
+
+
+def test_an_interrupt_before_the_step_is_handed_out_leaves_the_pool_idle(fresh2, monkeypatch):
+    fresh2.run(lambda: None)
+    threads = fresh2.extended._scheduler.num_threads
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Step, "__init__", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fresh2.run(lambda: None)
+    monkeypatch.undo()
+    pools = fresh2.extended._scheduler._pools
+    assert len(pools) == 1 and not pools[0].busy  # released, not leaked
+    assert fresh2.experimental_local_results(fresh2.run(replica_id)) == (0, 1)
+    assert fresh2.extended._scheduler.num_threads == threads
+
+
+def test_the_callers_default_scope_does_not_leak_into_replica_0(fresh2):
+    """Inside the default strategy's scope, replica 0 (the caller's thread) creates a variable
+    like every other replica does."""
+    with td.distribute.get_strategy().scope():
+        v = fresh2.run(lambda: td.Variable(1.0))
+    assert isinstance(v, td.distribute.DistributedValues)
+    assert [float(c.numpy()) for c in v.values] == [1.0, 1.0]
+
+
+def test_a_sequential_replica_running_after_the_others_returned_is_not_timed(replica_timeouts):
+    """Nobody waits for the last replica of a TF 1.x sequential step: it is not a stall."""
+    replica_timeouts(warning_seconds=0.05, timeout_seconds=0.2)
+    strategy = td.compat.v1.distribute.MirroredStrategy(cpus(2))
+
+    def fn():
+        if td.compat.v1.get_tower_context().tower_id == 1:
+            threading.Event().wait(0.6)  # computes longer than both bounds, after replica 0 returned
+        return 1.0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", td.errors.ReplicaStallWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert strategy.call_for_each_tower(fn, run_concurrently=False) == 1.0

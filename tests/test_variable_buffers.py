@@ -8,7 +8,7 @@ import pytest
 
 import towerdist as td
 
-from conftest import mirrored
+from conftest import cpus, mirrored
 
 BIG = 1 << 16  # float32 elements: 256 KiB, above the size from which buffers are reused
 HUGE = 3 << 20  # 12 MiB: the fused write runs in parallel parts
@@ -77,3 +77,21 @@ def test_the_same_object_from_every_replica_still_gets_the_sum_error():
     with pytest.raises(ValueError, match="cannot be reduced with the given reduce op ReduceOp.SUM"):
         strategy.run(lambda: v.assign_add(shared))
     np.testing.assert_array_equal(v.numpy(), np.zeros(BIG, np.float32))
+
+
+def test_a_users_own_shared_memory_ops_still_reduce_aggregated_writes():
+    """The one-pass write is for the library's own reduction: a subclass's reduce is called."""
+    calls: list[str] = []
+
+    class CountingOps(td.distribute.SharedMemoryAllReduce):
+        def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
+            calls.append("reduce_implementation")
+            return super().reduce_implementation(reduce_op, per_replica_value, destinations, options)
+
+    strategy = td.distribute.MirroredStrategy(cpus(2), cross_device_ops=CountingOps())
+    with strategy.scope():
+        v = td.Variable(np.zeros(BIG, np.float32), aggregation=td.VariableAggregation.SUM)
+    values = strategy.experimental_distribute_values_from_function(lambda ctx: np.ones(BIG, np.float32))
+    strategy.run(lambda x: v.assign_add(x), args=(values,))
+    assert calls == ["reduce_implementation"]
+    np.testing.assert_array_equal(v.numpy(), np.full(BIG, 2, np.float32))

@@ -40,6 +40,7 @@ _USER_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
 
 _lock = threading.Lock()
 _chosen = 0  # set_intra_op_parallelism_threads(n): n > 0 fixes the BLAS threads; 0 lets towerdist pick
+_limiters: list[Any] = []  # threadpoolctl limiters of the user's n > 0, to undo on set(0)
 _limited_for = 1  # the most concurrent replicas the BLAS threads were limited for (1: never limited)
 _said = False  # the one message about limiting (or not being able to) has been logged
 
@@ -49,7 +50,8 @@ def set_intra_op_parallelism_threads(num_threads: int) -> None:
 
     ``0`` (the default) lets towerdist pick: the BLAS libraries keep their own default until
     concurrent CPU replicas would oversubscribe the cores, then each replica gets its share
-    (see the module docstring). A number > 0 applies at once to every BLAS library numpy (or
+    (see the module docstring); setting ``0`` after a number puts back the threads the
+    libraries had before it. A number > 0 applies at once to every BLAS library numpy (or
     cupy's host code) loaded, and towerdist no longer picks. Unlike TensorFlow, this may be
     called at any time.
 
@@ -81,7 +83,10 @@ def set_intra_op_parallelism_threads(num_threads: int) -> None:
                     "is not installed. Install it with: pip install threadpoolctl (or towerdist[blas]); or set "
                     "OMP_NUM_THREADS before numpy is imported."
                 )
-            controller.limit(limits=int(num_threads), user_api="blas")
+            _limiters.append(controller.limit(limits=int(num_threads), user_api="blas"))
+        else:
+            while _limiters:  # the latest first: back to the threads before the first number
+                _limiters.pop().restore_original_limits()
         _chosen = int(num_threads)
 
 

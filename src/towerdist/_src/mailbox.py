@@ -11,6 +11,8 @@ message                     meaning
 ``(RESUME, value)``         leave the barrier; ``value`` is this replica's part of the result
 ``(STOP,)``                 leave the barrier: the step failed elsewhere
 ``(SHUTDOWN,)``             exit the thread (its pool was collected or abandoned)
+``(INTERRUPTED,)``          (replica 0's mailbox, read by the caller) a SIGINT arrived while the
+                            caller waited at the barrier: run its handler now
 ==========================  ================================================================
 
 A replica parked at a barrier accepts TASK messages too, so the thread running a
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Message", "RESUME", "RUN", "SHUTDOWN", "STOP", "TASK"]
+__all__ = ["INTERRUPTED", "Message", "RESUME", "RUN", "SHUTDOWN", "STOP", "TASK"]
 
 
 class Message(enum.Enum):
@@ -32,6 +34,7 @@ class Message(enum.Enum):
     RESUME = "resume"
     STOP = "stop"
     SHUTDOWN = "shutdown"
+    INTERRUPTED = "interrupted"
 
 
 # Module-level names: the hot paths compare with ``is`` against these.
@@ -40,3 +43,4 @@ TASK = Message.TASK
 RESUME = Message.RESUME
 STOP = Message.STOP
 SHUTDOWN = Message.SHUTDOWN
+INTERRUPTED = Message.INTERRUPTED

@@ -61,6 +61,16 @@ class _State(threading.local):
         # (innermost last): variables created there are sync-on-read.
         self.sync_on_read: list[Any] = []
 
+    def save(self) -> tuple[Any, ...]:
+        """Every field, for :meth:`restore` (a replica or a merge runs on a borrowed thread)."""
+        return (self.modes, self.devices, self.updates, self.sync_on_read, self.helpers, self.colocations,
+                self.global_scope, self.default_scopes)
+
+    def restore(self, saved: tuple[Any, ...]) -> None:
+        """Puts back what :meth:`save` returned, in one assignment."""
+        (self.modes, self.devices, self.updates, self.sync_on_read, self.helpers, self.colocations,
+         self.global_scope, self.default_scopes) = saved
+
 
 state = _State()
 

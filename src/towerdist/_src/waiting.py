@@ -238,8 +238,9 @@ class Poller:
 
     * ``crowded`` (more ranks of the job on this host than cores): the tasks waiting for the
       core are the job's own ranks, which the waiter needs to make progress; it yields.
-    * otherwise, while other programs keep more tasks runnable than there are cores
-      (``/proc/loadavg``, read at most every :data:`_LOAD_CHECK_SECONDS`), it sleeps
+    * otherwise, while more tasks are runnable than there are cores (``/proc/loadavg``, read
+      at most every :data:`_LOAD_CHECK_SECONDS`; the count includes this job's own busy ranks
+      and threads, and the waiter itself), it sleeps
       :data:`_SHARED_POLL_SECONDS` between polls instead: a rank that stays runnable holds a
       core the kernel would otherwise give the foreign work, which then shares the core of
       the rank still computing. Measured with one competing process on 2 cores: 2 ranks ran
@@ -292,8 +293,14 @@ def calibration() -> Calibration:
     global _calibration
     with _lock:
         if _calibration is None:
-            _calibration = _calibrate() if _CORES >= 2 else Calibration(0.0, 0.0, 0.0, 0.0)
+            try:
+                _calibration = _calibrate() if _CORES >= 2 else _NO_SPINNING
+            except queue.Empty:  # a hand-off took over a second: the machine is far too busy to spin on
+                _calibration = _NO_SPINNING
         return _calibration
+
+
+_NO_SPINNING = Calibration(0.0, 0.0, 0.0, 0.0)
 
 
 def _calibrate() -> Calibration:

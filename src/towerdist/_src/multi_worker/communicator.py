@@ -20,8 +20,9 @@ needed it (4 ranks on 2 cores trained at 0.09x the speed of 2 ranks, and one com
 process cut 2 ranks to 0.33x). A yield costs nothing when nobody else wants the core; once
 the waiting rank sees that it shares its core, it sleeps briefly between polls instead
 (``waiting.Poller``). The handshake (a peer may still be computing) polls that way for
-``_SPIN_SECONDS``, then backs off with longer sleeps; the payload (every peer is there, and
-sleeping long would stall MPI's progress) polls that way until done. After a timeout the communicator is
+``_POLL_SECONDS`` (0.2 ms), then sleeps between polls (50 µs, 1 ms once it has waited
+50 ms); the payload (every rank is in it, and a sleeping one would hold up the others)
+polls with yields until done. After a timeout the communicator is
 *broken*: a late peer's call would match the stale request, so later collectives raise
 ``UnavailableError`` at once and the job is aborted at exit (``mpi_runtime``).
 

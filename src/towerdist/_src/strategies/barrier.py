@@ -40,7 +40,9 @@ later stop at once (:class:`StopReplica`), and :meth:`raise_failure` re-raises t
 original exception in the caller with a note naming where it happened. Replica 0 runs on
 the caller's thread, where a ``KeyboardInterrupt`` may land between any two bytecodes:
 once a round is complete, the replica settling it releases every parked replica whatever
-happens (``_release_unreleased``), so an interrupt there cannot leave one parked forever.
+happens (``_release_unreleased``); and while the caller waits at the barrier (on the main
+thread), signal handlers are held until the message in hand has been acted on
+(``_interrupts_held``), so an interrupt cannot take away a ``RESUME`` or a ``TASK``.
 
 **Timing.** ``round_started`` is set when the first replica *parks* in a round (a replica
 that returned waits for nobody, so a replica computing longer than returned ones is never
@@ -50,10 +52,12 @@ sequential step. Every waiting thread watches the step through :meth:`status`.
 
 from __future__ import annotations
 
+import contextlib
 import queue
+import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from towerdist._src import context, thread_state, waiting
@@ -62,7 +66,7 @@ from towerdist._src import profiler as _profiler
 from towerdist._src.backend import cupy_backend
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import MergeCallCountError
-from towerdist._src.mailbox import RESUME, SHUTDOWN, STOP, TASK
+from towerdist._src.mailbox import INTERRUPTED, RESUME, SHUTDOWN, STOP, TASK
 from towerdist._src.strategies.watchdog import Status, Watch, name_of
 from towerdist._src.thread_state import Mode
 from towerdist._src.values.regroup import regroup, select_replica
@@ -150,6 +154,7 @@ class Step:
         make_context: Callable[[int, Step], Any],
         sequential: bool = False,
         sites: Sequence[waiting.Site] = (),
+        participants: int = 0,
     ) -> None:
         n = len(devices)
         self.strategy = strategy
@@ -181,6 +186,7 @@ class Step:
         # Where each replica waits at the barrier (replica i: sites[i]), and the caller for the
         # replica threads (sites[n]): they remember how long recent waits took (waiting.py).
         self.sites = sites
+        self.participants = participants or n  # threads of this host running replicas at once
         self._lock = threading.Lock()
         self._exited = [False] * n
         # The current round.
@@ -244,15 +250,18 @@ class Step:
     def execute(self, i: int) -> None:
         """Runs replica ``i`` on this thread (a replica thread, or the caller for replica 0)."""
         state = thread_state.state
-        saved = (state.modes, state.devices, state.updates, state.sync_on_read, state.helpers, state.colocations)
+        saved = state.save()
         try:
             ctx = self._contexts[i] = self._make_context(i, self)
+            # As on a fresh replica thread, whichever thread this is (replica 0: the caller's).
             state.modes = [Mode(self.strategy, None, ctx)]
             state.devices = [self.devices[i]]
             state.updates = []
             state.sync_on_read = list(self._caller.sync_on_read)
             state.helpers = None
             state.colocations = []
+            state.global_scope = None
+            state.default_scopes = 0
             if self.sequential:
                 self._await_turn(i)
             with device_lib.activate(self.devices[i]):  # a GPU replica launches on its own GPU
@@ -274,7 +283,7 @@ class Step:
         else:
             self._arrive_done(i, result)
         finally:
-            (state.modes, state.devices, state.updates, state.sync_on_read, state.helpers, state.colocations) = saved
+            state.restore(saved)
             self._exit(i)
 
     def meet(self, i: int, request: MergeRequest | CollectiveRequest) -> Any:
@@ -366,9 +375,15 @@ class Step:
 
     def _park(self, i: int) -> Any:
         """Waits at the barrier for this replica's part; runs parts of parallel jobs meanwhile."""
+        if i == 0 and self.on_caller_thread() and threading.current_thread() is threading.main_thread():
+            with _interrupts_held(self._mailboxes[0]) as held:
+                return self._park_loop(i, held)
+        return self._park_loop(i, None)
+
+    def _park_loop(self, i: int, held: list[Any] | None) -> Any:
         mailbox = self._mailboxes[i]
         site = self.sites[i]
-        budget = site.budget(self.num_replicas)
+        budget = site.budget(self.participants)
         while True:
             try:
                 message = waiting.get(mailbox, budget, self.watch.poll_seconds(), site)
@@ -388,6 +403,12 @@ class Step:
                 continue
             if kind is STOP:
                 raise StopReplica
+            if kind is INTERRUPTED and held is not None:
+                try:
+                    _run_held_handler(held)  # the SIGINT handler, now that no message is in flight
+                except BaseException as error:
+                    self._caller_interrupted(error)
+                continue
             # SHUTDOWN (the pool was abandoned) is for the thread loop: hand it back.
             mailbox.put(message)
             raise StopReplica
@@ -396,12 +417,16 @@ class Step:
         """Runs the round's request once (replica ``i`` arrived last) and releases the others."""
         others = self._unreleased
         state = thread_state.state
-        saved = (state.modes, state.devices, state.updates, state.sync_on_read, state.helpers)
+        saved = state.save()
         caller = self._caller
+        # As if on the caller's thread, made cross-replica (whichever thread settles the round).
         state.modes = [*caller.modes, self._cross_replica]
         state.devices = list(caller.devices)
         state.updates = list(caller.updates)
         state.sync_on_read = list(caller.sync_on_read)
+        state.colocations = []
+        state.global_scope = None
+        state.default_scopes = 0
         if state.helpers is None and others:  # the parked replicas may run parts of parallel jobs
             state.helpers = [self._mailboxes[r] for r in others]
         try:
@@ -421,10 +446,12 @@ class Step:
                 self._merge_started = None
                 if self._failure is None:
                     self._failure_api = requests[0].api
+            if not isinstance(error, Exception) and self.on_caller_thread() and self.caller_error is None:
+                self.caller_error = error  # Ctrl-C while the caller ran the merge: an interrupt of the caller
             self.fail(error, ("merge_fn", i))
             raise StopReplica from None
         finally:
-            state.modes, state.devices, state.updates, state.sync_on_read, state.helpers = saved
+            state.restore(saved)
         with self._lock:
             self._merge_started = None
             failed = self._failure is not None
@@ -615,6 +642,58 @@ class Step:
             f"all_reduce(), all_gather(), variable creations and aggregated variable writes; check for "
             f"replica-dependent branches around them."
         )
+
+
+# --- interrupts while the caller waits at the barrier ------------------------------------------------
+
+# The signals whose Python handlers are held while the caller is parked (those a program or
+# a test runner commonly handles: Ctrl-C, a scheduler's stop, pytest-timeout's alarm, ...).
+_HELD_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGALRM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+    if hasattr(signal, name)
+)
+
+
+@contextlib.contextmanager
+def _interrupts_held(mailbox: queue.SimpleQueue[Any]) -> Iterator[list[Any]]:
+    """Holds signal handlers back while the caller (the main thread) is parked as replica 0.
+
+    Python raises an exception from a signal handler (``KeyboardInterrupt``, ...) between any
+    two bytecodes, so one landing just after a message was taken out of the mailbox would
+    lose it (a ``RESUME``: the caller would wait forever; a ``TASK``: the replica settling
+    the round would). While parked, each Python-level handler of ``_HELD_SIGNALS`` only
+    records its signal and posts ``INTERRUPTED``; the park loop runs the original handler
+    when it reads that message, between two messages. ``SIG_DFL``/``SIG_IGN`` are left alone.
+    """
+    held: list[Any] = []
+    replaced: list[tuple[int, Any]] = []
+    for signum in _HELD_SIGNALS:
+        previous = signal.getsignal(signum)
+        if callable(previous):
+            replaced.append((signum, previous))
+    if not replaced:
+        yield held
+        return
+
+    def hold(signum: int, frame: Any) -> None:
+        held.append((dict(replaced)[signum], signum, frame))
+        mailbox.put((INTERRUPTED,))
+
+    for signum, _ in replaced:
+        signal.signal(signum, hold)
+    try:
+        yield held
+    finally:
+        for signum, previous in replaced:
+            signal.signal(signum, previous)
+        if held:  # still pending (the park ended first): the handlers run now, outside the wait
+            _run_held_handler(held)
+
+
+def _run_held_handler(held: list[Any]) -> None:
+    while held:
+        handler, signum, frame = held.pop(0)
+        handler(signum, frame)
 
 
 def describe_error(error: BaseException) -> str:

@@ -122,11 +122,16 @@ class MirroredExtended(StrategyExtended):
             cross_device_ops.check_devices(self._devices)
         self._cross_device_ops = cross_device_ops or select_cross_device_ops(self._devices)
         self._scheduler = ReplicaScheduler(container_strategy, self._devices)
+        self._scheduler.local_workers = self._workers_on_this_host()
         self._init_args = (devices, cross_device_ops)
 
     @property
     def _replica_devices(self) -> tuple[DeviceSpec, ...]:
         return self._devices
+
+    def _workers_on_this_host(self) -> int:
+        """The processes of the job running replicas on this host (this one alone)."""
+        return 1
 
     _supports_per_replica_input = True
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from towerdist._src import array_ops, backend, config, intra_op_threads
+from towerdist._src import array_ops, backend, config
 from towerdist._src import device as device_lib
 from towerdist._src.cluster_resolver.cluster_resolver import ClusterResolver
 from towerdist._src.cluster_resolver.mpi import resolve_for_mpi
@@ -118,15 +118,15 @@ class MultiWorkerExtended(MirroredExtended):
         self._cluster_resolver = resolve_for_mpi(cluster_resolver, self._workers.rank, self._workers.size)
         config.mark_initialized("MultiWorkerMirroredStrategy()")
         super().__init__(container_strategy, devices, None)
-        communicator = self._workers.communicator
-        if communicator is not None:  # the ranks on this host share its cores (and its BLAS threads' budget)
-            self._scheduler._local_workers = communicator.local_size
-            if all(d.device_type == "CPU" for d in self._devices):
-                intra_op_threads.for_concurrent_replicas(communicator.local_size * len(self._devices))
         self._mw_init_args = (devices, cluster_resolver, communication_options)
         self._nccl: NcclWorkers | None = None
 
     # --- who is where -------------------------------------------------------------------------
+
+    def _workers_on_this_host(self) -> int:
+        # The ranks on this host share its cores (and its BLAS threads' budget).
+        communicator = self._workers.communicator
+        return 1 if communicator is None else communicator.local_size
 
     @property
     def _num_workers(self) -> int:

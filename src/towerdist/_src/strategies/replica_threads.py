@@ -88,11 +88,14 @@ def _shutdown(mailboxes: Sequence[queue.SimpleQueue[Any]]) -> None:
 class _Pool:
     """One thread per replica but the first (the caller runs replica 0), with their mailboxes."""
 
-    def __init__(self, num_replicas: int) -> None:
+    def __init__(self, num_replicas: int, participants: int) -> None:
+        # ``participants``: the threads of this host that run replicas at once (spinning is
+        # off when they outnumber the cores, waiting.py).
+        self.participants = participants
         self.mailboxes: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(num_replicas - 1)]
         self.threads = [
             threading.Thread(
-                target=_thread_main, args=(mailbox, i, num_replicas), name=f"towerdist-replica-{i}", daemon=True
+                target=_thread_main, args=(mailbox, i, participants), name=f"towerdist-replica-{i}", daemon=True
             )
             for i, mailbox in enumerate(self.mailboxes, start=1)
         ]
@@ -131,12 +134,29 @@ class ReplicaScheduler:
         self._strategy_ref = weakref.ref(strategy)
         self._devices = tuple(devices)
         self._on_gpus = any(d.device_type == "GPU" for d in self._devices)
-        self._local_workers = 1  # processes of the job on this host running as many replicas (multi-worker)
         self._pools: list[_Pool] = []
-        if 2 <= len(self._devices) <= waiting.usable_cores():
-            waiting.calibration()  # once per process (~40 ms), here rather than in a step
+        self._local_workers = 1  # processes of the job on this host (set through local_workers)
         self._lock = threading.Lock()
         _schedulers.add(self)
+
+    @property
+    def local_workers(self) -> int:
+        """How many processes of the job run this many replicas on this host (1 without MPI)."""
+        return self._local_workers
+
+    @local_workers.setter
+    def local_workers(self, count: int) -> None:
+        """Set by the strategy when it is made (before any step): prepares the replicas of this host.
+
+        Limits the BLAS threads of concurrent CPU replicas and measures this machine's
+        hand-off costs for the waits (both once per process, and here rather than in a step).
+        """
+        self._local_workers = count
+        concurrent = len(self._devices) * count  # the replicas of this host running at once
+        if not self._on_gpus and concurrent > 1:  # CPU replicas: BLAS threads must not oversubscribe the cores
+            intra_op_threads.for_concurrent_replicas(concurrent)
+        if 2 <= concurrent <= waiting.usable_cores():
+            waiting.calibration()  # once per process (~40 ms), here rather than in a step
 
     @property
     def num_threads(self) -> int:
@@ -156,9 +176,9 @@ class ReplicaScheduler:
                 if not pool.busy:
                     pool.busy = True
                     return pool
-            pool = _Pool(len(self._devices))
-            pool.busy = True
+            pool = _Pool(len(self._devices), len(self._devices) * self._local_workers)
             self._pools.append(pool)
+            pool.busy = True
             return pool
 
     def _release(self, pool: _Pool, abandon: bool = False) -> None:
@@ -187,19 +207,22 @@ class ReplicaScheduler:
         if len(self._devices) == 1:
             return self._run_here(strategy, fn, args, kwargs, make_context)
         begin = _profiler.now() if _profiler.active else 0  # the caller's step, on its track
-        if not self._on_gpus:  # CPU replicas run at once: BLAS threads must not oversubscribe the cores
-            intra_op_threads.for_concurrent_replicas(len(self._devices) * self._local_workers)
         pool = self._acquire()
-        mailboxes = (queue.SimpleQueue(), *pool.mailboxes)  # replica 0's: read by this thread
-        step = Step(strategy, self._devices, mailboxes, fn, args, kwargs, make_context, sequential, pool.sites)
-        step.alive = pool.alive
-        if step.on_gpus:  # what the caller computed for the replicas, before their streams read it
-            cupy_backend.finish(self._devices)
         # Until the step is known to be over, the threads count as lost: an interrupt that
-        # lands anywhere below must not hand busy threads to the next run.
+        # lands anywhere below must not hand busy threads to the next run (while no step was
+        # handed to them, the pool is released as idle).
         abandon = True
         posted = 0
+        step: Step | None = None
         try:
+            mailboxes = (queue.SimpleQueue(), *pool.mailboxes)  # replica 0's: read by this thread
+            step = Step(
+                strategy, self._devices, mailboxes, fn, args, kwargs, make_context, sequential, pool.sites,
+                pool.participants,
+            )
+            step.alive = pool.alive
+            if step.on_gpus:  # what the caller computed for the replicas, before their streams read it
+                cupy_backend.finish(self._devices)
             for mailbox in pool.mailboxes:
                 mailbox.put((RUN, step))
                 posted += 1
@@ -208,18 +231,26 @@ class ReplicaScheduler:
                 watchdog.wait_for(step)
             abandon = step.abandoned
         except BaseException as interrupt:
-            # Interrupted outside the waits' own handling: while posting RUN (some replicas
-            # never start: stop the others at their first barrier), or between the waits.
-            step.fail(interrupt, ("caller", None))
-            if posted == len(pool.mailboxes) and step.caller_error is None and not step.abandoned:
-                step.caller_error = interrupt  # a further one gives up on the threads at once
-                watchdog.wait_for(step)
+            # Interrupted outside the waits' own handling: before or while posting RUN (some
+            # replicas never start: stop the others at their first barrier), or between waits.
+            if step is None:
+                abandon = False  # no thread was handed anything: the pool is idle
+            else:
+                step.fail(interrupt, ("caller", None))
+                if posted == len(pool.mailboxes) and step.caller_error is None and not step.abandoned:
+                    step.caller_error = interrupt  # a further one gives up on the threads at once
+                    watchdog.wait_for(step)
             raise
         finally:
-            self._release(pool, abandon)
-            step.detach_contexts()
+            if abandon:
+                self._release(pool, abandon=True)
+            else:
+                pool.busy = False  # first and one store: an interrupt here cannot leave the pool busy
+            if step is not None:
+                step.detach_contexts()
             if begin and _profiler.active:
                 _profiler.record(f"strategy.run: {name_of(fn)}", begin, {"replicas": len(self._devices)})
+        assert step is not None  # (made in the try, which re-raises otherwise)
         if step.caller_error is not None:
             raise step.caller_error
         step.raise_failure()
@@ -254,7 +285,7 @@ class ReplicaScheduler:
                 with self._lock:
                     pool = next((p for p in self._pools if not p.busy), None)
                     if pool is None and not self._pools:
-                        pool = _Pool(len(self._devices))
+                        pool = _Pool(len(self._devices), len(self._devices) * self._local_workers)
                         self._pools.append(pool)
                     if pool is None:
                         return ()

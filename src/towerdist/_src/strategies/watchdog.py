@@ -210,7 +210,10 @@ class Watch:
             if timeout_s is not None and waited >= timeout_s:
                 self._time_out(step, _describe_slow_merge(step, waited), timeout_s, missing=[])
         elif step.sequential and status.turn_started is not None:
-            # One replica runs at a time: time the one holding the turn, not the round.
+            # One replica runs at a time: time the one holding the turn, not the round, and
+            # only while another replica waits for it (after the others returned, nobody does).
+            if all(status.exited[r] for r in range(step.num_replicas) if r != status.turn):
+                return
             waited = now - status.turn_started
             if warning_s is not None and waited >= warning_s and self.turn_warned != status.turn_started:
                 self.turn_warned = status.turn_started
@@ -278,7 +281,7 @@ def wait_for(step: Step) -> None:
     """
     watch = step.watch
     site = step.sites[-1]
-    budget = site.budget(step.num_replicas)
+    budget = site.budget(step.participants)
     while step.remaining and not step.abandoned:
         try:
             waiting.get(step.done, budget, watch.poll_seconds(), site)

@@ -120,7 +120,7 @@ def _write_fused(strategy: Any, variable: Any, op: str, values: list[Any], read_
         or len(values) < 2
         or len(components) != len(values)
         or extended._num_workers != 1
-        or not isinstance(extended._cross_device_ops, SharedMemoryAllReduce)
+        or type(extended._cross_device_ops) is not SharedMemoryAllReduce  # (a subclass may override its reduce)
     ):
         return _NOT_FUSED
     old = components[0]._array
