@@ -21,7 +21,8 @@ small budget or none.
 
 **Is the peer about to arrive?** Spinning only pays for waits shorter than the budget.
 Each kind of wait (a :class:`Site`: a replica thread waiting for the next step, a replica
-parked at a barrier, the caller waiting for the replica threads, ...) remembers how long
+parked at a barrier, the caller waiting for the replica threads, the consumer of a
+``prefetch`` waiting for its next element) remembers how long
 its recent waits took, and spins only while at least half of them were short enough.
 
 **When not to spin.** Never when the threads taking part exceed the usable cores
@@ -174,7 +175,7 @@ class Site:
         self.short += self._WEIGHT * ((1.0 if waited <= limit else 0.0) - self.short)
 
 
-def get(mailbox: queue.SimpleQueue[T], budget: float, timeout: float | None, site: Site) -> T:
+def get(mailbox: queue.SimpleQueue[T] | queue.Queue[T], budget: float, timeout: float | None, site: Site) -> T:
     """The next item of ``mailbox``: spins up to ``budget`` seconds, then blocks up to ``timeout``.
 
     While a timeline is recorded, a wait that blocks (and so needs a wake-up) appears on the

@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from towerdist._src import waiting
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.transforms import _int_arg, _Transparent, close_iterator
@@ -69,10 +70,11 @@ def background(make_source: Any, buffer_size: int, name: str = "towerdist-prefet
 
     thread = threading.Thread(target=produce, name=name, daemon=True)
     thread.start()
+    site = waiting.Site("the next input element")  # the consumer spins briefly when elements come quickly
     try:
         while True:
             try:
-                kind, payload = items.get(timeout=_POLL_SECONDS)
+                kind, payload = waiting.get(items, site.budget(2), _POLL_SECONDS, site)
             except queue.Empty:
                 if not thread.is_alive() and items.empty():
                     raise InternalError(f"The {name} thread ended without a result; this is a towerdist bug.") from None
