@@ -1079,3 +1079,16 @@ def test_a_sequential_replica_running_after_the_others_returned_is_not_timed(rep
         warnings.simplefilter("error", td.errors.ReplicaStallWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         assert strategy.call_for_each_tower(fn, run_concurrently=False) == 1.0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork (POSIX)")
+def test_a_forked_child_runs_replica_0_on_its_own_calling_thread(fresh2):
+    fresh2.run(lambda: None)  # the parent's replica thread exists
+
+    def in_child(strategy):
+        idents = strategy.experimental_local_results(strategy.run(threading.get_ident))
+        return idents[0] == threading.get_ident(), idents[1] != threading.get_ident(), strategy.extended._scheduler.num_threads
+
+    status, payload = _run_in_forked_child(fresh2, in_child)
+    assert status == "ok", payload
+    assert payload == (True, True, 1)  # replica 0 on the child's caller, replica 1 on a fresh thread of its own
