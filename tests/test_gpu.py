@@ -379,39 +379,121 @@ def test_the_kmeans_example_on_gpus_matches_numpy():
     np.testing.assert_allclose(np.asarray(centroids), kmeans.numpy_kmeans(points, initial, 5), rtol=1e-4, atol=1e-4)
 
 
+class _Wrapped:
+    """An NCCL communicator with one method replaced (tests of failures and of the clique's life)."""
+
+    def __init__(self, comm, rank, **methods):
+        self._comm, self._rank, self._methods = comm, rank, methods
+
+    def __getattr__(self, name):
+        if name in self._methods:
+            return lambda *args: self._methods[name](self._comm, self._rank, *args)
+        return getattr(self._comm, name)
+
+
+def _all_reduce_step():
+    rid = td.distribute.get_replica_context().replica_id_in_sync_group
+    return td.distribute.get_replica_context().all_reduce("sum", td.ones([3]) * td.cast(rid + 1, td.float32))
+
+
+def _only_clique(ops):
+    ((key, clique),) = ops._cliques.items()
+    return key, clique
+
+
 @pytest.mark.gpus(2)
-def test_a_failed_nccl_group_aborts_its_communicators_and_the_next_reduce_works():
+def test_a_failed_nccl_call_aborts_its_communicators_and_the_next_reduce_works():
     # Defect 9: a call failing inside a group left the other ranks' collectives waiting forever.
     ops = td.distribute.NcclAllReduce(num_packs=0)
     strategy = td.distribute.MirroredStrategy(gpus(2), cross_device_ops=ops)
-
-    def step():
-        rid = td.distribute.get_replica_context().replica_id_in_sync_group
-        return td.distribute.get_replica_context().all_reduce("sum", td.ones([3]) * td.cast(rid + 1, td.float32))
-
-    strategy.run(step)  # creates the communicators
-    ((key, comms),) = ops._communicators.items()
+    strategy.run(_all_reduce_step)  # creates the communicators
+    key, clique = _only_clique(ops)
     aborted = []
 
-    class Failing:
-        def __init__(self, comm, rank):
-            self._comm, self._rank = comm, rank
+    def fail_on_rank_1(comm, rank, *args):
+        if rank == 1:
+            raise RuntimeError("NCCL call failed on purpose")
+        return comm.allReduce(*args)
 
-        def allReduce(self, *args):
-            if self._rank == 1:
-                raise RuntimeError("NCCL call failed on purpose")
-            return self._comm.allReduce(*args)
+    def record_abort(comm, rank):
+        aborted.append(rank)
+        comm.abort()
 
-        def abort(self):
-            aborted.append(self._rank)
-            self._comm.abort()
-
-    ops._communicators[key] = [Failing(comm, rank) for rank, comm in enumerate(comms)]
-    with pytest.raises(RuntimeError, match="failed on purpose"):
-        strategy.run(step)
-    assert sorted(aborted) == [0, 1] and key not in ops._communicators
-    for part in strategy.experimental_local_results(strategy.run(step)):  # new communicators
+    clique.comms = [
+        _Wrapped(c, r, allReduce=fail_on_rank_1, abort=record_abort) for r, c in enumerate(clique.comms)
+    ]
+    with pytest.raises(td.errors.UnavailableError, match=r"GPU:0, GPU:1 failed: NCCL call failed on purpose"):
+        strategy.run(_all_reduce_step)
+    assert sorted(aborted) == [0, 1] and key not in ops._cliques
+    for part in strategy.experimental_local_results(strategy.run(_all_reduce_step)):  # new communicators
         np.testing.assert_array_equal(cupy_backend.xp.asnumpy(part), [3.0] * 3)
+
+
+@pytest.mark.gpus(2)
+def test_a_failed_group_end_aborts_the_communicators_too():
+    # N5: an NcclError from groupEnd() skipped the abort and left broken communicators cached.
+    ops = td.distribute.NcclAllReduce(num_packs=0)
+    strategy = td.distribute.MirroredStrategy(gpus(2), cross_device_ops=ops)
+    strategy.run(_all_reduce_step)
+    key, clique = _only_clique(ops)
+    nccl = cupy_backend.nccl()
+    real_group_end = nccl.groupEnd
+
+    def failing_group_end():
+        real_group_end()
+        raise nccl.NcclError("NCCL_ERROR_UNHANDLED_CUDA_ERROR", "failed on purpose at groupEnd")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(nccl, "groupEnd", failing_group_end)
+        with pytest.raises(td.errors.UnavailableError, match="failed on purpose at groupEnd") as raised:
+            strategy.run(_all_reduce_step)
+    assert raised.value.devices == (0, 1) and clique.broken and key not in ops._cliques
+    assert all(comm._aborted for comm in clique.comms) if cupy_backend._simulated() else True
+    for part in strategy.experimental_local_results(strategy.run(_all_reduce_step)):
+        np.testing.assert_array_equal(cupy_backend.xp.asnumpy(part), [3.0] * 3)
+
+
+@pytest.mark.gpus(2)
+def test_an_asynchronous_nccl_error_is_raised_at_the_next_collective_and_recovers():
+    # N5: errors NCCL reports while running (check_async_error) were never looked at.
+    ops = td.distribute.NcclAllReduce(num_packs=0)
+    strategy = td.distribute.MirroredStrategy(gpus(2), cross_device_ops=ops)
+    strategy.run(_all_reduce_step)
+    key, clique = _only_clique(ops)
+
+    def report_error(comm, rank):
+        if rank == 1:
+            raise cupy_backend.nccl().NcclError("NCCL_ERROR_REMOTE_ERROR", "link down on purpose")
+
+    clique.comms = [_Wrapped(c, r, check_async_error=report_error) for r, c in enumerate(clique.comms)]
+    with pytest.raises(td.errors.UnavailableError, match=r"asynchronous error on GPU:1.*link down on purpose"):
+        strategy.run(_all_reduce_step)
+    assert clique.broken and key not in ops._cliques
+    for part in strategy.experimental_local_results(strategy.run(_all_reduce_step)):
+        np.testing.assert_array_equal(cupy_backend.xp.asnumpy(part), [3.0] * 3)
+
+
+@pytest.mark.gpus(2)
+def test_nccl_launches_hold_a_lock_per_gpu_shared_by_every_strategy():
+    # N6: two strategies over the same GPUs, used from two threads, drove their communicators at once.
+    from towerdist._src.cross_device_ops import nccl_cliques
+
+    held = []
+    strategies = []
+    for _ in range(2):
+        ops = td.distribute.NcclAllReduce(num_packs=0)
+        strategies.append(td.distribute.MirroredStrategy(gpus(2), cross_device_ops=ops))
+        strategies[-1].run(_all_reduce_step)
+        _, clique = _only_clique(ops)
+
+        def record_locks(comm, rank, *args):
+            held.append(tuple(nccl_cliques._gpu_locks[d].locked() for d in (0, 1)))
+            return comm.allReduce(*args)
+
+        clique.comms = [_Wrapped(c, r, allReduce=record_locks) for r, c in enumerate(clique.comms)]
+    for strategy in strategies:
+        strategy.run(_all_reduce_step)
+    assert held == [(True, True)] * 4
 
 
 @pytest.mark.gpus(2)
@@ -473,19 +555,32 @@ def test_nccl_communicators_are_destroyed_with_their_cross_device_ops():
     strategy.run(lambda: td.distribute.get_replica_context().all_reduce("sum", td.ones([2])))
     destroyed = []
 
-    class Recording:
-        def __init__(self, comm, rank):
-            self._comm, self._rank = comm, rank
+    def record_destroy(comm, rank):
+        destroyed.append(rank)
+        comm.destroy()
 
-        def destroy(self):
-            destroyed.append(self._rank)
-            self._comm.destroy()
-
-    ((key, comms),) = ops._communicators.items()
-    ops._communicators[key] = [Recording(comm, rank) for rank, comm in enumerate(comms)]
-    del strategy, ops
+    _, clique = _only_clique(ops)
+    clique.comms = [_Wrapped(c, r, destroy=record_destroy) for r, c in enumerate(clique.comms)]
+    del strategy, ops, clique
     gc.collect()
     assert sorted(destroyed) == [0, 1]
+
+
+@pytest.mark.gpus(2)
+def test_communicators_with_a_collective_still_running_are_aborted_not_destroyed():
+    # N5: the finalizer's ncclCommDestroy waits for pending work (it could block at exit).
+    from towerdist._src.cross_device_ops.nccl_cliques import Clique
+
+    class Pending:
+        done = False
+
+    calls = []
+    clique = Clique.__new__(Clique)
+    clique.comms = [_Wrapped(None, r, abort=lambda c, r: calls.append(("abort", r)),
+                             destroy=lambda c, r: calls.append(("destroy", r))) for r in range(2)]  # fmt: skip
+    clique.last_done = [Pending(), None]
+    clique.close()
+    assert calls == [("abort", 0), ("destroy", 1)]
 
 
 @pytest.mark.gpus(1)

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from towerdist._src.backend import cupy_streams
 from towerdist._src.errors import InvalidArgumentError, MissingDependencyError
 
 _SIMULATION = "towerdist._src.testing.simulated_cupy"
@@ -114,7 +115,7 @@ def to_device(array: Any, device: Any) -> Any:
     if owns(array):
         if array.device.id == target:
             return array
-        array = _contiguous(array)
+        return _copy_between(array, target)
     with cupy.cuda.Device(target):
         return cupy.asarray(array)
 
@@ -127,20 +128,41 @@ def copy(array: Any, device: Any = None) -> Any:
     else:
         target = array.device.id if owns(array) else int(cupy.cuda.runtime.getDevice())
     if owns(array) and array.device.id != target:
-        array = _contiguous(array)
+        return _copy_between(array, target)
     with cupy.cuda.Device(target):
         return cupy.array(array, copy=True)
 
 
-def _contiguous(array: Any) -> Any:
-    """``array`` ready to leave its GPU: C-contiguous (cupy copies only contiguous arrays between
-    GPUs), made on its own GPU, and finished (whichever stream of that GPU produced it)."""
+def _copy_between(array: Any, target: int) -> Any:
+    """A copy of ``array`` (on another GPU) on GPU ``target``, ordered after the work that produced it.
+
+    cupy copies only C-contiguous arrays between GPUs, on the destination's current stream:
+    the array is made contiguous on its own GPU, the destination stream waits for the
+    source stream (an event, no host wait), and the source stays referenced until the copy
+    has run (its memory belongs to its own stream's pool).
+    """
     cupy = _import()
-    with cupy.cuda.Device(array.device.id) as gpu:
+    cuda = cupy.cuda
+    source = int(array.device.id)
+    with cuda.Device(source):
         if not array.flags.c_contiguous:
             array = cupy.ascontiguousarray(array)
-        gpu.synchronize()
-    return array
+        producer = cuda.get_current_stream()
+    with cuda.Device(target):
+        consumer = cuda.get_current_stream()
+        cupy_streams.wait_for_stream(consumer, target, producer, source)
+        result = cupy.array(array, copy=True)
+    cupy_streams.keep_alive(cupy_streams.record(consumer, target), [array])
+    return result
+
+
+def _contiguous(array: Any) -> Any:
+    """``array`` as a C-contiguous array on its own GPU (itself if it already is)."""
+    if array.flags.c_contiguous:
+        return array
+    cupy = _import()
+    with cupy.cuda.Device(array.device.id):
+        return cupy.ascontiguousarray(array)
 
 
 def buffer_id(array: Any) -> int:
@@ -193,7 +215,8 @@ def accumulate_into(out: Any, inputs: Sequence[Any], start: int, stop: int) -> N
 
 def divide_into(out: Any, divisor: int, start: int, stop: int) -> None:
     target = out[start:stop]
-    target /= divisor
+    with _import().cuda.Device(out.device.id):
+        target /= divisor
 
 
 def add_n(arrays: Sequence[Any]) -> Any:

@@ -1,7 +1,7 @@
 """``NcclAllReduce``: one process driving all its GPUs through NCCL (via cupy).
 
-One NCCL communicator per GPU is created once per device set with ``initAll``; each
-pack is all-reduced inside an NCCL group call, each GPU on its own stream.
+One NCCL communicator per GPU is created once per device set (``nccl_cliques.py``); each
+pack is all-reduced inside an NCCL group call, each GPU on a stream of towerdist's own.
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from towerdist._src.backend import cupy_backend
+from towerdist._src.backend import cupy_backend, cupy_streams
+from towerdist._src.cross_device_ops import nccl_cliques
 from towerdist._src.cross_device_ops.all_reduce_ops import AllReduceCrossDeviceOps
+from towerdist._src.cross_device_ops.nccl_cliques import Clique
 from towerdist._src.device import DeviceSpec
-from towerdist._src.errors import MissingDependencyError
+from towerdist._src.errors import MissingDependencyError, UnavailableError
 
 __all__ = ["NCCL_DTYPES", "NcclAllReduce", "nccl_unavailable_reason"]
 
@@ -41,11 +43,10 @@ def nccl_unavailable_reason() -> str | None:
     return None
 
 
-def _destroy(communicators: dict[tuple[int, ...], Any]) -> None:
-    for comms in communicators.values():
-        for comm in comms:
-            comm.destroy()
-    communicators.clear()
+def _close(cliques: dict[tuple[int, ...], Clique]) -> None:
+    for clique in cliques.values():
+        clique.close()
+    cliques.clear()
 
 
 def _sum_by_copies(devices: tuple[DeviceSpec, ...], components: list[Any]) -> list[Any]:
@@ -78,16 +79,20 @@ class NcclAllReduce(AllReduceCrossDeviceOps):
 
     Requires every device to be a GPU and cupy with NCCL (``towerdist[cuda12]`` or
     ``towerdist[cuda13]``); a strategy created with it on other devices raises at once.
+
+    Each pack is summed by one NCCL group call on a stream of towerdist's own per GPU,
+    ordered after the work that produced the pack and before the work that reads the sum by
+    CUDA events: the host does not wait for the GPUs (``nccl_cliques.py``).
     """
 
     def __init__(self, num_packs: int = 1) -> None:
         if not isinstance(num_packs, int) or num_packs < 0:
             raise ValueError(f"NCCL all-reduce requires num_packs >= 0, but {num_packs} is specified")
         super().__init__(num_packs)
-        self._communicators: dict[tuple[int, ...], Any] = {}
-        self._lock = threading.Lock()
-        # The NCCL communicators are destroyed with this object (its strategy going away).
-        weakref.finalize(self, _destroy, self._communicators)
+        self._cliques: dict[tuple[int, ...], Clique] = {}
+        self._lock = threading.Lock()  # guards ``_cliques``
+        # The NCCL communicators are closed with this object (its strategy going away).
+        weakref.finalize(self, _close, self._cliques)
 
     def check_devices(self, devices: Sequence[DeviceSpec]) -> None:
         """Raises unless ``devices`` are GPUs and NCCL is usable."""
@@ -102,24 +107,41 @@ class NcclAllReduce(AllReduceCrossDeviceOps):
         if reason is not None:
             raise MissingDependencyError(f"NcclAllReduce cannot run: {reason}.")
 
-    def _comms(self, devices: tuple[DeviceSpec, ...]) -> Any:
-        key = tuple(d.device_index for d in devices)
+    def _clique(self, key: tuple[int, ...]) -> Clique:
+        """The communicators over the GPUs ``key``, made on first use (again after a failure)."""
         with self._lock:
-            if key not in self._communicators:
-                self._communicators[key] = cupy_backend.nccl().NcclCommunicator.initAll(list(key))
-            return self._communicators[key]
+            clique = self._cliques.get(key)
+            if clique is not None and clique.broken is None:
+                return clique
+        made = nccl_cliques.create_local(key, f"NcclAllReduce over {nccl_cliques.describe_gpus(key)}")
+        with self._lock:
+            clique = self._cliques.get(key)
+            if clique is not None and clique.broken is None:  # another thread made them meanwhile
+                made.close()
+                return clique
+            self._cliques[key] = made
+        return made
+
+    def _forget(self, key: tuple[int, ...], clique: Clique) -> None:
+        with self._lock:
+            if self._cliques.get(key) is clique:  # not a newer clique another thread made
+                del self._cliques[key]
 
     def _all_reduce_pack(self, devices: tuple[DeviceSpec, ...], components: list[Any], pack_index: int) -> list[Any]:
         """Sums ``components[j]`` (on ``devices[j]``) with one NCCL group call; the sum on every device.
 
-        The rules of ``reference/cupy.md``: every input is made contiguous on its own GPU and
-        stays referenced until the group has completed (NCCL reads the buffers only when
-        ``groupEnd`` launches them); each device is synchronised first, so whatever stream
-        produced a component has finished; one group at a time per set of communicators; a
-        failed group aborts its communicators (the other ranks would wait forever).
+        The rules of ``reference/cupy.md``: each input is made contiguous on its own GPU; the
+        clique's stream on each GPU waits for the calling thread's stream (which produced or
+        was ordered after the inputs), allocates the output from its own pool and runs the
+        collective; the calling thread's streams then wait for the clique's "done" events.
+        The inputs stay referenced until then by the caller's stream order (its next work on
+        their memory comes after the "done" event). A failed group aborts the clique's
+        communicators (the other ranks would wait forever) and raises ``UnavailableError``;
+        the next call makes new ones.
         """
         self.check_devices(devices)
         cupy = cupy_backend._import()
+        cuda = cupy.cuda
         nccl = cupy_backend.nccl()
 
         dtype = components[0].dtype
@@ -130,39 +152,48 @@ class NcclAllReduce(AllReduceCrossDeviceOps):
         dtype_name = NCCL_DTYPES.get(str(dtype))
         if dtype_name is None:  # int16, uint16, bool: NCCL has no such type; sum by copies instead
             return _sum_by_copies(devices, components)
-        comms = self._comms(devices)
-        inputs, outputs, streams = [], [], []
-        for device, component in zip(devices, components):
-            with cupy.cuda.Device(device.device_index) as gpu:
-                gpu.synchronize()  # the component's producer (any stream of this GPU) has finished
-                inputs.append(cupy_backend.flat(cupy_backend.to_device(component, device)))
-                outputs.append(cupy.empty_like(inputs[-1]))
-                streams.append(cupy.cuda.get_current_stream())
         key = tuple(d.device_index for d in devices)
-        with self._lock:
+        clique = self._clique(key)
+        inputs, outputs = [], []
+        for device, component, stream in zip(devices, components, clique.streams):
+            index = device.device_index
+            with cuda.Device(index):
+                source = cupy_backend.flat(cupy_backend.to_device(component, device))
+                cupy_streams.wait_for_stream(stream, index, cuda.get_current_stream(), index)
+                with stream:  # from the clique stream's own pool: freed blocks come back to it
+                    outputs.append(cupy.empty_like(source))
+                inputs.append(source)
+        api = "NcclAllReduce"
+        with nccl_cliques.gpus_locked(key):
+            try:
+                clique.check(api)
+            except UnavailableError:
+                self._forget(key, clique)
+                raise
             failure: BaseException | None = None
             nccl.groupStart()
             try:
-                for comm, source, target, stream in zip(comms, inputs, outputs, streams):
+                for comm, source, target, stream in zip(clique.comms, inputs, outputs, clique.streams):
                     comm.allReduce(
-                        source.data.ptr,
-                        target.data.ptr,
-                        source.size,
-                        getattr(nccl, dtype_name),
-                        nccl.NCCL_SUM,
+                        source.data.ptr, target.data.ptr, source.size, getattr(nccl, dtype_name), nccl.NCCL_SUM,
                         stream.ptr,
-                    )
+                    )  # fmt: skip
             except BaseException as error:  # re-raised below, once the group is closed
                 failure = error
             finally:
-                nccl.groupEnd()
+                try:
+                    nccl.groupEnd()
+                except Exception as error:
+                    failure = failure or error
             if failure is not None:
-                for comm in comms:
-                    comm.abort()
-                del self._communicators[key]
-                raise failure
-            for device, stream in zip(devices, streams):
-                with cupy.cuda.Device(device.device_index):
-                    stream.synchronize()
-        del inputs  # referenced until here: the group has completed
+                clique.abort(f"a collective failed ({type(failure).__name__}: {failure})")
+                self._forget(key, clique)
+                if not isinstance(failure, Exception):
+                    raise failure  # KeyboardInterrupt and friends, as they are
+                raise UnavailableError(
+                    f"NcclAllReduce over {nccl_cliques.describe_gpus(key)} failed: {failure}. Its communicators "
+                    f"were aborted; the next all-reduce creates new ones.",
+                    devices=key,
+                ) from failure
+            clique.finished()
         return [out.reshape(component.shape) for out, component in zip(outputs, components)]

@@ -63,7 +63,7 @@ from typing import Any
 from towerdist._src import context, thread_state, waiting
 from towerdist._src import device as device_lib
 from towerdist._src import profiler as _profiler
-from towerdist._src.backend import cupy_backend
+from towerdist._src.backend import cupy_streams
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import MergeCallCountError
 from towerdist._src.mailbox import INTERRUPTED, RESUME, SHUTDOWN, STOP, TASK
@@ -160,6 +160,17 @@ class Step:
         self.strategy = strategy
         self.devices = devices
         self.on_gpus = devices[0].device_type == "GPU" or any(d.device_type == "GPU" for d in devices)
+        # GPU work changes threads at the start of the step, at each round and at the end:
+        # the consumer's streams wait for events recorded on the producer's (see "Streams").
+        self.orders_streams = self.on_gpus and n > 1
+        self.gpu_ids = tuple(sorted({d.device_index for d in devices if d.device_type == "GPU"}))
+        self._own_gpus: list[tuple[int, ...] | None] = [
+            (d.device_index,) if d.device_type == "GPU" else None for d in devices
+        ]
+        self.caller_marks: cupy_streams.Marks | None = None  # the caller's streams as it started the step
+        self._arrival_marks: list[cupy_streams.Marks | None] = [None] * n
+        self._round_marks: cupy_streams.Marks | None = None  # the settler's streams after the round's function
+        self._end_marks: list[cupy_streams.Marks | None] = [None] * n
         self.fn = fn
         self.num_replicas = n
         self.results: list[Any] = [None] * n
@@ -265,6 +276,8 @@ class Step:
             if self.sequential:
                 self._await_turn(i)
             with device_lib.activate(self.devices[i]):  # a GPU replica launches on its own GPU
+                if self.orders_streams:
+                    cupy_streams.follow(self.caller_marks, self._own_gpus[i])  # what the caller made for it
                 if _profiler.active:
                     _profiler.name_replica_thread(i, self.devices[i])
                     with _profiler.Span(f"run: {name_of(self.fn)}", {"replica": i}):
@@ -284,6 +297,8 @@ class Step:
             self._arrive_done(i, result)
         finally:
             state.restore(saved)
+            if self.orders_streams:  # whatever this replica launched, before the caller reads it
+                self._end_marks[i] = cupy_streams.mark(self._own_gpus[i] or self.gpu_ids)
             self._exit(i)
 
     def meet(self, i: int, request: MergeRequest | CollectiveRequest) -> Any:
@@ -294,6 +309,8 @@ class Step:
         0's function on arguments meant for something else.
         """
         try:
+            if self.orders_streams:  # what this replica launched, before the settler's streams read it
+                self._arrival_marks[i] = cupy_streams.mark(self._own_gpus[i] or self.gpu_ids)
             with self._lock:
                 if self._failure is not None:
                     raise StopReplica
@@ -310,6 +327,8 @@ class Step:
                 else:
                     with _profiler.Span("wait at merge_call", {"api": request.api, "waiting_for": pending}):
                         part = self._park(i)
+                if self.orders_streams:  # what the round's function launched, before this replica reads it
+                    cupy_streams.follow(self._round_marks, self._own_gpus[i])
             else:
                 error, requests = outcome
                 if error is not None:
@@ -431,16 +450,17 @@ class Step:
             state.helpers = [self._mailboxes[r] for r in others]
         try:
             with device_lib.activate(state.devices[-1] if state.devices else None):
-                if self.on_gpus:  # the replicas' streams before the merge reads, the merge's before they do
-                    cupy_backend.finish(self.devices)
+                if self.orders_streams:  # what each replica launched before it arrived
+                    for r, marks in enumerate(self._arrival_marks):
+                        cupy_streams.follow(marks, self._own_gpus[r])
                 if _profiler.active:
                     first = requests[0]
                     with _profiler.Span(f"merge_fn: {first.api}", {"call": first.describe(), "replica": i}):
                         parts = requests[0].settle(self, requests)
                 else:
                     parts = requests[0].settle(self, requests)
-                if self.on_gpus:
-                    cupy_backend.finish(self.devices)
+                if self.orders_streams:  # read by the parked replicas once released (``meet``)
+                    self._round_marks = cupy_streams.mark(self.gpu_ids)
         except BaseException as error:
             with self._lock:
                 self._merge_started = None
@@ -484,6 +504,11 @@ class Step:
             last = self.remaining == 0
         if last:
             self.done.put(True)
+
+    def follow_replicas(self) -> None:
+        """Orders the calling thread's streams after what every replica thread launched (the caller, at the end)."""
+        for r, marks in enumerate(self._end_marks):
+            cupy_streams.follow(marks, self._own_gpus[r])
 
     # --- waiting and watching -----------------------------------------------------------------
 

@@ -48,7 +48,7 @@ from typing import Any
 
 from towerdist._src import intra_op_threads, parallel, waiting
 from towerdist._src import profiler as _profiler
-from towerdist._src.backend import cupy_backend
+from towerdist._src.backend import cupy_streams
 from towerdist._src.device import DeviceSpec
 from towerdist._src.mailbox import RUN, SHUTDOWN, TASK
 from towerdist._src.strategies import watchdog
@@ -221,8 +221,8 @@ class ReplicaScheduler:
                 pool.participants,
             )
             step.alive = pool.alive
-            if step.on_gpus:  # what the caller computed for the replicas, before their streams read it
-                cupy_backend.finish(self._devices)
+            if step.orders_streams:  # what the caller launched for the replicas, before their streams read it
+                step.caller_marks = cupy_streams.mark(step.gpu_ids)
             for mailbox in pool.mailboxes:
                 mailbox.put((RUN, step))
                 posted += 1
@@ -251,11 +251,11 @@ class ReplicaScheduler:
             if begin and _profiler.active:
                 _profiler.record(f"strategy.run: {name_of(fn)}", begin, {"replicas": len(self._devices)})
         assert step is not None  # (made in the try, which re-raises otherwise)
+        if step.orders_streams:  # what the replicas launched (even in a failed step), before the caller's streams
+            step.follow_replicas()
         if step.caller_error is not None:
             raise step.caller_error
         step.raise_failure()
-        if step.on_gpus:  # the replicas' streams before the caller reads their results
-            cupy_backend.finish(self._devices)
         return step.results
 
     def _run_here(

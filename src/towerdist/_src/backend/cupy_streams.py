@@ -1,0 +1,182 @@
+"""Ordering GPU work across threads and streams with CUDA events, without blocking the host.
+
+Each thread launches cupy work on its *current stream* of each GPU: by default the legacy
+null stream (one per GPU, shared by every thread, so work of all threads is ordered on
+it), or with ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`` a stream per thread, or whatever
+stream the user made current. Work on different streams is unordered: where data produced
+on one stream is used on another (a replica's gradients read by the thread that runs the
+merge, an NCCL collective on towerdist's own stream, an input copy made on a copy stream),
+the consumer's stream must wait for an event recorded on the producer's stream after the
+producing work. The host never waits for the GPU here; it blocks only where it reads a
+value (``.get()``).
+
+* :func:`mark` records, on the calling thread, where its streams of some GPUs stand;
+  :func:`follow` makes the calling thread's streams wait for such a mark. Nothing is
+  recorded for the legacy null stream: CUDA orders it with every blocking stream of its
+  GPU, so a consumer on the null stream or on a per-thread default stream needs nothing;
+  any other consumer stream waits for an event recorded then on the null stream (which
+  covers everything launched on it before).
+* :func:`wait_for_stream` orders one stream after another of the same GPU (the NCCL and
+  copy streams after the calling thread's stream, and back).
+* :func:`keep_alive` holds arrays until work on another stream that uses them has
+  finished: cupy's memory pool hands a freed block straight back to the stream that
+  allocated it, whose next allocation could overwrite it while the other stream still
+  reads it. Entries are released once their event has completed (checked with a
+  non-blocking query whenever a new one is added).
+
+Everything here runs on the calling thread, in any context; it is a no-op for devices
+that are not GPUs. cupy is imported only through ``cupy_backend``.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from towerdist._src.backend import cupy_backend
+
+__all__ = ["Marks", "follow", "keep_alive", "mark", "record", "wait_for_stream"]
+
+_LEGACY = 0  # the legacy null stream's pointer, as cupy passes it
+_PER_THREAD = 2  # cudaStreamPerThread: every thread's own default stream (a blocking stream)
+
+
+class Marks:
+    """Where one thread's current streams of some GPUs stood when :func:`mark` was called.
+
+    Attributes:
+      thread: the id of the thread that recorded the marks.
+      points: GPU index -> ``(stream pointer, event)``; the event is None for the legacy
+        null stream (nothing to record: CUDA orders it with the blocking streams).
+    """
+
+    __slots__ = ("points", "thread")
+
+    def __init__(self, thread: int, points: dict[int, tuple[int, Any]]) -> None:
+        self.thread = thread
+        self.points = points
+
+    def __repr__(self) -> str:
+        where = ", ".join(f"GPU {d}: {'null stream' if e is None else f'stream 0x{p:x}'}" for d, (p, e) in self.points.items())
+        return f"<Marks of thread {self.thread}: {where}>"
+
+
+def mark(device_ids: Iterable[int]) -> Marks:
+    """Records where the calling thread's current stream of each GPU in ``device_ids`` stands."""
+    cupy = cupy_backend._import()
+    cuda = cupy.cuda
+    points: dict[int, tuple[int, Any]] = {}
+    for device_id in device_ids:
+        stream = cuda.get_current_stream(device_id)
+        ptr = int(stream.ptr)
+        if ptr == _LEGACY:
+            points[device_id] = (ptr, None)
+            continue
+        with cuda.Device(device_id):
+            event = cuda.Event(disable_timing=True)
+            event.record(stream)
+        points[device_id] = (ptr, event)
+    return Marks(threading.get_ident(), points)
+
+
+def follow(marks: Marks | None, device_ids: Iterable[int] | None = None) -> None:
+    """Makes the calling thread's current streams wait for ``marks`` (of ``device_ids``, default all).
+
+    Nothing is waited for where the two are the same stream (the legacy null stream, or the
+    same thread's stream), or where CUDA already orders them.
+    """
+    if marks is None:
+        return
+    cuda = cupy_backend._import().cuda
+    same_thread = marks.thread == threading.get_ident()
+    points = marks.points
+    for device_id in points if device_ids is None else device_ids:
+        point = points.get(device_id)
+        if point is None:
+            continue
+        ptr, event = point
+        stream = cuda.get_current_stream(device_id)
+        mine = int(stream.ptr)
+        if event is None:  # the producer used the legacy null stream
+            if mine in (_LEGACY, _PER_THREAD):
+                continue  # the null stream itself, or a blocking stream CUDA orders after it
+            with cuda.Device(device_id):
+                event = cuda.Event(disable_timing=True)
+                event.record(cuda.Stream.null)
+        elif mine == ptr and (same_thread or ptr != _PER_THREAD):
+            continue  # the very stream that recorded the mark
+        with cuda.Device(device_id):
+            stream.wait_event(event)
+
+
+def record(stream: Any, device_id: int) -> Any:
+    """A new event recorded on ``stream`` (a stream of GPU ``device_id``) after the work queued so far."""
+    cuda = cupy_backend._import().cuda
+    with cuda.Device(device_id):
+        event = cuda.Event(disable_timing=True)
+        event.record(stream)
+    return event
+
+
+def wait_for_stream(consumer: Any, consumer_device: int, producer: Any, producer_device: int) -> Any:
+    """Orders later work on ``consumer`` (a stream of GPU ``consumer_device``) after the work queued so far on
+    ``producer`` (a stream of GPU ``producer_device``; the GPUs may differ).
+
+    Returns the event recorded on ``producer``, or None when the two are one stream.
+    """
+    if consumer_device == producer_device and int(consumer.ptr) == int(producer.ptr):
+        return None  # one stream (seen from the calling thread, a per-thread stream is its own)
+    event = record(producer, producer_device)
+    with cupy_backend._import().cuda.Device(consumer_device):  # a default stream means the current GPU's
+        consumer.wait_event(event)
+    return event
+
+
+class _Held:
+    """Arrays kept referenced until events complete (see :func:`keep_alive`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: collections.deque[tuple[Any, Sequence[Any]]] = collections.deque()
+
+    def add(self, event: Any, arrays: Sequence[Any]) -> None:
+        with self._lock:
+            self._entries.append((event, arrays))
+            self._release_done()
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._release_done()
+            return len(self._entries)
+
+    def _release_done(self) -> None:
+        # Events complete in the order their streams run, not in the order they were added:
+        # look at a few from the front each time, so the list stays short without scanning it.
+        entries = self._entries
+        for _ in range(min(len(entries), 4)):
+            event, arrays = entries[0]
+            if not event.done:
+                entries.rotate(-1)
+                continue
+            entries.popleft()
+
+
+_held = _Held()
+
+
+def keep_alive(event: Any, arrays: Sequence[Any]) -> None:
+    """Keeps ``arrays`` referenced until ``event`` has completed.
+
+    Use it when arrays allocated on one stream are read or written by work on another
+    stream that the allocating stream is not ordered after: cupy's pool would otherwise
+    hand their memory to the allocating stream's next allocation while that work runs.
+    """
+    if arrays:
+        _held.add(event, list(arrays))
+
+
+def held_count() -> int:
+    """How many groups of arrays are still held (for tests)."""
+    return len(_held)
