@@ -19,6 +19,8 @@ outer bound).
 from __future__ import annotations
 
 import functools
+import importlib.metadata
+import os
 from typing import Any
 
 import pytest
@@ -27,6 +29,20 @@ import towerdist as td
 from towerdist._src.backend import cupy_backend
 from towerdist._src.multi_worker.launcher import find_mpiexec
 from towerdist.testing.pytest_plugin import broadcast_from_rank_0, mirrored_strategy_for, replica_bounds
+
+_PLUGIN = "towerdist.testing.pytest_plugin"
+
+
+def _plugin_loads_itself() -> bool:
+    """Whether pytest loads towerdist's plugin through the installed package's entry point."""
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        return False
+    return any(point.value == _PLUGIN for point in importlib.metadata.entry_points(group="pytest11"))
+
+
+# From a plain checkout (``PYTHONPATH=src python -m pytest``) the entry point is not installed:
+# load the plugin here, so that its markers and fixtures exist; never twice.
+pytest_plugins = [] if _plugin_loads_itself() else [_PLUGIN]
 
 NUM_CPUS = 8
 # The replica wait bounds towerdist's pytest plugin sets for a one-process session.

@@ -231,6 +231,35 @@ def test_optimizer_updates_keep_every_copy_and_slot_on_its_gpu(optimizer):
 
 
 @pytest.mark.gpus(2)
+def test_each_replica_updates_the_copies_on_its_own_gpu_on_its_own_thread():
+    # The optimizer update ran on one thread launching every GPU's kernels in turn.
+    import threading
+
+    launched = []
+
+    class RecordingSGD(td.optimizers.SGD):
+        def _compute(self, xp, var, grad, slots, coefficients, out):
+            launched.append((var.device.id, threading.current_thread().name, xp.cuda.runtime.getDevice()))
+            return super()._compute(xp, var, grad, slots, coefficients, out)
+
+    strategy = td.distribute.MirroredStrategy(gpus(2))
+    with strategy.scope():
+        w = td.Variable(np.zeros(3, np.float32))
+        opt = RecordingSGD(0.5)
+
+    def step():
+        rid = td.distribute.get_replica_context().replica_id_in_sync_group
+        opt.apply_gradients([(td.ones([3]) * td.cast(rid + 1, td.float32), w)])
+        return w.value()  # this replica's copy, already updated when apply_gradients returns
+
+    values = strategy.experimental_local_results(strategy.run(step))
+    assert sorted(launched) == [(0, threading.current_thread().name, 0), (1, "towerdist-replica-1", 1)]
+    for value in values:
+        np.testing.assert_array_equal(cupy_backend.xp.asnumpy(value), [-1.5] * 3)
+    assert opt.iterations.numpy() == 1
+
+
+@pytest.mark.gpus(2)
 @pytest.mark.parametrize("num_packs", [0, 1, 2])
 def test_nccl_all_reduce_of_views_keeps_its_temporaries_on_their_gpus(num_packs):
     # Defects 2 and 3: contiguous copies and pack buffers must be made on each rank's GPU and
@@ -283,6 +312,54 @@ def test_constants_and_casts_follow_the_device_scope():
         back = td.constant(on_gpu)
     assert isinstance(back, np.ndarray) and back.tolist() == [1.0, 2.0]
     assert isinstance(on_gpu, cupy.ndarray)
+
+
+@pytest.mark.gpus(2)
+def test_convert_to_tensor_and_identity_follow_the_device_scope():
+    # convert_to_tensor and identity ignored the device scope (constant and cast followed it).
+    cupy = cupy_backend._import()
+    with td.device("GPU:1"):
+        converted = td.convert_to_tensor(np.arange(3.0))
+        from_python = td.convert_to_tensor([1.0, 2.0])
+        copied = td.identity(np.arange(2))
+    assert [converted.device.id, from_python.device.id, copied.device.id] == [1, 1, 1]
+    with td.device("GPU:0"):
+        on_gpu0 = td.constant([1.0, 2.0])
+    with td.device("GPU:1"):
+        unchanged = td.convert_to_tensor(on_gpu0)  # TF returns an existing tensor as it is
+        moved = td.identity(on_gpu0)  # tf.identity is placed on the scope's device
+    assert unchanged is on_gpu0 and moved.device.id == 1 and cupy.asnumpy(moved).tolist() == [1.0, 2.0]
+    with td.device("CPU:0"):
+        back = td.identity(on_gpu0)
+    assert isinstance(back, np.ndarray) and back.tolist() == [1.0, 2.0]
+    strings = np.array(["a", "b"])
+    with td.device("GPU:0"):
+        assert td.convert_to_tensor(strings) is strings  # cupy holds numbers only; strings stay on the host
+
+
+@pytest.mark.gpus(2)
+@pytest.mark.parametrize("metric", ["sparse_categorical_accuracy", "mean_squared_error"])
+def test_metric_functions_on_another_gpus_data_compute_there(metric):
+    # Called from the main thread (current GPU 0) on GPU 1's data, they launched on GPU 0.
+    with td.device("GPU:1"):
+        predictions = td.constant([[0.1, 0.9], [0.8, 0.2]])
+    labels = np.array([1, 1]) if metric == "sparse_categorical_accuracy" else np.array([[0.0, 1.0], [1.0, 0.0]])
+    result = getattr(td.metrics, metric)(labels, predictions)
+    expected = [1.0, 0.0] if metric == "sparse_categorical_accuracy" else [0.01, 0.04]
+    assert result.device.id == 1
+    np.testing.assert_allclose(cupy_backend.xp.asnumpy(result), expected, rtol=1e-6)
+
+
+@pytest.mark.gpus(3)
+def test_arithmetic_on_a_variable_of_other_gpus_runs_on_its_gpu_from_the_main_thread():
+    # A MirroredStrategy(["GPU:1", "GPU:2"]) variable read from the main thread (current GPU 0).
+    strategy = td.distribute.MirroredStrategy(["GPU:1", "GPU:2"])
+    with strategy.scope():
+        v = td.Variable([1.0, 2.0])
+    results = [v + 1.0, 2.0 * v, -v, v[1:], np.sqrt(v), v @ v]
+    assert [r.device.id for r in results] == [1] * len(results)
+    np.testing.assert_allclose(cupy_backend.xp.asnumpy(results[0]), [2.0, 3.0])
+    np.testing.assert_allclose(float(cupy_backend.xp.asnumpy(results[-1])), 5.0)
 
 
 @pytest.mark.gpus(1)

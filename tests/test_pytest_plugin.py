@@ -89,3 +89,22 @@ def test_marked():
     result = pytester.runpytest_subprocess("--strict-markers", "--collect-only", "-q", timeout=60)
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["*test_marked*"])
+
+
+def test_the_projects_own_suite_collects_from_a_plain_checkout():
+    # `PYTHONPATH=src python -m pytest` with no installed entry point failed to collect:
+    # "'gpus' not found in `markers`". The suite's conftest loads the plugin then.
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": str(root / "src")}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "pytest_timeout", "-p", "no:cacheprovider", "--collect-only", "-q",
+         "tests/test_gpu.py"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "tests/test_gpu.py::test_cupy_backend_places_arrays_on_the_device" in done.stdout

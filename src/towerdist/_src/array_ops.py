@@ -21,6 +21,7 @@ from towerdist._src.values.distributed_values import DistributedValues, Mirrored
 
 __all__ = [
     "add_n",
+    "as_array",
     "cast",
     "constant",
     "convert_to_tensor",
@@ -113,12 +114,28 @@ def constant(value: Any, dtype: Any = None, shape: Sequence[int] | None = None, 
 
 
 def convert_to_tensor(value: Any, dtype: Any = None, dtype_hint: Any = None, name: str | None = None) -> Any:
-    """Returns ``value`` as an array; arrays of the right dtype are returned as they are.
+    """Returns ``value`` as an array (``tf.convert_to_tensor``).
 
-    A ``PerReplica`` or ``Mirrored`` converts to its local component inside a replica; a
+    Arrays of the right dtype are returned as they are, wherever they live (TensorFlow
+    returns an existing tensor unchanged). Host data (Python values, numpy arrays) inside a
+    ``td.device("GPU:k")`` scope is placed on that GPU, as ``td.constant`` places it. A
+    ``PerReplica`` or ``Mirrored`` converts to its local component inside a replica; a
     variable to its value (``v.value()``).
     """
     del name
+    array = as_array(value, dtype, dtype_hint)
+    here = device_lib.current()
+    if here is not None and here.device_type == "GPU" and type(array) is np.ndarray and array.dtype.kind not in "OSUVMm":
+        return backend.for_device(here).to_device(array, here)
+    return array
+
+
+def as_array(value: Any, dtype: Any = None, dtype_hint: Any = None) -> Any:
+    """``value`` as an array where it is, for towerdist's own use (``convert_to_tensor`` without the device scope).
+
+    A ``PerReplica`` or ``Mirrored`` converts to its local component inside a replica; a
+    variable to its value; Python values become arrays of the current device.
+    """
     if hasattr(value, "_towerdist_value") and not isinstance(value, Mirrored):
         value = value._towerdist_value()  # a variable: its value in this context
     elif isinstance(value, PerReplica):
@@ -138,7 +155,7 @@ def convert_to_tensor(value: Any, dtype: Any = None, dtype_hint: Any = None, nam
 def cast(x: Any, dtype: Any, name: str | None = None) -> Any:
     """``x`` converted to ``dtype`` (a new array), on the scope's device when there is a ``td.device`` scope."""
     del name
-    array = convert_to_tensor(x)
+    array = as_array(x)
     here = device_lib.current()
     if here is not None:
         impl = backend.for_device(here)
@@ -152,10 +169,19 @@ def cast(x: Any, dtype: Any, name: str | None = None) -> Any:
 
 
 def identity(x: Any, name: str | None = None) -> Any:
-    """A new array with the value of ``x`` (later changes to ``x`` do not show through)."""
+    """A new array with the value of ``x`` (later changes to ``x`` do not show through).
+
+    Inside a ``td.device`` scope the copy is made on that device, as ``tf.identity`` is
+    placed there; otherwise on ``x``'s own device.
+    """
     del name
-    array = convert_to_tensor(x)
-    return backend.for_array(array).copy(array)
+    array = as_array(x)
+    here = device_lib.current()
+    if here is None:
+        return backend.for_array(array).copy(array)
+    impl = backend.for_device(here)
+    moved = impl.to_device(array, here)
+    return moved if moved is not array else impl.copy(moved, here)
 
 
 def add_n(inputs: Sequence[Any], name: str | None = None) -> Any:

@@ -104,9 +104,9 @@ def _as_array(value: Any) -> Any:
         return value.value()
     if backend.is_array(value):
         return value
-    from towerdist._src.array_ops import convert_to_tensor  # noqa: PLC0415  (array_ops imports variables)
+    from towerdist._src.array_ops import as_array  # noqa: PLC0415  (array_ops imports variables)
 
-    return convert_to_tensor(value)
+    return as_array(value)
 
 
 def _scale_by_sample_weight(losses: Any, weights: Any, impl: Any) -> Any:

@@ -12,7 +12,9 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ArrayOperators", "binary"]
+from towerdist._src import backend
+
+__all__ = ["ArrayOperators", "binary", "unary"]
 
 _Binary = Callable[[Any, Any], Any]
 
@@ -21,16 +23,40 @@ def _operand(value: Any) -> Any:
     return value._operand() if isinstance(value, ArrayOperators) else value
 
 
+def _on_device_of(array: Any) -> Any:
+    """A context launching on ``array``'s GPU (whichever GPU the calling thread has current); nothing on the host."""
+    return backend.for_array(array).on_array_device(array)
+
+
 def binary(op: _Binary) -> tuple[_Binary, _Binary]:
-    """The forward and reflected operator methods applying ``op`` to the operands' arrays."""
+    """The forward and reflected operator methods applying ``op`` to the operands' arrays.
+
+    The work runs on the device of the object's array: a variable on GPU 1 read from the
+    main thread (whose current GPU is 0) computes on GPU 1.
+    """
 
     def forward(self: ArrayOperators, other: Any) -> Any:
-        return op(self._operand(), _operand(other))
+        mine = self._operand()
+        with _on_device_of(mine):
+            return op(mine, _operand(other))
 
     def backward(self: ArrayOperators, other: Any) -> Any:
-        return op(_operand(other), self._operand())
+        mine = self._operand()
+        with _on_device_of(mine):
+            return op(_operand(other), mine)
 
     return forward, backward
+
+
+def unary(op: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The operator method applying ``op`` to the object's array, on that array's device."""
+
+    def apply(self: ArrayOperators) -> Any:
+        mine = self._operand()
+        with _on_device_of(mine):
+            return op(mine)
+
+    return apply
 
 
 class ArrayOperators:
@@ -41,25 +67,22 @@ class ArrayOperators:
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         """numpy's and cupy's ufuncs (``np.sqrt(v)``, ``gpu_array * v``) applied to the array ``self`` stands for."""
-        return getattr(ufunc, method)(*(_operand(x) for x in inputs), **kwargs)
+        mine = self._operand()
+        with _on_device_of(mine):
+            return getattr(ufunc, method)(*(_operand(x) for x in inputs), **kwargs)
 
     def _operand(self) -> Any:
         raise NotImplementedError
 
     def __getitem__(self, key: Any) -> Any:
-        return self._operand()[_operand(key)]
+        mine = self._operand()
+        with _on_device_of(mine):
+            return mine[_operand(key)]
 
-    def __neg__(self) -> Any:
-        return -self._operand()
-
-    def __pos__(self) -> Any:
-        return +self._operand()
-
-    def __abs__(self) -> Any:
-        return abs(self._operand())
-
-    def __invert__(self) -> Any:
-        return ~self._operand()
+    __neg__ = unary(operator.neg)
+    __pos__ = unary(operator.pos)
+    __abs__ = unary(operator.abs)
+    __invert__ = unary(operator.invert)
 
     __add__, __radd__ = binary(operator.add)
     __sub__, __rsub__ = binary(operator.sub)

@@ -120,6 +120,15 @@ def to_device(array: Any, device: Any) -> Any:
         return cupy.asarray(array)
 
 
+def to_device_of(value: Any, array: Any) -> Any:
+    """``value`` (host data or an array of any GPU) as an array on ``array``'s GPU."""
+    target = _Index(int(array.device.id))
+    if owns(value):
+        return to_device(value, target)
+    with _import().cuda.Device(target.device_index):
+        return _import().asarray(value)
+
+
 def copy(array: Any, device: Any = None) -> Any:
     """A new array with ``array``'s values on ``device`` (default: ``array``'s own GPU, else the current one)."""
     cupy = _import()

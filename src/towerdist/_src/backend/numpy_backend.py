@@ -38,6 +38,12 @@ def to_device(array: Any, device: Any) -> np.ndarray:
     return np.asarray(array)
 
 
+def to_device_of(value: Any, array: Any) -> np.ndarray:
+    """``value`` as a host array (``array`` is a host array: host memory serves every CPU)."""
+    del array
+    return to_device(value, None)
+
+
 def copy(array: Any, device: Any = None) -> np.ndarray:
     """Returns a fresh, writable copy of ``array`` in host memory."""
     del device
@@ -178,4 +184,4 @@ def on_device(device: Any) -> contextlib.AbstractContextManager[Any]:
 def on_array_device(array: Any) -> contextlib.AbstractContextManager[Any]:
     """A context for kernels reading ``array``: nothing to do in host memory."""
     del array
-    return contextlib.nullcontext()
+    return _NO_DEVICE_SCOPE

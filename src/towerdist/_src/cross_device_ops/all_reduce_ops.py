@@ -83,7 +83,7 @@ class AllReduceCrossDeviceOps(CrossDeviceOps):
     ) -> list[list[Any]]:
         """All-reduces ``columns[k][j]`` (value ``k`` on ``devices[j]``); returns ``results[k][j]``."""
         per_device = [
-            [backend.for_device(d).to_device(array_ops.convert_to_tensor(column[j]), d) for column in columns]
+            [backend.for_device(d).to_device(array_ops.as_array(column[j]), d) for column in columns]
             for j, d in enumerate(devices)
         ]
         # per_device[j][k]: value k's component on device j.

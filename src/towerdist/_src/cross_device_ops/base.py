@@ -130,7 +130,7 @@ class CrossDeviceOps:
         """``reduce`` of a value whose components were checked, onto resolved destinations."""
         if _already_in_place(value, destinations):
             # One value already where it must go: an identity, as in TensorFlow.
-            component = array_ops.convert_to_tensor(value._values[0])
+            component = array_ops.as_array(value._values[0])
             return mirror([backend.for_array(component).copy(component)], destinations)
         return self.reduce_implementation(reduce_op, value, destinations, options)
 
@@ -148,7 +148,7 @@ class CrossDeviceOps:
         to_reduce = []
         for k, (value, devices) in enumerate(pairs):
             if _already_in_place(value, devices):
-                component = array_ops.convert_to_tensor(value._values[0])
+                component = array_ops.as_array(value._values[0])
                 results[k] = mirror([backend.for_array(component).copy(component)], devices)
             else:
                 to_reduce.append(k)
@@ -203,7 +203,7 @@ class CrossDeviceOps:
 
     def broadcast_implementation(self, tensor: Any, destinations: tuple[DeviceSpec, ...]) -> Any:
         """Puts ``tensor`` on every destination: shared read-only on the host, copied to GPUs."""
-        array = array_ops.convert_to_tensor(tensor)
+        array = array_ops.as_array(tensor)
         source = backend.for_array(array).copy(array)
         return mirror([source] * len(destinations), destinations)
 

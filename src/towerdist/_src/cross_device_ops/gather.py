@@ -42,7 +42,7 @@ def gather_to(value: DistributedValues, destinations: Sequence[DeviceSpec], axis
     Raises:
       InvalidArgumentError: scalar components, a bad axis, or mismatched shapes/dtypes.
     """
-    arrays = [array_ops.convert_to_tensor(c) for c in value._values]
+    arrays = [array_ops.as_array(c) for c in value._values]
     first = arrays[0]
     if first.ndim == 0:
         raise InvalidArgumentError(

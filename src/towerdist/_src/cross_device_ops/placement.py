@@ -72,7 +72,7 @@ def validate_components(value: DistributedValues, api: str) -> list[Any]:
     components = value._values
     if not components:
         raise ValueError(f"{api}: `per_replica_value` must be non-empty.")
-    arrays = [array_ops.convert_to_tensor(c) for c in components]
+    arrays = [array_ops.as_array(c) for c in components]
     first = arrays[0]
     for replica_id, array in enumerate(arrays[1:], start=1):
         if array.shape != first.shape or array.dtype != first.dtype:

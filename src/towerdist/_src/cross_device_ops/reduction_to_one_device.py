@@ -47,11 +47,11 @@ class ReductionToOneDevice(CrossDeviceOps):
     ) -> Any:
         target = self._target or destinations[0]
         impl = backend.for_device(target)
-        arrays = [impl.to_device(array_ops.convert_to_tensor(c), target) for c in per_replica_value._values]
+        arrays = [impl.to_device(array_ops.as_array(c), target) for c in per_replica_value._values]
         if self.accumulation_fn is None:
             reduced = impl.add_n(arrays)
         else:
-            reduced = array_ops.convert_to_tensor(self.accumulation_fn(arrays))
+            reduced = array_ops.as_array(self.accumulation_fn(arrays))
             if impl.buffer_id(reduced) in {impl.buffer_id(a) for a in arrays}:
                 reduced = impl.copy(reduced)  # e.g. max() returns an input: never alias the caller's data
         if reduce_op is ReduceOp.MEAN:

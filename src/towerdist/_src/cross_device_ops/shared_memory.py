@@ -268,4 +268,4 @@ class SharedMemoryAllReduce(CrossDeviceOps):
 
 
 def _host_arrays(value: DistributedValues) -> list[Any]:
-    return [_host.to_device(array_ops.convert_to_tensor(c), None) for c in value._values]
+    return [_host.to_device(array_ops.as_array(c), None) for c in value._values]

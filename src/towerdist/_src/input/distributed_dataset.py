@@ -25,6 +25,7 @@ from towerdist._src.data.transforms import close_iterator, cut_rows
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import OutOfRangeError
 from towerdist._src.input.auto_shard import ShardMode, auto_shard
+from towerdist._src.input.device_copies import DeviceCopier, Placed
 from towerdist._src.input.foreign import IterableDataset, as_dataset
 from towerdist._src.input.input_context import InputContext, InputOptions
 from towerdist._src.input.split import (
@@ -299,7 +300,8 @@ class DistributedIterator:
     def __init__(self, source: _DistributedInput) -> None:
         self._source = source
         self._steps: Iterator[list[Any]] | None = None
-        self._ahead: collections.deque[list[Any]] = collections.deque()
+        self._ahead: collections.deque[Placed] = collections.deque()
+        self._copier = DeviceCopier()
         self._error: Exception | None = None  # raised by the pipeline while reading ahead
         self._lock = threading.Lock()
         self._template: list[Any] | None = None
@@ -376,7 +378,7 @@ class DistributedIterator:
             pending, self._error = self._error, None
             self._finish()  # the pipeline's generators ended with the error, as a plain pass does
             raise pending
-        step = self._ahead.popleft() if self._ahead else None
+        step = self._ahead.popleft().hand_out() if self._ahead else None
         worker = self._source._worker
         has_data = step is not None
         if worker.workers_with_data is not None:
@@ -409,14 +411,11 @@ class DistributedIterator:
         self._ahead.clear()
         close_iterator(steps)
 
-    def _place(self, step: list[Any]) -> list[Any]:
+    def _place(self, step: list[Any]) -> Placed:
         options = self._source._options
         if not (options.experimental_fetch_to_device or options.experimental_place_dataset_on_device):
-            return step
-        return [
-            piece if piece is _MISSING else place_on_device(piece, device)
-            for piece, device in zip(step, self._source._worker.devices, strict=True)
-        ]
+            return Placed(step, None)
+        return self._copier.place(step, self._source._worker.devices, place_on_device, _MISSING)
 
     def _assemble(self, step: list[Any]) -> Any:
         present = next((piece for piece in step if piece is not _MISSING), None)

@@ -18,23 +18,27 @@ def sparse_categorical_accuracy(y_true: Any, y_pred: Any) -> Any:
     ``y_true`` has shape ``(n,)`` or ``(n, 1)``; ``y_pred`` has shape ``(n, classes)``; the
     result has shape ``(n,)``.
     """
-    xp = backend.for_array(y_pred).xp
-    y_true = xp.asarray(y_true)
-    squeezed = y_true.ndim == y_pred.ndim and y_true.shape[-1] == 1
-    labels = y_true.reshape(y_true.shape[:-1]) if squeezed else y_true
-    predicted = xp.argmax(y_pred, axis=-1)
-    matches = (labels.astype(y_pred.dtype) == predicted.astype(y_pred.dtype)).astype(np.float32)
-    if matches.ndim > 1 and matches.shape[-1] == 1:  # as Keras: (n, 1) -> (n,)
-        matches = matches.reshape(matches.shape[:-1])
-    return matches
+    impl = backend.for_array(y_pred)
+    xp = impl.xp
+    with impl.on_array_device(y_pred):  # on the predictions' own GPU, whichever is current
+        y_true = impl.to_device_of(y_true, y_pred)
+        squeezed = y_true.ndim == y_pred.ndim and y_true.shape[-1] == 1
+        labels = y_true.reshape(y_true.shape[:-1]) if squeezed else y_true
+        predicted = xp.argmax(y_pred, axis=-1)
+        matches = (labels.astype(y_pred.dtype) == predicted.astype(y_pred.dtype)).astype(np.float32)
+        if matches.ndim > 1 and matches.shape[-1] == 1:  # as Keras: (n, 1) -> (n,)
+            matches = matches.reshape(matches.shape[:-1])
+        return matches
 
 
 def mean_squared_error(y_true: Any, y_pred: Any) -> Any:
     """``mean((y_true - y_pred) ** 2, axis=-1)``, with ``y_true`` cast to ``y_pred``'s dtype."""
-    xp = backend.for_array(y_pred).xp
-    y_true = xp.asarray(y_true).astype(y_pred.dtype)
-    y_true, y_pred = _same_rank(y_true, y_pred)
-    return xp.mean(xp.square(y_true - y_pred), axis=-1)
+    impl = backend.for_array(y_pred)
+    xp = impl.xp
+    with impl.on_array_device(y_pred):  # on the predictions' own GPU, whichever is current
+        y_true = impl.to_device_of(y_true, y_pred).astype(y_pred.dtype)
+        y_true, y_pred = _same_rank(y_true, y_pred)
+        return xp.mean(xp.square(y_true - y_pred), axis=-1)
 
 
 class SparseCategoricalAccuracy(MeanMetricWrapper):

@@ -259,13 +259,20 @@ class Optimizer:
         replica_context = context.replica_context_in_run()
         if replica_context is not None:
             # Every replica brings its pairs; one function applies them all (no regrouping).
-            def settle(merge_strategy: Any, per_replica: list[list[tuple[Any, Variable]]]) -> list[Variable]:
+            def settle(merge_strategy: Any, per_replica: list[list[tuple[Any, Variable]]]) -> list[Any]:
                 columns = _gradient_columns(per_replica, type(self).__name__)
-                self._apply(merge_strategy, per_replica[0], columns, experimental_aggregate_gradients, True)
-                assert self._iterations is not None
-                return [self._iterations] * len(per_replica)
+                deferred = _replica_gpus(merge_strategy, len(per_replica))
+                self._apply(merge_strategy, per_replica[0], columns, experimental_aggregate_gradients, True, deferred)
+                if deferred is None:
+                    return [None] * len(per_replica)
+                return [deferred[device.device_index] for device in _replica_devices(merge_strategy)]
 
-            return replica_context._collective(settle, pairs, api)  # type: ignore[no-any-return]
+            own_updates = replica_context._collective(settle, pairs, api)
+            if own_updates:  # this replica's GPU: its copies of the variables, on its thread and stream
+                for group in own_updates:
+                    self._update_group(*group)
+            assert self._iterations is not None
+            return self._iterations
         context.require_cross_replica_or_default(strategy, api)
         with strategy.scope():
             columns = [_columns_of(grad) for grad, _ in pairs]
@@ -305,11 +312,14 @@ class Optimizer:
         columns: list[list[Any]],
         aggregate: bool,
         from_replicas: bool,
+        deferred: dict[int, list[_Group]] | None = None,
     ) -> None:
         """Cross-replica half of ``apply_gradients``: sum, update each variable, count the step.
 
         ``columns[k]`` holds variable ``k``'s gradient from every replica (one entry when
-        the same value stands for every replica).
+        the same value stands for every replica). With ``deferred`` (a dict by GPU of the
+        replicas, each GPU one replica's), the updates of the copies on those GPUs are not
+        applied here but collected there, for each replica to apply on its own thread.
         """
         optimizer = type(self).__name__
         variables = [var for _, var in pairs]
@@ -338,7 +348,7 @@ class Optimizer:
         # Several workers: one share, so that every worker issues its collectives in one order.
         shares = self._shares(plans) if workers == 1 else [list(range(len(plans)))]
         if len(shares) == 1:
-            self._sum_and_update(strategy, shares[0], columns, to_sum, plans, coefficients)
+            self._sum_and_update(strategy, shares[0], columns, to_sum, plans, coefficients, deferred)
         else:
 
             def run_share(part: int) -> None:
@@ -407,8 +417,12 @@ class Optimizer:
         to_sum: list[bool],
         plans: list[_Plan],
         coefficients: list[dict[str, Any]],
+        deferred: dict[int, list[_Group]] | None = None,
     ) -> None:
-        """Sums the gradients of the variables ``indices`` (one collective call), then updates them."""
+        """Sums the gradients of the variables ``indices`` (one collective call), then updates them.
+
+        The updates of copies on a GPU of ``deferred`` are collected there instead (see ``_apply``).
+        """
         summing = [k for k in indices if to_sum[k]] if to_sum is not _NOTHING_TO_SUM else []
         summed: dict[int, list[Any]] = {}
         if summing:
@@ -427,7 +441,12 @@ class Optimizer:
                 self._update_group(plan.component_list, column, plan.slot_lists, coefficients[k], plan.buffers(0))
             else:
                 for group in self._groups(plan, column, equal, coefficients[k]):
-                    self._update_group(*group)
+                    device = group[0][0]._device
+                    own = None if deferred is None or device.device_type != "GPU" else deferred.get(device.device_index)
+                    if own is None:
+                        self._update_group(*group)
+                    else:
+                        own.append(group)
 
     def _plans_of(self, variables: list[Variable]) -> list[_Plan] | None:
         """The update plans of ``variables`` if every one exists (None: build them first)."""
@@ -826,6 +845,30 @@ def _on_device(grad: Any, component: Any) -> Any:
     if not backend.is_array(grad):
         grad = np.asarray(grad)
     return backend.for_device(component._device).to_device(grad, component._device)
+
+
+def _replica_devices(strategy: Any) -> tuple[Any, ...]:
+    """The devices of this worker's replicas, in replica order."""
+    devices: tuple[Any, ...] = strategy.extended._devices
+    return devices
+
+
+def _replica_gpus(strategy: Any, replicas: int) -> dict[int, list[_Group]] | None:
+    """An empty list of updates for each replica's GPU, when every replica has a GPU of its own.
+
+    Then each replica updates the copies of the variables on its GPU itself, on its own
+    thread and stream, after the gradients are summed: one thread launching every GPU's
+    kernels would serialise them. None otherwise (CPU replicas update in the ``merge_fn``).
+    """
+    if replicas < 2:
+        return None
+    devices = _replica_devices(strategy)
+    if len(devices) != replicas or any(d.device_type != "GPU" for d in devices):
+        return None
+    indices = [d.device_index for d in devices]
+    if len(set(indices)) != len(indices):
+        return None
+    return {index: [] for index in indices}
 
 
 def _components(var: Any) -> tuple[ResourceVariable, ...]:

@@ -324,7 +324,7 @@ class MultiWorkerExtended(MirroredExtended):
         if isinstance(value, DistributedValues):
             value = self._as_value(value, api)
             return validate_components(value, api)
-        array = array_ops.convert_to_tensor(value)
+        array = array_ops.as_array(value)
         if array.dtype.kind not in "iufc":
             raise ValidationError(f"{api} reduces numbers; got a value of dtype {array.dtype}: {value!r}.")
         return [array] * len(self._devices)
@@ -341,7 +341,7 @@ class MultiWorkerExtended(MirroredExtended):
         if isinstance(value, DistributedValues):
             local = super()._gather_to(value, Destinations((DeviceSpec(device_type="CPU", device_index=0),)), axis, api)
         else:
-            local = array_ops.convert_to_tensor(value)
+            local = array_ops.as_array(value)
         local = _to_host(local)
         if local.ndim == 0:
             raise ValidationError(f"{api} cannot gather scalars: give each replica's value at least one dimension.")
@@ -358,7 +358,7 @@ class MultiWorkerExtended(MirroredExtended):
         first = super()._first_replica_value(value, api)
         if self._workers.size == 1:
             return first
-        array = _to_host(array_ops.convert_to_tensor(first))
+        array = _to_host(array_ops.as_array(first))
         return self._workers.broadcast([array], f"{api} (global replica 0's value)", None)[0]
 
     # --- variables -------------------------------------------------------------------------------
@@ -392,12 +392,17 @@ def _to_host(array: Any) -> np.ndarray:
 
 
 def _mean(total: Any, n: int) -> Any:
-    """``total / n``: in place for floating point, float64 for integers (TensorFlow's integer mean)."""
-    xp = backend.for_array(total).xp
-    if total.dtype.kind in "iu":
-        return xp.true_divide(total, n)
-    xp.true_divide(total, n, out=total, casting="unsafe")
-    return total
+    """``total / n``: in place for floating point, float64 for integers (TensorFlow's integer mean).
+
+    On ``total``'s own GPU, whichever GPU the thread running the collective has current.
+    """
+    impl = backend.for_array(total)
+    xp = impl.xp
+    with impl.on_array_device(total):
+        if total.dtype.kind in "iu":
+            return xp.true_divide(total, n)
+        xp.true_divide(total, n, out=total, casting="unsafe")
+        return total
 
 
 class ExperimentalMultiWorkerMirroredStrategy(MultiWorkerMirroredStrategy):

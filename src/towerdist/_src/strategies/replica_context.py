@@ -245,7 +245,7 @@ def _contribution(value: Any) -> Contribution:
     if type(value) is np.ndarray or cupy_backend.owns(value):  # one array: no structure (host or GPU alike)
         return Contribution([value], None)
     leaves, spec = nest.flatten(value)
-    return Contribution([array_ops.convert_to_tensor(leaf) for leaf in leaves], spec)
+    return Contribution([array_ops.as_array(leaf) for leaf in leaves], spec)
 
 
 def _unflatten(spec: Any, leaves: list[Any]) -> Any:

@@ -252,7 +252,7 @@ class Strategy:
             parts = list(self._extended._local_results(value))
         else:
             parts = [value] * len(self._extended._replica_devices)  # the same value on every replica
-        arrays = [array_ops.convert_to_tensor(p) for p in parts]
+        arrays = [array_ops.as_array(p) for p in parts]
         axes = _axes(axis, arrays[0].ndim)
         sums = [array_ops.reduce_sum(a, axis=axes) for a in arrays]
         devices = self._extended._replica_devices

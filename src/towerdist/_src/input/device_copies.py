@@ -1,0 +1,78 @@
+"""Input pieces copied to their GPUs on a stream of the iterator's own, ahead of the step that reads them.
+
+A distributed iterator prepares steps ahead (``InputOptions.experimental_fetch_to_device``):
+the host-to-GPU copies of step k+1 are queued while step k computes. They run on a
+non-blocking *copy stream* per GPU, so they do not wait behind the step's kernels, and
+they are ordered by CUDA events (``cupy_streams``), never by a host wait:
+
+* before it allocates, the copy stream waits for the calling thread's stream: every step
+  before has finished reading the inputs whose memory cupy's pool may now hand back to
+  the copy stream (the caller's stream follows the replicas' at the end of each
+  ``strategy.run``);
+* a "ready" event is recorded after the copies; the thread that takes the step from the
+  iterator makes its streams wait for it (:meth:`Placed.hand_out`), and the replicas
+  follow that thread's streams at the start of ``strategy.run``.
+
+CPU devices need nothing: host memory serves every CPU replica.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from towerdist._src.backend import cupy_backend, cupy_streams
+from towerdist._src.device import DeviceSpec
+
+__all__ = ["DeviceCopier", "Placed"]
+
+
+class Placed:
+    """One step's pieces, placed on their devices, and the events marking the copies' end."""
+
+    __slots__ = ("pieces", "ready")
+
+    def __init__(self, pieces: list[Any], ready: cupy_streams.Marks | None) -> None:
+        self.pieces = pieces
+        self.ready = ready
+
+    def hand_out(self) -> list[Any]:
+        """The pieces, once the calling thread's streams are ordered after their copies."""
+        if self.ready is not None:
+            cupy_streams.follow(self.ready)
+        return self.pieces
+
+
+class DeviceCopier:
+    """Places pieces on their devices, GPU copies on a copy stream per GPU (created on first use)."""
+
+    def __init__(self) -> None:
+        self._streams: dict[int, Any] = {}
+
+    def place(
+        self, pieces: Sequence[Any], devices: Sequence[DeviceSpec], place: Callable[[Any, DeviceSpec], Any], skip: Any
+    ) -> Placed:
+        """``place(piece, device)`` for every piece but ``skip``; GPU pieces on the copy streams."""
+        gpus = sorted({d.device_index for p, d in zip(pieces, devices) if d.device_type == "GPU" and p is not skip})
+        if not gpus:
+            return Placed([p if p is skip else place(p, d) for p, d in zip(pieces, devices)], None)
+        cuda = cupy_backend._import().cuda
+        caller = cupy_streams.mark(gpus)
+        placed = list(pieces)
+        points: dict[int, tuple[int, Any]] = {}
+        for index in gpus:
+            with cuda.Device(index):
+                stream = self._streams.get(index)
+                if stream is None:
+                    stream = self._streams[index] = cuda.Stream(non_blocking=True)
+                with stream:
+                    cupy_streams.follow(caller, (index,))  # the copy stream after the caller's (see the module doc)
+                    for k, (piece, device) in enumerate(zip(pieces, devices)):
+                        if piece is not skip and device.device_type == "GPU" and device.device_index == index:
+                            placed[k] = place(piece, device)
+                points[index] = (int(stream.ptr), cupy_streams.record(stream, index))
+        for k, (piece, device) in enumerate(zip(pieces, devices)):
+            if piece is not skip and device.device_type != "GPU":
+                placed[k] = place(piece, device)
+        return Placed(placed, cupy_streams.Marks(threading.get_ident(), points))
