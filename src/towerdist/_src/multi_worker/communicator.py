@@ -36,7 +36,6 @@ import contextlib
 import functools
 import hashlib
 import logging
-import socket
 import threading
 import time
 import warnings
@@ -140,22 +139,19 @@ class Communicator:
         self._table = np.zeros((self.size, _HEADER), np.int64)
         self._rows = list(self._table)  # each rank's row, a view
         self._status = world.MPI.Status()
+        # The ranks of this host (MPI's shared-memory split): they share its cores and GPUs.
+        # Every rank has created the duplicate above (a bounded wait), so this finds them all.
+        self._local = self._comm.Split_type(world.MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.local_rank: int = self._local.Get_rank()
+        self.local_size: int = self._local.Get_size()
         # More ranks on this host than cores: the ranks take turns on the cores, and a waiting
         # rank must hand its core to a peer at once (waiting.Poller).
-        self.local_size = self._count_local_ranks(world, timeout, warning)
         self._crowded = self.local_size > waiting.usable_cores()
 
     def _duplicate(self, world: World, timeout: float | None, warning: float | None) -> Any:
         comm, request = world.MPI.COMM_WORLD.Idup()
         self._await_creation(world, request, timeout, warning)
         return comm
-
-    def _count_local_ranks(self, world: World, timeout: float | None, warning: float | None) -> int:
-        """How many ranks run on this host (one collective, when the communicator is made)."""
-        digests = np.zeros(self.size, np.int64)
-        mine = np.array([_code(socket.gethostname())], np.int64)
-        self._await_creation(world, self._comm.Iallgather(mine, digests), timeout, warning)
-        return int(np.count_nonzero(digests == mine[0]))
 
     def _await_creation(self, world: World, request: Any, timeout: float | None, warning: float | None) -> None:
         start = time.monotonic()
@@ -179,6 +175,11 @@ class Communicator:
                 logger.warning(message)
                 warnings.warn(message, ReplicaStallWarning, stacklevel=4)
             time.sleep(_MAX_SLEEP_SECONDS if waited > _SPIN_SECONDS else _SHORT_SLEEP_SECONDS)
+
+    def local_allgather(self, value: Any) -> list[Any]:
+        """Every rank of this host's ``value`` (picklable), in local rank order; for set-up only (blocking)."""
+        gathered: list[Any] = self._local.allgather(value)
+        return gathered
 
     @property
     def broken(self) -> str | None:

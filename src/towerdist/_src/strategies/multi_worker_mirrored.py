@@ -24,6 +24,7 @@ from towerdist._src.cross_device_ops.placement import Destinations, mirror, vali
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
 from towerdist._src.input.distributed_dataset import InputWorker
+from towerdist._src.multi_worker import gpu_assignment
 from towerdist._src.multi_worker.nccl_workers import NCCL_DTYPES, NcclWorkers
 from towerdist._src.multi_worker.workers import Workers
 from towerdist._src.options import CommunicationImplementation, CommunicationOptions, ValueContext
@@ -117,11 +118,25 @@ class MultiWorkerExtended(MirroredExtended):
         self._workers = Workers(communication_options)
         self._cluster_resolver = resolve_for_mpi(cluster_resolver, self._workers.rank, self._workers.size)
         config.mark_initialized("MultiWorkerMirroredStrategy()")
-        super().__init__(container_strategy, devices, None)
+        super().__init__(container_strategy, self._this_workers_gpus() if devices is None else devices, None)
         self._mw_init_args = (devices, cluster_resolver, communication_options)
         self._nccl: NcclWorkers | None = None
 
     # --- who is where -------------------------------------------------------------------------
+
+    def _this_workers_gpus(self) -> list[str] | None:
+        """This worker's GPUs when there are several workers (``gpu_assignment.py``); None: the default devices.
+
+        Collective over the workers of this host: every one of them takes part, GPUs or not.
+        """
+        communicator = self._workers.communicator
+        if communicator is None:
+            return None
+        gpus = config.local_devices("GPU")
+        everyone = communicator.local_allgather(gpu_assignment.visible_gpu_names(len(gpus)))
+        if not gpus:
+            return None
+        return [gpus[index].short_name for index in gpu_assignment.assign_gpus(communicator.local_rank, everyone)]
 
     def _workers_on_this_host(self) -> int:
         # The ranks on this host share its cores (and its BLAS threads' budget).
