@@ -44,6 +44,16 @@ happens (``_release_unreleased``); and while the caller waits at the barrier (on
 thread), signal handlers are held until the message in hand has been acted on
 (``_interrupts_held``), so an interrupt cannot take away a ``RESUME`` or a ``TASK``.
 
+**Streams.** On GPUs, work changes threads at four points, and each is ordered on the GPU
+by CUDA events (``backend/cupy_streams.py``), never by a host wait: the caller marks its
+streams before posting ``RUN`` and each replica's stream follows that mark
+(``caller_marks``); a replica marks its stream as it arrives at the barrier and the
+settler's streams follow every replica's mark before the round's function runs; the
+settler marks its streams after it and the released replicas follow (``_round_marks``);
+each replica thread marks its stream as it leaves and the caller's streams follow all of
+them before ``run`` returns (``follow_replicas``, also after a failure). A mark on the
+legacy null stream records nothing: CUDA orders that stream with every blocking stream.
+
 **Timing.** ``round_started`` is set when the first replica *parks* in a round (a replica
 that returned waits for nobody, so a replica computing longer than returned ones is never
 timed); ``merge_started`` while a request's function runs; ``turn_started`` in a

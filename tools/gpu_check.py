@@ -1,0 +1,606 @@
+"""towerdist's GPU check: what only a real GPU can tell, in one short run (~8 minutes at most).
+
+Run it on a machine with a GPU, from the root of a checkout (``tools/gpu_check.sh`` first
+installs wheels carried in ``.whl/`` for machines without network)::
+
+    bash tools/gpu_check.sh                    # real GPU; writes gpu_check_out/summary.txt
+    bash tools/gpu_check.sh --simulate 2 --quick   # the same stages on 2 SIMULATED GPUs (CI)
+
+Each stage runs in its own process with its own time limit, within a total budget
+(``--budget``, default 420 s); a stage the budget cannot fit is skipped and says so. Every
+stage prints ``RESULT [PASS|FAIL|INFO] <name>: <detail>`` lines, gathered in order into
+``<out>/summary.txt`` (one log per stage next to it). The exit status is 1 if any line is
+FAIL or a stage failed or timed out, else 0.
+
+Stages (in order of value per second):
+
+* ``versions``: Python, numpy, optree, towerdist, cupy, CUDA runtime and driver, the GPU,
+  NCCL's versions and towerdist's NCCL verdict.
+* ``primitives``: what the event design pays and saves: a device synchronisation, a
+  kernel launch, a launch plus synchronisation, an event record plus stream wait.
+* ``nccl``: towerdist's NCCL paths on one GPU: ``NcclAllReduce`` over a one-rank clique
+  (dtypes, views, host synchronisations per all-reduce) and ``NcclWorkers`` with one worker
+  (the unique id as cupy returns it, the in-place sum).
+* ``host_syncs``: host-blocking synchronisations per GPU per digits training step, counted
+  through cupy's ``Device``/``Stream``/``Event`` (on simulated GPUs: the simulator's count of
+  every synchronisation, ``towerdist.testing.simulated_gpu_stats``); target at most 2.
+* ``steps``: one training step (MLP forward/backward + Adam) in plain cupy against the same
+  step inside ``MirroredStrategy(["GPU:0"])``: digits-sized and large.
+* ``digits``: the main job (``examples/train_digits.py``) on the GPU against the CPU run:
+  test accuracy (>= 0.95 and within 0.02) and every variable and slot on its GPU.
+* ``bench``: ``towerdist bench allreduce --gpus`` (algbw/busbw as nccl-tests) and ``bench run --gpus``.
+* ``test_gpu``: ``tests/test_gpu.py`` on the GPU(s).
+
+On simulated GPUs every stage runs on numpy: the figures say nothing about GPUs (the
+summary is headed SIMULATED); the run checks that the stages and towerdist's GPU code
+paths work end to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# name -> (seconds it may take on a real GPU, seconds in --quick mode)
+STAGES: dict[str, tuple[int, int]] = {
+    "versions": (45, 30),
+    "primitives": (45, 30),
+    "nccl": (60, 40),
+    "host_syncs": (60, 40),
+    "steps": (80, 40),
+    "digits": (120, 60),
+    "bench": (60, 40),
+    "test_gpu": (170, 90),
+}
+
+
+# --- the parent: runs the stages within the budget ------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(ROOT / "gpu_check_out"), help="where summary.txt and the logs go")
+    parser.add_argument("--budget", type=int, default=420, help="total seconds (default 420)")
+    parser.add_argument("--quick", action="store_true", help="fewer steps and epochs (a dry run)")
+    parser.add_argument("--simulate", type=int, default=0, metavar="N", help="run on N simulated GPUs")
+    parser.add_argument("--only", default="", help="comma-separated stages to run (default: all)")
+    parser.add_argument("--stage", help=argparse.SUPPRESS)  # internal: run one stage in this process
+    args = parser.parse_args(argv)
+    if args.stage:
+        return run_stage(args.stage, args.quick)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH", "")]))
+    env.pop("TOWERDIST_SIMULATE_GPUS", None)
+    if args.simulate:
+        env["TOWERDIST_SIMULATE_GPUS"] = str(args.simulate)
+    env["GPU_CHECK_QUICK"] = "1" if args.quick else "0"
+    stub = _digits_stub(out)
+    if stub:
+        env["PYTHONPATH"] += os.pathsep + stub
+    start = time.monotonic()
+    summary = out / "summary.txt"
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+        summary.write_text("\n".join(lines) + "\n")
+
+    mode = f"SIMULATED ({args.simulate} simulated GPUs: numpy on the CPU, not GPU verification)" if args.simulate else "real GPU"
+    say(f"# towerdist GPU check, {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, commit {_commit()}, {mode}")
+    failed = False
+    chosen = [s for s in STAGES if not args.only or s in args.only.split(",")]
+    for name in chosen:
+        limit = STAGES[name][1 if args.quick else 0]
+        left = args.budget - (time.monotonic() - start)
+        if left < min(limit, 20):
+            say(f"[SKIP] {name}: the budget is spent ({left:.0f} s left)")
+            continue
+        limit = int(min(limit, left))
+        log = out / f"{name}.log"
+        began = time.monotonic()
+        try:
+            with log.open("w") as file:
+                done = subprocess.run(
+                    [sys.executable, __file__, "--stage", name, *(["--quick"] if args.quick else [])],
+                    cwd=ROOT, env=env, stdout=file, stderr=subprocess.STDOUT, timeout=limit,
+                )  # fmt: skip
+            status = "DONE" if done.returncode == 0 else f"FAIL (exit {done.returncode})"
+        except subprocess.TimeoutExpired:
+            status = f"TIMEOUT after {limit} s"
+        took = time.monotonic() - began
+        say(f"[{status.split()[0]}] {name} ({took:.0f} s){'' if status == 'DONE' else ': ' + status}")
+        failed |= status != "DONE"
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("RESULT "):
+                say("  " + line[len("RESULT ") :])
+                failed |= line.startswith("RESULT [FAIL]")
+    say(f"# {'FAILURES: see the lines above' if failed else 'no failure'}; {time.monotonic() - start:.0f} s of {args.budget} s; "
+        f"logs in {out}")  # fmt: skip
+    return 1 if failed else 0
+
+
+_STUB = {
+    "__init__.py": "",
+    "datasets.py": """
+\"\"\"Stand-in for sklearn.datasets.load_digits on machines without scikit-learn (towerdist's GPU check).\"\"\"
+import os, types
+import numpy as np
+
+def load_digits():
+    saved = np.load(os.environ["GPU_CHECK_DIGITS"])
+    return types.SimpleNamespace(data=saved["data"].astype(np.float64), target=saved["target"].astype(np.int64))
+""",
+    "model_selection.py": """
+\"\"\"Stand-in for the one split the main job makes: train_test_split(test_size=0.2, random_state=0, stratify=y).\"\"\"
+import os
+import numpy as np
+
+def train_test_split(x, y, test_size=None, random_state=None, stratify=None):
+    if test_size != 0.2 or random_state != 0 or len(x) != 1797 or stratify is None:
+        raise NotImplementedError("the GPU check's stand-in holds the digits split of seed 0 only")
+    saved = np.load(os.environ["GPU_CHECK_DIGITS"])
+    train, test = saved["train"].astype(np.int64), saved["test"].astype(np.int64)
+    return x[train], x[test], y[train], y[test]
+""",
+}
+
+
+def _digits_stub(out: pathlib.Path) -> str | None:
+    """Without scikit-learn, a stand-in serving the digits from ``.whl/digits_seed0.npz``; its directory."""
+    import importlib.util
+
+    saved = ROOT / ".whl" / "digits_seed0.npz"
+    if importlib.util.find_spec("sklearn") is not None or not saved.exists():
+        return None
+    package = out / "stub" / "sklearn"
+    package.mkdir(parents=True, exist_ok=True)
+    for name, text in _STUB.items():
+        (package / name).write_text(text)
+    os.environ["GPU_CHECK_DIGITS"] = str(saved)
+    return str(package.parent)
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+# --- the stages (each in its own process) -------------------------------------------------------
+
+
+def result(ok: bool | None, name: str, detail: str) -> None:
+    tag = "INFO" if ok is None else "PASS" if ok else "FAIL"
+    print(f"RESULT [{tag}] {name}: {detail}", flush=True)
+
+
+def quick() -> bool:
+    return os.environ.get("GPU_CHECK_QUICK") == "1"
+
+
+def simulated() -> bool:
+    return bool(os.environ.get("TOWERDIST_SIMULATE_GPUS"))
+
+
+def cupy_module() -> Any:
+    """cupy itself, or on simulated GPUs the simulated module towerdist uses."""
+    if simulated():
+        from towerdist._src.backend import cupy_backend  # the simulated cupy is reached through towerdist
+
+        return cupy_backend.xp
+    import cupy
+
+    return cupy
+
+
+def median_us(fn: Callable[[], Any], repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - began) * 1e6)
+    return statistics.median(samples)
+
+
+def stage_versions() -> None:
+    import platform
+
+    import numpy
+    import optree
+
+    import towerdist as td
+
+    facts: dict[str, Any] = {"python": platform.python_version(), "numpy": numpy.__version__,
+                             "optree": optree.__version__, "towerdist": td.__version__}  # fmt: skip
+    cp = cupy_module()
+    facts["cupy"] = cp.__version__
+    facts["gpus"] = [d.name for d in td.config.list_physical_devices("GPU")]
+    runtime = cp.cuda.runtime
+    for key, call in (("cuda_runtime", "runtimeGetVersion"), ("cuda_driver", "driverGetVersion")):
+        try:
+            facts[key] = getattr(runtime, call)()
+        except Exception as error:  # noqa: BLE001  (a fact to report, whatever it is)
+            facts[key] = f"{type(error).__name__}: {error}"
+    try:
+        name = runtime.getDeviceProperties(0)["name"]
+        facts["gpu0"] = name.decode() if isinstance(name, bytes) else name
+    except Exception as error:  # noqa: BLE001
+        facts["gpu0"] = f"{type(error).__name__}: {error}"
+    nccl = cp.cuda.nccl
+    for key, call in (("nccl_runtime", "get_version"), ("nccl_build", "get_build_version")):
+        try:
+            facts[key] = getattr(nccl, call)()
+        except Exception as error:  # noqa: BLE001
+            facts[key] = f"{type(error).__name__}: {error}"
+    info = subprocess.run([sys.executable, "-m", "towerdist", "info"], capture_output=True, text=True, timeout=60)
+    print(info.stdout, info.stderr)
+    chosen = re.search(r"cross-device ops[^\n]*", info.stdout)
+    facts["towerdist_info"] = chosen.group(0) if chosen else f"exit {info.returncode}"
+    result(bool(facts["gpus"]), "versions", json.dumps(facts))
+
+
+def stage_primitives() -> None:
+    cp = cupy_module()
+    repeats = 50 if quick() else 2000
+    device = cp.cuda.Device(0)
+    with device:
+        x = cp.zeros(1024, cp.float32)
+        stream = cp.cuda.Stream(non_blocking=True)
+        event = cp.cuda.Event(disable_timing=True)
+        device.synchronize()
+
+        def record_and_wait() -> None:
+            event.record(cp.cuda.get_current_stream())
+            stream.wait_event(event)
+
+        def launch_and_sync() -> None:
+            x.__iadd__(1.0)
+            device.synchronize()
+
+        costs = {
+            "Device.synchronize() idle": median_us(device.synchronize, repeats),
+            "small kernel launch": median_us(lambda: x.__iadd__(1.0), repeats),
+            "small kernel + Device.synchronize()": median_us(launch_and_sync, repeats),
+            "event record + stream wait": median_us(record_and_wait, repeats),
+            "get_current_stream()": median_us(cp.cuda.get_current_stream, repeats),
+        }
+        device.synchronize()
+    result(None, "primitives", "; ".join(f"{k} {v:.1f} us" for k, v in costs.items()) + f" (medians of {repeats})")
+
+
+class SyncCounter:
+    """Counts host-blocking synchronisations made through cupy's Python API (real GPUs).
+
+    cupy's ``Device``, ``Stream`` and ``Event`` are replaced by subclasses counting
+    ``synchronize()``; implicit synchronisations inside cupy (a blocking ``.get()``) are not
+    seen this way. On simulated GPUs the simulator counts every one (``simulated_gpu_stats``).
+    """
+
+    def __init__(self, cp: Any) -> None:
+        self.cp = cp
+        self.counts: dict[int, int] = {}
+        if simulated():
+            return
+        counts = self.counts
+        cuda = cp.cuda
+
+        def counting(base: type, device_of: Callable[[Any], int]) -> type:
+            def synchronize(self: Any) -> Any:
+                key = device_of(self)
+                counts[key] = counts.get(key, 0) + 1
+                return base.synchronize(self)
+
+            return type(f"Counting{base.__name__}", (base,), {"synchronize": synchronize})
+
+        cuda.Device = counting(cuda.Device, lambda d: int(d.id))
+        cuda.Stream = counting(cuda.Stream, lambda s: int(s.device_id) if s.device_id >= 0 else cuda.runtime.getDevice())
+        cuda.Event = counting(cuda.Event, lambda e: -1)
+
+    def reset(self) -> None:
+        self.counts.clear()
+        if simulated():
+            from towerdist.testing import simulated_gpu_stats
+
+            simulated_gpu_stats(reset=True)
+
+    def read(self) -> dict[int, int]:
+        if simulated():
+            from towerdist.testing import simulated_gpu_stats
+
+            return {int(k): int(v) for k, v in simulated_gpu_stats()["host_syncs"].items()}
+        return dict(self.counts)
+
+
+def stage_nccl() -> None:
+    import numpy as np
+
+    import towerdist as td
+    from towerdist._src.cross_device_ops.nccl_all_reduce import NcclAllReduce
+    from towerdist._src.device import DeviceSpec
+    from towerdist._src.multi_worker.nccl_workers import NcclWorkers
+
+    cp = cupy_module()
+    counter = SyncCounter(cp)
+    gpu0 = (DeviceSpec(device_type="GPU", device_index=0),)
+    ops = NcclAllReduce()
+    with cp.cuda.Device(0):
+        base = cp.arange(12, dtype=cp.float32).reshape(3, 4)
+        cases = {
+            "float32": base,
+            "float64 transposed view": base.astype(cp.float64).T,
+            "complex64": (base + 1j * base).astype(cp.complex64),
+            "int16 (no NCCL type)": base.astype(cp.int16),
+        }
+    for name, value in cases.items():
+        counter.reset()
+        (summed,) = ops._all_reduce_pack(gpu0, [value], 0)
+        syncs = counter.read()
+        with cp.cuda.Device(0):
+            same = bool(np.array_equal(cp.asnumpy(summed), cp.asnumpy(value)))
+        result(same and summed.device.id == 0, f"NcclAllReduce one rank, {name}",
+               f"sum correct {same}, on GPU {summed.device.id}, host syncs {syncs or 'none'}")  # fmt: skip
+
+    class Communicator:
+        def agree(self, *args: Any) -> None:
+            return None
+
+        def mark_broken(self, reason: str) -> None:
+            print("mark_broken:", reason)
+
+    class OneWorker:
+        rank, size = 0, 1
+        communicator = Communicator()
+
+        def broadcast_bytes(self, data: bytes, api: str) -> bytes:
+            return data
+
+    made = cp.cuda.nccl.get_unique_id()
+    result(None, "nccl.get_unique_id()", f"{type(made).__name__} of {len(made)}")
+    try:
+        workers = NcclWorkers(OneWorker(), 0)  # type: ignore[arg-type]
+    except Exception as error:  # noqa: BLE001  (reported)
+        result(False, "NcclWorkers creates its communicator (N1)", f"{type(error).__name__}: {error}")
+        return
+    result(True, "NcclWorkers creates its communicator (N1)", "with the unique id as cupy returns it")
+    with cp.cuda.Device(0):
+        buffers = [cp.arange(1 << (10 if quick() else 20), dtype=cp.float32), (cp.arange(100) * (1 + 2j)).astype(cp.complex64)]
+        expected = [cp.asnumpy(b) for b in buffers]
+    counter.reset()
+    workers.sum(buffers, "gpu_check", 60.0, None)
+    syncs = counter.read()
+    with cp.cuda.Device(0):
+        same = all(np.array_equal(cp.asnumpy(b), e) for b, e in zip(buffers, expected))
+    result(same, "NcclWorkers.sum, one worker", f"in-place sum correct {same}; host syncs in sum {syncs or 'none'}")
+    del td
+
+
+def _train_digits() -> Any:
+    """The main job's module (``examples/train_digits.py``)."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import train_digits
+
+    return train_digits
+
+
+def stage_host_syncs() -> None:
+    import numpy as np
+
+    import towerdist as td
+
+    counter = SyncCounter(cupy_module())
+    train_digits = _train_digits()
+    gpus = td.config.list_logical_devices("GPU")
+    strategy = td.distribute.MirroredStrategy([d.name for d in gpus])
+    rng = np.random.default_rng(0)
+    x = rng.random((4096, 64)).astype(np.float32)
+    y = rng.integers(0, 10, 4096)
+    batch = 512
+    with strategy.scope():
+        model = train_digits.MLP(seed=0)
+        optimizer = td.optimizers.Adam(4e-3)
+        loss_metric = td.metrics.Mean("loss")
+        accuracy = td.metrics.SparseCategoricalAccuracy("accuracy")
+
+    def train_step(xb: Any, yb: Any) -> Any:
+        logits, inputs = model.forward(xb)
+        losses, dlogits = train_digits.softmax_cross_entropy(logits, yb)
+        loss = td.nn.compute_average_loss(losses, global_batch_size=batch)
+        optimizer.apply_gradients(zip(model.gradients(inputs, dlogits / batch), model.parameters))
+        loss_metric.update_state(losses)
+        accuracy.update_state(yb, logits)
+        return loss
+
+    data = strategy.experimental_distribute_dataset(
+        td.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch, drop_remainder=True)
+    )
+    iterator = iter(data)
+    for _ in range(3):
+        strategy.run(train_step, args=next(iterator))
+    steps = 5 if quick() else 50
+    counter.reset()
+    for _ in range(steps):
+        strategy.run(train_step, args=next(iterator))
+    per_step = {d: n / steps for d, n in sorted(counter.read().items())}
+    worst = max(per_step.values(), default=0.0)
+    how = "every synchronisation (simulator)" if simulated() else "cupy Device/Stream/Event.synchronize calls"
+    result(worst <= 2, f"host syncs per GPU per digits training step ({len(gpus)} GPU(s))",
+           f"{per_step or 'none'} over {steps} steps, counted as {how}; target <= 2")  # fmt: skip
+
+
+def stage_steps() -> None:
+    import numpy as np
+
+    import towerdist as td
+
+    cp = cupy_module()
+    device = cp.cuda.Device(0)
+
+    def params(sizes: tuple[int, ...]) -> list[Any]:
+        rng = np.random.default_rng(0)
+        out = []
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+            out += [(rng.standard_normal((fan_in, fan_out)) * np.sqrt(2.0 / fan_in)).astype(np.float32),
+                    np.zeros(fan_out, np.float32)]  # fmt: skip
+        return out
+
+    def gradients(values: list[Any], x: Any, onehot: Any) -> list[Any]:
+        n = len(values) // 2
+        inputs, h = [], x
+        for k in range(n):
+            inputs.append(h)
+            h = h @ values[2 * k] + values[2 * k + 1]
+            if k < n - 1:
+                h = h * (h > 0)
+        e = cp.exp(h - h.max(axis=1, keepdims=True))
+        d = (e / e.sum(axis=1, keepdims=True) - onehot) / np.float32(x.shape[0])
+        grads: list[Any] = [None] * (2 * n)
+        for k in reversed(range(n)):
+            grads[2 * k], grads[2 * k + 1] = inputs[k].T @ d, d.sum(axis=0)
+            if k:
+                d = (d @ values[2 * k].T) * (inputs[k] > 0)
+        return grads
+
+    def case(name: str, sizes: tuple[int, ...], batch: int, steps: int) -> None:
+        with device:
+            rng = np.random.default_rng(1)
+            x = cp.asarray(rng.standard_normal((batch, sizes[0])).astype(np.float32))
+            onehot = cp.asarray(np.eye(sizes[-1], dtype=np.float32)[rng.integers(0, sizes[-1], batch)])
+            plain_vars = [cp.asarray(p) for p in params(sizes)]
+            plain_slots = [(cp.zeros_like(p), cp.zeros_like(p)) for p in plain_vars]
+        count = [0]
+
+        def plain() -> None:  # Adam's arithmetic, as td.optimizers.Adam computes it
+            count[0] += 1
+            one, b1, b2, eps = np.float32(1), np.float32(0.9), np.float32(0.999), np.float32(1e-7)
+            alpha = np.float32(1e-3) * np.sqrt(one - b2 ** np.float32(count[0])) / (one - b1 ** np.float32(count[0]))
+            with device:
+                for i, g in enumerate(gradients(plain_vars, x, onehot)):
+                    m, v = plain_slots[i]
+                    m2 = (g - m) * (one - b1) + m
+                    v2 = (g * g - v) * (one - b2) + v
+                    plain_vars[i] = plain_vars[i] - m2 * alpha / (cp.sqrt(v2) + eps)
+                    plain_slots[i] = (m2, v2)
+
+        strategy = td.distribute.MirroredStrategy(["GPU:0"])
+        with strategy.scope():
+            variables = [td.Variable(p) for p in params(sizes)]
+            optimizer = td.optimizers.Adam(1e-3)
+
+        def replica_step(xb: Any, yb: Any) -> None:
+            optimizer.apply_gradients(zip(gradients([v.value() for v in variables], xb, yb), variables))
+
+        def mirrored() -> None:
+            strategy.run(replica_step, args=(x, onehot))
+
+        def timed(fn: Callable[[], None]) -> float:
+            for _ in range(3):
+                fn()
+            device.synchronize()
+            began = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            device.synchronize()
+            return (time.perf_counter() - began) / steps * 1e3
+
+        rounds: dict[str, list[float]] = {"plain": [], "mirrored": []}
+        for _ in range(3):
+            rounds["plain"].append(timed(plain))
+            rounds["mirrored"].append(timed(mirrored))
+        p, m = statistics.median(rounds["plain"]), statistics.median(rounds["mirrored"])
+        result(None, f"step, {name}", f"plain cupy {p:.3f} ms; MirroredStrategy(['GPU:0']) {m:.3f} ms; "
+               f"ratio {m / p:.2f}x (medians of 3 rounds of {steps} steps)")  # fmt: skip
+
+    case("digits MLP 64-256-256-10, batch 512, Adam", (64, 256, 256, 10), 512, 10 if quick() else 200)
+    if quick():
+        case("MLP 256-512-512-256, batch 256, Adam (quick)", (256, 512, 512, 256), 256, 3)
+    else:
+        case("large MLP 1024-4096-4096-1024, batch 4096, Adam", (1024, 4096, 4096, 1024), 4096, 30)
+
+
+def stage_digits() -> None:
+    import tempfile
+
+
+    epochs = 3 if quick() else 40
+    least = 0.8 if quick() else 0.95
+    train_digits = _train_digits()
+    with tempfile.TemporaryDirectory() as directory:
+        gpu = train_digits.train(epochs=epochs, checkpoint_dir=f"{directory}/gpu", progress=False, log=print)
+        placed = []
+        for variable in gpu["model"].parameters:
+            placed.append([c.value().device.id for c in variable.values])
+            for slot in gpu["optimizer"].get_slot_names():
+                placed.append([c.value().device.id for c in gpu["optimizer"].get_slot(variable, slot).values])
+        placement_ok = all(p == list(range(gpu["replicas"])) for p in placed)
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+        env.pop("TOWERDIST_SIMULATE_GPUS", None)
+        cpu = subprocess.run(
+            [sys.executable, str(ROOT / "examples/train_digits.py"), "--replicas", "1", "--epochs", str(epochs),
+             "--no-progress", "--checkpoint-dir", f"{directory}/cpu"],
+            env=env, capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+    print(cpu.stdout[-2000:], cpu.stderr[-2000:])
+    found = re.search(r"Test accuracy ([0-9.]+);", cpu.stdout)
+    cpu_accuracy = float(found.group(1)) if found else float("nan")
+    accuracy = gpu["test_accuracy"]
+    ok = placement_ok and accuracy >= least and abs(accuracy - cpu_accuracy) <= 0.02
+    result(ok, f"main job on {gpu['replicas']} GPU(s)",
+           f"test accuracy {accuracy:.4f} vs CPU {cpu_accuracy:.4f} (need >= {least} and within 0.02); every "
+           f"variable and slot on its GPU: {placement_ok}; {gpu['examples_per_second']:,.0f} examples/s")  # fmt: skip
+
+
+def stage_bench() -> None:
+    sizes = "4K,1M" if quick() else "4K,1M,16M,64M"
+    runs = [
+        ["allreduce", "--gpus", "--sizes", sizes, "--repeats", "3", "--sample-ms", "5" if quick() else "20", "--progress", "off"],
+        ["run", "--gpus", "--repeats", "3", "--sample-ms", "5" if quick() else "20"],
+    ]  # fmt: skip
+    for args in runs:
+        done = subprocess.run([sys.executable, "-m", "towerdist", "bench", *args], capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        print(done.stdout, done.stderr)
+        rows = [line for line in done.stdout.splitlines() if re.match(r"^\s+\d", line) or "strategy.run(" in line]
+        result(done.returncode == 0, f"towerdist bench {args[0]}", " | ".join(" ".join(r.split()) for r in rows) or "no rows")
+
+
+def stage_test_gpu() -> None:
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", "tests/test_gpu.py"]
+    if quick():
+        args += ["-x"]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    print(done.stdout[-20000:], done.stderr[-5000:])
+    counts = re.findall(r"\d+ (?:passed|failed|skipped|errors?)", done.stdout)
+    failures = [line for line in done.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    result(done.returncode == 0, "tests/test_gpu.py", ", ".join(counts) + ("; " + "; ".join(failures[:10]) if failures else ""))
+
+
+def run_stage(name: str, quick_mode: bool) -> int:
+    if quick_mode:
+        os.environ["GPU_CHECK_QUICK"] = "1"
+    stage = globals().get(f"stage_{name}")
+    if stage is None:
+        print(f"unknown stage {name!r}; the stages are {', '.join(STAGES)}")
+        return 2
+    stage()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
