@@ -3,10 +3,18 @@
 :func:`module` builds a module object that behaves like ``cupy`` on a machine with
 ``num_gpus`` GPUs, backed by numpy, and enforcing the rules of real GPUs that towerdist
 relies on (per-thread current device, allocation and kernel launch on it, no peer access,
-no implicit host conversion, no non-contiguous copies between devices, NCCL's group and
-threading rules). The rules live with the concepts they govern:
-``simulated_cuda`` (devices, streams, events), ``simulated_memory`` (allocations and
-addresses), ``simulated_array`` (arrays and kernel launches), ``simulated_nccl``.
+no implicit host conversion, no non-contiguous copies between devices, streams and events
+bound to their device, ordering between streams, cupy's per-stream memory pool, NCCL's
+group, threading and initialisation rules). The rules live with the concepts they govern:
+``simulated_cuda`` (devices, streams, events, ordering), ``simulated_memory`` (allocations,
+addresses and the pool), ``simulated_array`` (arrays and kernel launches),
+``simulated_nccl`` (with ``simulated_nccl_files`` for ranks in other processes), and
+``simulated_stats`` counts host synchronisations.
+
+Test hooks: ``module(n, cupy_major=13)`` simulates cupy 13, whose NCCL unique ids are tuples
+of signed ints (``cupy.__version__`` reads 13.x); a module's ``cupy.cuda.nccl._simulation``
+is its simulated NCCL library, whose ``unique_id_format`` (``"bytes"`` or ``"tuple"``) switches
+that later; ``cupy.machine`` is its simulated machine (``hang_timeout``, ``stats``).
 
 Besides the functions defined here (``asarray``, ``array``, ``ascontiguousarray``,
 ``asnumpy``, ...), every numpy function is available as ``cupy.<name>`` and runs as a

@@ -173,6 +173,10 @@ class Allocator:
         self._starts: list[int] = []  # sorted starts of the live allocations
         self._live: dict[int, weakref.ref[Memory]] = {}
         self._free: dict[StreamKey, collections.deque[Access]] = {}  # arena -> freed blocks, oldest first
+        # Blocks freed by weakref callbacks, which may run in the middle of any code (a garbage
+        # collection) of any thread: appended here atomically, moved to the arenas under the lock
+        # (cupy's arenas stage frees the same way, ``_Arena._pending_free``).
+        self._pending_free: list[Access] = []
 
     def adopt(self, host: np.ndarray, device_id: int, stream: StreamKey | None = None) -> Memory:
         """Registers ``host`` (a buffer owning its data) as a new allocation on ``device_id``.
@@ -216,6 +220,7 @@ class Allocator:
         """
         needed = rounded_size(size)
         with self._lock:
+            self._commit_pending_free()
             arena = self._free.get(stream)
             if not arena:
                 return None
@@ -238,6 +243,7 @@ class Allocator:
     def free_count(self, stream: StreamKey) -> int:
         """How many freed blocks the arena of ``stream`` holds (for tests)."""
         with self._lock:
+            self._commit_pending_free()
             return len(self._free.get(stream, ()))
 
     def _forget(self, start: int, access: Access, _: object = None) -> None:
@@ -246,8 +252,14 @@ class Allocator:
                 index = bisect.bisect_left(self._starts, start)
                 if index < len(self._starts) and self._starts[index] == start:
                     del self._starts[index]
-            if access.stream is not None:
-                self._arena(access.stream).append(access)
+        if access.stream is not None:
+            self._pending_free.append(access)
+
+    def _commit_pending_free(self) -> None:
+        while self._pending_free:
+            block = self._pending_free.pop(0)
+            if block.stream is not None:
+                self._arena(block.stream).append(block)
 
     def _arena(self, stream: StreamKey) -> collections.deque[Access]:
         arena = self._free.get(stream)
