@@ -28,7 +28,8 @@ real CUDA that towerdist depends on:
   default stream (pointer 2) is a stream of its own; every ``Stream()`` is a stream of its
   own. As in CUDA, the legacy null stream is ordered with the blocking streams (all but
   ``non_blocking=True``) of its device, and a copy on it with those of the source device
-  too. Simplifications: the host is one timeline (a synchronisation in one thread orders
+  too; later work of one device, though, never waits for another device's streams (a
+  write, or an allocation reusing a block that a copy to another device read). Simplifications: the host is one timeline (a synchronisation in one thread orders
   later work of every thread); and only the writes of cupy functions that write an operand
   in place (``out=``, ``x[...] = v``, ``fill``, ``copyto``, ``ufunc.at``...) count as writes of
   that operand.
