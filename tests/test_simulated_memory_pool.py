@@ -132,3 +132,29 @@ def test_with_per_thread_default_streams_each_thread_has_its_own_arena(cp, monke
         cp.empty(256, np.float32)  # the main thread's arena: another block
         with pytest.raises(UnorderedAccessError, match="unordered reuse of freed memory on the per-thread default"):
             worker.submit(lambda: cp.empty(256, np.float32)).result(timeout=JOIN_SECONDS)
+
+
+@pytest.mark.parametrize("per_thread", [False, True], ids=["legacy null streams", "per-thread default streams"])
+def test_a_block_copied_to_another_device_is_reusable_at_once_only_after_a_null_stream_copy(
+    cp, monkeypatch, per_thread
+):
+    # CUDA (programming guide, "Peer-to-Peer Memory Copy"): a copy between two devices on the
+    # legacy NULL stream finishes before any later work of either device starts, so the source
+    # block may be reused at once; on any other stream (the per-thread default stream of
+    # CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1 included) the copy is ordered on its own stream only.
+    if per_thread:
+        monkeypatch.setenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1")
+    source = cp.arange(256, dtype=np.float32)
+    cp.cuda.Device(0).synchronize()  # the copy reads finished data
+    with cp.cuda.Device(1):
+        copied = cp.asarray(source)  # a copy on GPU 1's current stream, reading GPU 0's block
+    del source
+    gc.collect()
+    if not per_thread:
+        assert cp.empty(256, np.float32).size == 256
+        return
+    with pytest.raises(UnorderedAccessError, match="last used by ndarray.copy.. between devices on the per-thread"):
+        cp.empty(256, np.float32)
+    with cp.cuda.Device(1):
+        cp.cuda.get_current_stream().synchronize()
+    assert cp.empty(256, np.float32).size == 256 and copied.device.id == 1

@@ -27,9 +27,10 @@ real CUDA that towerdist depends on:
   shared by all threads; with ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`` each thread's
   default stream (pointer 2) is a stream of its own; every ``Stream()`` is a stream of its
   own. As in CUDA, the legacy null stream is ordered with the blocking streams (all but
-  ``non_blocking=True``) of its device, and a copy on it with those of the source device
-  too; later work of one device, though, never waits for another device's streams (a
-  write, or an allocation reusing a block that a copy to another device read). Simplifications: the host is one timeline (a synchronisation in one thread orders
+  ``non_blocking=True``) of its device, and a copy on it between two devices with the
+  blocking streams of both, before and after it ("Peer-to-Peer Memory Copy" in CUDA's
+  programming guide); a copy on any other stream (a per-thread default stream included) is
+  ordered on its own stream only. Simplifications: the host is one timeline (a synchronisation in one thread orders
   later work of every thread); and only the writes of cupy functions that write an operand
   in place (``out=``, ``x[...] = v``, ``fill``, ``copyto``, ``ufunc.at``...) count as writes of
   that operand.
@@ -279,8 +280,8 @@ class Machine:
                 if memory.size == 0:
                     continue
                 kind = "write" if id(memory) in written else "read"
-                peer_copy = memory.device_id != key.device  # only copies touch another device's memory
-                if writer is not None and writer != key and not self._ordered(writer, access.write_seq, key, peer_copy):
+                device = memory.device_id
+                if writer is not None and writer != key and not self._ordered(writer, access.write_seq, key, device):
                     raise UnorderedAccessError(
                         f"unordered {kind} on {key.describe()} of data written on {writer.describe()}: {what} "
                         f"touches {memory!r}, last written by {access.written_by} on the other stream, and nothing "
@@ -292,7 +293,7 @@ class Machine:
                 if kind == "read":
                     continue
                 for reader, (seq, read_by) in access.reads.items():
-                    if reader != key and not self._ordered(reader, seq, key):
+                    if reader != key and not self._ordered(reader, seq, key, device):
                         raise UnorderedAccessError(
                             f"unordered write on {key.describe()} of data read on {reader.describe()} "
                             f"(write-after-read): {what} writes {memory!r}, last read by {read_by} on the other "
@@ -354,7 +355,7 @@ class Machine:
         """Raises :class:`UnorderedAccessError` unless every use of the freed ``block`` by another stream is ordered before ``key``."""
         with self.condition:
             for stream, seq, used_by in block.uses():
-                if stream == key or self._ordered(stream, seq, key):
+                if stream == key or self._ordered(stream, seq, key, block.device_id):
                     continue
                 raise UnorderedAccessError(
                     f"unordered reuse of freed memory on {key.describe()}: memory last used by {used_by} on "
@@ -392,22 +393,25 @@ class Machine:
             for key in [k for k in {*self._seq, *self._clocks} if k.device == device_id]:
                 self.stream_synchronized(key)
 
-    def _ordered(self, earlier: StreamKey, seq: int, key: StreamKey, peer_copy: bool = False) -> bool:
+    def _ordered(self, earlier: StreamKey, seq: int, key: StreamKey, device: int) -> bool:
         """Whether work on ``key`` now is ordered after operation ``seq`` of stream ``earlier``.
 
-        ``peer_copy``: the work is a copy on ``key`` reading memory of ``earlier``'s device.
+        ``device`` is the GPU whose memory both touch (a stream of another GPU touches it only
+        through a copy between devices).
         """
         if self._host_clock.get(earlier, 0) >= seq or self._clocks.get(key, {}).get(earlier, 0) >= seq:
             return True
         if not (earlier.blocking and key.blocking):
             return False
         # CUDA's legacy null stream waits for, and is waited for by, the blocking streams of its
-        # device (its context). Across devices, only a copy on the legacy null stream is taken to
-        # wait for the source device's blocking streams (as the simulation always did); later work
-        # of one device never waits for another device's streams.
+        # device. A copy on it between two devices' memories starts after the earlier work of
+        # both devices and finishes before their later work (CUDA C++ Programming Guide,
+        # "Peer-to-Peer Memory Copy"); a copy on any other stream is ordered on its stream only.
         if earlier.device == key.device:
             return key.ptr == 0 or earlier.ptr == 0
-        return peer_copy and key.ptr == 0
+        later_is_null_copy = key.ptr == 0 and key.device != device
+        earlier_was_null_copy = earlier.ptr == 0 and earlier.device != device
+        return later_is_null_copy or earlier_was_null_copy
 
     def _thread_tag(self) -> str:
         tag: str | None = getattr(self._local, "tag", None)

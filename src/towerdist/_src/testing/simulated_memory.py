@@ -216,7 +216,8 @@ class Allocator:
         """The freed block cupy's pool would give an allocation of ``size`` bytes on ``stream``, or None.
 
         The best fit among the blocks of that stream's arena at least as large as the rounded
-        size; a larger block is split, and its rest stays free.
+        size (the most recently freed among equals); a larger block is split, and its rest
+        stays free.
         """
         needed = rounded_size(size)
         with self._lock:
@@ -227,7 +228,9 @@ class Allocator:
             fitting = [block for block in arena if rounded_size(block.size) >= needed]
             if not fitting:
                 return None
-            block = min(fitting, key=lambda b: rounded_size(b.size))
+            # Among equally good fits cupy's order is arbitrary (chunk addresses); the most recently
+            # freed block is the one another stream is most likely still using, so it goes first.
+            block = min(reversed(fitting), key=lambda b: rounded_size(b.size))
             arena.remove(block)
             if rounded_size(block.size) > needed:
                 arena.append(block.split(rounded_size(block.size) - needed))
