@@ -16,18 +16,21 @@ import pytest
 from towerdist._src.testing import simulated_cupy
 from towerdist._src.testing.simulated_cuda import CUDARuntimeError, SimulatedGPUError, UnorderedAccessError
 from towerdist._src.testing.simulated_nccl import NcclError
+from towerdist._src.testing.simulated_nccl_files import DIR_ENV_VAR
 from towerdist.testing import simulate_gpus, simulated_gpus_enabled
 
 JOIN_SECONDS = 10.0
 
 
 @pytest.fixture
-def cp(monkeypatch):
+def cp(monkeypatch, tmp_path):
     """A simulated cupy module on its own machine with 3 GPUs; hangs are reported after 0.3 s.
 
-    Its default streams are the legacy null streams (cupy's default), whatever the environment.
+    Its default streams are the legacy null streams (cupy's default), whatever the environment;
+    NCCL ranks made from a unique id meet in ``tmp_path``.
     """
     monkeypatch.delenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", raising=False)
+    monkeypatch.setenv(DIR_ENV_VAR, str(tmp_path))
     module = simulated_cupy.module(3)
     module.machine.hang_timeout = 0.3
     return module
@@ -311,6 +314,52 @@ def test_streams_and_events(cp):
     assert event.done and stream.record().done
 
 
+# --- a stream and an event belong to one device (cupy/cuda/stream.pyx, CUDA's event rules) --------
+
+
+def test_making_a_stream_of_another_device_current_raises(cp):
+    # cupy (stream.pyx, check_stream_device_match): `with stream:` and stream.use() raise
+    # RuntimeError when the stream was created on another device than the current one.
+    stream = on(cp, 1, cp.cuda.Stream)
+    expected = r"The device that the stream is created on \(1\) does not match with the current device \(0\).*simulated"
+    with pytest.raises(RuntimeError, match=expected), stream:
+        pass
+    with pytest.raises(RuntimeError, match=expected):
+        stream.use()
+    assert cp.cuda.get_current_stream().ptr == 0  # nothing changed
+    with cp.cuda.Device(1), stream:
+        assert cp.cuda.get_current_stream() is stream
+    with cp.cuda.Device(2), cp.cuda.Stream.null:  # the default streams belong to whichever device is current
+        assert cp.cuda.get_current_stream().ptr == 0
+
+
+def test_recording_an_event_on_a_stream_of_another_device_raises(cp):
+    # CUDA (cudaEventRecord): the event and the stream must belong to the same device, else
+    # cudaErrorInvalidResourceHandle; cupy.cuda.Event belongs to the device current at its creation.
+    event = cp.cuda.Event()  # GPU 0
+    stream = on(cp, 1, cp.cuda.Stream)
+    with pytest.raises(CUDARuntimeError, match="cudaErrorInvalidResourceHandle.*made on GPU 0 and recorded on stream"):
+        event.record(stream)
+    with cp.cuda.Device(1), pytest.raises(CUDARuntimeError, match="cudaErrorInvalidResourceHandle"):
+        event.record()  # the null stream of the current device, GPU 1
+    with cp.cuda.Device(1):
+        assert stream.record().done  # an event made while GPU 1 is current, as Stream.record() does
+
+
+def test_a_stream_may_wait_for_an_event_of_another_device(cp):
+    # CUDA (cudaStreamWaitEvent): the stream and the event may belong to different devices.
+    producer = cp.cuda.Stream(non_blocking=True)
+    data = produce_on(cp, producer)
+    ready = producer.record()
+    with cp.cuda.Device(1):
+        consumer = cp.cuda.Stream(non_blocking=True)
+        with consumer, pytest.raises(UnorderedAccessError):
+            cp.asarray(data)  # a copy on GPU 1's stream of data GPU 0's stream wrote
+        consumer.wait_event(ready)
+        with consumer:
+            assert cp.asarray(data).get().tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
 # --- ordering between streams (cupy.md, "Streams") ----------------------------------------------
 # "Work on different streams is unordered: data produced by a replica on its stream must be
 # ordered before a collective or a copy on another stream (record an Event,
@@ -451,6 +500,70 @@ def test_a_collective_reads_and_writes_its_buffers_on_its_stream(cp):
         with cp.cuda.Device(i):
             stream.synchronize()
     assert [b.get().tolist() for b in buffers] == [[3.0], [3.0]]
+
+
+# --- write-after-read (CUDA: a write on one stream may overtake a read queued on another) ---------
+
+
+def read_on(cp, stream, data):
+    with stream:
+        return data.sum()
+
+
+def test_a_write_after_an_unordered_read_on_another_stream_raises(cp):
+    # CUDA: streams run concurrently, so a kernel on stream B that overwrites data a kernel on
+    # stream A still reads races with it, unless B waits for an event recorded on A after the read.
+    data = cp.arange(4, dtype=np.float32)
+    cp.cuda.Device(0).synchronize()
+    reader, writer = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    total = read_on(cp, reader, data)
+    expected = (
+        f"unordered write on stream 0x{writer.ptr:x} on GPU 0 of data read on stream 0x{reader.ptr:x} on GPU 0 "
+        r"\(write-after-read\): cupy.ndarray.fill writes .* last read by cupy.ndarray.sum"
+    )
+    with writer, pytest.raises(UnorderedAccessError, match=expected):
+        data.fill(0)
+    with writer, pytest.raises(UnorderedAccessError, match="write-after-read"):
+        data.set(np.zeros(4, np.float32))  # an upload into it is a write too
+    writer.wait_event(reader.record())
+    with writer:
+        data.fill(0)
+    reader.synchronize()
+    writer.synchronize()
+    assert total.get() == 6.0 and data.get().tolist() == [0.0] * 4
+
+
+def test_a_write_after_a_read_is_ordered_by_the_readers_own_stream_or_a_host_sync(cp):
+    # CUDA: work on one stream runs in order; a synchronisation orders later work of every stream.
+    data = cp.arange(4, dtype=np.float32)
+    cp.cuda.Device(0).synchronize()
+    reader, other = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    read_on(cp, reader, data)
+    with reader:
+        data.fill(1)  # the reader's own stream
+    reader.synchronize()
+    read_on(cp, other, data)
+    other.synchronize()
+    with reader:
+        data.fill(2)  # after the host waited for the other stream's read
+    assert data.get(stream=reader).tolist() == [2.0] * 4
+
+
+def test_a_collective_writing_a_buffer_another_stream_still_reads_raises(cp):
+    # NCCL writes its receive buffer on the collective's stream: after an unordered read on
+    # another stream, that is a write-after-read race.
+    nccl = cp.cuda.nccl
+    comm = nccl.NcclCommunicator.initAll([0])[0]
+    buffer = cp.ones(2, np.float32)
+    cp.cuda.Device(0).synchronize()
+    reader, stream = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    read_on(cp, reader, buffer)
+    with pytest.raises(UnorderedAccessError, match="write-after-read.*allReduce"):
+        comm.allReduce(buffer.data.ptr, buffer.data.ptr, 2, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
+    stream.wait_event(reader.record())
+    comm.allReduce(buffer.data.ptr, buffer.data.ptr, 2, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
+    stream.synchronize()
+    assert buffer.get().tolist() == [1.0, 1.0]
 
 
 # --- NCCL (cupy/cuda/nccl.pyx) -------------------------------------------------------------------
@@ -680,12 +793,160 @@ def test_communicators_from_a_unique_id_form_one_clique(cp):
     assert [b.get().tolist() for b in buffers] == [[6.0], [6.0]]
 
 
-def test_a_unique_id_from_another_process_is_not_simulated(cp):
-    # Simulated GPUs cannot move data between processes: a clear NotImplementedError.
-    raw = bytearray(b & 0xFF for b in cp.cuda.nccl.get_unique_id())
-    raw[len(b"towerdist-simulated-nccl")] ^= 0xFF  # another process id
-    with pytest.raises(NotImplementedError, match="one process only"):
-        cp.cuda.nccl.NcclCommunicator(2, tuple(b - 256 if b > 127 else b for b in raw), 0)
+# --- unique ids: bytes since cupy 14 (cupy_backends/cuda/libs/nccl.pyx) --------------------------
+
+
+def test_get_unique_id_returns_128_bytes_as_in_cupy_14(cp):
+    # cupy 14: get_unique_id() returns bytes of NCCL_UNIQUE_ID_BYTES (128); before 14.0, a tuple.
+    uid = cp.cuda.nccl.get_unique_id()
+    assert type(uid) is bytes and len(uid) == 128 and uid != cp.cuda.nccl.get_unique_id()
+    assert cp.__version__.startswith("14.")
+
+
+@pytest.mark.parametrize(
+    ("convert", "got"),
+    [
+        pytest.param(tuple, "tuple", id="tuple"),
+        pytest.param(list, "list", id="list"),
+        pytest.param(bytearray, "bytearray", id="bytearray"),
+        pytest.param(lambda uid: uid.hex(), "str", id="hex str"),
+    ],
+)
+def test_a_unique_id_that_is_not_bytes_is_refused_as_in_cupy_14(cp, convert, got):
+    # cupy 14: NcclCommunicator(int ndev, bytes commId, int rank) is typed; Cython raises TypeError.
+    uid = cp.cuda.nccl.get_unique_id()
+    expected = rf"Argument 'commId' has incorrect type \(expected bytes, got {got}\).*simulated NCCL"
+    with pytest.raises(TypeError, match=expected):
+        cp.cuda.nccl.NcclCommunicator(1, convert(uid), 0)
+
+
+def test_a_unique_id_of_another_length_is_refused_as_in_cupy_14(cp):
+    # cupy 14: "commId length N != 128." (ValueError).
+    with pytest.raises(ValueError, match=r"commId length 127 != 128\."):
+        cp.cuda.nccl.NcclCommunicator(1, cp.cuda.nccl.get_unique_id()[:127], 0)
+
+
+def test_the_cupy_13_switch_makes_unique_ids_tuples_of_signed_chars():
+    # cupy 13: get_unique_id() returned a tuple of the id's chars (signed on x86), and the
+    # constructor took only a tuple (tuple commId), copying each value into a char.
+    cp13 = simulated_cupy.module(2, cupy_major=13)
+    nccl = cp13.cuda.nccl
+    assert cp13.__version__.startswith("13.") and nccl._simulation.unique_id_format == "tuple"
+    uid = nccl.get_unique_id()
+    assert type(uid) is tuple and len(uid) == 128 and all(-128 <= v <= 127 for v in uid)
+    with pytest.raises(TypeError, match=r"expected tuple, got bytes"):
+        nccl.NcclCommunicator(1, bytes(v & 0xFF for v in uid), 0)
+    with pytest.raises(OverflowError, match="value too large to convert to char"):
+        nccl.NcclCommunicator(1, (200,) + uid[1:], 0)  # an unsigned byte above 127
+    comm = nccl.NcclCommunicator(1, tuple(uid), 0)  # passed along as returned
+    assert comm.size() == 1
+
+
+def test_the_test_hook_switches_the_unique_id_format_of_a_module(cp):
+    hook = cp.cuda.nccl._simulation
+    hook.unique_id_format = "tuple"
+    assert cp.__version__.startswith("13.") and type(cp.cuda.nccl.get_unique_id()) is tuple
+    hook.unique_id_format = "bytes"
+    assert cp.__version__.startswith("14.") and type(cp.cuda.nccl.get_unique_id()) is bytes
+    with pytest.raises(ValueError, match="unique_id_format must be 'bytes'"):
+        hook.unique_id_format = "list"
+    with pytest.raises(ValueError, match="cupy 13 and 14"):
+        simulated_cupy.module(1, cupy_major=12)
+
+
+# --- creating communicators (ncclCommInitRank, ncclCommInitAll) ----------------------------------
+
+
+def test_creating_a_rank_outside_a_group_waits_for_every_rank_and_reports_a_missing_one(cp):
+    # NCCL: ncclCommInitRank blocks until every rank has joined; one thread creating several
+    # ranks must do it inside a group. Alone, the wait is reported instead of hanging.
+    uid = cp.cuda.nccl.get_unique_id()
+    with pytest.raises(SimulatedGPUError, match=r"NcclCommunicator\(2, uid, 0\) on GPU 0 would hang.*ranks \[1\]"):
+        cp.cuda.nccl.NcclCommunicator(2, uid, 0)
+
+
+def test_inside_a_group_creation_waits_at_group_end(cp):
+    # NCCL: inside ncclGroupStart/End, ncclCommInitRank returns at once; the wait is at groupEnd.
+    nccl = cp.cuda.nccl
+    nccl.groupStart()
+    comm = nccl.NcclCommunicator(2, nccl.get_unique_id(), 0)
+    assert comm.size() == 2
+    with pytest.raises(SimulatedGPUError, match=r"ranks \[1\] have not joined"):
+        nccl.groupEnd()
+
+
+@pytest.mark.parametrize("rank", [2, -1])
+def test_a_rank_out_of_range_is_refused(cp, rank):
+    with pytest.raises(NcclError, match="INVALID_ARGUMENT.*out of range"):
+        cp.cuda.nccl.NcclCommunicator(2, cp.cuda.nccl.get_unique_id(), rank)
+
+
+def test_two_ranks_of_one_communicator_on_the_same_gpu_are_refused(cp):
+    # NCCL: "Duplicate GPU detected": every rank needs a GPU of its own (ncclInvalidUsage).
+    nccl = cp.cuda.nccl
+    uid = nccl.get_unique_id()
+    nccl.groupStart()
+    nccl.NcclCommunicator(2, uid, 0)
+    nccl.NcclCommunicator(2, uid, 1)  # the same current device, GPU 0
+    expected = (
+        r"NCCL_ERROR_INVALID_USAGE: Duplicate GPU detected: rank 0 \(GPU 0 .*\) and rank 1 \(GPU 0 .*both on GPU 0"
+    )
+    with pytest.raises(NcclError, match=expected):
+        nccl.groupEnd()
+    with pytest.raises(NcclError, match="INVALID_USAGE: Duplicate GPU detected: initAll\\(\\[1, 1\\]\\)"):
+        nccl.NcclCommunicator.initAll([1, 1])
+
+
+@pytest.mark.timeout(30)
+def test_ranks_in_their_own_threads_create_a_communicator_without_a_group(cp):
+    # NCCL: one thread per rank, each calling ncclCommInitRank, which returns once all have joined.
+    nccl = cp.cuda.nccl
+    uid = nccl.get_unique_id()
+    made = {}
+    thread = threading.Thread(target=lambda: made.update(rank1=on(cp, 1, lambda: nccl.NcclCommunicator(2, uid, 1))))
+    thread.start()
+    try:
+        made["rank0"] = nccl.NcclCommunicator(2, uid, 0)
+    finally:
+        thread.join(JOIN_SECONDS)
+    comms = [made["rank0"], made["rank1"]]
+    assert [(c.rank_id(), c.device_id(), c.size()) for c in comms] == [(0, 0, 2), (1, 1, 2)]
+    buffers = arrays_on_devices(cp, [[1.0], [2.0]])
+    nccl.groupStart()
+    all_reduce(cp, comms, buffers, buffers)
+    nccl.groupEnd()
+    assert [b.get().tolist() for b in buffers] == [[3.0], [3.0]]
+
+
+# --- NCCL and the per-thread default stream (cupy issue 4322) -------------------------------------
+
+
+def test_an_init_all_communicator_on_the_per_thread_default_stream_is_refused(cp, monkeypatch):
+    # cupy keeps NCCL on the legacy null stream (pointer 0) because the per-thread stream handle
+    # (pointer 2) failed with communicators made by ncclCommInitAll.
+    monkeypatch.setenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1")
+    nccl = cp.cuda.nccl
+    comm = nccl.NcclCommunicator.initAll([0])[0]
+    buffer = cp.ones(2, np.float32)
+    ptr = buffer.data.ptr
+    with pytest.raises(NcclError, match=r"INVALID_USAGE: allReduce .*initAll, on the per-thread default stream"):
+        comm.allReduce(ptr, ptr, 2, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, cp.cuda.get_current_stream().ptr)
+    stream = cp.cuda.Stream(non_blocking=True)
+    stream.wait_event(cp.cuda.get_current_stream().record())
+    comm.allReduce(ptr, ptr, 2, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)  # an explicit stream: allowed
+    stream.synchronize()
+    cp.cuda.Device(0).synchronize()
+    comm.allReduce(ptr, ptr, 2, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)  # the legacy null stream: allowed
+    assert buffer.get(stream=cp.cuda.Stream.null).tolist() == [1.0, 1.0]
+
+
+def test_a_unique_id_communicator_may_use_the_per_thread_default_stream(cp, monkeypatch):
+    monkeypatch.setenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1")
+    nccl = cp.cuda.nccl
+    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    buffer = cp.full(2, 3.0, np.float32)
+    comm.allReduce(buffer.data.ptr, buffer.data.ptr, 2, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 2)
+    assert buffer.get().tolist() == [3.0, 3.0]
 
 
 def test_group_end_without_group_start_raises(cp):
@@ -717,13 +978,3 @@ def test_the_environment_variable_switches_the_simulation_on(monkeypatch):
     assert simulated_cupy.owns(module.zeros(1)) and not simulated_cupy.owns(np.zeros(1))
     with pytest.raises(RuntimeError, match="simulate_gpus\\(3\\) was called after the simulation started with 2"):
         simulated_cupy.enable(3)
-
-
-def test_one_thread_creating_two_ranks_of_a_unique_id_outside_a_group_raises(cp):
-    # NCCL: ncclCommInitRank blocks until every rank has joined; one thread creating several
-    # ranks must do it inside a group (or use initAll).
-    nccl = cp.cuda.nccl
-    uid = nccl.get_unique_id()
-    nccl.NcclCommunicator(2, uid, 0)
-    with cp.cuda.Device(1), pytest.raises(SimulatedGPUError, match="outside a group"):
-        nccl.NcclCommunicator(2, uid, 1)

@@ -13,11 +13,16 @@ rules cupy applies to a kernel launch (``cupy/_core/_kernel.pyx``):
   and numpy scalars are accepted;
 * operations that only create a view (slicing, ``reshape``, ``T``, ``split``...) launch no
   kernel, so they work on arrays of any device and return views on that device;
-* a kernel runs on the calling thread's current stream of the current device: it may touch
-  operands last written on another stream only once something orders it after that write
-  (``Machine.check_order``); its outputs, and operands it writes in place, are then written
-  on that stream. Host transfers (``get``, ``set``) and copies between devices follow the
-  same rule, on the current stream of the array's device and of the current device.
+* a kernel runs on the calling thread's current stream of the current device: it may read
+  operands last written on another stream, and write operands last written or read on
+  another stream, only once something orders it after that use (``Machine.check_order``);
+  it then reads its operands, and writes its outputs and the operands it writes in place, on
+  that stream. Its outputs are allocated on that stream too (``Machine.allocate``: cupy's
+  pool may hand them blocks freed on that stream). Host transfers (``get``, ``set``) and
+  copies between devices follow the same rules, on the current stream of the array's device
+  and of the current device;
+* blocking copies to the host (``get``, ``item``, ``tolist``, ``float()``, ``repr``...) are
+  counted as host synchronisations (``Machine.stats``).
 
 Like cupy arrays, simulated arrays refuse implicit conversion to numpy (``__array__``
 raises ``TypeError``; use ``.get()``), and numpy functions called on them dispatch to the
@@ -141,7 +146,8 @@ class SimulatedArray:
         self._machine.check_device(device)
         host = np.empty(shape, dtype=dtype, order=order)  # type: ignore[call-overload]
         _check_dtype(host.dtype)
-        self._array, self._memory, self._base = host, self._machine.allocator.adopt(host, device), None
+        memory = self._machine.allocate(host, device, "cupy.ndarray()", written=False)
+        self._array, self._memory, self._base = host, memory, None
 
     @classmethod
     def _wrap(cls, array: np.ndarray, memory: Memory, base: SimulatedArray | None) -> SimulatedArray:
@@ -239,17 +245,26 @@ class SimulatedArray:
         """Copies the array to the host (blocking: after the queued work that writes it).
 
         The copy runs on ``stream``, default the calling thread's current stream of the array's
-        device; a blocking copy then synchronizes that stream, as in cupy.
+        device; a blocking copy then synchronizes that stream, as in cupy (a counted host
+        synchronisation).
         """
+        return self._download("ndarray.get", stream, order, out, blocking)
+
+    def _download(
+        self, call: str, stream: Any = None, order: str = "C", out: np.ndarray | None = None, blocking: bool = True
+    ) -> np.ndarray:
         machine = self._machine
         key = machine.stream_key(stream, self._memory.device_id)
-        machine.check_order(key, [self._memory], "ndarray.get()")
-        machine.wait_for_memory([self._memory], "ndarray.get()")
+        machine.check_order(key, [self._memory], f"{call}()")
         if out is not None:
             if not isinstance(out, np.ndarray):
                 raise TypeError("Only numpy.ndarray can be obtained from cupy.ndarray")
             if out.dtype != self.dtype or out.shape != self.shape:
                 raise ValueError(f"get(out=) needs a {self.dtype} array of shape {self.shape}.")
+        if blocking:
+            machine.stats.count_sync(self._memory.device_id, call)
+        machine.wait_for_memory([self._memory], f"{call}()")
+        machine.mark_accessed(key, [self._memory], f"{call}() (a copy to the host)")
         if blocking:
             machine.stream_synchronized(key)  # cupy synchronizes the stream of a blocking copy
         if out is None:
@@ -258,7 +273,7 @@ class SimulatedArray:
         return out
 
     def set(self, arr: np.ndarray, stream: Any = None) -> None:
-        """Copies the host array ``arr`` (same dtype and shape) into this array."""
+        """Copies the host array ``arr`` (same dtype and shape) into this array (an upload: not a host synchronisation)."""
         if not isinstance(arr, np.ndarray):
             raise TypeError("Only numpy.ndarray can be set to cupy.ndarray")
         if self.dtype != arr.dtype:
@@ -276,32 +291,32 @@ class SimulatedArray:
 
     def item(self, *args: Any) -> Any:
         """The element as a Python scalar (a blocking copy to the host)."""
-        return self.get().item(*args)
+        return self._download("ndarray.item").item(*args)
 
     def tolist(self) -> Any:
         """The array as nested Python lists (a blocking copy to the host)."""
-        return self.get().tolist()
+        return self._download("ndarray.tolist").tolist()
 
     def __bool__(self) -> bool:
-        return bool(self.get())
+        return bool(self._download("ndarray.__bool__"))
 
     def __int__(self) -> int:
-        return int(self.get())
+        return int(self._download("ndarray.__int__"))
 
     def __float__(self) -> float:
-        return float(self.get())
+        return float(self._download("ndarray.__float__"))
 
     def __complex__(self) -> complex:
-        return complex(self.get())
+        return complex(self._download("ndarray.__complex__"))
 
     def __repr__(self) -> str:
-        return repr(self.get())
+        return repr(self._download("ndarray.__repr__"))
 
     def __str__(self) -> str:
-        return str(self.get())
+        return str(self._download("ndarray.__str__"))
 
     def __format__(self, spec: str) -> str:
-        return format(self.get(), spec)
+        return format(self._download("ndarray.__format__"), spec)
 
     # --- copies and views ------------------------------------------------------------------
 
@@ -318,7 +333,9 @@ class SimulatedArray:
         with machine.Device(self._memory.device_id):
             source = self.astype(self.dtype, order=order, copy=False)
         # The copy runs on the current stream of the current (destination) device.
-        machine.check_order(machine.stream_key(device_id=device), [source._memory], "ndarray.copy() between devices")
+        key = machine.stream_key(device_id=device)
+        what = "ndarray.copy() between devices"
+        machine.check_order(key, [source._memory], what)
         machine.wait_for_memory([source._memory], "ndarray.copy()")
         if not (source._array.flags.c_contiguous or source._array.flags.f_contiguous):
             raise NotImplementedError(
@@ -326,7 +343,9 @@ class SimulatedArray:
                 f"GPU {self._memory.device_id} has strides {self.strides}; make it contiguous on its own "
                 f"device first, e.g. cupy.ascontiguousarray() under cupy.cuda.Device({self._memory.device_id}).)"
             )
-        return new_array(machine, np.array(source._array, order="K", copy=True), device, "ndarray.copy()")
+        copied = new_array(machine, np.array(source._array, order="K", copy=True), device, what)
+        machine.mark_accessed(key, [source._memory], what)
+        return copied
 
     def astype(self, dtype: Any, order: str = "K", casting: Any = None, subok: Any = None, copy: bool = True) -> Any:
         """The array cast to ``dtype`` (a kernel on the current device unless no copy is needed)."""
@@ -547,23 +566,24 @@ def launch(
     wrapped = _wrap_result(machine, result, operands, device, name, mode)
     if mode == "view" and _has_new_array(wrapped, memories):
         machine.check_order(key, memories, name)  # not a view after all: a copy kernel read the operands
-    if written:
-        machine.mark_written(key, written, name)
+        machine.mark_accessed(key, memories, name)
+    elif mode == "kernel":
+        machine.mark_accessed(key, memories, name, written)
     return wrapped
 
 
 def new_array(machine: Machine, host: np.ndarray, device: int, what: str = "cupy") -> SimulatedArray:
     """A simulated array on ``device`` adopting the numpy array ``host`` (which nothing else views).
 
-    It is written by ``what`` (the kernel or copy that made it) on the calling thread's
-    current stream of ``device``.
+    It is allocated from, and written by ``what`` (the kernel or copy that made it) on, the
+    calling thread's current stream of ``device`` (``Machine.allocate``: cupy's pool may
+    hand it a block freed on that stream).
     """
     _check_dtype(host.dtype)
     root = host
     while isinstance(root.base, np.ndarray):
         root = root.base
-    memory = machine.allocator.adopt(root, device)
-    machine.mark_written(machine.stream_key(device_id=device), [memory], what)
+    memory = machine.allocate(root, device, what)
     return array_type(machine)._wrap(host, memory, None)
 
 

@@ -14,24 +14,37 @@ real CUDA that towerdist depends on:
   whose ranks never arrive) raises :class:`SimulatedGPUError` after
   ``Machine.hang_timeout`` seconds instead of hanging.
 * **Work on different streams is unordered** (``reference/cupy.md``, "Streams"). Every
-  allocation remembers the stream that last wrote it (a kernel's output, a copy's target,
-  an NCCL receive buffer) and that write's sequence number on its stream. A kernel, copy,
-  host transfer (``get``/``set``, on the array device's current stream) or NCCL call on
-  stream B that touches data last written on another stream A raises
-  :class:`UnorderedAccessError`, unless since that write A was synchronised
-  (``stream.synchronize()``, ``Device(d).synchronize()``, an event recorded after the write
-  and synchronised, or a ``done`` that returned True) or B waited for an event recorded on
-  A after the write (``event.record(A)``; ``B.wait_event(event)``, transitively). Streams:
-  the legacy null stream (pointer 0) is one stream per device, shared by all threads; with
-  ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`` each thread's default stream (pointer 2) is a
-  stream of its own; every ``Stream()`` is a stream of its own. As in CUDA, the legacy null
-  stream is ordered with the blocking streams (all but ``non_blocking=True``) of its
-  device, and a copy on it with those of the source device too. Simplifications: the host
-  is one timeline (a synchronisation in one thread orders later work of every thread);
-  only last writers are tracked (a write after an unordered read on another stream, a
-  write-after-read race, is not detected); and only the writes of cupy functions that
-  write an operand in place (``out=``, ``x[...] = v``, ``fill``, ``copyto``, ``ufunc.at``...)
-  count as writes of that operand.
+  stream counts its operations (kernels, copies, host transfers, NCCL calls), and every
+  allocation records its last write (stream, position, operation) and, per stream, its last
+  read since (an :class:`~.simulated_memory.Access`). Work on stream B that *reads* data last
+  written on another stream A, or *writes* data last written or read on another stream A,
+  raises :class:`UnorderedAccessError` (read-after-write, write-after-write,
+  write-after-read), unless something orders B after that use of A: the host synchronised
+  A since (``stream.synchronize()``, ``Device(d).synchronize()``, a blocking ``get``, an event
+  recorded after the use and synchronised, or a ``done`` that returned True), or B waited
+  for an event recorded on A after the use (``event.record(A)``; ``B.wait_event(event)``,
+  transitively). Streams: the legacy null stream (pointer 0) is one stream per device,
+  shared by all threads; with ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`` each thread's
+  default stream (pointer 2) is a stream of its own; every ``Stream()`` is a stream of its
+  own. As in CUDA, the legacy null stream is ordered with the blocking streams (all but
+  ``non_blocking=True``) of its device, and a copy on it between two devices with the
+  blocking streams of both, before and after it ("Peer-to-Peer Memory Copy" in CUDA's
+  programming guide); a copy on any other stream (a per-thread default stream included) is
+  ordered on its own stream only. Simplifications: the host is one timeline (a synchronisation in one thread orders
+  later work of every thread); and only the writes of cupy functions that write an operand
+  in place (``out=``, ``x[...] = v``, ``fill``, ``copyto``, ``ufunc.at``...) count as writes of
+  that operand.
+* **cupy's memory pool reuses freed blocks on their stream** (``cupy/cuda/memory.pyx``: one
+  arena per stream): an allocation on stream S that cupy would serve from a block freed in
+  S's arena raises :class:`UnorderedAccessError` if another stream used that block and
+  nothing orders S after that use (``Machine.allocate``; ``simulated_memory`` has the pool).
+* **A stream belongs to its device** (``cupy/cuda/stream.pyx``, ``check_stream_device_match``):
+  making a stream of GPU X current while GPU Y is current raises ``RuntimeError``. An event
+  belongs to the device current when it was made; recording it on a stream of another
+  device raises :class:`CUDARuntimeError` (``cudaErrorInvalidResourceHandle``), while a
+  stream may wait for an event of any device, as in CUDA.
+* **Host synchronisations are counted** per device, call and call site
+  (``simulated_stats``), since the simulation makes them free.
 
 Each machine has its own ``Device``, ``Stream`` and ``Event`` classes (subclasses bound to
 it), so several simulated machines can coexist in one process (tests build their own).
@@ -47,7 +60,10 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, NamedTuple
 
-from towerdist._src.testing.simulated_memory import Allocator, Memory
+import numpy as np
+
+from towerdist._src.testing.simulated_memory import Access, Allocator, Memory
+from towerdist._src.testing.simulated_stats import SyncStats
 
 __all__ = [
     "CUDARuntimeError", "Device", "Event", "Machine", "SimulatedGPUError", "Stream", "StreamKey",
@@ -55,6 +71,7 @@ __all__ = [
 ]  # fmt: skip
 
 HANG_TIMEOUT_SECONDS = 30.0
+POLL_SECONDS = 0.001  # how often a wait polls work that completes through the host (NCCL across processes)
 
 
 class CUDARuntimeError(RuntimeError):
@@ -70,7 +87,7 @@ class SimulatedGPUError(RuntimeError):
 
 
 class UnorderedAccessError(SimulatedGPUError):
-    """Work on one stream touched data written on another stream with nothing ordering the two."""
+    """Work on one stream touched data another stream wrote or read (or the pool reused it), unordered."""
 
 
 class StreamKey(NamedTuple):
@@ -97,7 +114,7 @@ class StreamKey(NamedTuple):
 
 
 Clock = dict[StreamKey, int]
-"""For each stream, the sequence number of its last write that something is ordered after."""
+"""For each stream, the position (operation count) on it that something is ordered after."""
 
 
 class Work:
@@ -106,12 +123,19 @@ class Work:
     Attributes:
       done: whether it has completed.
       describe: a function naming the work and what it waits for, for hang messages.
+      memories: the allocations it uses (kept alive until it completes).
+      poll: for work that completes through the host (NCCL across processes), a function
+        that completes it if it can; waits call it every ``POLL_SECONDS`` with the machine's
+        condition held. None: the work is completed by another thread, which notifies.
     """
 
-    def __init__(self, describe: Callable[[], str], memories: Iterable[Memory] = ()) -> None:
+    def __init__(
+        self, describe: Callable[[], str], memories: Iterable[Memory] = (), poll: Callable[[], None] | None = None
+    ) -> None:
         self.done = False
         self.describe = describe
         self.memories = list(memories)
+        self.poll = poll
 
 
 class Machine:
@@ -121,6 +145,7 @@ class Machine:
       num_gpus: the number of simulated GPUs.
       allocator: the simulated device memory.
       hang_timeout: seconds a wait may last before it is reported as a hang.
+      stats: the counts of host synchronisations.
       Device, Stream, Event: this machine's classes (``cupy.cuda.Device`` ...).
     """
 
@@ -130,6 +155,7 @@ class Machine:
         self.num_gpus = num_gpus
         self.allocator = Allocator()
         self.hang_timeout = HANG_TIMEOUT_SECONDS
+        self.stats = SyncStats(num_gpus)
         self.condition = threading.Condition()  # guards queued work; notified when work completes
         self._queued: dict[tuple[int, int], list[Work]] = {}  # (device, stream ptr) -> queued work
         self._local = threading.local()
@@ -142,9 +168,9 @@ class Machine:
         stream.ptds = stream(ptds=True)
         self.Stream = stream
         self.ndarray: type[Any] | None = None  # set by simulated_array.array_type()
-        # Ordering between streams (guarded by ``condition``): writes per stream, what each
+        # Ordering between streams (guarded by ``condition``): operations per stream, what each
         # stream waited for (events), and what the host waited for (synchronisations).
-        self._writes: dict[StreamKey, int] = {}
+        self._seq: dict[StreamKey, int] = {}
         self._clocks: dict[StreamKey, Clock] = {}
         self._host_clock: Clock = {}
         self._threads = itertools.count(1)
@@ -193,8 +219,20 @@ class Machine:
         per_thread = os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "0") not in ("", "0")
         return self.Stream.ptds if per_thread else self.Stream.null
 
-    def set_current_stream(self, stream: Stream) -> Stream:
-        """Makes ``stream`` current on its device for the calling thread; returns the previous one."""
+    def set_current_stream(self, stream: Stream, check: bool = True) -> Stream:
+        """Makes ``stream`` current on its device for the calling thread; returns the previous one.
+
+        Raises:
+          RuntimeError: ``stream`` belongs to another device than the current one (``check``).
+        """
+        current = self.current_device()
+        if check and stream.device_id >= 0 and stream.device_id != current:
+            raise RuntimeError(
+                f"The device that the stream is created on ({stream.device_id}) does not match with the current "
+                f"device ({current}) (simulated GPU: {stream!r} belongs to GPU {stream.device_id}, as every cupy "
+                f"stream belongs to the device current when it was made; enter cupy.cuda.Device({stream.device_id}) "
+                f"before `with stream:` or stream.use(), or make a stream under cupy.cuda.Device({current}).)"
+            )
         device = stream.device_for_work()
         previous = self.current_stream(device)
         self._thread_dict("streams")[device] = stream
@@ -227,40 +265,113 @@ class Machine:
     def check_order(self, key: StreamKey, memories: Iterable[Memory], what: str, writes: Iterable[Memory] = ()) -> None:
         """Raises :class:`UnorderedAccessError` unless work on ``key`` may touch ``memories`` now.
 
-        Work on stream B may touch data last written on stream A (A != B) only if something
-        orders it after that write: the host synchronised A since (``synchronize``), or B
-        waited for an event recorded on A since (``wait_event``), or one of them is the
-        legacy null stream and both are blocking streams (CUDA's implicit synchronisation).
-        ``writes`` are the memories among ``memories`` that the work writes (for messages).
+        Work on stream B may read data last written on stream A (A != B), and write data last
+        written or read on A, only if something orders it after that use of A: the host
+        synchronised A since (``synchronize``), or B waited for an event recorded on A since
+        (``wait_event``), or one of them is the legacy null stream and both are blocking
+        streams (CUDA's implicit synchronisation). ``writes`` are the memories among
+        ``memories`` that the work writes; the others it reads.
         """
         written = {id(m) for m in writes}
         with self.condition:
             for memory in memories:
-                writer = memory.writer
-                if memory.size == 0 or writer is None or writer == key or self._ordered(writer, memory.write_seq, key):
+                access = memory.access
+                writer = access.writer
+                if memory.size == 0:
                     continue
-                access = "write" if id(memory) in written else "read"
-                raise UnorderedAccessError(
-                    f"unordered {access} on {key.describe()} of data written on {writer.describe()}: {what} "
-                    f"touches {memory!r}, last written by {memory.written_by} on the other stream, and nothing "
-                    "orders the two. (simulated GPU: work on different streams is unordered; record an Event on "
-                    "the producer's stream and wait for it (event.record(producer); "
-                    "consumer.wait_event(event)), or synchronize (stream.synchronize(), "
-                    "cupy.cuda.Device(i).synchronize()) before using the data on another stream.)"
-                )
+                kind = "write" if id(memory) in written else "read"
+                device = memory.device_id
+                if writer is not None and writer != key and not self._ordered(writer, access.write_seq, key, device):
+                    raise UnorderedAccessError(
+                        f"unordered {kind} on {key.describe()} of data written on {writer.describe()}: {what} "
+                        f"touches {memory!r}, last written by {access.written_by} on the other stream, and nothing "
+                        "orders the two. (simulated GPU: work on different streams is unordered; record an Event "
+                        "on the producer's stream and wait for it (event.record(producer); "
+                        "consumer.wait_event(event)), or synchronize (stream.synchronize(), "
+                        "cupy.cuda.Device(i).synchronize()) before using the data on another stream.)"
+                    )
+                if kind == "read":
+                    continue
+                for reader, (seq, read_by) in access.reads.items():
+                    if reader != key and not self._ordered(reader, seq, key, device):
+                        raise UnorderedAccessError(
+                            f"unordered write on {key.describe()} of data read on {reader.describe()} "
+                            f"(write-after-read): {what} writes {memory!r}, last read by {read_by} on the other "
+                            "stream, and nothing orders the two, so the write may land before the read. "
+                            "(simulated GPU: work on different streams is unordered; after the read, record an "
+                            "Event on the reader's stream and make the writer wait for it (event.record(reader); "
+                            "writer.wait_event(event)), or synchronize the reader's stream before writing.)"
+                        )
+
+    def mark_accessed(
+        self, key: StreamKey, memories: Iterable[Memory], what: str, writes: Iterable[Memory] = ()
+    ) -> None:
+        """Records that one operation ``what`` on stream ``key`` reads ``memories`` and writes ``writes`` among them."""
+        written = {id(m) for m in writes}
+        with self.condition:
+            seq = self._seq[key] = self._seq.get(key, 0) + 1
+            for memory in memories:
+                if not memory.size:
+                    continue
+                access = memory.access
+                if id(memory) in written:
+                    # Whatever is ordered after this write is ordered after the reads it was checked
+                    # to follow (clocks are transitive), so those reads need no more checks.
+                    access.writer, access.write_seq, access.written_by = key, seq, what
+                    access.reads.clear()
+                else:
+                    access.reads[key] = (seq, what)
 
     def mark_written(self, key: StreamKey, memories: Iterable[Memory], what: str) -> None:
         """Records that work on stream ``key`` (the operation ``what``) writes ``memories``."""
+        memories = list(memories)
+        self.mark_accessed(key, memories, what, writes=memories)
+
+    # --- allocation (cupy's memory pool) -----------------------------------------------------
+
+    def allocate(self, host: np.ndarray, device_id: int, what: str, written: bool = True) -> Memory:
+        """Adopts ``host`` as a new allocation on ``device_id``, from the calling thread's current stream's arena.
+
+        If cupy's pool would hand the allocation a block freed in that arena, the block's uses
+        by other streams must be ordered before the stream (:meth:`check_reuse`). ``written``:
+        the operation ``what`` writes the new memory (a kernel's output, an upload), on that
+        stream.
+        """
+        key = self.stream_key(device_id=device_id)
+        if host.nbytes:
+            block = self.allocator.take_freed(key, int(host.nbytes))
+            if block is not None:
+                try:
+                    self.check_reuse(key, block, what)
+                except UnorderedAccessError:
+                    self.allocator.give_back(block)
+                    raise
+        memory = self.allocator.adopt(host, device_id, key)
+        if written:
+            self.mark_written(key, [memory], what)
+        return memory
+
+    def check_reuse(self, key: StreamKey, block: Access, what: str) -> None:
+        """Raises :class:`UnorderedAccessError` unless every use of the freed ``block`` by another stream is ordered before ``key``."""
         with self.condition:
-            seq = self._writes[key] = self._writes.get(key, 0) + 1
-            for memory in memories:
-                if memory.size:
-                    memory.writer, memory.write_seq, memory.written_by = key, seq, what
+            for stream, seq, used_by in block.uses():
+                if stream == key or self._ordered(stream, seq, key, block.device_id):
+                    continue
+                raise UnorderedAccessError(
+                    f"unordered reuse of freed memory on {key.describe()}: memory last used by {used_by} on "
+                    f"{stream.describe()} was freed, and cupy's memory pool handed it ({block.describe()}) to a new "
+                    f"allocation by {what} on {key.describe()}, while the work on {stream.describe()} may still use "
+                    "it. (simulated GPU: cupy's pool keeps one arena per stream and gives a freed block straight to "
+                    "the next allocation on the stream that allocated it (cupy/cuda/memory.pyx). Keep the array "
+                    "referenced until the other stream's work has completed (e.g. until an event recorded on that "
+                    "stream after the use is done), or make the allocating stream wait for such an event "
+                    "(stream.wait_event(event)) before allocating.)"
+                )
 
     def stream_clock(self, key: StreamKey) -> Clock:
         """What work queued on ``key`` so far is ordered after: its own writes and what it waited for."""
         with self.condition:
-            return {**self._clocks.get(key, {}), key: self._writes.get(key, 0)}
+            return {**self._clocks.get(key, {}), key: self._seq.get(key, 0)}
 
     def stream_waits(self, key: StreamKey, clock: Clock) -> None:
         """Orders later work on ``key`` after ``clock`` (``wait_event``)."""
@@ -279,16 +390,28 @@ class Machine:
     def device_synchronized(self, device_id: int) -> None:
         """The host has waited for all work queued on ``device_id``, on every stream."""
         with self.condition:
-            for key in [k for k in {*self._writes, *self._clocks} if k.device == device_id]:
+            for key in [k for k in {*self._seq, *self._clocks} if k.device == device_id]:
                 self.stream_synchronized(key)
 
-    def _ordered(self, writer: StreamKey, seq: int, key: StreamKey) -> bool:
-        if self._host_clock.get(writer, 0) >= seq or self._clocks.get(key, {}).get(writer, 0) >= seq:
+    def _ordered(self, earlier: StreamKey, seq: int, key: StreamKey, device: int) -> bool:
+        """Whether work on ``key`` now is ordered after operation ``seq`` of stream ``earlier``.
+
+        ``device`` is the GPU whose memory both touch (a stream of another GPU touches it only
+        through a copy between devices).
+        """
+        if self._host_clock.get(earlier, 0) >= seq or self._clocks.get(key, {}).get(earlier, 0) >= seq:
             return True
+        if not (earlier.blocking and key.blocking):
+            return False
         # CUDA's legacy null stream waits for, and is waited for by, the blocking streams of its
-        # device; a peer copy on it waits for the work of both devices.
-        legacy = key.ptr == 0 or (writer.ptr == 0 and writer.device == key.device)
-        return legacy and writer.blocking and key.blocking
+        # device. A copy on it between two devices' memories starts after the earlier work of
+        # both devices and finishes before their later work (CUDA C++ Programming Guide,
+        # "Peer-to-Peer Memory Copy"); a copy on any other stream is ordered on its stream only.
+        if earlier.device == key.device:
+            return key.ptr == 0 or earlier.ptr == 0
+        later_is_null_copy = key.ptr == 0 and key.device != device
+        earlier_was_null_copy = earlier.ptr == 0 and earlier.device != device
+        return later_is_null_copy or earlier_was_null_copy
 
     def _thread_tag(self) -> str:
         tag: str | None = getattr(self._local, "tag", None)
@@ -318,29 +441,41 @@ class Machine:
                     del self._queued[key]
         self.condition.notify_all()
 
-    def queued(self, device_id: int, stream_ptr: int | None = None) -> list[Work]:
-        """The work still queued on one stream of a device (or on all its streams)."""
+    def queued(self, device_id: int, stream_ptr: int | None = None, poll: bool = False) -> list[Work]:
+        """The work still queued on one stream of a device (or on all its streams).
+
+        ``poll``: first let work that completes through the host complete if it can.
+        """
         with self.condition:
-            return [
+            works = [
                 work
                 for (device, ptr), queue in self._queued.items()
                 if device == device_id and (stream_ptr is None or ptr == stream_ptr)
                 for work in queue
             ]
+            return self._poll(works) if poll else works
 
     def wait(self, works: list[Work], what: str) -> None:
-        """Waits until ``works`` are done; raises :class:`SimulatedGPUError` where real hardware would hang."""
+        """Waits until ``works`` are done; raises :class:`SimulatedGPUError` where real hardware would hang.
+
+        Work completed by another thread wakes the wait; work that completes through the host
+        (``Work.poll``) is polled every ``POLL_SECONDS``.
+        """
         deadline = time.monotonic() + self.hang_timeout
         with self.condition:
-            while not all(work.done for work in works):
+            while True:
+                pending = self._poll(works)
+                if not pending:
+                    return
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    waiting = "; ".join(work.describe() for work in works if not work.done)
+                    waiting = "; ".join(work.describe() for work in pending)
                     raise SimulatedGPUError(
                         f"{what} would hang on a real GPU (simulated GPU: still waiting after "
                         f"{self.hang_timeout:g} s for {waiting})."
                     )
-                self.condition.wait(left)
+                polled = any(work.poll is not None for work in pending)
+                self.condition.wait(min(left, POLL_SECONDS) if polled else left)
 
     def wait_for_memory(self, memories: Iterable[Memory], what: str) -> None:
         """Waits for queued collectives that use ``memories`` (work on a stream runs in order)."""
@@ -350,6 +485,13 @@ class Machine:
         with self.condition:
             works = [work for queue in self._queued.values() for work in queue if any(m in work.memories for m in busy)]
         self.wait(works, what)
+
+    def _poll(self, works: list[Work]) -> list[Work]:
+        """Polls the pollable ``works``; returns those not done (the caller holds ``condition``)."""
+        for work in works:
+            if not work.done and work.poll is not None:
+                work.poll()
+        return [work for work in works if not work.done]
 
     # --- helpers -------------------------------------------------------------------------
 
@@ -392,10 +534,15 @@ class Device:
         self._machine.set_device(self.id)
 
     def synchronize(self) -> None:
-        """Waits for all queued work of this device, on every stream."""
-        self._machine.check_device(self.id)
-        self._machine.wait(self._machine.queued(self.id), f"Device({self.id}).synchronize()")
-        self._machine.device_synchronized(self.id)
+        """Waits for all queued work of this device, on every stream (a counted host synchronisation)."""
+        self._synchronize("Device.synchronize")
+
+    def _synchronize(self, call: str) -> None:
+        machine = self._machine
+        machine.check_device(self.id)
+        machine.stats.count_sync(self.id, call)
+        machine.wait(machine.queued(self.id), f"Device({self.id}).synchronize()")
+        machine.device_synchronized(self.id)
 
     @property
     def compute_capability(self) -> str:
@@ -450,16 +597,21 @@ class Stream:
     @property
     def done(self) -> bool:
         """True if all work queued on this stream has completed (then later work is ordered after it)."""
-        done = not self._machine.queued(self.device_for_work(), self.ptr)
+        machine = self._machine
+        device = self.device_for_work()
+        machine.stats.count_query(device)
+        done = not machine.queued(device, self.ptr, poll=True)
         if done:
-            self._machine.stream_synchronized(self._machine.stream_key(self))
+            machine.stream_synchronized(machine.stream_key(self))
         return done
 
     def synchronize(self) -> None:
-        """Waits until all work queued on this stream has completed."""
-        works = self._machine.queued(self.device_for_work(), self.ptr)
-        self._machine.wait(works, f"{self!r}.synchronize()")
-        self._machine.stream_synchronized(self._machine.stream_key(self))
+        """Waits until all work queued on this stream has completed (a counted host synchronisation)."""
+        machine = self._machine
+        device = self.device_for_work()
+        machine.stats.count_sync(device, "Stream.synchronize")
+        machine.wait(machine.queued(device, self.ptr), f"{self!r}.synchronize()")
+        machine.stream_synchronized(machine.stream_key(self))
 
     def record(self, event: Event | None = None) -> Event:
         """Records ``event`` (a new one if None) on this stream and returns it."""
@@ -474,7 +626,11 @@ class Stream:
         self._machine.stream_waits(self._machine.stream_key(self), event._clock)
 
     def use(self) -> Stream:
-        """Makes this stream current on its device for the calling thread."""
+        """Makes this stream current on its device for the calling thread.
+
+        Raises:
+          RuntimeError: the stream belongs to another device than the current one.
+        """
         self._machine.set_current_stream(self)
         return self
 
@@ -483,7 +639,7 @@ class Stream:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._machine.set_current_stream(self._machine._thread_list("stream_stack").pop())
+        self._machine.set_current_stream(self._machine._thread_list("stream_stack").pop(), check=False)
 
     def __repr__(self) -> str:
         kind = "null" if self.ptr == 0 else "per-thread default" if self.ptr == 2 else f"0x{self.ptr:x}"
@@ -492,37 +648,59 @@ class Stream:
 
 
 class Event:
-    """A simulated CUDA event (``cupy.cuda.Event``): marks the work queued on a stream so far."""
+    """A simulated CUDA event (``cupy.cuda.Event``): marks the work queued on a stream so far.
+
+    It belongs to the device current when it is made.
+    """
 
     _machine: ClassVar[Machine]
 
     def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False) -> None:
         self.ptr = self._machine.new_handle()
+        self.device_id = self._machine.current_device()
         self._works: list[Work] = []
-        self._clock: Clock = {}  # what the recorded work is ordered after (its stream's writes so far)
+        self._clock: Clock = {}  # what the recorded work is ordered after (its stream's operations so far)
 
     def record(self, stream: Stream | None = None) -> None:
-        """Captures the work queued so far on ``stream`` (default: the current stream)."""
-        stream = self._machine.current_stream() if stream is None else stream
-        self._works = self._machine.queued(stream.device_for_work(), stream.ptr)
-        self._clock = self._machine.stream_clock(self._machine.stream_key(stream))
+        """Captures the work queued so far on ``stream`` (default: the current stream).
+
+        Raises:
+          CUDARuntimeError: ``stream`` belongs to another device than the event
+            (``cudaErrorInvalidResourceHandle``, as ``cudaEventRecord``).
+        """
+        machine = self._machine
+        stream = machine.current_stream() if stream is None else stream
+        device = stream.device_for_work()
+        if device != self.device_id:
+            raise CUDARuntimeError(
+                "cudaErrorInvalidResourceHandle",
+                f"invalid resource handle (simulated GPU: {self!r} was made on GPU {self.device_id} and recorded on "
+                f"{machine.stream_key(stream).describe()}; CUDA records an event only on a stream of the event's "
+                f"device. Make the event while GPU {device} is current (e.g. under cupy.cuda.Device({device}), or "
+                "with stream.record()); another device's stream may still wait for it.)",
+            )
+        self._works = machine.queued(device, stream.ptr)
+        self._clock = machine.stream_clock(machine.stream_key(stream))
 
     @property
     def done(self) -> bool:
         """True if the work captured by the last ``record`` has completed (then later work is ordered after it)."""
-        with self._machine.condition:
-            done = all(work.done for work in self._works)
+        machine = self._machine
+        machine.stats.count_query(self.device_id)
+        with machine.condition:
+            done = not machine._poll(self._works)
         if done:
-            self._machine.host_waited(self._clock)
+            machine.host_waited(self._clock)
         return done
 
     def synchronize(self) -> None:
-        """Waits for the work captured by the last ``record``."""
+        """Waits for the work captured by the last ``record`` (a counted host synchronisation)."""
+        self._machine.stats.count_sync(self.device_id, "Event.synchronize")
         self._machine.wait(self._works, "Event.synchronize()")
         self._machine.host_waited(self._clock)
 
     def __repr__(self) -> str:
-        return f"<simulated CUDA Event 0x{self.ptr:x}>"
+        return f"<simulated CUDA Event 0x{self.ptr:x} of GPU {self.device_id}>"
 
 
 def _merge(into: Clock, clock: Clock) -> None:

@@ -3,10 +3,18 @@
 :func:`module` builds a module object that behaves like ``cupy`` on a machine with
 ``num_gpus`` GPUs, backed by numpy, and enforcing the rules of real GPUs that towerdist
 relies on (per-thread current device, allocation and kernel launch on it, no peer access,
-no implicit host conversion, no non-contiguous copies between devices, NCCL's group and
-threading rules). The rules live with the concepts they govern:
-``simulated_cuda`` (devices, streams, events), ``simulated_memory`` (allocations and
-addresses), ``simulated_array`` (arrays and kernel launches), ``simulated_nccl``.
+no implicit host conversion, no non-contiguous copies between devices, streams and events
+bound to their device, ordering between streams, cupy's per-stream memory pool, NCCL's
+group, threading and initialisation rules). The rules live with the concepts they govern:
+``simulated_cuda`` (devices, streams, events, ordering), ``simulated_memory`` (allocations,
+addresses and the pool), ``simulated_array`` (arrays and kernel launches),
+``simulated_nccl`` (with ``simulated_nccl_files`` for ranks in other processes), and
+``simulated_stats`` counts host synchronisations.
+
+Test hooks: ``module(n, cupy_major=13)`` simulates cupy 13, whose NCCL unique ids are tuples
+of signed ints (``cupy.__version__`` reads 13.x); a module's ``cupy.cuda.nccl._simulation``
+is its simulated NCCL library, whose ``unique_id_format`` (``"bytes"`` or ``"tuple"``) switches
+that later; ``cupy.machine`` is its simulated machine (``hang_timeout``, ``stats``).
 
 Besides the functions defined here (``asarray``, ``array``, ``ascontiguousarray``,
 ``asnumpy``, ...), every numpy function is available as ``cupy.<name>`` and runs as a
@@ -38,6 +46,7 @@ __all__ = ["ENV_VAR", "active_module", "enable", "module", "num_simulated_gpus",
 ENV_VAR = "TOWERDIST_SIMULATE_GPUS"
 _MISSING: Any = object()
 VERSION = "14.2.0+simulated"
+VERSION_13 = "13.6.0+simulated"  # cupy_major=13: NCCL unique ids are tuples of signed ints
 
 
 def owns(value: Any) -> bool:
@@ -104,10 +113,24 @@ def _env_gpus() -> int:
 # --- the module ---------------------------------------------------------------------------------
 
 
-def module(num_gpus: int) -> types.ModuleType:
-    """A new simulated cupy module on its own machine with ``num_gpus`` GPUs (for tests, or :func:`enable`)."""
+def module(num_gpus: int, cupy_major: int = 14) -> types.ModuleType:
+    """A new simulated cupy module on its own machine with ``num_gpus`` GPUs (for tests, or :func:`enable`).
+
+    Args:
+      num_gpus: the number of simulated GPUs.
+      cupy_major: the cupy version to simulate where towerdist sees a difference: 14 (NCCL
+        unique ids are ``bytes``) or 13 (tuples of signed ints). Tests can also switch a
+        module later through its test hook, ``cupy.cuda.nccl._simulation.unique_id_format``
+        (``"bytes"`` or ``"tuple"``); ``cupy.__version__`` follows it.
+
+    Raises:
+      ValueError: ``cupy_major`` is neither 13 nor 14.
+    """
+    if cupy_major not in (13, 14):
+        raise ValueError(f"The simulation has cupy 13 and 14. Got cupy_major={cupy_major!r}.")
     machine = Machine(num_gpus)
     nccl = Nccl(machine)
+    nccl.unique_id_format = "tuple" if cupy_major == 13 else "bytes"
     runtime = _namespace(
         "simulated_cupy.cuda.runtime",
         "Simulated CUDA runtime.",
@@ -115,7 +138,7 @@ def module(num_gpus: int) -> types.ModuleType:
         getDeviceCount=lambda: machine.num_gpus,
         getDevice=machine.current_device,
         setDevice=machine.set_device,
-        deviceSynchronize=lambda: machine.Device().synchronize(),
+        deviceSynchronize=lambda: machine.Device()._synchronize("runtime.deviceSynchronize"),
         runtimeGetVersion=lambda: 12080,
         is_hip=False,
     )
@@ -130,6 +153,7 @@ def module(num_gpus: int) -> types.ModuleType:
         groupEnd=nccl.groupEnd,
         get_version=lambda: 23203,
         get_build_version=lambda: 23203,
+        _simulation=nccl,  # test hook: the simulated NCCL library (unique_id_format, ...)
         **NCCL_CONSTANTS,
     )
     cuda = _namespace(
@@ -146,10 +170,9 @@ def module(num_gpus: int) -> types.ModuleType:
         SimulatedGPUError=SimulatedGPUError,
         UnorderedAccessError=UnorderedAccessError,
     )
-    cupy = _SimulatedCupy("simulated_cupy", machine)
+    cupy = _SimulatedCupy("simulated_cupy", machine, nccl)
     vars(cupy).update(
         __doc__=f"Simulated cupy with {num_gpus} simulated GPUs (numpy on the CPU).",
-        __version__=VERSION,
         ndarray=array_type(machine),
         machine=machine,
         cuda=cuda,
@@ -167,10 +190,16 @@ def _namespace(name: str, doc: str, **attributes: Any) -> types.ModuleType:
 class _SimulatedCupy(types.ModuleType):
     """The simulated ``cupy`` namespace of one machine; numpy functions are looked up on demand."""
 
-    def __init__(self, name: str, machine: Machine) -> None:
+    def __init__(self, name: str, machine: Machine, nccl: Nccl) -> None:
         super().__init__(name)
         self._machine = machine
+        self._nccl = nccl
         self._forward_lock = threading.Lock()
+
+    @property
+    def __version__(self) -> str:
+        """The simulated cupy's version: 14.x, or 13.x while NCCL unique ids are tuples (cupy 13)."""
+        return VERSION_13 if self._nccl.unique_id_format == "tuple" else VERSION
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -232,7 +261,7 @@ class _SimulatedCupy(types.ModuleType):
     def asnumpy(self, a: Any, stream: Any = None, order: str = "C", out: Any = None, *, blocking: bool = True) -> Any:
         """A host (numpy) copy of ``a``; host data is returned as a numpy array."""
         if isinstance(a, SimulatedArray):
-            return a.get(stream=stream, order=order, out=out, blocking=blocking)
+            return a._download("cupy.asnumpy", stream=stream, order=order, out=out, blocking=blocking)
         return np.asarray(a, order=order)  # type: ignore[call-overload]
 
     def get_array_module(self, *args: Any) -> types.ModuleType:
