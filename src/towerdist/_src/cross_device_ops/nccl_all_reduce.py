@@ -188,6 +188,10 @@ class NcclAllReduce(AllReduceCrossDeviceOps):
             if failure is not None:
                 clique.abort(f"a collective failed ({type(failure).__name__}: {failure})")
                 self._forget(key, clique)
+                # Ranks launched before the failure may still touch their buffers until the
+                # abort has ended them: the buffers stay referenced until their streams are done.
+                for index, stream, source, target in zip(key, clique.streams, inputs, outputs):
+                    cupy_streams.keep_alive(cupy_streams.record(stream, index), [source, target])
                 if not isinstance(failure, Exception):
                     raise failure  # KeyboardInterrupt and friends, as they are
                 raise UnavailableError(
