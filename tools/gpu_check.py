@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         summary.write_text("\n".join(lines) + "\n")
 
     mode = f"SIMULATED ({args.simulate} simulated GPUs: numpy on the CPU, not GPU verification)" if args.simulate else "real GPU"
-    say(f"# towerdist GPU check, {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, commit {_commit()}, {mode}")
+    say(f"# towerdist GPU check, {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, {mode}")
+    say(f"# source digest {_source_digest()} (sha256 of src/**/*.py); git HEAD {_commit()} (stale on a copied tree)")
     failed = False
     chosen = [s for s in STAGES if not args.only or s in args.only.split(",")]
     for name in chosen:
@@ -174,6 +175,17 @@ def _digits_stub(out: pathlib.Path) -> str | None:
     return str(package.parent)
 
 
+def _source_digest() -> str:
+    """A digest of the towerdist sources being checked: names the code even where git's HEAD is stale."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted((ROOT / "src").rglob("*.py")):
+        digest.update(str(path.relative_to(ROOT)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def _commit() -> str:
     try:
         return subprocess.run(
@@ -243,7 +255,9 @@ def stage_versions() -> None:
         facts["gpu0"] = name.decode() if isinstance(name, bytes) else name
     except Exception as error:  # noqa: BLE001
         facts["gpu0"] = f"{type(error).__name__}: {error}"
-    nccl = cp.cuda.nccl
+    from towerdist._src.backend import cupy_backend  # cupy.cuda.nccl (a submodule cupy loads on demand)
+
+    nccl = cupy_backend.nccl()
     for key, call in (("nccl_runtime", "get_version"), ("nccl_build", "get_build_version")):
         try:
             facts[key] = getattr(nccl, call)()
@@ -332,6 +346,7 @@ def stage_nccl() -> None:
     import numpy as np
 
     import towerdist as td
+    from towerdist._src.backend import cupy_backend
     from towerdist._src.cross_device_ops.nccl_all_reduce import NcclAllReduce
     from towerdist._src.device import DeviceSpec
     from towerdist._src.multi_worker.nccl_workers import NcclWorkers
@@ -371,7 +386,7 @@ def stage_nccl() -> None:
         def broadcast_bytes(self, data: bytes, api: str) -> bytes:
             return data
 
-    made = cp.cuda.nccl.get_unique_id()
+    made = cupy_backend.nccl().get_unique_id()
     result(None, "nccl.get_unique_id()", f"{type(made).__name__} of {len(made)}")
     try:
         workers = NcclWorkers(OneWorker(), 0)  # type: ignore[arg-type]

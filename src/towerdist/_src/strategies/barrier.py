@@ -173,14 +173,15 @@ class Step:
         # GPU work changes threads at the start of the step, at each round and at the end:
         # the consumer's streams wait for events recorded on the producer's (see "Streams").
         self.orders_streams = self.on_gpus and n > 1
-        self.gpu_ids = tuple(sorted({d.device_index for d in devices if d.device_type == "GPU"}))
-        self._own_gpus: list[tuple[int, ...] | None] = [
-            (d.device_index,) if d.device_type == "GPU" else None for d in devices
-        ]
         self.caller_marks: cupy_streams.Marks | None = None  # the caller's streams as it started the step
-        self._arrival_marks: list[cupy_streams.Marks | None] = [None] * n
         self._round_marks: cupy_streams.Marks | None = None  # the settler's streams after the round's function
-        self._end_marks: list[cupy_streams.Marks | None] = [None] * n
+        if self.orders_streams:
+            self.gpu_ids = tuple(sorted({d.device_index for d in devices if d.device_type == "GPU"}))
+            self._own_gpus: list[tuple[int, ...] | None] = [
+                (d.device_index,) if d.device_type == "GPU" else None for d in devices
+            ]
+            self._arrival_marks: list[cupy_streams.Marks | None] = [None] * n
+            self._end_marks: list[cupy_streams.Marks | None] = [None] * n
         self.fn = fn
         self.num_replicas = n
         self.results: list[Any] = [None] * n
