@@ -25,11 +25,6 @@ from typing import Any
 
 import pytest
 
-import towerdist as td
-from towerdist._src.backend import cupy_backend
-from towerdist._src.multi_worker.launcher import find_mpiexec
-from towerdist.testing.pytest_plugin import broadcast_from_rank_0, mirrored_strategy_for, replica_bounds
-
 _PLUGIN = "towerdist.testing.pytest_plugin"
 
 
@@ -41,8 +36,20 @@ def _plugin_loads_itself() -> bool:
 
 
 # From a plain checkout (``PYTHONPATH=src python -m pytest``) the entry point is not installed:
-# load the plugin here, so that its markers and fixtures exist; never twice.
+# load the plugin here, so that its markers and fixtures exist; never twice. (Registered for
+# assertion rewriting before this file imports it, as pytest does for plugins it loads.)
 pytest_plugins = [] if _plugin_loads_itself() else [_PLUGIN]
+if pytest_plugins:
+    pytest.register_assert_rewrite(_PLUGIN)
+
+import towerdist as td  # noqa: E402  (after the plugin's registration above)
+from towerdist._src.backend import cupy_backend  # noqa: E402
+from towerdist._src.multi_worker.launcher import find_mpiexec  # noqa: E402
+from towerdist.testing.pytest_plugin import (  # noqa: E402
+    broadcast_from_rank_0,
+    mirrored_strategy_for,
+    replica_bounds,
+)
 
 NUM_CPUS = 8
 # The replica wait bounds towerdist's pytest plugin sets for a one-process session.

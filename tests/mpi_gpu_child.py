@@ -60,6 +60,35 @@ def train(rank: int) -> None:
     )  # fmt: skip
 
 
+def two_local_gpus(rank: int) -> None:
+    """4 GPUs on the host, 2 workers: 2 GPUs each; a MEAN all-reduce and a training step across all 4 replicas.
+
+    The round's function runs on the thread of the last local replica to arrive, whichever
+    GPU that thread has current: the MEAN's division and the copies to the other local GPU
+    name their device.
+    """
+    strategy = td.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        w = td.Variable(np.zeros(2, np.float32))
+        optimizer = td.optimizers.SGD(1.0)
+
+    def step() -> object:
+        context = td.distribute.get_replica_context()
+        value = td.ones([2]) * td.cast(context.replica_id_in_sync_group, td.float32)  # 0, 1, 2, 3
+        optimizer.apply_gradients([(value, w)])
+        return context.all_reduce("mean", value)
+
+    means = strategy.experimental_local_results(strategy.run(step))
+    report(
+        rank=rank,
+        outcome="done",
+        devices=list(strategy.extended.worker_devices),
+        means=[host(m) for m in means],
+        gpus=[int(m.device.id) for m in means],
+        w=[host(c.value()) for c in w.values],
+    )
+
+
 def same_gpu(rank: int) -> None:
     """Both workers told to use GPU 0: NCCL refuses two ranks on one GPU, on both workers, clearly."""
     strategy = td.distribute.MultiWorkerMirroredStrategy._from_local_devices(["GPU:0"])

@@ -350,6 +350,21 @@ def test_metric_functions_on_another_gpus_data_compute_there(metric):
     np.testing.assert_allclose(cupy_backend.xp.asnumpy(result), expected, rtol=1e-6)
 
 
+@pytest.mark.gpus(2)
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_the_multi_worker_mean_divides_on_the_totals_gpu_whichever_gpu_is_current(dtype):
+    # N4: MultiWorkerMirroredStrategy's MEAN divided in place on the current GPU, which is the
+    # GPU of whichever replica arrived last, not necessarily the total's.
+    from towerdist._src.strategies.multi_worker_mirrored import _mean
+
+    cupy = cupy_backend._import()
+    with cupy.cuda.Device(1):
+        total = cupy.asarray(np.array([4, 8], dtype))
+    with cupy.cuda.Device(0):
+        mean = _mean(total, 4)
+    assert mean.device.id == 1 and cupy.asnumpy(mean).tolist() == [1.0, 2.0]
+
+
 @pytest.mark.gpus(3)
 def test_arithmetic_on_a_variable_of_other_gpus_runs_on_its_gpu_from_the_main_thread():
     # A MirroredStrategy(["GPU:1", "GPU:2"]) variable read from the main thread (current GPU 0).
@@ -548,6 +563,33 @@ def test_an_asynchronous_nccl_error_is_raised_at_the_next_collective_and_recover
     assert clique.broken and key not in ops._cliques
     for part in strategy.experimental_local_results(strategy.run(_all_reduce_step)):
         np.testing.assert_array_equal(cupy_backend.xp.asnumpy(part), [3.0] * 3)
+
+
+@pytest.mark.gpus(2)
+def test_nccl_communicators_are_made_in_a_group_from_one_unique_id_not_with_init_all(monkeypatch):
+    # N7: cupy's initAll calls ncclCommInitAll holding the GIL, freezing every Python thread
+    # while the communicators are set up; ranks made in a group release it.
+    nccl = cupy_backend.nccl()
+    calls = []
+    real_communicator = nccl.NcclCommunicator
+
+    class Recording:
+        def __new__(cls, ndev, commId, rank):  # noqa: N803  (cupy's name)
+            calls.append(("rank", rank, cupy_backend.xp.cuda.runtime.getDevice(), type(commId).__name__))
+            return real_communicator(ndev, commId, rank)
+
+        @staticmethod
+        def initAll(devices):  # noqa: N802
+            raise AssertionError("initAll holds the GIL while NCCL sets up")
+
+    monkeypatch.setattr(nccl, "NcclCommunicator", Recording)
+    for name in ("groupStart", "groupEnd"):
+        real = getattr(nccl, name)
+        monkeypatch.setattr(nccl, name, lambda real=real, name=name: (calls.append((name,)), real())[1])
+    strategy = td.distribute.MirroredStrategy(gpus(2), cross_device_ops=td.distribute.NcclAllReduce())
+    strategy.run(_all_reduce_step)
+    made = type(nccl.get_unique_id()).__name__
+    assert calls[:4] == [("groupStart",), ("rank", 0, 0, made), ("rank", 1, 1, made), ("groupEnd",)]
 
 
 @pytest.mark.gpus(2)

@@ -24,14 +24,14 @@ CHILD = Path(__file__).with_name("mpi_gpu_child.py")
 pytestmark = [pytest.mark.launches_mpi, pytest.mark.timeout(180)]
 
 
-def run(scenario: str, timeout: float = 90.0) -> tuple[dict[int, list], str]:
+def run(scenario: str, timeout: float = 90.0, gpus: int = 2) -> tuple[dict[int, list], str]:
     mpiexec = _mpiexec()
     assert mpiexec is not None
     with tempfile.TemporaryDirectory() as results, tempfile.TemporaryDirectory() as nccl_files:
         env = {
             **os.environ,
             "MPI_CHILD_RESULTS": results,
-            "TOWERDIST_SIMULATE_GPUS": "2",
+            "TOWERDIST_SIMULATE_GPUS": str(gpus),
             "TOWERDIST_SIMULATED_NCCL_DIR": nccl_files,
         }
         done = subprocess.run(
@@ -57,6 +57,17 @@ def test_workers_of_one_host_train_on_gpus_of_their_own_summing_with_nccl():
         # three SGD steps of lr 0.1 on the summed gradient 1 + 2 = 3
         assert outcome["w"] == pytest.approx([-0.9] * 4), outcome
         assert max(outcome["host_syncs"].values(), default=0) <= 2 * 2, outcome  # two steps
+
+
+def test_workers_with_two_gpus_each_reduce_on_the_right_gpus():
+    # Two GPUs per worker (4 on the host): in-process NCCL, then across the workers; the MEAN and
+    # the update on every replica's own GPU (the division's device: test_gpu.py, N4).
+    results, output = run("two_local_gpus", gpus=4)
+    for rank in (0, 1):
+        (outcome,) = results[rank]
+        assert outcome["gpus"] == [2 * rank, 2 * rank + 1], output
+        assert outcome["means"] == [[1.5, 1.5]] * 2, outcome  # (0 + 1 + 2 + 3) / 4
+        assert outcome["w"] == [[-6.0, -6.0]] * 2, outcome  # SGD(1.0) on the summed gradient 6
 
 
 def test_two_workers_forced_onto_one_gpu_get_a_clear_error_on_both():
