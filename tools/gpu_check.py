@@ -29,7 +29,7 @@ Stages (in order of value per second):
 * ``digits``: the main job (``examples/train_digits.py``) on the GPU against the CPU run:
   test accuracy (>= 0.95 and within 0.02) and every variable and slot on its GPU.
 * ``bench``: ``towerdist bench allreduce --gpus`` (algbw/busbw as nccl-tests) and ``bench run --gpus``.
-* ``test_gpu``: ``tests/test_gpu.py`` on the GPU(s).
+* ``test_gpu``: ``tests/test_gpu.py`` on the GPU(s), and ``tests/test_gpu_ordering.py`` (simulated GPUs only).
 
 On simulated GPUs every stage runs on numpy: the figures say nothing about GPUs (the
 summary is headed SIMULATED); the run checks that the stages and towerdist's GPU code
@@ -466,63 +466,53 @@ def stage_steps() -> None:
 
     cp = cupy_module()
     device = cp.cuda.Device(0)
+    train_digits = _train_digits()  # the main job's MLP and loss, for both variants
 
-    def params(sizes: tuple[int, ...]) -> list[Any]:
-        rng = np.random.default_rng(0)
-        out = []
-        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
-            out += [(rng.standard_normal((fan_in, fan_out)) * np.sqrt(2.0 / fan_in)).astype(np.float32),
-                    np.zeros(fan_out, np.float32)]  # fmt: skip
-        return out
+    class Held:
+        """An array standing where the model expects a variable (``.value()``): the plain-cupy variant."""
 
-    def gradients(values: list[Any], x: Any, onehot: Any) -> list[Any]:
-        n = len(values) // 2
-        inputs, h = [], x
-        for k in range(n):
-            inputs.append(h)
-            h = h @ values[2 * k] + values[2 * k + 1]
-            if k < n - 1:
-                h = h * (h > 0)
-        e = cp.exp(h - h.max(axis=1, keepdims=True))
-        d = (e / e.sum(axis=1, keepdims=True) - onehot) / np.float32(x.shape[0])
-        grads: list[Any] = [None] * (2 * n)
-        for k in reversed(range(n)):
-            grads[2 * k], grads[2 * k + 1] = inputs[k].T @ d, d.sum(axis=0)
-            if k:
-                d = (d @ values[2 * k].T) * (inputs[k] > 0)
-        return grads
+        def __init__(self, array: Any) -> None:
+            self.array = array
+
+        def value(self) -> Any:
+            return self.array
 
     def case(name: str, sizes: tuple[int, ...], batch: int, steps: int) -> None:
         with device:
             rng = np.random.default_rng(1)
             x = cp.asarray(rng.standard_normal((batch, sizes[0])).astype(np.float32))
-            onehot = cp.asarray(np.eye(sizes[-1], dtype=np.float32)[rng.integers(0, sizes[-1], batch)])
-            plain_vars = [cp.asarray(p) for p in params(sizes)]
-            plain_slots = [(cp.zeros_like(p), cp.zeros_like(p)) for p in plain_vars]
+            y = cp.asarray(rng.integers(0, sizes[-1], batch))
+            reference = train_digits.MLP(sizes, seed=0)  # host variables: their initial values
+            plain = train_digits.MLP.__new__(train_digits.MLP)
+            plain.kernels = [Held(cp.asarray(v.numpy())) for v in reference.kernels]
+            plain.biases = [Held(cp.asarray(v.numpy())) for v in reference.biases]
+            slots = [(cp.zeros_like(p.value()), cp.zeros_like(p.value())) for p in plain.parameters]
         count = [0]
 
-        def plain() -> None:  # Adam's arithmetic, as td.optimizers.Adam computes it
+        def gradients(model: Any) -> list[Any]:
+            logits, inputs = model.forward(x)
+            _, dlogits = train_digits.softmax_cross_entropy(logits, y)
+            return model.gradients(inputs, dlogits / batch)  # type: ignore[no-any-return]
+
+        def plain_step() -> None:  # Adam's arithmetic on bare cupy arrays
             count[0] += 1
             one, b1, b2, eps = np.float32(1), np.float32(0.9), np.float32(0.999), np.float32(1e-7)
             alpha = np.float32(1e-3) * np.sqrt(one - b2 ** np.float32(count[0])) / (one - b1 ** np.float32(count[0]))
             with device:
-                for i, g in enumerate(gradients(plain_vars, x, onehot)):
-                    m, v = plain_slots[i]
-                    m2 = (g - m) * (one - b1) + m
-                    v2 = (g * g - v) * (one - b2) + v
-                    plain_vars[i] = plain_vars[i] - m2 * alpha / (cp.sqrt(v2) + eps)
-                    plain_slots[i] = (m2, v2)
+                for i, (held, grad) in enumerate(zip(plain.parameters, gradients(plain))):
+                    m, v = slots[i]
+                    m = (grad - m) * (one - b1) + m
+                    v = (grad * grad - v) * (one - b2) + v
+                    held.array = held.array - m * alpha / (cp.sqrt(v) + eps)
+                    slots[i] = (m, v)
 
         strategy = td.distribute.MirroredStrategy(["GPU:0"])
         with strategy.scope():
-            variables = [td.Variable(p) for p in params(sizes)]
+            model = train_digits.MLP(sizes, seed=0)
             optimizer = td.optimizers.Adam(1e-3)
 
-        def replica_step(xb: Any, yb: Any) -> None:
-            optimizer.apply_gradients(zip(gradients([v.value() for v in variables], xb, yb), variables))
-
-        def mirrored() -> None:
-            strategy.run(replica_step, args=(x, onehot))
+        def mirrored_step() -> None:
+            strategy.run(lambda: optimizer.apply_gradients(zip(gradients(model), model.parameters)))
 
         def timed(fn: Callable[[], None]) -> float:
             for _ in range(3):
@@ -536,8 +526,8 @@ def stage_steps() -> None:
 
         rounds: dict[str, list[float]] = {"plain": [], "mirrored": []}
         for _ in range(3):
-            rounds["plain"].append(timed(plain))
-            rounds["mirrored"].append(timed(mirrored))
+            rounds["plain"].append(timed(plain_step))
+            rounds["mirrored"].append(timed(mirrored_step))
         p, m = statistics.median(rounds["plain"]), statistics.median(rounds["mirrored"])
         result(None, f"step, {name}", f"plain cupy {p:.3f} ms; MirroredStrategy(['GPU:0']) {m:.3f} ms; "
                f"ratio {m / p:.2f}x (medians of 3 rounds of {steps} steps)")  # fmt: skip
@@ -596,14 +586,14 @@ def stage_bench() -> None:
 
 
 def stage_test_gpu() -> None:
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", "tests/test_gpu.py"]
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", "tests/test_gpu.py", "tests/test_gpu_ordering.py"]
     if quick():
         args += ["-x"]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
     print(done.stdout[-20000:], done.stderr[-5000:])
     counts = re.findall(r"\d+ (?:passed|failed|skipped|errors?)", done.stdout)
     failures = [line for line in done.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
-    result(done.returncode == 0, "tests/test_gpu.py", ", ".join(counts) + ("; " + "; ".join(failures[:10]) if failures else ""))
+    result(done.returncode == 0, "tests/test_gpu.py and test_gpu_ordering.py", ", ".join(counts) + ("; " + "; ".join(failures[:10]) if failures else ""))
 
 
 def run_stage(name: str, quick_mode: bool) -> int:
