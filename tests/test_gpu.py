@@ -231,8 +231,11 @@ def test_optimizer_updates_keep_every_copy_and_slot_on_its_gpu(optimizer):
 
 
 @pytest.mark.gpus(2)
-def test_each_replica_updates_the_copies_on_its_own_gpu_on_its_own_thread():
-    # The optimizer update ran on one thread launching every GPU's kernels in turn.
+@pytest.mark.parametrize("size", [3, 1 << 21], ids=["small", "8 MiB (past the parallel-update threshold)"])
+def test_each_replica_updates_the_copies_on_its_own_gpu_on_its_own_thread(size):
+    # The optimizer update ran on one thread launching every GPU's kernels in turn; past the
+    # size where host updates are split over the parked threads, GPU updates were split too,
+    # onto threads and streams the step did not order.
     import threading
 
     launched = []
@@ -244,18 +247,22 @@ def test_each_replica_updates_the_copies_on_its_own_gpu_on_its_own_thread():
 
     strategy = td.distribute.MirroredStrategy(gpus(2))
     with strategy.scope():
-        w = td.Variable(np.zeros(3, np.float32))
+        w = td.Variable(np.zeros(size, np.float32))
+        v = td.Variable(np.zeros(size, np.float32))
         opt = RecordingSGD(0.5)
 
     def step():
         rid = td.distribute.get_replica_context().replica_id_in_sync_group
-        opt.apply_gradients([(td.ones([3]) * td.cast(rid + 1, td.float32), w)])
-        return w.value()  # this replica's copy, already updated when apply_gradients returns
+        grad = td.ones([size]) * td.cast(rid + 1, td.float32)
+        opt.apply_gradients([(grad, w), (grad * 2.0, v)])
+        return w.value(), v.value()  # this replica's copies, already updated when apply_gradients returns
 
     values = strategy.experimental_local_results(strategy.run(step))
-    assert sorted(launched) == [(0, threading.current_thread().name, 0), (1, "towerdist-replica-1", 1)]
-    for value in values:
-        np.testing.assert_array_equal(cupy_backend.xp.asnumpy(value), [-1.5] * 3)
+    me = threading.current_thread().name
+    assert sorted(launched) == [(0, me, 0), (0, me, 0), (1, "towerdist-replica-1", 1), (1, "towerdist-replica-1", 1)]
+    for w_value, v_value in values:
+        np.testing.assert_array_equal(cupy_backend.xp.asnumpy(w_value)[:3], [-1.5] * 3)
+        np.testing.assert_array_equal(cupy_backend.xp.asnumpy(v_value)[-3:], [-3.0] * 3)
     assert opt.iterations.numpy() == 1
 
 
@@ -375,6 +382,15 @@ def test_arithmetic_on_a_variable_of_other_gpus_runs_on_its_gpu_from_the_main_th
     assert [r.device.id for r in results] == [1] * len(results)
     np.testing.assert_allclose(cupy_backend.xp.asnumpy(results[0]), [2.0, 3.0])
     np.testing.assert_allclose(float(cupy_backend.xp.asnumpy(results[-1])), 5.0)
+
+
+@pytest.mark.gpus(1)
+def test_identity_of_strings_in_a_gpu_scope_stays_on_the_host():
+    # cupy holds numbers only: identity (e.g. inside a GPU replica) copies strings on the host, as TF.
+    strings = np.array(["a", "b"])
+    with td.device("GPU:0"):
+        copied = td.identity(strings)
+    assert isinstance(copied, np.ndarray) and copied is not strings and copied.tolist() == ["a", "b"]
 
 
 @pytest.mark.gpus(1)

@@ -71,3 +71,23 @@ def test_the_unique_id_reaches_every_worker_in_the_form_cupy_gave_it(made):
     # N1: the id was passed as tuple(list(uid)); cupy 14 returns and takes bytes only.
     received = shared_unique_id(_OneWorker(), _Nccl(made), "test")
     assert type(received) is type(made) and received == made
+
+
+def test_gpus_are_named_by_their_pci_address_where_cuda_tells_it():
+    # Processes isolated to one GPU each (a container per rank) all see it as index 0: the
+    # PCI address tells them apart, so each keeps its own instead of being refused.
+    buses = {0: 0x3B, 1: 0x5E}
+
+    def properties(index):
+        return {"pciDomainID": 0, "pciBusID": buses[index], "pciDeviceID": 0}
+
+    assert gpu_assignment.visible_gpu_names(2, properties) == ["pci:0000:3b:00", "pci:0000:5e:00"]
+    assert gpu_assignment.assign_gpus(1, [["pci:0000:3b:00"], ["pci:0000:5e:00"]]) == (0,)
+
+
+def test_without_pci_addresses_the_environment_names_the_gpus(monkeypatch):
+    def no_properties(index):
+        raise AttributeError("getDeviceProperties")
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert gpu_assignment.visible_gpu_names(2, no_properties) == ["0", "1"]

@@ -128,3 +128,122 @@ def test_nccl_runs_on_its_own_streams_and_the_callers_stream_follows():
     ((_, clique),) = ops._cliques.items()
     assert all(stream.ptr not in (0, 1, 2) for stream in clique.streams)
     assert [cupy_backend.xp.asnumpy(v).tolist() for v in strategy.experimental_local_results(result)] == [[3.0, 3.0]] * 2
+
+
+# With a stream per thread (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1, a mode .ci/run runs these
+# tests in) the hand-offs of a step must order every GPU, not only each replica's own: the
+# simulator raises on an unordered read, and real GPUs would read stale data.
+
+
+def test_a_callers_argument_on_another_gpu_is_ordered_before_the_replica_that_copies_it():
+    strategy = td.distribute.MirroredStrategy(every_gpu()[:2])
+    with td.device("GPU:0"):
+        made = td.ones([3]) * 2.0  # on the caller's stream of GPU 0
+
+    def step(x):
+        return td.identity(x)  # replica 1 copies it to GPU 1
+
+    copies = strategy.experimental_local_results(strategy.run(step, args=(made,)))
+    assert [c.device.id for c in copies] == [0, 1]
+    assert [cupy_backend.xp.asnumpy(c).tolist() for c in copies] == [[2.0] * 3] * 2
+
+
+def test_a_merge_result_on_another_gpu_is_ordered_before_the_replicas_that_read_it():
+    # Run as a TF 1.x sequential step (replica 0, then replica 1) so that replica 1 settles the
+    # round: its total lands on GPU 1 on its stream, and replica 0 (the caller) then copies it.
+    strategy = td.distribute.MirroredStrategy(every_gpu()[:2])
+
+    def merge(strategy, value):
+        return strategy.extended.reduce_to("sum", value, destinations="GPU:1")
+
+    def step():
+        rid = td.distribute.get_replica_context().replica_id_in_sync_group
+        total = td.distribute.get_replica_context().merge_call(merge, args=(td.ones([2]) * td.cast(rid + 1, td.float32),))
+        return td.identity(total)  # each replica copies the GPU-1 total to its own GPU
+
+    results = strategy.extended._call_for_each_replica(step, (), {}, sequential=True)
+    assert [r.device.id for r in strategy.experimental_local_results(results)] == [0, 1]
+    assert [cupy_backend.xp.asnumpy(r).tolist() for r in strategy.experimental_local_results(results)] == [[3.0, 3.0]] * 2
+
+
+def test_a_replicas_work_on_another_gpu_is_ordered_before_the_caller_reads_it():
+    strategy = td.distribute.MirroredStrategy(every_gpu()[:2])
+
+    def step():
+        rid = td.distribute.get_replica_context().replica_id_in_sync_group
+        with td.device("GPU:0"):  # replica 1 launches on GPU 0, on its own stream there
+            return td.ones([2]) * td.cast(rid + 10, td.float32)
+
+    results = strategy.experimental_local_results(strategy.run(step))
+    assert [r.device.id for r in results] == [0, 0]
+    assert [cupy_backend.xp.asnumpy(r).tolist() for r in results] == [[10.0, 10.0], [11.0, 11.0]]
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_taken_on_another_thread_is_ordered_before_the_step_that_uses_it():
+    import threading
+
+    strategy = td.distribute.MirroredStrategy(every_gpu()[:2])
+    iterator = iter(strategy.experimental_distribute_dataset(td.data.Dataset.from_tensor_slices(np.arange(8.0)).batch(4)))
+    taken = []
+    taker = threading.Thread(target=lambda: taken.append(next(iterator)))
+    taker.start()
+    taker.join(timeout=30)
+    assert not taker.is_alive() and len(taken) == 1
+    doubled = strategy.experimental_local_results(strategy.run(lambda x: x * 2.0, args=(taken[0],)))
+    assert [cupy_backend.xp.asnumpy(d).tolist() for d in doubled] == [[0.0, 2.0], [4.0, 6.0]]
+
+
+def test_arrays_kept_for_a_cross_gpu_copy_are_let_go_at_the_end_of_the_step():
+    # They were held until the next keep_alive call, possibly for ever (a model moved to
+    # another GPU stayed resident on the first).
+    from towerdist._src.backend import cupy_streams
+
+    class Later:
+        """An event still running when first asked (simulated events complete at once)."""
+
+        def __init__(self) -> None:
+            self.asked = 0
+
+        @property
+        def done(self) -> bool:
+            self.asked += 1
+            return self.asked > 1
+
+    real_keep_alive = cupy_streams.keep_alive
+    events = []
+
+    def keep_alive(event, arrays):
+        events.append(Later())
+        real_keep_alive(events[-1], arrays)
+
+    strategy = td.distribute.MirroredStrategy(every_gpu()[:2])
+    with td.device("GPU:0"):
+        source = td.ones([1024])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cupy_streams, "keep_alive", keep_alive)
+        strategy.run(lambda x: td.identity(x), args=(source,))  # replica 1 copies it from GPU 0
+    assert len(events) == 1 and events[0].asked >= 2  # asked when added (running), then at the step's end
+    assert len(cupy_streams._held._entries) == 0
+
+
+def test_a_cuda_error_while_a_replica_leaves_is_the_steps_error(monkeypatch):
+    # It killed the replica thread; run raised "replica threads ended without finishing".
+    import threading
+
+    from towerdist._src.backend import cupy_streams
+
+    strategy = td.distribute.MirroredStrategy(every_gpu()[:2])
+    real_mark = cupy_streams.mark
+
+    def mark(device_ids, own=None):
+        if threading.current_thread().name == "towerdist-replica-1":
+            raise RuntimeError("cudaErrorIllegalAddress (staged)")
+        return real_mark(device_ids, own)
+
+    monkeypatch.setattr(cupy_streams, "mark", mark)
+    with pytest.raises(RuntimeError, match="staged") as raised:
+        strategy.run(lambda: td.ones([2]))
+    assert any("replica 1" in note for note in getattr(raised.value, "__notes__", []))
+    monkeypatch.setattr(cupy_streams, "mark", real_mark)
+    assert len(strategy.experimental_local_results(strategy.run(lambda: td.ones([2])))) == 2

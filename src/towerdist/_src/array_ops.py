@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 _INT32 = np.iinfo(np.int32)
+_HOST_ONLY_KINDS = "OSUVMm"  # objects, strings, bytes, void, datetimes: cupy holds numbers only
 
 
 def _python_dtype(array: np.ndarray) -> Any:
@@ -124,8 +125,10 @@ def convert_to_tensor(value: Any, dtype: Any = None, dtype_hint: Any = None, nam
     """
     del name
     array = as_array(value, dtype, dtype_hint)
+    if type(array) is not np.ndarray or array.dtype.kind in _HOST_ONLY_KINDS:
+        return array
     here = device_lib.current()
-    if here is not None and here.device_type == "GPU" and type(array) is np.ndarray and array.dtype.kind not in "OSUVMm":
+    if here is not None and here.device_type == "GPU":
         return backend.for_device(here).to_device(array, here)
     return array
 
@@ -177,8 +180,8 @@ def identity(x: Any, name: str | None = None) -> Any:
     del name
     array = as_array(x)
     here = device_lib.current()
-    if here is None:
-        return backend.for_array(array).copy(array)
+    if here is None or (type(array) is np.ndarray and array.dtype.kind in _HOST_ONLY_KINDS):
+        return backend.for_array(array).copy(array)  # strings, objects, datetimes: host memory, as in TF
     impl = backend.for_device(here)
     moved = impl.to_device(array, here)
     return moved if moved is not array else impl.copy(moved, here)

@@ -12,6 +12,8 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from towerdist._src import backend
 
 __all__ = ["ArrayOperators", "binary", "unary"]
@@ -32,16 +34,20 @@ def binary(op: _Binary) -> tuple[_Binary, _Binary]:
     """The forward and reflected operator methods applying ``op`` to the operands' arrays.
 
     The work runs on the device of the object's array: a variable on GPU 1 read from the
-    main thread (whose current GPU is 0) computes on GPU 1.
+    main thread (whose current GPU is 0) computes on GPU 1. Host arrays go straight through.
     """
 
     def forward(self: ArrayOperators, other: Any) -> Any:
         mine = self._operand()
+        if type(mine) is np.ndarray:
+            return op(mine, _operand(other))
         with _on_device_of(mine):
             return op(mine, _operand(other))
 
     def backward(self: ArrayOperators, other: Any) -> Any:
         mine = self._operand()
+        if type(mine) is np.ndarray:
+            return op(_operand(other), mine)
         with _on_device_of(mine):
             return op(_operand(other), mine)
 
@@ -53,6 +59,8 @@ def unary(op: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
     def apply(self: ArrayOperators) -> Any:
         mine = self._operand()
+        if type(mine) is np.ndarray:
+            return op(mine)
         with _on_device_of(mine):
             return op(mine)
 
@@ -67,15 +75,26 @@ class ArrayOperators:
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         """numpy's and cupy's ufuncs (``np.sqrt(v)``, ``gpu_array * v``) applied to the array ``self`` stands for."""
-        mine = self._operand()
+        operands = []
+        mine = None
+        for x in inputs:
+            if x is self:
+                x = mine = self._operand()
+            elif isinstance(x, ArrayOperators):
+                x = x._operand()
+            operands.append(x)
+        if type(mine) is np.ndarray:
+            return getattr(ufunc, method)(*operands, **kwargs)
         with _on_device_of(mine):
-            return getattr(ufunc, method)(*(_operand(x) for x in inputs), **kwargs)
+            return getattr(ufunc, method)(*operands, **kwargs)
 
     def _operand(self) -> Any:
         raise NotImplementedError
 
     def __getitem__(self, key: Any) -> Any:
         mine = self._operand()
+        if type(mine) is np.ndarray:
+            return mine[_operand(key)]
         with _on_device_of(mine):
             return mine[_operand(key)]
 

@@ -21,8 +21,8 @@ value (``.get()``).
 * :func:`keep_alive` holds arrays until work on another stream that uses them has
   finished: cupy's memory pool hands a freed block straight back to the stream that
   allocated it, whose next allocation could overwrite it while the other stream still
-  reads it. Entries are released once their event has completed (checked with a
-  non-blocking query whenever a new one is added).
+  reads it. Entries are released once their event has completed (checked with
+  non-blocking queries whenever one is added, and at the end of every multi-GPU step).
 
 Everything here runs on the calling thread, in any context; it is a no-op for devices
 that are not GPUs. cupy is imported only through ``cupy_backend``.
@@ -37,7 +37,7 @@ from typing import Any
 
 from towerdist._src.backend import cupy_backend
 
-__all__ = ["Marks", "follow", "keep_alive", "mark", "record", "wait_for_stream"]
+__all__ = ["Marks", "follow", "keep_alive", "mark", "record", "release_finished", "wait_for_stream"]
 
 _LEGACY = 0  # the legacy null stream's pointer, as cupy passes it
 _PER_THREAD = 2  # cudaStreamPerThread: every thread's own default stream (a blocking stream)
@@ -63,8 +63,13 @@ class Marks:
         return f"<Marks of thread {self.thread}: {where}>"
 
 
-def mark(device_ids: Iterable[int]) -> Marks:
-    """Records where the calling thread's current stream of each GPU in ``device_ids`` stands."""
+def mark(device_ids: Iterable[int], own: int | None = None) -> Marks:
+    """Records where the calling thread's current stream of each GPU in ``device_ids`` stands.
+
+    A stream with nothing left to run needs no mark (whatever it ran has finished), except
+    on ``own`` (a replica's GPU), where a mark is recorded without asking: a thread has
+    work there almost always, and the query would cost as much as the event.
+    """
     cupy = cupy_backend._import()
     cuda = cupy.cuda
     points: dict[int, tuple[int, Any]] = {}
@@ -75,6 +80,8 @@ def mark(device_ids: Iterable[int]) -> Marks:
             points[device_id] = (ptr, None)
             continue
         with cuda.Device(device_id):
+            if device_id != own and stream.done:
+                continue
             event = cuda.Event(disable_timing=True)
             event.record(stream)
         points[device_id] = (ptr, event)
@@ -144,25 +151,27 @@ class _Held:
     def add(self, event: Any, arrays: Sequence[Any]) -> None:
         with self._lock:
             self._entries.append((event, arrays))
-            self._release_done()
+            self._release_finished(_SWEEP)
 
-    def __len__(self) -> int:
+    def release_finished(self) -> int:
+        """Lets go of every entry whose event has completed; returns how many are still held."""
         with self._lock:
-            self._release_done()
+            self._release_finished(len(self._entries))
             return len(self._entries)
 
-    def _release_done(self) -> None:
+    def _release_finished(self, looks: int) -> None:
         # Events complete in the order their streams run, not in the order they were added:
-        # look at a few from the front each time, so the list stays short without scanning it.
+        # look at up to ``looks`` entries from the front, keeping those still running.
         entries = self._entries
-        for _ in range(min(len(entries), 4)):
+        for _ in range(min(len(entries), looks)):
             event, arrays = entries[0]
-            if not event.done:
+            if event.done:
+                entries.popleft()
+            else:
                 entries.rotate(-1)
-                continue
-            entries.popleft()
 
 
+_SWEEP = 8  # entries looked at each time one is added: the list stays short without scanning it all
 _held = _Held()
 
 
@@ -172,11 +181,13 @@ def keep_alive(event: Any, arrays: Sequence[Any]) -> None:
     Use it when arrays allocated on one stream are read or written by work on another
     stream that the allocating stream is not ordered after: cupy's pool would otherwise
     hand their memory to the allocating stream's next allocation while that work runs.
+    The arrays are let go at the next ``keep_alive`` or :func:`release_finished` after the
+    event completed (the end of every multi-GPU ``strategy.run`` sweeps).
     """
     if arrays:
         _held.add(event, list(arrays))
 
 
-def held_count() -> int:
-    """How many groups of arrays are still held (for tests)."""
-    return len(_held)
+def release_finished() -> int:
+    """Lets go of the arrays whose events have completed; returns how many groups are still held."""
+    return _held.release_finished()

@@ -73,6 +73,8 @@ class Clique:
         self.comms = list(comms)
         self.what = what
         self.broken: str | None = None
+        self._aborted = False
+        self._abort_lock = threading.Lock()  # the watch thread and a collective may both abort
         self.streams = []
         for device_id in self.device_ids:
             with cuda.Device(device_id):
@@ -98,12 +100,16 @@ class Clique:
             )
 
     def abort(self, reason: str) -> None:
-        """Aborts every communicator (their queued work ends) and marks the clique broken."""
-        if self.broken is None:
-            self.broken = reason
-        for comm in self.comms:
-            with contextlib.suppress(Exception):  # an already aborted or destroyed communicator
-                comm.abort()
+        """Aborts every communicator (their queued work ends) and marks the clique broken; once."""
+        with self._abort_lock:
+            if self._aborted:
+                return
+            self._aborted = True
+            if self.broken is None:
+                self.broken = reason
+            for comm in self.comms:
+                with contextlib.suppress(Exception):  # a communicator NCCL had already torn down
+                    comm.abort()
 
     def finished(self, device_ids: Sequence[int] | None = None) -> None:
         """Records a "done" event on each stream, and makes the caller's current streams wait for it."""

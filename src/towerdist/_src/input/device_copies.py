@@ -10,8 +10,9 @@ they are ordered by CUDA events (``cupy_streams``), never by a host wait:
   the copy stream (the caller's stream follows the replicas' at the end of each
   ``strategy.run``);
 * a "ready" event is recorded after the copies; the thread that takes the step from the
-  iterator makes its streams wait for it (:meth:`Placed.hand_out`), and the replicas
-  follow that thread's streams at the start of ``strategy.run``.
+  iterator makes its streams wait for it (:meth:`Placed.hand_out`), and so does the thread
+  that calls ``strategy.run`` (:func:`follow_handed_out`); the replicas follow that
+  thread's streams at the start of the step.
 
 CPU devices need nothing: host memory serves every CPU replica.
 """
@@ -19,29 +20,51 @@ CPU devices need nothing: host memory serves every CPU replica.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from towerdist._src.backend import cupy_backend, cupy_streams
 from towerdist._src.device import DeviceSpec
 
-__all__ = ["DeviceCopier", "Placed"]
+__all__ = ["DeviceCopier", "Placed", "follow_handed_out"]
 
 
 class Placed:
     """One step's pieces, placed on their devices, and the events marking the copies' end."""
 
-    __slots__ = ("pieces", "ready")
+    __slots__ = ("copier", "pieces", "ready")
 
-    def __init__(self, pieces: list[Any], ready: cupy_streams.Marks | None) -> None:
+    def __init__(self, pieces: list[Any], ready: cupy_streams.Marks | None, copier: DeviceCopier | None = None) -> None:
         self.pieces = pieces
         self.ready = ready
+        self.copier = copier
 
     def hand_out(self) -> list[Any]:
-        """The pieces, once the calling thread's streams are ordered after their copies."""
+        """The pieces, once the calling thread's streams are ordered after their copies.
+
+        The copier remembers the marks too: ``strategy.run`` on another thread follows them
+        (:func:`follow_handed_out`).
+        """
         if self.ready is not None:
             cupy_streams.follow(self.ready)
+            if self.copier is not None:
+                self.copier.handed_out = self.ready
         return self.pieces
+
+
+_copiers: weakref.WeakSet[DeviceCopier] = weakref.WeakSet()
+
+
+def follow_handed_out() -> None:
+    """Orders the calling thread's streams after the copies of the latest step each iterator handed out.
+
+    ``strategy.run`` calls it: a step taken from the iterator on one thread may run on
+    another, whose streams the hand-out did not order (with a stream per thread). A copy
+    stream runs its copies in order, so the latest step's marks cover every earlier one.
+    """
+    for copier in list(_copiers):
+        cupy_streams.follow(copier.handed_out)
 
 
 class DeviceCopier:
@@ -49,6 +72,8 @@ class DeviceCopier:
 
     def __init__(self) -> None:
         self._streams: dict[int, Any] = {}
+        self.handed_out: cupy_streams.Marks | None = None  # the marks of the latest step handed out
+        _copiers.add(self)
 
     def place(
         self, pieces: Sequence[Any], devices: Sequence[DeviceSpec], place: Callable[[Any, DeviceSpec], Any], skip: Any
@@ -75,4 +100,4 @@ class DeviceCopier:
         for k, (piece, device) in enumerate(zip(pieces, devices)):
             if piece is not skip and device.device_type != "GPU":
                 placed[k] = place(piece, device)
-        return Placed(placed, cupy_streams.Marks(threading.get_ident(), points))
+        return Placed(placed, cupy_streams.Marks(threading.get_ident(), points), self)

@@ -302,6 +302,10 @@ class DistributedIterator:
         self._steps: Iterator[list[Any]] | None = None
         self._ahead: collections.deque[Placed] = collections.deque()
         self._copier = DeviceCopier()
+        options = source._options
+        self._to_gpus = (options.experimental_fetch_to_device or options.experimental_place_dataset_on_device) and any(
+            d.device_type == "GPU" for d in source._worker.devices
+        )
         self._error: Exception | None = None  # raised by the pipeline while reading ahead
         self._lock = threading.Lock()
         self._template: list[Any] | None = None
@@ -412,9 +416,8 @@ class DistributedIterator:
         close_iterator(steps)
 
     def _place(self, step: list[Any]) -> Placed:
-        options = self._source._options
-        if not (options.experimental_fetch_to_device or options.experimental_place_dataset_on_device):
-            return Placed(step, None)
+        if not self._to_gpus:
+            return Placed(step, None)  # host memory serves every CPU replica
         return self._copier.place(step, self._source._worker.devices, place_on_device, _MISSING)
 
     def _assemble(self, step: list[Any]) -> Any:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -57,6 +58,8 @@ from towerdist._src.errors import (
 from towerdist._src.multi_worker.mpi_runtime import World
 
 __all__ = ["Call", "Communicator"]
+
+_LOCAL_BYTES = 4096  # what one rank may contribute to ``local_allgather``
 
 logger = logging.getLogger("towerdist")
 
@@ -176,10 +179,20 @@ class Communicator:
                 warnings.warn(message, ReplicaStallWarning, stacklevel=4)
             time.sleep(_MAX_SLEEP_SECONDS if waited > _SPIN_SECONDS else _SHORT_SLEEP_SECONDS)
 
-    def local_allgather(self, value: Any) -> list[Any]:
-        """Every rank of this host's ``value`` (picklable), in local rank order; for set-up only (blocking)."""
-        gathered: list[Any] = self._local.allgather(value)
-        return gathered
+    def local_allgather(self, value: Any, timeout: float | None, warning: float | None) -> list[Any]:
+        """Every rank of this host's ``value`` (JSON-able, at most 4 KiB), in local rank order; for set-up only.
+
+        Bounded by ``timeout`` like the communicator's creation: a rank of this host that
+        never comes fails every other one with ``DeadlineExceededError``.
+        """
+        data = json.dumps(value).encode()
+        if len(data) > _LOCAL_BYTES:
+            raise ValueError(f"local_allgather() takes at most {_LOCAL_BYTES} bytes of JSON; got {len(data)}.")
+        mine = np.zeros(_LOCAL_BYTES, np.uint8)
+        mine[: len(data)] = np.frombuffer(data, np.uint8)
+        gathered = np.zeros((self.local_size, _LOCAL_BYTES), np.uint8)
+        self._await_creation(self._world, self._local.Iallgather(mine, gathered), timeout, warning)
+        return [json.loads(bytes(row).rstrip(b"\0").decode()) for row in gathered]
 
     @property
     def broken(self) -> str | None:

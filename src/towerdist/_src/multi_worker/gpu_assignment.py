@@ -4,10 +4,11 @@ NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU detected")
 workers started on one host (``mpiexec -n 2 python train.py`` on a 2-GPU machine) must not
 all take GPU 0, as each did when every worker used every GPU it could see. The workers of
 a host (MPI's shared-memory split, ``Communicator.local_rank``/``local_size``) compare the
-GPUs they see, named by ``CUDA_VISIBLE_DEVICES`` where it is set (else by index):
+GPUs they see, named by their PCI address (else by ``CUDA_VISIBLE_DEVICES``' entries, else
+by index):
 
 * every worker sees different GPUs (``CUDA_VISIBLE_DEVICES`` set per rank, as TensorFlow
-  expects): each uses all of its own;
+  expects, or a container per rank): each uses all of its own;
 * every worker sees the same GPUs: they are split in contiguous blocks by local rank
   (``GPU:0`` for local rank 0, ``GPU:1`` for local rank 1, ... as Horovod and PyTorch DDP
   place them), ``visible // local_size`` GPUs each (the rest unused);
@@ -23,15 +24,30 @@ import collections
 import logging
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 __all__ = ["assign_gpus", "visible_gpu_names"]
 
 logger = logging.getLogger("towerdist")
 
 
-def visible_gpu_names(count: int) -> list[str]:
-    """What the ``count`` GPUs this process sees are called host-wide: ``CUDA_VISIBLE_DEVICES``' entries, else their indices."""
+def visible_gpu_names(count: int, properties: Callable[[int], dict[str, Any]] | None = None) -> list[str]:
+    """Host-wide names of the ``count`` GPUs this process sees.
+
+    A GPU's PCI address (``pci:<domain>:<bus>:<device>``, from ``properties(i)``, cupy's
+    ``cudaGetDeviceProperties``) names it on the host whatever each process's numbering;
+    without it, ``CUDA_VISIBLE_DEVICES``' entries, else the indices.
+    """
+    if properties is not None:
+        try:
+            names = []
+            for index in range(count):
+                found = properties(index)
+                names.append(f"pci:{found['pciDomainID']:04x}:{found['pciBusID']:02x}:{found['pciDeviceID']:02x}")
+            return names
+        except Exception:  # noqa: S110  (no properties here, e.g. simulated GPUs: the environment's names)
+            pass
     listed = [entry.strip() for entry in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if entry.strip()]
     if len(listed) >= count:
         return listed[:count]

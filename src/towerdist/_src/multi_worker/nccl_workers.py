@@ -17,10 +17,10 @@ Written to the rules of ``reference/cupy.md``:
   after the caller's stream by an event; the caller's stream waits for its "done" event:
   the host does not wait;
 * the work in flight is watched by a background thread (:class:`_Watch`): an asynchronous
-  NCCL error, or a collective still running ``timeout`` seconds after it started (a peer or
-  a link stalled), aborts the communicator (which ends the stalled work, so nothing waits
-  forever for it) and marks the workers' communication broken, as for MPI; the next
-  collective raises.
+  NCCL error, or a collective still running ``timeout`` seconds after its stream reached it
+  (a peer or a link stalled), aborts the communicator (which ends the stalled work, so
+  nothing waits forever for it) and marks the workers' communication broken, as for MPI;
+  the next collective raises.
 """
 
 from __future__ import annotations
@@ -107,41 +107,66 @@ class NcclWorkers:
         """
         communicator = self._workers.communicator
         assert communicator is not None
-        signature = ", ".join(f"{b.dtype}[{b.size}]" for b in buffers)
-        communicator.agree(Call(api, "SUM over NCCL", signature), timeout, warning)
-        cuda = cupy_backend._import().cuda
         nccl = self._nccl
         clique = self._clique
         index = self._device_index
+        # A communicator known to be broken refuses before the handshake: the other workers
+        # then wait in MPI (bounded, with a diagnosis), never in NCCL work that cannot end.
+        self._watch.raise_if_failed(api)
         with nccl_cliques.gpus_locked([index]):
-            self._watch.raise_if_failed(api)
-            clique.check(api)
+            self._check(api)
+        signature = ", ".join(f"{b.dtype}[{b.size}]" for b in buffers)
+        communicator.agree(Call(api, "SUM over NCCL", signature), timeout, warning)
+        cuda = cupy_backend._import().cuda
+        with nccl_cliques.gpus_locked([index]):
+            self._check(api)  # (an asynchronous error found meanwhile)
             stream = clique.streams[0]
             with cuda.Device(index):
                 cupy_streams.wait_for_stream(stream, index, cuda.get_current_stream(), index)
+                # Completes when the stream reaches the collective: its timeout counts from there,
+                # not from now (the caller's queued work may take longer than the timeout).
+                started = cupy_streams.record(stream, index)
                 for buffer in buffers:
                     count = buffer.size * (2 if buffer.dtype.kind == "c" else 1)
                     kind = getattr(nccl, NCCL_DTYPES[buffer.dtype.name])
                     clique.comms[0].allReduce(buffer.data.ptr, buffer.data.ptr, count, kind, nccl.NCCL_SUM, stream.ptr)
             clique.finished()
-            self._watch.add(clique.last_done[0], api, timeout)
+            self._watch.add(started, clique.last_done[0], api, timeout)
+
+
+    def _check(self, api: str) -> None:
+        """``Clique.check``, and a failure breaks the workers' communication (as the watch's do)."""
+        try:
+            self._clique.check(api)
+        except UnavailableError:
+            communicator = self._workers.communicator
+            if communicator is not None and self._clique.broken is not None:
+                communicator.mark_broken(self._clique.broken)
+            raise
 
 
 class _Watch:
-    """Watches the workers' NCCL collectives in flight from a background thread (see the module doc)."""
+    """Watches the workers' NCCL collectives in flight from a background thread (see the module doc).
+
+    A collective's timeout counts from the moment its stream reaches it (its "started"
+    event completes), not from the host's launch: the GPU may still be busy with the
+    caller's earlier work. The watch takes the GPU's launch lock for each look, so it never
+    checks or aborts the communicator while a collective is being launched.
+    """
 
     def __init__(self, clique: Clique, workers: Workers) -> None:
         self._clique = clique
         self._workers = workers
         self._lock = threading.Lock()
-        self._pending: list[tuple[Any, str, float | None, float]] = []  # (done event, api, timeout, start)
+        # (started event, done event, api, timeout, when the stream reached it or None)
+        self._pending: list[tuple[Any, Any, str, float | None, float | None]] = []
         self._failure: str | None = None
         self._thread: threading.Thread | None = None
 
-    def add(self, done: Any, api: str, timeout: float | None) -> None:
+    def add(self, started: Any, done: Any, api: str, timeout: float | None) -> None:
         with self._lock:
-            self._pending.append((done, api, timeout, time.monotonic()))
-            if self._thread is None:
+            self._pending.append((started, done, api, timeout, None))
+            if self._thread is None and self._failure is None:
                 self._thread = threading.Thread(target=self._run, name="towerdist-nccl-watch", daemon=True)
                 self._thread.start()
 
@@ -159,43 +184,47 @@ class _Watch:
 
     def _run(self) -> None:
         while True:
-            with self._lock:
-                self._check()
+            with nccl_cliques.gpus_locked(self._clique.device_ids), self._lock:
+                try:
+                    self._check()
+                except Exception as error:  # a CUDA error while looking: the communicator cannot be trusted
+                    self._fail(f"watching the NCCL collectives failed ({type(error).__name__}: {error})")
                 if not self._pending or self._failure is not None:
                     self._thread = None
                     return
-                shortest = min((t for _, _, t, _ in self._pending if t is not None), default=None)
+                shortest = min((t for _, _, _, t, _ in self._pending if t is not None), default=None)
             # A poll interval (not a synchronisation): a tenth of the shortest timeout, at most 50 ms.
             time.sleep(0.05 if shortest is None else min(0.05, max(shortest / 10, 0.001)))
 
     def _check(self) -> None:
-        """One look at the collectives in flight (the lock is held)."""
+        """One look at the collectives in flight (the locks are held)."""
         clique = self._clique
         now = time.monotonic()
-        still: list[tuple[Any, str, float | None, float]] = []
-        reason = None
-        for done, api, timeout, start in self._pending:
+        still: list[tuple[Any, Any, str, float | None, float | None]] = []
+        for started, done, api, timeout, began in self._pending:
             if done.done:
                 continue
-            if timeout is not None and now - start > timeout:
-                reason = (
+            if began is None and started.done:
+                began = now
+            if timeout is not None and began is not None and now - began > timeout:
+                self._fail(
                     f"{api} did not complete within {timeout:g} s in NCCL between the workers: every worker had "
                     f"arrived, but the GPU all-reduce on GPU:{clique.device_ids[0]} of worker {self._workers.rank} "
                     f"stalled (a peer or a link)"
                 )
-                break
-            still.append((done, api, timeout, start))
-        if reason is None:
-            try:
-                clique.comms[0].check_async_error()
-            except Exception as error:  # cupy's NcclError
-                reason = f"NCCL reported an asynchronous error on GPU:{clique.device_ids[0]}: {error}"
-        if reason is None:
-            self._pending = still
+                return
+            still.append((started, done, api, timeout, began))
+        try:
+            clique.comms[0].check_async_error()
+        except Exception as error:  # cupy's NcclError
+            self._fail(f"NCCL reported an asynchronous error on GPU:{clique.device_ids[0]}: {error}")
             return
+        self._pending = still
+
+    def _fail(self, reason: str) -> None:
         self._failure = reason
         self._pending = []
-        clique.abort(reason)  # ends the stalled work: nothing waits forever for it
+        self._clique.abort(reason)  # ends the stalled work: nothing waits forever for it
         communicator = self._workers.communicator
         if communicator is not None:
             communicator.mark_broken(reason)

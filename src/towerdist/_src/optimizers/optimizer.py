@@ -391,11 +391,13 @@ class Optimizer:
 
         Inside a ``merge_fn`` the replicas parked at the barrier can take shares; the work
         is memory-bound, so it is split by bytes (the largest variables first, each to the
-        lightest share) once it is large enough to repay a thread's wake-up.
+        lightest share) once it is large enough to repay a thread's wake-up. Host memory
+        only: GPU work is not bound by the host's memory, and a parked replica's thread
+        would launch on other GPUs' copies, on streams the step does not order.
         """
         everything = list(range(len(plans)))
         parts = parallel.max_parts()
-        if parts <= 1:
+        if parts <= 1 or any(plan.components[0]._impl is not _HOST for plan in plans):
             return [everything]
         sizes = [plan.components[0]._array.nbytes for plan in plans]
         if sum(sizes) * self._cost_per_byte < _PARALLEL_MIN_BYTES:

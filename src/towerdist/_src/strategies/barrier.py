@@ -46,13 +46,16 @@ thread), signal handlers are held until the message in hand has been acted on
 
 **Streams.** On GPUs, work changes threads at four points, and each is ordered on the GPU
 by CUDA events (``backend/cupy_streams.py``), never by a host wait: the caller marks its
-streams before posting ``RUN`` and each replica's stream follows that mark
-(``caller_marks``); a replica marks its stream as it arrives at the barrier and the
-settler's streams follow every replica's mark before the round's function runs; the
+streams before posting ``RUN`` and each replica's streams follow that mark
+(``caller_marks``); a replica marks its streams as it arrives at the barrier and the
+settler's streams follow every replica's marks before the round's function runs; the
 settler marks its streams after it and the released replicas follow (``_round_marks``);
-each replica thread marks its stream as it leaves and the caller's streams follow all of
-them before ``run`` returns (``follow_replicas``, also after a failure). A mark on the
-legacy null stream records nothing: CUDA orders that stream with every blocking stream.
+each replica thread marks its streams as it leaves and the caller's streams follow all of
+them before ``run`` returns (``follow_replicas``, also after a failure). Marks cover every
+GPU of the step (a replica may work on another GPU in a ``td.device`` scope, a caller's
+argument or a ``merge_fn``'s result may live on another GPU): a stream of another GPU with
+nothing left to run needs no event. A mark on the legacy null stream records nothing:
+CUDA orders that stream with every blocking stream.
 
 **Timing.** ``round_started`` is set when the first replica *parks* in a round (a replica
 that returned waits for nobody, so a replica computing longer than returned ones is never
@@ -177,9 +180,7 @@ class Step:
         self._round_marks: cupy_streams.Marks | None = None  # the settler's streams after the round's function
         if self.orders_streams:
             self.gpu_ids = tuple(sorted({d.device_index for d in devices if d.device_type == "GPU"}))
-            self._own_gpus: list[tuple[int, ...] | None] = [
-                (d.device_index,) if d.device_type == "GPU" else None for d in devices
-            ]
+            self._own_gpu: list[int | None] = [d.device_index if d.device_type == "GPU" else None for d in devices]
             self._arrival_marks: list[cupy_streams.Marks | None] = [None] * n
             self._end_marks: list[cupy_streams.Marks | None] = [None] * n
         self.fn = fn
@@ -288,7 +289,7 @@ class Step:
                 self._await_turn(i)
             with device_lib.activate(self.devices[i]):  # a GPU replica launches on its own GPU
                 if self.orders_streams:
-                    cupy_streams.follow(self.caller_marks, self._own_gpus[i])  # what the caller made for it
+                    cupy_streams.follow(self.caller_marks)  # what the caller made for it, on any GPU
                 if _profiler.active:
                     _profiler.name_replica_thread(i, self.devices[i])
                     with _profiler.Span(f"run: {name_of(self.fn)}", {"replica": i}):
@@ -309,7 +310,10 @@ class Step:
         finally:
             state.restore(saved)
             if self.orders_streams:  # whatever this replica launched, before the caller reads it
-                self._end_marks[i] = cupy_streams.mark(self._own_gpus[i] or self.gpu_ids)
+                try:
+                    self._end_marks[i] = cupy_streams.mark(self.gpu_ids, self._own_gpu[i])
+                except Exception as error:  # a CUDA error (e.g. a sticky one): the step's, not the thread's
+                    self.fail(error, ("replica", i))
             self._exit(i)
 
     def meet(self, i: int, request: MergeRequest | CollectiveRequest) -> Any:
@@ -321,7 +325,7 @@ class Step:
         """
         try:
             if self.orders_streams:  # what this replica launched, before the settler's streams read it
-                self._arrival_marks[i] = cupy_streams.mark(self._own_gpus[i] or self.gpu_ids)
+                self._arrival_marks[i] = cupy_streams.mark(self.gpu_ids, self._own_gpu[i])
             with self._lock:
                 if self._failure is not None:
                     raise StopReplica
@@ -339,7 +343,7 @@ class Step:
                     with _profiler.Span("wait at merge_call", {"api": request.api, "waiting_for": pending}):
                         part = self._park(i)
                 if self.orders_streams:  # what the round's function launched, before this replica reads it
-                    cupy_streams.follow(self._round_marks, self._own_gpus[i])
+                    cupy_streams.follow(self._round_marks)
             else:
                 error, requests = outcome
                 if error is not None:
@@ -462,8 +466,8 @@ class Step:
         try:
             with device_lib.activate(state.devices[-1] if state.devices else None):
                 if self.orders_streams:  # what each replica launched before it arrived
-                    for r, marks in enumerate(self._arrival_marks):
-                        cupy_streams.follow(marks, self._own_gpus[r])
+                    for marks in self._arrival_marks:
+                        cupy_streams.follow(marks)
                 if _profiler.active:
                     first = requests[0]
                     with _profiler.Span(f"merge_fn: {first.api}", {"call": first.describe(), "replica": i}):
@@ -517,9 +521,13 @@ class Step:
             self.done.put(True)
 
     def follow_replicas(self) -> None:
-        """Orders the calling thread's streams after what every replica thread launched (the caller, at the end)."""
-        for r, marks in enumerate(self._end_marks):
-            cupy_streams.follow(marks, self._own_gpus[r])
+        """Orders the calling thread's streams after what every replica thread launched (the caller, at the end).
+
+        Also lets go of arrays kept alive for other streams' work that has finished since.
+        """
+        for marks in self._end_marks:
+            cupy_streams.follow(marks)
+        cupy_streams.release_finished()
 
     # --- waiting and watching -----------------------------------------------------------------
 

@@ -118,7 +118,8 @@ class MultiWorkerExtended(MirroredExtended):
         self._workers = Workers(communication_options)
         self._cluster_resolver = resolve_for_mpi(cluster_resolver, self._workers.rank, self._workers.size)
         config.mark_initialized("MultiWorkerMirroredStrategy()")
-        super().__init__(container_strategy, self._this_workers_gpus() if devices is None else devices, None)
+        gpus = self._this_workers_gpus()  # collective over this host's workers: called whatever `devices` is
+        super().__init__(container_strategy, gpus if devices is None else devices, None)
         self._mw_init_args = (devices, cluster_resolver, communication_options)
         self._nccl: NcclWorkers | None = None
 
@@ -127,13 +128,19 @@ class MultiWorkerExtended(MirroredExtended):
     def _this_workers_gpus(self) -> list[str] | None:
         """This worker's GPUs when there are several workers (``gpu_assignment.py``); None: the default devices.
 
-        Collective over the workers of this host: every one of them takes part, GPUs or not.
+        Collective over the workers of this host (bounded by the strategy's timeout): every
+        one of them takes part, GPUs or not, devices passed explicitly or not.
         """
         communicator = self._workers.communicator
         if communicator is None:
             return None
         gpus = config.local_devices("GPU")
-        everyone = communicator.local_allgather(gpu_assignment.visible_gpu_names(len(gpus)))
+
+        def properties(index: int) -> Any:
+            return backend.cupy_backend.xp.cuda.runtime.getDeviceProperties(index)
+
+        names = gpu_assignment.visible_gpu_names(len(gpus), properties if gpus else None)
+        everyone = communicator.local_allgather(names, *self._workers.bounds(None))
         if not gpus:
             return None
         return [gpus[index].short_name for index in gpu_assignment.assign_gpus(communicator.local_rank, everyone)]

@@ -50,6 +50,7 @@ from towerdist._src import intra_op_threads, parallel, waiting
 from towerdist._src import profiler as _profiler
 from towerdist._src.backend import cupy_streams
 from towerdist._src.device import DeviceSpec
+from towerdist._src.input import device_copies
 from towerdist._src.mailbox import RUN, SHUTDOWN, TASK
 from towerdist._src.strategies import watchdog
 from towerdist._src.strategies.barrier import Step, StopReplica
@@ -204,6 +205,8 @@ class ReplicaScheduler:
         ``sequential``, the replicas take turns between barriers instead of running at once.
         """
         strategy = self._strategy_ref()
+        if self._on_gpus:  # inputs an iterator copied to the GPUs, whichever thread took them
+            device_copies.follow_handed_out()
         if len(self._devices) == 1:
             return self._run_here(strategy, fn, args, kwargs, make_context)
         begin = _profiler.now() if _profiler.active else 0  # the caller's step, on its track
