@@ -68,11 +68,6 @@ EXCLUDED = {
         "turns Slurm's node list into gRPC server addresses and ports; under Slurm start the workers with "
         "srun --mpi=pmi2 or mpiexec and MPIClusterResolver takes the ranks from MPI"
     ),
-    "distribute.experimental.PreemptionCheckpointHandler": (
-        "needs TensorFlow's coordination service across workers to agree on a preemption step"
-    ),
-    "distribute.experimental.PreemptionWatcher": "needs TensorFlow's coordination service across workers",
-    "distribute.experimental.TerminationConfig": "configures PreemptionCheckpointHandler, which is excluded",
     "StrategyExtended.experimental_run_steps_on_iterator": (
         "TF 1.x graph-mode step loop (MultiStepContext) for Estimator and TPUs; needs graphs"
     ),

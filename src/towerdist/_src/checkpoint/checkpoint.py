@@ -108,6 +108,16 @@ class Checkpoint:
             self._save_counter = creation.plain_variable(spec, HOST, None)
         return self._save_counter
 
+    def _tracked(self, name: str) -> Any:
+        """The object saved under ``name``, or None."""
+        return self._objects.get(name)
+
+    def _track(self, name: str, value: Any) -> None:
+        """Saves ``value`` under ``name`` from now on (TensorFlow tracks attributes assigned after construction)."""
+        if name in self._objects or name == _SAVE_COUNTER or not graph.is_trackable(value):
+            raise ValueError(f"Checkpoint: cannot track {value!r} as {name!r}.")
+        self._objects[name] = value
+
     def _checkpoint_dependencies(self) -> list[tuple[str, Any]]:
         return [*self._objects.items(), (_SAVE_COUNTER, self.save_counter)]
 

@@ -59,12 +59,13 @@ from towerdist._src.multi_worker.mpi_runtime import World
 
 __all__ = ["Call", "Communicator"]
 
+_count_nonzero = np.count_nonzero
 _LOCAL_BYTES = 4096  # what one rank may contribute to ``local_allgather``
 
 logger = logging.getLogger("towerdist")
 
-# Header fields (int64).
-_MAGIC, _SEQ, _API, _OP, _DIGEST, _EXTRA, _STATUS = range(7)
+# Header fields (int64). ``_NOTICE`` carries ``Communicator.notice``; it is not compared.
+_MAGIC, _SEQ, _API, _OP, _DIGEST, _EXTRA, _STATUS, _NOTICE = range(8)
 _HEADER = 8
 _MAGIC_VALUE = 0x7D157_0001
 _OK, _TIMED_OUT, _ABSENT = 0, 1, 2
@@ -121,6 +122,11 @@ class Communicator:
     waits for every rank to leave: a rank still waiting in a collective this one will never
     join learns it (``AbortedError``) instead of waiting forever.
 
+    Every handshake also carries each rank's ``notice`` (a number a rank announces, e.g. the
+    step at which ``PreemptionCheckpointHandler`` saves): ``agreed_notice`` is the largest
+    notice any rank has sent so far, learnt by every rank at the same collective, at no
+    extra cost.
+
     Args:
       world: the MPI job (``mpi_runtime.world()``).
       timeout, warning: bounds in seconds for creating the duplicate (None: no bound).
@@ -141,6 +147,9 @@ class Communicator:
         self._header = np.zeros(_HEADER, np.int64)
         self._table = np.zeros((self.size, _HEADER), np.int64)
         self._rows = list(self._table)  # each rank's row, a view
+        self._notices = self._table[:, _NOTICE]  # a view: every rank's notice in the latest handshake
+        self.notice = 0
+        self.agreed_notice = 0
         self._status = world.MPI.Status()
         # The ranks of this host (MPI's shared-memory split): they share its cores and GPUs.
         # Every rank has created the duplicate above (a bounded wait), so this finds them all.
@@ -193,6 +202,11 @@ class Communicator:
         gathered = np.zeros((self.local_size, _LOCAL_BYTES), np.uint8)
         self._await_creation(self._world, self._local.Iallgather(mine, gathered), timeout, warning)
         return [json.loads(bytes(row).rstrip(b"\0").decode()) for row in gathered]
+
+    @property
+    def seq(self) -> int:
+        """How many collectives this communicator has begun (the same on every rank between collectives)."""
+        return self._seq
 
     @property
     def broken(self) -> str | None:
@@ -255,12 +269,16 @@ class Communicator:
         seq = self._seq
         self._seq += 1
         header = self._header
-        header[:] = (_MAGIC_VALUE, seq, _code(call.api), _code(call.op), _code(call.signature), call.extra, _OK, 0)
+        header[:] = (
+            _MAGIC_VALUE, seq, _code(call.api), _code(call.op), _code(call.signature), call.extra, _OK, self.notice
+        )  # fmt: skip
         if self.rank == 0:
             table = self._gather_headers(call, seq, timeout, warning)
         else:
             table = self._await_table(call, seq, timeout, warning)
         self._check(table, call, seq, timeout)
+        if _count_nonzero(self._notices):  # ~0.2 µs; a notice is rare
+            self.agreed_notice = max(self.agreed_notice, int(self._notices.max()))
         return table
 
     def _gather_headers(self, call: Call, seq: int, timeout: float | None, warning: float | None) -> np.ndarray:
