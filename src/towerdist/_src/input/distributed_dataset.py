@@ -160,7 +160,7 @@ class DistributedDataset(_DistributedInput):
         self._source = as_dataset(dataset, api)
         n = worker.num_replicas_in_sync
         self._sizes: list[int] | None = None
-        self._mode = ShardMode.ALL
+        self._mode = ShardMode.DATA
         self._sharded = self._source
         if n == 1:
             return
@@ -169,12 +169,13 @@ class DistributedDataset(_DistributedInput):
             raise _needs_batch(n)
         policy = self._source.options().experimental_distribute.auto_shard_policy
         self._sharded, self._mode = auto_shard(self._source, worker.num_workers, worker.worker_index, policy)
-        if policy == options_lib.AutoShardPolicy.OFF:
+        if self._mode is ShardMode.OWN:
+            # TensorFlow re-batches the worker's own stream by its rotation of the sizes when
+            # it can see the batch size; otherwise each batch is split over every replica and
+            # the worker feeds all the pieces, its replicas in turn.
             batch = compute_batch_size(self._source)
             if batch is not None and batch > 0:
                 self._sizes = batch_sizes_for_worker(batch, worker.num_workers, worker.num_local, worker.worker_index)
-            else:  # batch size unknown: every worker splits every batch over all replicas and feeds each piece
-                self._mode = ShardMode.OWN
 
     @property
     def cardinality(self) -> int:
