@@ -364,6 +364,14 @@ class DistributedIterator:
 
     # --- internals -------------------------------------------------------------------------
 
+    def _restart(self) -> None:
+        """Ends the current pass (stopping its read-ahead); the next call starts a new one."""
+        with self._lock:
+            self._finish()
+            self._steps = None
+            self._error = None
+            self._template = None
+
     def _step(self) -> list[Any] | None:
         if _profiler.active:
             with _profiler.Span("input: next step"):
