@@ -510,6 +510,67 @@ def test_get_next_as_optional_drives_a_while_loop_over_the_data(mirrored_2cpu):
     assert seen == [[[0], [1]], [[2], [3]], [[4], [5]]]
 
 
+def _spec(shape: tuple[int | None, ...], dtype: str) -> td.TensorSpec:
+    return td.TensorSpec(shape, getattr(td, dtype))
+
+
+def _per_replica(*shapes: tuple[int | None, ...], dtype: str) -> PerReplicaSpec:
+    return PerReplicaSpec(*(_spec(shape, dtype) for shape in shapes))
+
+
+# TF 2.21, ({"a": [1, 2, 3, 4, 5]}, [5., 6., 7., 8., 9.]).batch(4): get_next_as_optional().element_spec
+# of the first step, the partial second step, and the empty third.
+TF_OPTIONAL_SPECS = {
+    "mirrored_2cpu": [
+        ({"a": _per_replica((2,), (2,), dtype="int32")}, _per_replica((2,), (2,), dtype="float32")),
+        ({"a": _per_replica((1,), (0,), dtype="int32")}, _per_replica((1,), (0,), dtype="float32")),
+        ({"a": _per_replica((None,), (None,), dtype="int32")}, _per_replica((None,), (None,), dtype="float32")),
+    ],
+    "one_device_cpu": [
+        ({"a": _spec((4,), "int32")}, _spec((4,), "float32")),
+        ({"a": _spec((1,), "int32")}, _spec((1,), "float32")),
+        ({"a": _spec((None,), "int32")}, _spec((None,), "float32")),
+    ],
+}
+
+
+@pytest.mark.parametrize("strategy_name", list(TF_OPTIONAL_SPECS))
+def test_get_next_as_optional_element_spec_describes_the_pieces(request, strategy_name):
+    strategy = request.getfixturevalue(strategy_name)
+    features = {"a": np.array([1, 2, 3, 4, 5], np.int32)}
+    labels = np.array([5.0, 6.0, 7.0, 8.0, 9.0], np.float32)
+    dataset = td.data.Dataset.from_tensor_slices((features, labels)).batch(4)
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+
+    optionals = [iterator.get_next_as_optional() for _ in range(3)]
+
+    assert [bool(o.has_value()) for o in optionals] == [True, True, False]
+    assert [o.element_spec for o in optionals] == TF_OPTIONAL_SPECS[strategy_name]
+    assert optionals[2].element_spec == iterator.element_spec  # an empty one: the iterator's
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        # TF 2.21 on 2 replicas: batch 3 of range(8), and batch 4 with drop_remainder.
+        (lambda: td.data.Dataset.range(8).batch(3), _per_replica((2,), (1,), dtype="int64")),
+        (lambda: td.data.Dataset.range(8).batch(4, drop_remainder=True), _per_replica((2,), (2,), dtype="int64")),
+    ],
+    ids=["batch3", "drop_remainder"],
+)
+def test_get_next_as_optional_element_spec_has_each_pieces_shape(mirrored_2cpu, make, expected):
+    iterator = iter(mirrored_2cpu.experimental_distribute_dataset(make()))
+    assert iterator.get_next_as_optional().element_spec == expected
+
+
+def test_get_next_as_optional_element_spec_from_a_function(mirrored_2cpu):
+    # TF 2.21: whole batches of 3 per replica; the empty dataset's optional has the iterator's spec.
+    dist = mirrored_2cpu.distribute_datasets_from_function(lambda ctx: td.data.Dataset.range(8).batch(3))
+    assert iter(dist).get_next_as_optional().element_spec == _per_replica((3,), (3,), dtype="int64")
+    empty = mirrored_2cpu.experimental_distribute_dataset(td.data.Dataset.range(0).batch(3))
+    assert iter(empty).get_next_as_optional().element_spec == _per_replica((None,), (None,), dtype="int64")
+
+
 def test_empty_dataset_optional_is_empty_and_get_next_raises(mirrored_2cpu):
     dist = mirrored_2cpu.experimental_distribute_dataset(td.data.Dataset.range(0).batch(2))
     assert list(dist) == []

@@ -377,19 +377,196 @@ def test_iterating_an_unfilled_shard_hint_is_invalid():
         list(dataset.as_numpy_iterator())
 
 
+# TensorFlow's re-batch under FILE (and HINT) sharding: each worker cycles through its rotated
+# list of per-replica sizes across its own batches; only DATA sharding splits batch by batch.
+
+
+class FixedCounts:
+    """The workers' agreement on who still has data, for workers whose step counts are known."""
+
+    def __init__(self, counts: list[int]) -> None:
+        self.counts = counts
+        self.step = 0
+
+    def __call__(self, has_data: bool) -> list[bool]:
+        flags = [self.step < count for count in self.counts]
+        self.step += 1
+        return flags
+
+
+def lockstep_sizes(dataset: Any, num_workers: int, num_local: int) -> list[list[list[int]]]:
+    """Each worker's piece sizes per step, the workers kept in step (out of data: empty pieces)."""
+    counts = [len(steps) for steps in worker_steps(dataset, num_workers, num_local)]
+    strategy = mirrored(num_local)
+    return [
+        [[len(p) for p in pieces(strategy, x)] for x in worker_dataset(dataset, num_workers, w, num_local, FixedCounts(counts))]
+        for w in range(num_workers)
+    ]
+
+
+def file_readers(directory: Path, kind: str, batch: int) -> td.data.Dataset:
+    files = td.data.Dataset.list_files(str(directory / "*.txt"), shuffle=False)
+    if kind == "TextLineDataset":
+        return td.data.TextLineDataset(files).batch(batch)
+    return files.interleave(td.data.TextLineDataset, cycle_length=2).batch(batch)
+
+
+# TF 2.21, 4 files of 3 lines, one replica per worker: each worker's piece sizes, step by step.
+TF_FILE_SHARDED_SIZES = {
+    (4, 2): [[[2], [2], [2]], [[2], [2], [2]]],
+    (5, 2): [[[3], [2], [1]], [[2], [3], [1]]],
+    (3, 2): [[[2], [1], [2], [1]], [[1], [2], [1], [2]]],
+    (4, 3): [[[2], [1], [1], [2]], [[1], [1], [1], [0]], [[1], [2], [0], [0]]],
+}
+
+
+@pytest.mark.parametrize("kind", ["TextLineDataset", "interleave"])
+@pytest.mark.parametrize("policy", [None, Policy.AUTO, Policy.FILE], ids=["default", "AUTO", "FILE"])
+@pytest.mark.parametrize(
+    ("batch", "num_workers"), list(TF_FILE_SHARDED_SIZES), ids=[f"batch{b}-{w}workers" for b, w in TF_FILE_SHARDED_SIZES]
+)
+def test_file_sharding_recuts_each_workers_stream_by_its_rotated_sizes(tmp_path, kind, policy, batch, num_workers):
+    lines = write_text_files(tmp_path, num_files=4, lines_per_file=3)
+    dataset = with_policy(file_readers(tmp_path, kind, batch), policy)
+
+    sizes = lockstep_sizes(dataset, num_workers, 1)
+
+    assert sizes == TF_FILE_SHARDED_SIZES[batch, num_workers]
+    got = [line for steps in worker_steps(dataset, num_workers, 1) for step in steps for p in step for line in p.tolist()]
+    assert sorted(got) == sorted(lines)  # every line once
+
+
+def test_file_sharding_with_two_local_replicas_cycles_over_all_replicas(tmp_path):
+    # TF 2.21's worker pipelines (rebatch, then auto-shard by file), batch 5 over 2 workers of
+    # 2 replicas: worker 0's pieces are 2, 1, 1, 1, 1 and worker 1's 1, 1, 2, 1, 1.
+    write_text_files(tmp_path, num_files=4, lines_per_file=3)
+    dataset = file_readers(tmp_path, "interleave", 5)
+    assert lockstep_sizes(dataset, 2, 2) == [[[2, 1], [1, 1], [1, 0]], [[1, 1], [2, 1], [1, 0]]]
+
+
+def test_file_sharding_with_an_unknown_batch_size_splits_each_own_batch(tmp_path):
+    # map() hides the batch size: TF splits each of the worker's batches over every replica.
+    write_text_files(tmp_path, num_files=4, lines_per_file=3)
+    dataset = file_readers(tmp_path, "interleave", 4).map(lambda x: x)
+    assert lockstep_sizes(dataset, 2, 1) == [[[2], [2], [1], [1]], [[2], [2], [1], [1]]]
+
+
+def test_data_sharding_of_files_still_splits_every_global_batch(tmp_path):
+    write_text_files(tmp_path, num_files=4, lines_per_file=3)
+    dataset = with_policy(file_readers(tmp_path, "interleave", 5), Policy.DATA)
+    assert lockstep_sizes(dataset, 2, 1) == [[[3], [3], [1]], [[2], [2], [1]]]
+
+
+# TF 2.21, hint sharding: batch 5 over range(15).shard(SHARD_HINT, SHARD_HINT), two workers.
+TF_HINT_SIZES = {1: [[[3], [2], [3]], [[2], [3], [2]]], 2: [[[2, 1], [1, 1], [2, 1]], [[1, 1], [2, 1], [1, 1]]]}
+
+
+@pytest.mark.parametrize("num_local", [1, 2])
+def test_hint_sharding_recuts_each_workers_shard_by_its_rotated_sizes(num_local):
+    dataset = with_policy(td.data.Dataset.range(15).shard(SHARD_HINT, SHARD_HINT).batch(5), Policy.HINT)
+    assert lockstep_sizes(dataset, 2, num_local) == TF_HINT_SIZES[num_local]
+
+
+def test_file_policy_with_a_source_that_reads_no_files_is_not_found(tmp_path):
+    # TF: zipping the lines with a range leaves a source that cannot be sharded by file.
+    write_text_files(tmp_path, num_files=4, lines_per_file=3)
+    lines = td.data.TextLineDataset(td.data.Dataset.list_files(str(tmp_path / "*.txt"), shuffle=False))
+    zipped = td.data.Dataset.zip((lines, td.data.Dataset.range(12))).batch(5)
+    with pytest.raises(td.errors.NotFoundError, match="unshardable source"):
+        worker_dataset(with_policy(zipped, Policy.FILE), 2, 0, 1)
+    # AUTO shards it by data: the lines stay paired with their numbers.
+    per_worker = worker_steps(zipped, 2, 1)
+    assert [[len(p[0]) for p in step] for step in per_worker[0]] == [[3], [3], [1]]
+    pairs = sorted(
+        (line, int(number))
+        for steps in per_worker
+        for step in steps
+        for piece in step
+        for line, number in zip(piece[0].tolist(), piece[1].tolist(), strict=True)
+    )
+    assert [number for _, number in pairs] == list(range(12))
+
+
+# TF 2.21, one worker (MirroredStrategy on logical CPUs), 5 files of 2 lines, batch 4: sizes per step.
+TF_ONE_WORKER_SIZES = [
+    ("interleave", None, 2, [[2, 2], [2, 2], [2, 0]]),
+    ("interleave", Policy.DATA, 2, [[2, 2], [2, 2], [1, 1]]),
+    ("interleave", Policy.OFF, 2, [[2, 2], [2, 2], [2, 0]]),
+    ("TextLineDataset", None, 2, [[2, 2], [2, 2], [2, 0]]),
+    ("interleave", None, 3, [[2, 1, 1], [2, 1, 1], [2, 0, 0]]),
+    ("flat_map", None, 3, [[2, 1, 1], [2, 1, 1], [2, 0, 0]]),
+    ("interleave-map", None, 3, [[2, 1, 1], [2, 1, 1], [2, 0, 0]]),
+    ("interleave-batch-map", None, 3, [[2, 2, 0], [2, 2, 0], [1, 1, 0]]),
+    ("interleave-drop", None, 3, [[2, 1, 1], [2, 1, 1]]),
+    ("one-file", None, 3, [[2, 0, 0]]),
+    ("zip-range", None, 3, [[2, 2, 0], [2, 2, 0], [1, 1, 0]]),
+    ("range", None, 3, [[2, 2, 0], [2, 2, 0], [1, 1, 0]]),
+    ("range", Policy.FILE, 3, [[2, 1, 1], [2, 1, 1], [2, 0, 0]]),
+    ("range", Policy.HINT, 3, [[2, 1, 1], [2, 1, 1], [2, 0, 0]]),
+]
+
+
+def _one_worker_dataset(kind: str, directory: Path) -> td.data.Dataset:
+    names = sorted(str(p) for p in directory.glob("*.txt"))
+    files = td.data.Dataset.list_files(names, shuffle=False)
+    if kind == "interleave":
+        return files.interleave(td.data.TextLineDataset, cycle_length=2).batch(4)
+    if kind == "TextLineDataset":
+        return td.data.TextLineDataset(files).batch(4)
+    if kind == "flat_map":
+        return files.flat_map(td.data.TextLineDataset).batch(4)
+    if kind == "interleave-map":  # the reader inside map_func's dataset
+        return files.interleave(lambda name: td.data.TextLineDataset(name).map(lambda line: line), cycle_length=2).batch(4)
+    if kind == "interleave-batch-map":  # map() hides the batch size
+        return files.interleave(td.data.TextLineDataset, cycle_length=2).batch(4).map(lambda line: line)
+    if kind == "interleave-drop":
+        return files.interleave(td.data.TextLineDataset, cycle_length=2).batch(4, drop_remainder=True)
+    if kind == "one-file":
+        return td.data.TextLineDataset(names[0]).batch(4)
+    if kind == "zip-range":  # a source that reads no files: sharded by data
+        return td.data.Dataset.zip((td.data.TextLineDataset(files), td.data.Dataset.range(10))).batch(4)
+    return td.data.Dataset.range(10).batch(4)
+
+
+@pytest.mark.parametrize(
+    ("kind", "policy", "num_replicas", "expected"),
+    TF_ONE_WORKER_SIZES,
+    ids=[f"{k}-{p.name if p is not None else 'default'}-{n}" for k, p, n, _ in TF_ONE_WORKER_SIZES],
+)
+def test_one_worker_reading_files_recuts_by_the_cycling_rule(tmp_path, kind, policy, num_replicas, expected):
+    for k in range(5):
+        (tmp_path / f"g{k}.txt").write_text(f"g{k}-a\ng{k}-b\n")
+    strategy = mirrored(num_replicas)
+    dataset = with_policy(_one_worker_dataset(kind, tmp_path), policy)
+
+    steps = list(strategy.experimental_distribute_dataset(dataset))
+
+    first = [x[0] if isinstance(x, tuple) else x for x in steps]
+    assert [[len(p) for p in pieces(strategy, x)] for x in first] == expected
+
+
 # auto_shard itself
 
 
 @pytest.mark.parametrize(
-    ("num_workers", "policy"),
-    [(1, Policy.OFF), (1, Policy.AUTO), (1, Policy.DATA), (1, Policy.FILE), (2, Policy.OFF), (2, Policy.DATA)],
+    ("num_workers", "policy", "mode"),
+    [
+        # One worker reading files: FILE and AUTO resolve to FILE sharding (nothing to shard),
+        # which keeps TensorFlow's cycling re-batch of the worker's own stream.
+        (1, Policy.AUTO, ShardMode.OWN),
+        (1, Policy.FILE, ShardMode.OWN),
+        (1, Policy.OFF, ShardMode.OWN),
+        (2, Policy.OFF, ShardMode.OWN),
+        (1, Policy.DATA, ShardMode.DATA),
+        (2, Policy.DATA, ShardMode.DATA),
+    ],
 )
-def test_auto_shard_keeps_the_whole_pipeline_for_one_worker_or_off_or_data(tmp_path, num_workers, policy):
+def test_auto_shard_keeps_the_whole_pipeline_for_one_worker_or_off_or_data(tmp_path, num_workers, policy, mode):
     write_text_files(tmp_path, num_files=4, lines_per_file=2)
     dataset = text_dataset(tmp_path)
-    sharded, mode = auto_shard(dataset, num_workers, num_workers - 1, policy)
+    sharded, got = auto_shard(dataset, num_workers, num_workers - 1, policy)
     assert sharded is dataset
-    assert mode is ShardMode.ALL
+    assert got is mode
 
 
 @pytest.mark.parametrize("policy", [Policy.FILE, Policy.AUTO])
@@ -429,10 +606,11 @@ def test_file_sharding_of_shuffled_file_names_gives_disjoint_files_covering_all(
     assert set().union(*seen) == set(range(8))
 
 
-def test_auto_shard_auto_without_files_keeps_the_data():
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_auto_shard_auto_without_files_keeps_the_data(num_workers):
     dataset = td.data.Dataset.range(8).batch(4)
-    sharded, mode = auto_shard(dataset, 2, 1, Policy.AUTO)
-    assert mode is ShardMode.ALL
+    sharded, mode = auto_shard(dataset, num_workers, num_workers - 1, Policy.AUTO)
+    assert mode is ShardMode.DATA
     assert [b.tolist() for b in sharded.as_numpy_iterator()] == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 

@@ -6,7 +6,7 @@ reads files ``w, w + W, ...`` and interleaves only those. Every test is marked `
 it runs in the default suite (one worker, one and two local replicas) and again under
 ``mpiexec -n 2 python -m pytest -m multi_worker`` (two workers). The expected pieces are
 computed from the rank, the replica counts, TensorFlow's cycle/block rule and TensorFlow's
-split of a worker's own global batches (as in test_multi_worker_input.py).
+re-batch of a worker's own lines by its rotated sizes (as in test_multi_worker_input.py).
 """
 
 from __future__ import annotations
@@ -81,9 +81,27 @@ def _legacy_pieces(batch: list[bytes], n: int) -> list[list[bytes]]:
     return [batch[min(i * size, len(batch)) : min((i + 1) * size, len(batch))] for i in range(n)]
 
 
-def _own_steps(lines: list[bytes], workers: int, local: int) -> list[list[list[bytes]]]:
-    """A worker's steps: each of its own batches split over every replica, ``local`` pieces per step."""
-    pieces = [p for i in range(0, len(lines), BATCH) for p in _legacy_pieces(lines[i : i + BATCH], workers * local)]
+def _rotated_sizes(workers: int, local: int, worker: int) -> list[int]:
+    """TF's ``batch_sizes_for_worker(BATCH, workers, local, worker)``."""
+    n = workers * local
+    floor, extra = divmod(BATCH, n)
+    worker_0 = [floor + 1] * extra + [floor] * (n - extra)
+    return worker_0[worker * local :] + worker_0[: worker * local]
+
+
+def _own_steps(lines: list[bytes], workers: int, local: int, worker: int) -> list[list[list[bytes]]]:
+    """A worker's steps: its lines re-cut by its rotated sizes across batches (TF's rebatch), ``local`` per step.
+
+    A size of 0 gives an empty piece, also after the last line, until the cycle comes to a
+    size that needs lines.
+    """
+    sizes = _rotated_sizes(workers, local, worker)
+    pieces: list[list[bytes]] = []
+    start, k = 0, 0
+    while lines and (start < len(lines) or sizes[k % len(sizes)] == 0):
+        size = sizes[k % len(sizes)]
+        pieces.append(lines[start : start + size])
+        start, k = start + size, k + 1
     steps = [pieces[i : i + local] for i in range(0, len(pieces), local)]
     if steps and len(steps[-1]) < local:
         steps[-1] += [[]] * (local - len(steps[-1]))
@@ -91,7 +109,7 @@ def _own_steps(lines: list[bytes], workers: int, local: int) -> list[list[list[b
 
 
 def _expected(rank: int, workers: int, local: int, lines_of: Any) -> list[list[list[bytes]]]:
-    every = [_own_steps(lines_of(w), workers, local) for w in range(workers)]
+    every = [_own_steps(lines_of(w), workers, local, w) for w in range(workers)]
     count = max(len(s) for s in every)  # a worker out of lines gets empty pieces until the others finish
     return every[rank] + [[[]] * local for _ in range(count - len(every[rank]))]
 

@@ -9,7 +9,8 @@ local == 1`` and are checked literally there.
 
 * Auto-sharding: AUTO (= DATA on non-file data: each global batch is split across every
   replica of every worker, worker 0 first), DATA, OFF (every worker iterates everything,
-  re-cut by TF's ``batch_sizes_for_worker`` rotation), FILE (round-robin by file index).
+  re-cut by TF's ``batch_sizes_for_worker`` rotation), FILE (round-robin by file index, each
+  worker's lines re-cut by its rotation as under OFF).
 * End of data: an epoch ends on every worker at the same step; a worker that ran out
   meanwhile gets empty ``(0, ...)`` pieces.
 * ``distribute_datasets_from_function``: the ``InputContext`` of each worker (or replica).
@@ -89,10 +90,17 @@ def _rotated_sizes(batch: int, workers: int, local: int, worker: int) -> list[in
 
 
 def _cut_cycling(rows: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
-    """``rows`` cut into pieces of ``sizes[0], sizes[1], ...`` (cycled); the last piece may be short."""
-    pieces, start, k = [], 0, 0
-    while start < len(rows):
+    """``rows`` cut into pieces of ``sizes[0], sizes[1], ...`` (cycled); the last piece may be short.
+
+    As TF's rebatch, a size of 0 gives an empty piece, also after the last row, until the
+    cycle comes to a size that needs rows.
+    """
+    pieces: list[np.ndarray] = []
+    start, k = 0, 0
+    while len(rows):
         size = sizes[k % len(sizes)]
+        if start >= len(rows) and size > 0:
+            break
         pieces.append(rows[start:start + size])
         start += size
         k += 1
@@ -234,9 +242,9 @@ def test_off_policy_with_an_unknown_batch_size_still_feeds_every_worker_everythi
 
 
 def _file_steps(workers: int, local: int, worker: int, batch: int) -> list[list[np.ndarray]]:
-    """Worker ``worker``'s steps under FILE: its own files' lines, each own batch split over every replica."""
+    """Worker ``worker``'s steps under FILE: its own files' lines, re-cut by its rotated sizes (as TF)."""
     lines = np.array([line for k in range(worker, len(LINES), workers) for line in _file_lines(k)], dtype=object)
-    pieces = [p for i in range(0, len(lines), batch) for p in _legacy_pieces(lines[i:i + batch], workers * local)]
+    pieces = _cut_cycling(lines, _rotated_sizes(batch, workers, local, worker))
     return _in_steps(pieces, local, np.zeros(0, object))
 
 
@@ -255,6 +263,44 @@ def test_file_sharding_reads_files_round_robin_by_file_index(multi_worker_strate
     rows = sum(len(piece) for step in steps for piece in step)
     # Every line is read by exactly one worker (MEAN of a plain value averages over the workers).
     assert float(strategy.reduce("MEAN", np.float64(rows), axis=None)) * workers == sum(LINES)
+
+
+# TF 2.21, 4 files of 3 lines, workers of one replica: each worker's piece sizes, step by step,
+# by (workers, batch) (run with mpiexec -n 3 for the three-worker case).
+TF_FILE_SIZES = {
+    (2, 4): ([2, 2, 2], [2, 2, 2]),
+    (2, 5): ([3, 2, 1], [2, 3, 1]),
+    (2, 3): ([2, 1, 2, 1], [1, 2, 1, 2]),
+    (3, 4): ([2, 1, 1, 2], [1, 1, 1, 0], [1, 2, 0, 0]),
+}
+
+
+@pytest.fixture(scope="module")
+def even_text_files() -> str:
+    """A glob of 4 files of 3 lines each, the same on every rank."""
+    directory = os.path.join(tempfile.gettempdir(), f"towerdist-mw-test-{os.getuid()}", "even-lines-v1")
+    os.makedirs(directory, exist_ok=True)
+    for k in range(4):
+        _write_atomically(os.path.join(directory, f"part-{k}.txt"), "".join(f"file{k}-line{j}\n" for j in range(3)))
+    return os.path.join(directory, "part-*.txt")
+
+
+@pytest.mark.parametrize("batch", [4, 5, 3])
+def test_file_sharding_recuts_each_workers_lines_across_its_batches(multi_worker_strategy, even_text_files, batch):
+    strategy = multi_worker_strategy
+    rank, workers, local, _ = _layout(strategy)
+    files = td.data.Dataset.list_files(even_text_files, shuffle=False)
+    dataset = files.interleave(td.data.TextLineDataset, cycle_length=2).batch(batch)
+    steps = _steps(strategy, strategy.experimental_distribute_dataset(dataset))
+    sizes = [len(piece) for step in steps for piece in step]
+    every = []
+    for w in range(workers):
+        own = sum((list(range(3)) for _ in range(w, 4, workers)), [])  # 3 lines per file of this worker
+        every.append(_in_steps(_cut_cycling(np.array(own), _rotated_sizes(batch, workers, local, w)), local, np.zeros(0)))
+    count = max(len(s) for s in every)
+    assert sizes == [len(p) for step in _padded(every[rank], count, local, np.zeros(0)) for p in step]
+    if local == 1 and (workers, batch) in TF_FILE_SIZES:
+        assert sizes == TF_FILE_SIZES[workers, batch][rank]
 
 
 def test_data_sharding_on_files_splits_the_lines_of_every_global_batch(multi_worker_strategy, text_files):

@@ -984,6 +984,12 @@ class DatasetIterator:
             if close is not None:
                 close()
 
+    def _restart(self) -> None:
+        """Ends the pass now, as ``close``, and starts a new one from the first element."""
+        with self._lock:
+            self.close()
+            self._iterator = self._dataset._iterate()
+
 
 def count_from(start: int = 0) -> Iterator[int]:
     """``start, start + 1, ...`` (a thread-safe counter of passes)."""

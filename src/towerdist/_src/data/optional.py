@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,15 @@ def _read_only_bool(value: bool) -> np.ndarray:
 
 
 _HAS_VALUE, _NO_VALUE = _read_only_bool(True), _read_only_bool(False)
+
+
+class _Deferred:
+    """An element spec worked out when it is first asked for (it may cost a pass of the pipeline)."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
 
 
 class Optional:
@@ -58,6 +68,19 @@ class Optional:
         """An empty Optional for values described by ``element_spec``."""
         return Optional(_EMPTY, element_spec)
 
+    @staticmethod
+    def _deferred(value: Any, make_spec: Callable[[], Any]) -> Optional:
+        """An Optional holding ``value`` whose spec ``make_spec()`` gives when first read.
+
+        Iterators hand out an Optional per step, and most callers never read its spec.
+        """
+        return Optional(value, _Deferred(make_spec))
+
+    @staticmethod
+    def _deferred_empty(make_spec: Callable[[], Any]) -> Optional:
+        """An empty Optional whose spec ``make_spec()`` gives when first read (it may need a pass of the pipeline)."""
+        return Optional(_EMPTY, _Deferred(make_spec))
+
     def has_value(self) -> np.ndarray:
         """Whether the Optional holds a value, as a boolean scalar (TensorFlow returns a bool tensor).
 
@@ -84,7 +107,10 @@ class Optional:
     @property
     def element_spec(self) -> Any:
         """The structure of ``td.TensorSpec`` of the value this optional may hold."""
-        return self._element_spec
+        spec = self._element_spec
+        if isinstance(spec, _Deferred):
+            spec = self._element_spec = spec.make()
+        return spec
 
     def __repr__(self) -> str:
         return "Optional(<empty>)" if self._value is _EMPTY else f"Optional({self._value!r})"

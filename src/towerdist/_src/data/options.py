@@ -28,7 +28,11 @@ class AutoShardPolicy(enum.IntEnum):
     * ``FILE``: each worker reads its own subset of the files.
     * ``DATA``: each worker runs the whole pipeline and keeps its share of each global batch.
     * ``HINT``: only ``shard(SHARD_HINT, SHARD_HINT)`` calls are filled in.
-    * ``OFF``: no sharding; also switches the per-replica split to TensorFlow's cycling rule.
+    * ``OFF``: no sharding.
+
+    As in TensorFlow, sharding by data splits each global batch into per-replica pieces on its
+    own; every other outcome (FILE, also on one worker, HINT and OFF) re-cuts each worker's
+    stream by the cycling rule of ``experimental_distribute_dataset``.
     """
 
     OFF = -1

@@ -1,17 +1,25 @@
 """Splitting a dataset between workers by file or by data (``AutoShardPolicy``).
 
-With one worker nothing is sharded. With ``W`` workers, worker ``w``:
+With ``W`` workers, worker ``w``:
 
 * **FILE**: reads files ``w, w + W, ...`` of every file reader: a ``TextLineDataset``, or
   an ``interleave``/``flat_map`` whose ``map_func`` makes datasets that read files (such as
   ``list_files(...).interleave(TextLineDataset)``), whose input of file names is sharded, as
-  TensorFlow does; each of its own global batches is then split as usual. The names are
-  sharded at their source, below any ``shuffle`` (``list_files`` shuffles by default), so
-  the workers' files are disjoint and cover every file.
+  TensorFlow does. The names are sharded at their source, below any ``shuffle``
+  (``list_files`` shuffles by default), so the workers' files are disjoint and cover every
+  file. With one worker there is nothing to shard.
 * **DATA**: runs the whole pipeline and keeps its replicas' pieces of every global batch.
-* **AUTO**: FILE when the pipeline reads at least ``W`` files, otherwise DATA.
+* **AUTO**: FILE when every source of the pipeline is read through a file reader, with at
+  least ``W`` files; otherwise DATA.
 * **HINT**: ``shard(SHARD_HINT, SHARD_HINT)`` becomes ``shard(W, w)``; nothing else changes.
 * **OFF**: every worker reads everything.
+
+What the policy resolves to also decides how a worker's stream is cut into its replicas'
+pieces (``ShardMode``). TensorFlow re-batches every worker's stream by its rotation of the
+per-replica sizes, and its auto-shard rewrite swaps that for the per-batch split only when
+it shards by data; so FILE (also with one worker, and also when AUTO finds files), HINT and
+OFF keep the cycling rule, and DATA (explicit, or AUTO without enough files) splits each
+global batch.
 """
 
 from __future__ import annotations
@@ -30,10 +38,14 @@ __all__ = ["ShardMode", "auto_shard", "is_file_reader"]
 
 
 class ShardMode(enum.Enum):
-    """What a worker's dataset holds after auto-sharding."""
+    """What a worker's dataset holds after auto-sharding, and so how it is cut into pieces."""
 
-    ALL = "all"  # the whole dataset: split every global batch across all replicas of all workers
-    OWN = "own"  # this worker's share (its files, or its hinted shard): split its own batches
+    # The whole pipeline, sharded by data: every global batch is split across all replicas
+    # of all workers, and this worker keeps its replicas' pieces.
+    DATA = "data"
+    # This worker's own stream (its files, its hinted shard, or everything under OFF): re-cut
+    # by the worker's rotation of the per-replica sizes, across batch boundaries.
+    OWN = "own"
 
 
 def _rewrite(node: Dataset, change: Callable[[Dataset, tuple[Dataset, ...]], Dataset | None]) -> Dataset:
@@ -58,6 +70,17 @@ def _readers(dataset: Dataset) -> list[TextLineDataset | InterleaveDataset]:
     if isinstance(dataset, (TextLineDataset, InterleaveDataset)) and is_file_reader(dataset):
         return [dataset]
     return [reader for node in dataset._inputs for reader in _readers(node)]
+
+
+def _read_from_files(dataset: Dataset) -> bool:
+    """True if every source of the pipeline is under a file reader (what FILE sharding needs).
+
+    TensorFlow finds a source that reads no files (a ``range`` zipped with the lines, say)
+    unshardable by file: AUTO then shards by data, and FILE raises.
+    """
+    if is_file_reader(dataset):
+        return True
+    return bool(dataset._inputs) and all(_read_from_files(node) for node in dataset._inputs)
 
 
 def _shard_at_sources(names: Dataset, num_workers: int, worker_index: int) -> Dataset:
@@ -97,21 +120,30 @@ def auto_shard(
     """Worker ``worker_index``'s version of ``dataset`` and what it holds.
 
     Raises:
-      NotFoundError: FILE policy, but the pipeline reads no files.
+      NotFoundError: FILE policy on several workers, but some source of the pipeline is not read
+        through a file reader.
       InvalidArgumentError: FILE policy with fewer files than workers.
     """
     if policy == AutoShardPolicy.HINT:
         return _fill_hints(dataset, num_workers, worker_index), ShardMode.OWN
-    if num_workers == 1 or policy == AutoShardPolicy.OFF:
-        return dataset, ShardMode.ALL
-    readers = _readers(dataset)
-    file_counts = [reader._file_source._cardinality() for reader in readers]
+    if policy == AutoShardPolicy.OFF:
+        return dataset, ShardMode.OWN  # every worker's own stream is all of it
+    if policy == AutoShardPolicy.DATA:
+        return dataset, ShardMode.DATA
+    if num_workers == 1:
+        # Nothing to shard, but TensorFlow still resolves the policy: FILE keeps the cycling
+        # rule even without a file reader, AUTO does when the pipeline reads files.
+        if policy == AutoShardPolicy.FILE or _read_from_files(dataset):
+            return dataset, ShardMode.OWN
+        return dataset, ShardMode.DATA
+    by_file = _read_from_files(dataset)
+    file_counts = [reader._file_source._cardinality() for reader in _readers(dataset)] if by_file else []
     if policy == AutoShardPolicy.FILE:
-        if not readers:
+        if not by_file:
             raise NotFoundError(
-                "Found an unshardable source dataset: AutoShardPolicy.FILE needs a file reader such as "
-                "td.data.TextLineDataset in the pipeline (directly, or made by the map_func of interleave or "
-                "flat_map). Use AutoShardPolicy.DATA (or AUTO) for other sources."
+                "Found an unshardable source dataset: AutoShardPolicy.FILE needs every source of the pipeline to be "
+                "read through a file reader such as td.data.TextLineDataset (directly, or made by the map_func of "
+                "interleave or flat_map). Use AutoShardPolicy.DATA (or AUTO) for other sources."
             )
         for count in file_counts:
             if 0 <= count < num_workers:
@@ -120,6 +152,6 @@ def auto_shard(
                     f"files. Use AutoShardPolicy.DATA, or provide at least one file per worker."
                 )
         return _shard_files(dataset, num_workers, worker_index), ShardMode.OWN
-    if policy == AutoShardPolicy.AUTO and readers and all(c >= num_workers for c in file_counts):
+    if by_file and all(c >= num_workers for c in file_counts):  # AUTO with enough files
         return _shard_files(dataset, num_workers, worker_index), ShardMode.OWN
-    return dataset, ShardMode.ALL  # DATA, or AUTO without (enough) files
+    return dataset, ShardMode.DATA  # AUTO without (enough) files

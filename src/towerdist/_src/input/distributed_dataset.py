@@ -20,7 +20,8 @@ from towerdist._src import backend, context, nest
 from towerdist._src import profiler as _profiler
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.optional import Optional
-from towerdist._src.data.spec import is_fully_defined
+from towerdist._src.data.spec import is_fully_defined, structure_of
+from towerdist._src.data.structure import to_element
 from towerdist._src.data.transforms import close_iterator, cut_rows
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import OutOfRangeError
@@ -160,7 +161,7 @@ class DistributedDataset(_DistributedInput):
         self._source = as_dataset(dataset, api)
         n = worker.num_replicas_in_sync
         self._sizes: list[int] | None = None
-        self._mode = ShardMode.ALL
+        self._mode = ShardMode.DATA
         self._sharded = self._source
         if n == 1:
             return
@@ -169,12 +170,13 @@ class DistributedDataset(_DistributedInput):
             raise _needs_batch(n)
         policy = self._source.options().experimental_distribute.auto_shard_policy
         self._sharded, self._mode = auto_shard(self._source, worker.num_workers, worker.worker_index, policy)
-        if policy == options_lib.AutoShardPolicy.OFF:
+        if self._mode is ShardMode.OWN:
+            # TensorFlow re-batches the worker's own stream by its rotation of the sizes when
+            # it can see the batch size; otherwise each batch is split over every replica and
+            # the worker feeds all the pieces, its replicas in turn.
             batch = compute_batch_size(self._source)
             if batch is not None and batch > 0:
                 self._sizes = batch_sizes_for_worker(batch, worker.num_workers, worker.num_local, worker.worker_index)
-            else:  # batch size unknown: every worker splits every batch over all replicas and feeds each piece
-                self._mode = ShardMode.OWN
 
     @property
     def cardinality(self) -> int:
@@ -339,23 +341,36 @@ class DistributedIterator:
             if _has_missing(step) and not self._source._partial_enabled():
                 self._finish()  # TensorFlow ends iteration rather than pad a statically shaped step
                 raise OutOfRangeError("End of sequence")
-            return self._assemble(step)
+            return self._wrap(self._fill(step))
 
     def get_next_as_optional(self) -> Optional:
         """The next per-replica element as an ``Optional``, empty at the end.
 
-        Replicas without data in the last step get empty pieces.
+        Replicas without data in the last step get empty pieces. As in TensorFlow, the
+        Optional's ``element_spec`` describes the pieces it holds (a ``PerReplicaSpec`` per
+        array, with each piece's exact shape; with one replica, plain specs), and an empty
+        one's is the iterator's ``element_spec``.
         """
         context.require_outside_replica_fn(self._source._strategy, "DistributedIterator.get_next_as_optional()")
         with self._lock:
             if self._source.cardinality == 0 and self._source._worker.num_workers == 1:
-                return Optional.empty(None)
+                return Optional._deferred_empty(self._spec_when_empty)
             step = self._step()
             if step is None:
-                return Optional.empty(None)
-            return Optional.from_value(self._assemble(step))
+                return Optional._deferred_empty(self._spec_when_empty)
+            pieces = self._fill(step)
+            one_replica = self._source._worker.num_replicas_in_sync == 1
+            return Optional._deferred(self._wrap(pieces), lambda: _spec_of_pieces(pieces, one_replica))
 
     # --- internals -------------------------------------------------------------------------
+
+    def _restart(self) -> None:
+        """Ends the current pass (stopping its read-ahead); the next call starts a new one."""
+        with self._lock:
+            self._finish()
+            self._steps = None
+            self._error = None
+            self._template = None
 
     def _step(self) -> list[Any] | None:
         if _profiler.active:
@@ -420,7 +435,14 @@ class DistributedIterator:
             return Placed(step, None)  # host memory serves every CPU replica
         return self._copier.place(step, self._source._worker.devices, place_on_device, _MISSING)
 
-    def _assemble(self, step: list[Any]) -> Any:
+    def _spec_when_empty(self) -> Any:
+        try:
+            return self.element_spec
+        except ValueError:
+            return None  # a one-shot input, already used up, cannot be asked for its structure
+
+    def _fill(self, step: list[Any]) -> list[Any]:
+        """The step's pieces, with empty ones for the replicas without data."""
         present = next((piece for piece in step if piece is not _MISSING), None)
         if present is not None:
             self._template = step
@@ -440,10 +462,25 @@ class DistributedIterator:
                 place_on_device(dummy_like(spec, example), device) if piece is _MISSING else piece
                 for piece, device in zip(step, self._source._worker.devices, strict=True)
             ]
+        return step
+
+    def _wrap(self, pieces: list[Any]) -> Any:
+        """The per-replica value of a step's pieces (with one replica, the piece itself)."""
         worker = self._source._worker
         if worker.num_replicas_in_sync == 1:
-            return step[0]
-        return regroup(step, worker.devices, always_wrap=True, what="pieces")
+            return pieces[0]
+        return regroup(pieces, worker.devices, always_wrap=True, what="pieces")
+
+
+def _spec_of_pieces(pieces: list[Any], one_replica: bool) -> Any:
+    """The element's structure with a ``PerReplicaSpec`` of the pieces' exact specs per array (None if not arrays)."""
+    try:
+        specs = [structure_of(to_element(piece)) for piece in pieces]
+    except (TypeError, ValueError):
+        return None
+    if one_replica:
+        return specs[0]
+    return nest.map_structure(lambda *replicas: PerReplicaSpec(*replicas), *specs)
 
 
 def _has_missing(step: list[Any]) -> bool:

@@ -1,11 +1,13 @@
 """How a global batch is split into per-replica pieces: TensorFlow's two rules.
 
-* **Legacy rule** (the default auto-shard policy): each global batch of actual size ``b``
-  becomes ``N`` consecutive pieces of ``ceil(b / N)`` rows; the last pieces are shorter or
-  empty (0 rows, other dimensions kept). Global batch boundaries are respected.
-* **Cycling rule** (``AutoShardPolicy.OFF`` with a known batch size ``B``): the rows are
-  re-cut into pieces of ``batch_sizes_for_worker(B, W, R, w)`` sizes, cycled across batch
-  boundaries; when the data ends, the missing pieces of the last step are padded.
+* **Legacy rule** (sharding by data, what AUTO resolves to on a source that reads no files,
+  or a batch size that cannot be seen): each global batch of actual size ``b`` becomes ``N``
+  consecutive pieces of ``ceil(b / N)`` rows; the last pieces are shorter or empty (0 rows,
+  other dimensions kept). Global batch boundaries are respected.
+* **Cycling rule** (a known batch size ``B``, sharding by file, also on one worker, by hint,
+  or not at all): a worker's rows are re-cut into pieces of ``batch_sizes_for_worker(B, W,
+  R, w)`` sizes, cycled across batch boundaries; when the data ends, the missing pieces of
+  the last step are padded.
 """
 
 from __future__ import annotations

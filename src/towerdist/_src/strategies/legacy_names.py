@@ -14,6 +14,7 @@ from typing import Any
 
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.input.input_context import InputContext, InputOptions, InputReplicationMode
+from towerdist._src.input.legacy_iterators import input_iterator
 
 __all__ = [
     "colocate_vars_with",
@@ -95,8 +96,12 @@ def update_config_proto(self: Any, config_proto: Any) -> Any:
 
 
 def make_dataset_iterator(self: Any, dataset: Any) -> Any:
-    """An iterator over ``experimental_distribute_dataset(dataset)`` (TF 1.x style input)."""
-    return iter(self.experimental_distribute_dataset(dataset))
+    """An iterator over ``experimental_distribute_dataset(dataset)`` (TF 1.x style input).
+
+    Besides ``get_next()``, it has ``initialize()`` (and ``initializer``), which restart it
+    from the first element and return ``None``, as in TensorFlow 2's eager mode.
+    """
+    return input_iterator(self.experimental_distribute_dataset(dataset))
 
 
 def make_input_fn_iterator(
@@ -106,6 +111,9 @@ def make_input_fn_iterator(
 ) -> Any:
     """An iterator over ``distribute_datasets_from_function(input_fn)`` (TF 1.x style input).
 
+    Besides ``get_next()``, it has ``initialize()`` (and ``initializer``), which restart it
+    from the first element and return ``None``, as in TensorFlow 2's eager mode.
+
     Raises:
       ValueError: ``replication_mode`` is not ``InputReplicationMode.PER_WORKER``.
     """
@@ -114,7 +122,7 @@ def make_input_fn_iterator(
             f"Input replication mode not supported: {replication_mode!r}. make_input_fn_iterator() only "
             f"supports InputReplicationMode.PER_WORKER."
         )
-    return iter(self.distribute_datasets_from_function(input_fn))
+    return input_iterator(self.distribute_datasets_from_function(input_fn))
 
 
 def experimental_run(self: Any, fn: Callable[..., Any], input_iterator: Any = None) -> Any:
