@@ -678,3 +678,156 @@ def test_each_replica_gets_the_write_result_it_asked_for(mirrored_2cpu):
     assert first is None
     assert float(second) == 5.0  # 1 + 2 + 2: the replicas' values are summed, then written once
     assert components(v) == [5.0, 5.0]
+
+
+# --- what writes return, by context (TF 2.21 observed, 2 logical CPUs) ----------------------
+
+
+def _rid():
+    return np.float32(td.distribute.get_replica_context().replica_id_in_sync_group)
+
+
+@pytest.mark.parametrize("aggregation", [A.NONE, A.SUM])
+def test_a_cross_replica_write_of_a_mirrored_variable_returns_the_new_values(mirrored_2cpu, aggregation):
+    # TF: mv.assign(3.0) -> Mirrored:{0: tf.Tensor(3.0), 1: tf.Tensor(3.0)}.
+    with mirrored_2cpu.scope():
+        v = td.Variable(1.0, aggregation=aggregation)
+    result = v.assign(3.0)
+    assert type(result).__name__ == "Mirrored"
+    assert [float(x) for x in result.values] == [3.0, 3.0]
+
+
+def test_a_cross_replica_write_of_a_sync_on_read_variable_returns_the_value(mirrored_2cpu):
+    # TF: sv.assign(3.0) (MEAN) -> tf.Tensor(3.0).
+    with mirrored_2cpu.scope():
+        v = td.Variable(1.0, synchronization=ON_READ, aggregation=A.MEAN)
+    result = v.assign(3.0)
+    assert isinstance(result, np.ndarray) and float(result) == 3.0
+
+
+@pytest.mark.parametrize(("synchronization", "aggregation"), [(S.ON_WRITE, A.NONE), (ON_READ, A.MEAN)])
+def test_a_replica_local_write_returns_the_component_read_when_used(mirrored_2cpu, synchronization, aggregation):
+    # TF: replica r does var.assign_add(r + 1.) on 1.0 -> PerReplica of _UnreadVariable, numpy 2.0 and 3.0.
+    with mirrored_2cpu.scope():
+        v = td.Variable(1.0, synchronization=synchronization, aggregation=aggregation)
+    out = mirrored_2cpu.run(lambda: v.assign_add(_rid() + 1.0))
+    assert type(out).__name__ == "PerReplica"
+    assert [type(x).__name__ for x in out.values] == ["UnreadVariable", "UnreadVariable"]
+    assert [x.numpy() for x in out.values] == [2.0, 3.0]
+    assert mirrored_2cpu.run(lambda: v.assign_add(1.0, read_value=False)) is None
+
+
+def test_a_replica_local_write_chains_on_the_component(mirrored_2cpu):
+    with mirrored_2cpu.scope():
+        v = td.Variable(1.0)
+    mirrored_2cpu.run(lambda: v.assign(_rid()).assign_add(10.0))
+    assert [c.numpy() for c in v.values] == [10.0, 11.0]
+
+
+def test_an_aggregated_replica_write_returns_the_new_value(mirrored_2cpu):
+    # TF: SUM, replica r assign_add(r + 1.) on 3.0 -> PerReplica of tf.Tensor(6.0).
+    with mirrored_2cpu.scope():
+        v = td.Variable(3.0, aggregation=A.SUM)
+    out = mirrored_2cpu.run(lambda: v.assign_add(_rid() + 1.0))
+    assert [type(x).__name__ for x in out.values] == ["ndarray", "ndarray"]
+    assert [float(x) for x in out.values] == [6.0, 6.0]
+
+
+def test_update_returns_read_values_grouped_and_the_components_ungrouped(mirrored_2cpu):
+    # TF: update(mv, lambda v, d: v.assign_sub(d), args=(1.,)) -> Mirrored of tf.Tensor;
+    # group=False -> a tuple of _UnreadVariable.
+    with mirrored_2cpu.scope():
+        v = td.Variable(5.0)
+    grouped = mirrored_2cpu.extended.update(v, lambda c, d: c.assign_sub(d), args=(1.0,))
+    assert type(grouped).__name__ == "Mirrored"
+    assert [type(x).__name__ for x in grouped.values] == ["ndarray", "ndarray"]
+    assert [float(x) for x in grouped.values] == [4.0, 4.0]
+    ungrouped = mirrored_2cpu.extended.update(v, lambda c: c.assign(5.0), group=False)
+    assert [type(x).__name__ for x in ungrouped] == ["UnreadVariable", "UnreadVariable"]
+    assert [x.numpy() for x in ungrouped] == [5.0, 5.0]
+
+
+def test_single_device_strategies_return_the_variable_read_when_used(one_device_cpu, default):
+    # TF: OneDeviceStrategy and default strategy: assign, update and a write in run give _UnreadVariable.
+    for strategy in (one_device_cpu, default):
+        with strategy.scope():
+            v = td.Variable(1.0)
+        assert type(v.assign(2.0)).__name__ == "UnreadVariable"
+        assert type(strategy.extended.update(v, lambda c: c.assign(5.0))).__name__ == "UnreadVariable"
+        assert strategy.run(lambda v=v: type(v.assign_add(1.0)).__name__) == "UnreadVariable"
+        assert v.numpy() == 6.0
+
+
+def test_central_storage_writes_return_the_variable_read_when_used(central_storage_2cpu):
+    # TF: CentralStorageStrategy assign, run(assign_add) and update -> _UnreadVariable.
+    with central_storage_2cpu.scope():
+        v = td.Variable(1.0, aggregation=A.MEAN)
+    assert type(v.assign(2.0)).__name__ == "UnreadVariable"
+    out = central_storage_2cpu.run(lambda: v.assign_add(1.0))
+    assert type(out).__name__ == "UnreadVariable" and out.numpy() == 3.0
+
+
+# --- slice assignment of distributed variables (DESIGN 10.21) ----------------------------------
+
+
+def test_a_cross_replica_slice_assign_writes_every_component(mirrored_2cpu):
+    # TF 2.21 writes only component 0 ([9, 2, 3] and [1, 2, 3]); towerdist writes both.
+    with mirrored_2cpu.scope():
+        v = td.Variable([1.0, 2.0, 3.0], name="mw")
+    v[0].assign(9.0)
+    v[1:].assign([5.0, 6.0])
+    assert [c.numpy().tolist() for c in v.values] == [[9.0, 5.0, 6.0], [9.0, 5.0, 6.0]]
+
+
+def test_a_replica_slice_assign_with_aggregation_none_writes_the_own_component(mirrored_2cpu):
+    # TF: replica r does mv[0].assign(r + 10.) -> components [10, 2, 3] and [11, 2, 3].
+    with mirrored_2cpu.scope():
+        v = td.Variable([1.0, 2.0, 3.0])
+    out = mirrored_2cpu.run(lambda: v[0].assign(_rid() + 10.0))
+    assert [type(x).__name__ for x in out.values] == ["UnreadVariable", "UnreadVariable"]
+    assert [c.numpy().tolist() for c in v.values] == [[10.0, 2.0, 3.0], [11.0, 2.0, 3.0]]
+
+
+def test_a_replica_slice_assign_of_a_sync_on_read_variable_writes_the_own_component(mirrored_2cpu):
+    # TF: sync-on-read SUM, replica r does sv[0].assign(r + 10.) -> [10, 2] and [11, 2].
+    with mirrored_2cpu.scope():
+        v = td.Variable([1.0, 2.0], synchronization=ON_READ, aggregation=A.SUM)
+    mirrored_2cpu.run(lambda: v[0].assign(_rid() + 10.0))
+    assert [c.numpy().tolist() for c in v.values] == [[10.0, 2.0], [11.0, 2.0]]
+
+
+def test_a_replica_slice_assign_with_aggregation_is_aggregated_into_every_component(mirrored_2cpu):
+    # TF 2.21 writes each replica's own component ([10, 2] and [11, 2]): the copies diverge.
+    # towerdist aggregates it as any replica-context write (SUM: 10 + 11).
+    with mirrored_2cpu.scope():
+        v = td.Variable([1.0, 2.0], aggregation=A.SUM)
+    mirrored_2cpu.run(lambda: v[0].assign(_rid() + 10.0))
+    assert [c.numpy().tolist() for c in v.values] == [[21.0, 2.0], [21.0, 2.0]]
+
+
+def test_replicas_assigning_different_slices_of_an_aggregated_variable_raise(mirrored_2cpu):
+    with mirrored_2cpu.scope():
+        v = td.Variable([1.0, 2.0], aggregation=A.SUM)
+
+    def step():
+        return v[td.distribute.get_replica_context().replica_id_in_sync_group].assign(np.float32(1.0))
+
+    with pytest.raises(RuntimeError, match=r"replica 0 called MirroredVariable\[0\].assign\(\); replica 1 called"):
+        mirrored_2cpu.run(step)
+    assert [c.numpy().tolist() for c in v.values] == [[1.0, 2.0], [1.0, 2.0]]
+
+
+def test_a_cross_replica_slice_assign_of_a_sum_sync_on_read_variable_splits_the_value(mirrored_2cpu):
+    with mirrored_2cpu.scope():
+        v = td.Variable([1.0, 2.0], synchronization=ON_READ, aggregation=A.SUM)
+    v[0].assign(9.0)
+    assert [c.numpy().tolist() for c in v.values] == [[4.5, 2.0], [4.5, 2.0]]
+    np.testing.assert_array_equal(v.read_value(), [9.0, 4.0])
+
+
+def test_a_bad_distributed_slice_assign_changes_no_component(mirrored_2cpu):
+    with mirrored_2cpu.scope():
+        v = td.Variable([1.0, 2.0, 3.0], name="mw")
+    with pytest.raises(td.errors.InvalidArgumentError, match=r"elements \[1:\] of variable mw:0"):
+        v[1:].assign([1.0, 2.0, 3.0])
+    assert [c.numpy().tolist() for c in v.values] == [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]

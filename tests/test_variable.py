@@ -9,8 +9,8 @@ Pinned here, against TensorFlow 2.21's ``tf.Variable`` where the two agree:
 * properties: ``name`` (``":0"`` suffix), ``device`` (canonical name, ``td.device``),
   ``trainable`` defaults, ``synchronization``/``aggregation`` as given,
   ``distribute_strategy``; the exact ``repr``;
-* writes: ``assign``/``assign_add``/``assign_sub`` return the new value (None with
-  ``read_value=False``), the dtype conversion rules, the shape rules (assign checks the
+* writes: ``assign``/``assign_add``/``assign_sub`` return the variable, read when used (an
+  ``UnreadVariable``, None with ``read_value=False``), the dtype conversion rules, the shape rules (assign checks the
   declared shape, ``None`` dims and ``validate_shape=False`` relax it; assign_add/sub never
   broadcast), and a failed write changes nothing;
 * snapshot semantics: arrays handed out by reads never change afterwards and are read-only;
@@ -342,13 +342,29 @@ def test_repr_shows_the_current_value():
 @pytest.mark.parametrize(
     ("op", "arg", "expected"), [("assign", 5.0, 5.0), ("assign_add", 2.0, 3.0), ("assign_sub", 2.0, -1.0)]
 )
-def test_writes_return_the_new_value(op, arg, expected):
+def test_writes_return_the_variable_read_when_used(op, arg, expected):
+    # TF 2.21: type(v.assign(5.0)).__name__ == "_UnreadVariable", isinstance tf.Variable,
+    # name "UnreadVariable", `is v` False, numpy() 5.0; read after a later write: 7.0.
     v = td.Variable(1.0)
     result = getattr(v, op)(arg)
-    assert isinstance(result, np.ndarray)
-    assert result.dtype == np.float32
-    assert float(result) == expected
-    assert float(v) == expected
+    assert isinstance(result, td.Variable) and type(result).__name__ == "UnreadVariable"
+    assert result is not v
+    assert result.name == "UnreadVariable"
+    assert result.dtype == np.float32 and result.shape == () and result.device == v.device
+    assert result.numpy() == expected
+    assert repr(result) == f"<tf.Variable 'UnreadVariable' shape=() dtype=float32, numpy={expected}>"
+    v.assign(7.0)
+    assert result.numpy() == 7.0  # not a snapshot: it reads the variable when used
+
+
+def test_writes_chain_and_write_the_same_variable():
+    # TF 2.21: v = tf.Variable([1., 2.]); v.assign([3., 4.]).assign_add([1., 1.]) -> v is [4., 5.].
+    v = td.Variable([1.0, 2.0])
+    chained = v.assign([3.0, 4.0]).assign_add([1.0, 1.0])
+    np.testing.assert_array_equal(v.numpy(), [4.0, 5.0])
+    np.testing.assert_array_equal(chained.numpy(), [4.0, 5.0])
+    np.testing.assert_array_equal(v.assign_sub([1.0, 1.0]) + 1.0, [4.0, 5.0])  # arithmetic reads it
+    assert v.assign_add([0.0, 0.0]).ref() != v.ref()
 
 
 @pytest.mark.parametrize(
@@ -565,7 +581,7 @@ def test_a_failed_write_leaves_the_value_unchanged(bad_write):
 
 def test_reads_are_snapshots():
     v = td.Variable([1.0, 2.0])
-    reads = [v.value(), v.read_value(), np.asarray(v), td.convert_to_tensor(v), v.assign([3.0, 4.0])]
+    reads = [v.value(), v.read_value(), np.asarray(v), td.convert_to_tensor(v), v.assign([3.0, 4.0]).value()]
     v.assign_add([10.0, 10.0])
     v.assign_sub([1.0, 1.0])
     v.assign([0.0, 0.0])
@@ -581,10 +597,11 @@ def test_reads_are_snapshots():
         lambda v: v.read_value(),
         lambda v: np.asarray(v),
         lambda v: td.convert_to_tensor(v),
-        lambda v: v.assign([5.0, 6.0]),
-        lambda v: v.assign_add([0.0, 0.0]),
-        lambda v: v.assign_sub([0.0, 0.0]),
+        lambda v: v.assign([5.0, 6.0]).value(),
+        lambda v: v.assign_add([0.0, 0.0]).value(),
+        lambda v: v.assign_sub([0.0, 0.0]).value(),
         lambda v: v.value()[:1],
+        lambda v: v[:1],
     ],
 )
 def test_reads_are_read_only(read):
@@ -626,7 +643,7 @@ def test_asarray_with_copy_true_is_writable_and_independent():
 def test_the_variable_does_not_alias_an_array_it_was_given(op):
     v = td.Variable(np.zeros(2, np.float32))
     given_array = np.array([1.0, 2.0], np.float32)
-    expected = getattr(v, op)(given_array).copy()
+    expected = getattr(v, op)(given_array).numpy()
     given_array[:] = 99.0
     np.testing.assert_array_equal(v.numpy(), expected)
 
@@ -660,7 +677,7 @@ def test_assign_add_and_sub_match_numpy_and_keep_every_snapshot(initial, data):
             expected = np.subtract(expected, delta, dtype=np.float32)
         else:
             expected = delta.copy()
-        returned = getattr(v, op)(delta)
+        returned = getattr(v, op)(delta).value()
         delta[...] = 7.0  # the caller reusing its buffer does not reach the variable
         np.testing.assert_array_equal(returned, expected)
         snapshots.append((returned, expected.copy()))
@@ -911,3 +928,93 @@ def test_numpy_ufuncs_apply_to_a_variables_value():
     np.testing.assert_array_equal(np.add(np.ones(2), v), [5.0, 5.0])
     np.testing.assert_array_equal(np.ones(2) * v, [4.0, 4.0])
     assert isinstance(np.multiply(v, 2.0), np.ndarray)
+
+
+# --- slice assignment (TF 2.21 values in the comments) -----------------------------------
+
+
+def test_slice_assign_writes_the_selected_elements_and_returns_the_variable():
+    # TF: v = tf.Variable([1., 2., 3.]); v[0].assign(9.) -> [9, 2, 3]; v[1:].assign([5., 6.]) -> [9, 5, 6],
+    # each returning an _UnreadVariable of the whole variable.
+    v = td.Variable([1.0, 2.0, 3.0], name="w")
+    result = v[0].assign(9.0)
+    assert type(result).__name__ == "UnreadVariable"
+    np.testing.assert_array_equal(result.numpy(), [9.0, 2.0, 3.0])
+    v[1:].assign([5.0, 6.0])
+    np.testing.assert_array_equal(v.numpy(), [9.0, 5.0, 6.0])
+
+
+@pytest.mark.parametrize(
+    ("initial", "write", "expected"),
+    [
+        ([9.0, 5.0, 6.0], lambda v: v[1:].assign(7.0), [9.0, 7.0, 7.0]),  # a scalar broadcasts
+        ([9.0, 7.0, 7.0], lambda v: v[0].assign(1), [1.0, 7.0, 7.0]),  # an int into a float variable
+        ([1.0, 7.0, 7.0], lambda v: v[::2].assign([0.5, 0.25]), [0.5, 7.0, 0.25]),
+        ([0.5, 7.0, 0.25], lambda v: v[-1].assign(-1.0), [0.5, 7.0, -1.0]),
+        ([[1, 2], [3, 4]], lambda v: v[0, 1].assign(9), [[1, 9], [3, 4]]),
+        ([[1, 9], [3, 4]], lambda v: v[:, 0].assign([7, 8]), [[7, 9], [8, 4]]),
+        ([[7, 9], [8, 4]], lambda v: v[1].assign([5, 6]), [[7, 9], [5, 6]]),
+        ([[7, 9], [5, 6]], lambda v: v[..., 1].assign([0, 0]), [[7, 0], [5, 0]]),
+        ([[7, 0], [5, 0]], lambda v: v[None].assign([[[1, 1], [1, 1]]]), [[1, 1], [1, 1]]),
+        ([1.0, 2.0], lambda v: v[1:].assign([5.0]), [1.0, 5.0]),  # [1] broadcasts to (1,)
+    ],
+)
+def test_slice_assign_matches_tensorflow(initial, write, expected):
+    v = td.Variable(initial)
+    write(v)
+    np.testing.assert_array_equal(v.numpy(), expected)
+    assert v.dtype == np.asarray(expected, v.dtype).dtype
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "error", "match"),
+    [
+        (slice(1, None), [1.0, 2.0, 3.0], InvalidArgumentError, r"shape \(3,\) to the elements \[1:\] of variable w:0, of shape \(2,\)"),
+        (0, [1.0, 2.0], InvalidArgumentError, r"shape \(2,\) to the elements \[0\] of variable w:0, of shape \(\)"),
+        (0, "a", TypeError, "cannot convert"),
+    ],
+)
+def test_a_bad_slice_assign_raises_tensorflows_error_type_and_changes_nothing(key, value, error, match):
+    # TF: InvalidArgumentError "Cannot broadcast input shape [3] into final shape [2]"; a string: TypeError.
+    v = td.Variable([1.0, 2.0, 3.0], name="w")
+    with pytest.raises(error, match=match):
+        v[key].assign(value)
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0, 3.0])
+
+
+def test_slice_assign_of_a_float_into_an_int_variable_raises_type_error():
+    # TF: m[0, 1].assign(1.5) -> TypeError "Cannot convert 1.5 to EagerTensor of dtype int32".
+    m = td.Variable([[1, 2], [3, 4]])
+    with pytest.raises(TypeError, match="cannot convert 1.5 to dtype int32"):
+        m[0, 1].assign(1.5)
+
+
+@pytest.mark.parametrize(
+    "derived",
+    [lambda v: v[0][()], lambda v: v[1:][0:1], lambda v: v[1:] + 1, lambda v: v[1:].copy(), lambda v: v.value()[1:]],
+)
+def test_only_the_array_read_by_indexing_the_variable_has_assign(derived):
+    # TF: m[0][1].assign and (v[0] + 1).assign raise AttributeError.
+    v = td.Variable([1.0, 2.0, 3.0])
+    with pytest.raises(AttributeError):
+        derived(v).assign(1.0)
+
+
+@pytest.mark.parametrize("method", ["assign_add", "assign_sub"])
+def test_sliced_values_have_no_assign_add_or_sub(method):
+    # TF: v[0].assign_add -> AttributeError ('EagerTensor' object has no attribute 'assign_add').
+    v = td.Variable([1.0, 2.0])
+    assert not hasattr(v[0], method)
+
+
+def test_a_slice_read_is_still_a_read_only_snapshot_array():
+    v = td.Variable([1.0, 2.0, 3.0])
+    first, rest = v[0], v[1:]
+    assert isinstance(rest, np.ndarray) and isinstance(first, np.ndarray) and first.shape == ()
+    v.assign([7.0, 8.0, 9.0])
+    assert float(first) == 1.0 and first.numpy() == 1.0
+    np.testing.assert_array_equal(rest, [2.0, 3.0])
+    assert type(rest * 2) is np.ndarray and type(rest.sum()) is np.float32
+    assert repr(rest) == "array([2., 3.], dtype=float32)"
+    with pytest.raises(ValueError, match="read-only"):
+        rest[0] = 5.0

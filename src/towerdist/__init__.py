@@ -56,6 +56,7 @@ from towerdist._src.dtypes import uint16 as uint16
 from towerdist._src.dtypes import uint32 as uint32
 from towerdist._src.dtypes import uint64 as uint64
 from towerdist._src.module import Module as Module
+from towerdist._src.name_scope import name_scope as name_scope
 from towerdist._src.variable_enums import VariableAggregation as VariableAggregation
 from towerdist._src.variable_enums import VariableSynchronization as VariableSynchronization
 from towerdist._src.variables.variable import Variable as Variable
@@ -95,6 +96,7 @@ __all__ = [
     "int32",
     "int64",
     "metrics",
+    "name_scope",
     "nn",
     "ones",
     "optimizers",

@@ -28,6 +28,7 @@ from towerdist._src.values.distributed_values import DistributedValues, Mirrored
 from towerdist._src.values.regroup import local_results, regroup, value_container
 from towerdist._src.variables import creation
 from towerdist._src.variables.distributed_variable import DistributedVariable, SyncOnReadVariable
+from towerdist._src.variables.variable import read_unread
 
 __all__ = ["Strategy", "StrategyExtended"]
 
@@ -804,10 +805,14 @@ def _foreign_variable(var: Any, strategy: str) -> ValidationError:
 
 
 def update_regroup(results: list[Any], devices: Sequence[DeviceSpec], group: bool) -> Any:
-    """Merges per-component update results: ``Mirrored`` values, or per-component tuples."""
-    merged = regroup(results, devices, wrap_class=Mirrored)
+    """Merges per-component update results: ``Mirrored`` values, or per-component tuples.
+
+    Grouped, a component's write result (an ``UnreadVariable``) is read into its new value,
+    as TensorFlow's grouped update reads each result; per-component tuples keep them.
+    """
     if group:
-        return merged
+        return regroup([read_unread(result) for result in results], devices, wrap_class=Mirrored)
+    merged = regroup(results, devices, wrap_class=Mirrored)
     return nest.map_structure(lambda x: x._values if isinstance(x, DistributedValues) else (x,), merged)
 
 

@@ -35,6 +35,7 @@ from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.values.regroup import regroup, select_replica
 from towerdist._src.variable_enums import VariableAggregation
+from towerdist._src.variables.sliced import SliceAssign, describe_write
 from towerdist._src.variables.variable import ASSIGN, ASSIGN_ADD, ASSIGN_SUB
 
 __all__ = ["aggregation_error", "write_in_replica"]
@@ -53,9 +54,9 @@ def aggregation_error(variable_type: str, name: str) -> ValueError:
     )
 
 
-def write_in_replica(variable: Any, op: str, value: Any, read_value: bool) -> Any:
+def write_in_replica(variable: Any, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
     """Replica-context ``variable.<op>(value)``: aggregate across replicas, then write."""
-    api = f"{type(variable).__name__}.{op}()"
+    api = describe_write(type(variable).__name__, op)
     if variable.aggregation is VariableAggregation.NONE:
         raise aggregation_error(type(variable).__name__, variable.name)
     if isinstance(value, DistributedValues) and not getattr(value, "_is_distributed_variable", False):
@@ -90,8 +91,8 @@ def _settle_writes(strategy: Any, writes: list[tuple[Any, str, Any, bool]]) -> l
     if written is not _NOT_FUSED:
         return [select_replica(i, written) if write[3] else None for i, write in enumerate(writes)]
     devices = strategy.extended._devices if len(writes) > 1 else None  # the replicas' devices (multi-replica)
-    value = regroup([write[2] for write in writes], devices, what=f"values of {type(variable).__name__}.{op}()")
-    combined = _aggregate(strategy, variable, value, f"{type(variable).__name__}.{op}()")
+    value = regroup([write[2] for write in writes], devices, what=f"values of {describe_write(type(variable).__name__, op)}")
+    combined = _aggregate(strategy, variable, value, describe_write(type(variable).__name__, op))
     written = variable._write_cross_replica(op, combined, read_value)
     return [select_replica(i, written) if write[3] else None for i, write in enumerate(writes)]
 
@@ -100,7 +101,7 @@ _NOT_FUSED: Any = object()
 _FUSED_OPS = {ASSIGN: None, ASSIGN_ADD: False, ASSIGN_SUB: True}  # op -> ``subtract`` of reduce_into_update
 
 
-def _write_fused(strategy: Any, variable: Any, op: str, values: list[Any], read_value: bool) -> Any:
+def _write_fused(strategy: Any, variable: Any, op: str | SliceAssign, values: list[Any], read_value: bool) -> Any:
     """The write as one pass over host memory, when it can be: ``_NOT_FUSED`` otherwise.
 
     The common case of a large aggregated write on logical CPUs: a SUM or MEAN
@@ -110,7 +111,7 @@ def _write_fused(strategy: Any, variable: Any, op: str, values: list[Any], read_
     previous value was in when nobody still looks at it; the result is the same as reducing
     first and writing after. Anything else takes the general path.
     """
-    subtract = _FUSED_OPS.get(op, _NOT_FUSED)
+    subtract = _FUSED_OPS.get(op, _NOT_FUSED) if type(op) is str else _NOT_FUSED
     agg = variable.aggregation
     extended = strategy.extended
     components: tuple[Any, ...] = getattr(variable, "_components", ())

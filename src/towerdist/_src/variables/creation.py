@@ -1,7 +1,7 @@
 """What ``td.Variable(...)`` creates, and where.
 
 1. The arguments are checked the same way in every context (invalid synchronization or
-   aggregation raise ``ValueError``).
+   aggregation raise ``ValueError``), and the name gets the thread's ``td.name_scope``.
 2. Outside ``strategy.run``, the current strategy's ``extended._create_variable(spec)``
    builds the variable: a plain :class:`ResourceVariable` for the default and one-device
    strategies, a ``MirroredVariable``/``SyncOnReadVariable`` for ``MirroredStrategy``, an
@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from towerdist._src import backend, context, thread_state
+from towerdist._src import backend, context, name_scope, thread_state
 from towerdist._src import device as device_lib
 from towerdist._src.device import DeviceSpec
 from towerdist._src.values.distributed_values import PerReplica
@@ -100,7 +100,7 @@ def _check(
         )
     if name is not None and not isinstance(name, str):
         raise TypeError(f"td.Variable() takes name as a string. Got name={name!r} of type {type(name).__name__}.")
-    label = "Variable" if name is None else name
+    label = name_scope.variable_name(name)  # in td.name_scope("main"): "main/<name>"
     # None means the default, as in TensorFlow (library code passes None through).
     if synchronization is None:
         synchronization = VariableSynchronization.AUTO

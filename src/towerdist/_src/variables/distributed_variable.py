@@ -36,6 +36,7 @@ from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 from towerdist._src.variables import aggregation
+from towerdist._src.variables.sliced import SliceAssign, describe_write
 from towerdist._src.variables.variable import ASSIGN_ADD, ASSIGN_SUB, ResourceVariable, Variable, to_array
 
 if TYPE_CHECKING:
@@ -128,8 +129,8 @@ class DistributedVariable(DistributedValues, Variable):
 
     # --- writes ---------------------------------------------------------------------------
 
-    def _write(self, op: str, value: Any, read_value: bool) -> Any:
-        self._check_strategy(f"{op}()")
+    def _write(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
+        self._check_strategy(describe_write("", op).lstrip("."))
         component = self._update_component()
         if component is not None:
             return component._write(op, value, read_value)
@@ -138,14 +139,14 @@ class DistributedVariable(DistributedValues, Variable):
             return self._write_in_replica(op, value, read_value)
         return self._write_cross_replica(op, value, read_value)
 
-    def _write_in_replica(self, op: str, value: Any, read_value: bool) -> Any:
+    def _write_in_replica(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
         raise NotImplementedError
 
-    def _write_cross_replica(self, op: str, value: Any, read_value: bool) -> Any:
+    def _write_cross_replica(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
         """Writes ``value`` to every component (a distributed value component-wise)."""
         from towerdist._src.values.regroup import split_for_replicas  # noqa: PLC0415  (regroup imports values)
 
-        parts = split_for_replicas(value, len(self._components), f"{type(self).__name__}.{op}()", "value")
+        parts = split_for_replicas(value, len(self._components), describe_write(type(self).__name__, op), "value")
         write_components(self._components, op, parts)
         return self._write_result() if read_value else None
 
@@ -217,7 +218,7 @@ class MirroredVariable(DistributedVariable):
     def _read_cross_replica(self) -> Any:
         return self._get_on_device_or_primary().value()
 
-    def _write_in_replica(self, op: str, value: Any, read_value: bool) -> Any:
+    def _write_in_replica(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
         if self._aggregation is VariableAggregation.NONE:
             # The replica's own component only. Components on logical CPUs may share one
             # (immutable) buffer; the write swaps in a new buffer for this component alone.
@@ -244,10 +245,10 @@ class SyncOnReadVariable(DistributedVariable):
         op = ReduceOp.from_variable_aggregation(self._aggregation)
         return self._distribute_strategy.extended._reduce(op, self)
 
-    def _write_in_replica(self, op: str, value: Any, read_value: bool) -> Any:
+    def _write_in_replica(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
         return self._component_here()._write(op, value, read_value)
 
-    def _write_cross_replica(self, op: str, value: Any, read_value: bool) -> Any:
+    def _write_cross_replica(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
         if self._aggregation is VariableAggregation.SUM:
             if op in (ASSIGN_ADD, ASSIGN_SUB):
                 raise ValueError(
@@ -287,7 +288,7 @@ class SyncOnReadVariable(DistributedVariable):
 # --- writing components as one transaction ---------------------------------------------------
 
 
-def write_components(components: Sequence[ResourceVariable], op: str, parts: Sequence[Any]) -> list[Any]:
+def write_components(components: Sequence[ResourceVariable], op: str | SliceAssign, parts: Sequence[Any]) -> list[Any]:
     """Applies ``op(parts[i])`` to ``components[i]`` for every ``i``, all or nothing.
 
     Every new value is computed before any is stored, so a bad value (wrong shape or
@@ -303,7 +304,7 @@ def write_components(components: Sequence[ResourceVariable], op: str, parts: Seq
         return _write_locked(components, op, parts)
 
 
-def _write_locked(components: Sequence[ResourceVariable], op: str, parts: Sequence[Any]) -> list[Any]:
+def _write_locked(components: Sequence[ResourceVariable], op: str | SliceAssign, parts: Sequence[Any]) -> list[Any]:
     host = backend.host()
     prepared: list[Any] = []
     shared: list[bool] = []  # the component reuses another's result (that one keeps the spare buffer)

@@ -11,10 +11,17 @@ write builds a new array and swaps it in. An array handed out by ``value()``,
 variable is assigned later. Reads hand out that array read-only (numpy arrays; cupy has no
 read-only flag, so do not write into arrays read from a GPU variable); ``numpy()`` returns a
 writable host copy, as TensorFlow's does.
+
+**Writes return the variable.** ``assign``/``assign_add``/``assign_sub`` return an
+:class:`UnreadVariable` of the variable written (None with ``read_value=False``), as
+TensorFlow 2 does: it reads the variable when used, so ``v.assign_add(1.0).numpy()`` and
+chained writes work. (A distributed variable written in cross-replica context returns its
+components' new values instead, as TensorFlow's do: see ``distributed_variable.py``.)
 """
 
 from __future__ import annotations
 
+import copy
 import operator
 import threading
 from collections.abc import Callable, Sequence
@@ -22,18 +29,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from towerdist._src import backend, context
+from towerdist._src import backend, context, nest
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.operators import ArrayOperators, binary
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
+from towerdist._src.variables import sliced
+from towerdist._src.variables.sliced import SliceAssign, describe_write
 from towerdist._src.variables.update_buffers import UpdateBuffers
 
 if TYPE_CHECKING:
     from towerdist._src.strategies.strategy import Strategy
 
-__all__ = ["ResourceVariable", "Variable", "VariableRef", "to_array"]
+__all__ = ["ResourceVariable", "UnreadVariable", "Variable", "VariableRef", "to_array"]
 
 # The write operations every variable supports, by method name.
 ASSIGN = "assign"
@@ -85,9 +94,13 @@ class Variable(ArrayOperators, metaclass=_VariableMeta):
     Example:
       >>> v = td.Variable(1.0)
       >>> v.assign_add(2.0)
-      array(3., dtype=float32)
+      <tf.Variable 'UnreadVariable' shape=() dtype=float32, numpy=3.0>
       >>> v
       <tf.Variable 'Variable:0' shape=() dtype=float32, numpy=3.0>
+      >>> w = td.Variable([1.0, 2.0, 3.0])
+      >>> _ = w[1:].assign([5.0, 6.0])
+      >>> w.numpy()
+      array([1., 5., 6.], dtype=float32)
     """
 
     # --- what every kind of variable provides ---------------------------------------------
@@ -144,26 +157,39 @@ class Variable(ArrayOperators, metaclass=_VariableMeta):
     def assign(self, value: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
         """Sets the value to ``value`` (same shape; converted to the variable's dtype).
 
-        Returns the new value when ``read_value`` is True, else None. ``use_locking`` and
-        ``name`` are accepted for TensorFlow compatibility (writes are always atomic).
+        Returns the variable, read when used (an :class:`UnreadVariable`, as in TensorFlow
+        2: ``v.assign(x).numpy()``, ``v.assign(x).assign_add(y)``) when ``read_value`` is
+        True, else None. A distributed variable written in cross-replica context, or with
+        aggregation in replica context, returns the new values instead (see
+        ``docs/variables.md``). ``use_locking`` and ``name`` are accepted for TensorFlow
+        compatibility (writes are always atomic).
         """
         return self._write(ASSIGN, value, read_value)
 
     def assign_add(
         self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True
     ) -> Any:
-        """Adds ``delta`` (same shape as the variable); returns the new value or None."""
+        """Adds ``delta`` (same shape as the variable); returns what :meth:`assign` returns."""
         return self._write(ASSIGN_ADD, delta, read_value)
 
     def assign_sub(
         self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True
     ) -> Any:
-        """Subtracts ``delta`` (same shape as the variable); returns the new value or None."""
+        """Subtracts ``delta`` (same shape as the variable); returns what :meth:`assign` returns."""
         return self._write(ASSIGN_SUB, delta, read_value)
 
-    def _write(self, op: str, value: Any, read_value: bool) -> Any:
-        """Applies the write ``op`` (``"assign"``, ``"assign_add"``, ``"assign_sub"``)."""
+    def _write(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
+        """Applies the write ``op`` (``"assign"``, ``"assign_add"``, ``"assign_sub"`` or a sliced assign)."""
         raise NotImplementedError
+
+    def __getitem__(self, key: Any) -> Any:
+        """The elements ``key`` selects, read now (a snapshot); on the host, with ``assign``.
+
+        ``v[1:].assign([5.0, 6.0])`` writes those elements (see ``sliced.py``).
+        """
+        if isinstance(key, ArrayOperators):
+            key = key._operand()
+        return sliced.slice_of(self, key, ArrayOperators.__getitem__(self, key))
 
     # --- shared behaviour -----------------------------------------------------------------
 
@@ -367,20 +393,26 @@ class ResourceVariable(Variable):
 
     # --- the write protocol (distributed variables write components through it) ------------
 
-    def _write(self, op: str, value: Any, read_value: bool) -> Any:
+    def _write(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
         with self._write_lock:
             self._store(self._prepare(op, value))
-            new = self.value() if read_value else None
-        return new
+        if not read_value:
+            return None
+        # Built directly: the factory metaclass's __call__ would cost more than the rest of a small write.
+        unread = object.__new__(UnreadVariable)
+        unread._target = self
+        return unread
 
-    def _prepare(self, op: str, value: Any) -> Any:
+    def _prepare(self, op: str | SliceAssign, value: Any) -> Any:
         """The array ``op(value)`` would store, computed without changing the variable.
 
         Raises:
           ValueError / TypeError: ``value`` has the wrong shape or cannot be converted to
             the variable's dtype; the variable is unchanged.
         """
-        array = to_array(value, self.dtype, f"{self._name}.{op}()")
+        array = to_array(value, self.dtype, describe_write(self._name, op))
+        if type(op) is SliceAssign:
+            return self._prepare_slice(op, array)
         if op == ASSIGN:
             self._check_assign_shape(tuple(array.shape))
             spare = self._spare_like(array)
@@ -400,6 +432,19 @@ class ResourceVariable(Variable):
             (np.subtract if op == ASSIGN_SUB else np.add)(self._array, array, out=spare)
             return spare
         return self._impl.add(self._array, array, subtract=op == ASSIGN_SUB)
+
+    def _prepare_slice(self, op: SliceAssign, array: Any) -> Any:
+        """The value with the elements ``op.key`` selects replaced by ``array`` (broadcast)."""
+        old = self._array
+        op.check(old, array, self.name)
+        array = self._impl.to_device(array, self._device)
+        if _is_string(old.dtype) and array.dtype.itemsize > old.dtype.itemsize:
+            return op.apply(old.astype(array.dtype), array)  # longer strings widen the variable, as assign does
+        spare = self._spare_like(old)
+        if spare is not None:
+            np.copyto(spare, old)
+            return op.apply(spare, array)
+        return op.apply(self._impl.copy(old, self._device), array)
 
     def _spare_like(self, like: Any) -> np.ndarray | None:
         """A private host buffer for a new value shaped like ``like``: the previous value's, if reusable."""
@@ -458,6 +503,80 @@ class ResourceVariable(Variable):
 
     def __repr__(self) -> str:
         return format_variable(self.name, self._array)
+
+
+class UnreadVariable(Variable):
+    """What a write returns: the variable written, read when used (TensorFlow's ``_UnreadVariable``).
+
+    ``v.assign(x)`` returns one. It reads the variable each time it is used, so it shows
+    later writes too (it is not a snapshot), and writing it writes the variable:
+    ``v.assign(1.0).assign_add(2.0)``. It is a different object from ``v`` (so
+    ``v.assign(x) is v`` is False, and ``run`` regroups the ones its replicas return into a
+    ``PerReplica``), named ``'UnreadVariable'``, with ``v``'s other attributes. Returned by a
+    component of a distributed variable (a replica-local write, or one in ``extended.update``)
+    it stands for that component.
+    """
+
+    def __init__(self, target: ResourceVariable) -> None:
+        self._target = target
+
+    @property
+    def name(self) -> str:
+        return "UnreadVariable"
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self._target.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._target.shape
+
+    @property
+    def device(self) -> str:
+        return self._target.device
+
+    @property
+    def trainable(self) -> bool:
+        return self._target.trainable
+
+    @property
+    def synchronization(self) -> VariableSynchronization:
+        return self._target.synchronization
+
+    @property
+    def aggregation(self) -> VariableAggregation:
+        return self._target.aggregation
+
+    @property
+    def distribute_strategy(self) -> Strategy:
+        return self._target.distribute_strategy
+
+    @property
+    def constraint(self) -> Callable[[Any], Any] | None:
+        return self._target.constraint
+
+    def value(self) -> Any:
+        return self._target.value()
+
+    def _write(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
+        return self._target._write(op, value, read_value)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ResourceVariable:
+        """A new, independent plain variable holding the current value (TensorFlow's raises)."""
+        return copy.deepcopy(self._target, memo)
+
+    def __repr__(self) -> str:
+        return format_variable(self.name, self._target._array)
+
+
+def read_unread(result: Any) -> Any:
+    """``result`` with each :class:`UnreadVariable` leaf read into an array (a snapshot)."""
+    if type(result) is UnreadVariable:
+        return result.value()
+    if isinstance(result, (list, tuple, dict)):
+        return nest.map_structure(lambda x: x.value() if type(x) is UnreadVariable else x, result)
+    return result
 
 
 def _format_shape(shape: Sequence[int | None]) -> str:

@@ -58,6 +58,7 @@ from towerdist._src.dtypes import uint16 as uint16
 from towerdist._src.dtypes import uint32 as uint32
 from towerdist._src.dtypes import uint64 as uint64
 from towerdist._src.module import Module as Module
+from towerdist._src.name_scope import name_scope_v1 as name_scope
 from towerdist._src.variable_enums import VariableAggregation as VariableAggregation
 from towerdist._src.variable_enums import VariableSynchronization as VariableSynchronization
 from towerdist._src.variables.variable import Variable as Variable
@@ -91,6 +92,7 @@ __all__ = [
     "int8",
     "metrics",
     "Module",
+    "name_scope",
     "nn",
     "ones",
     "optimizers",
