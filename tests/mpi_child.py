@@ -170,10 +170,37 @@ def late_start(rank: int) -> None:
         report(rank=rank, outcome="DeadlineExceededError", seconds=time.monotonic() - start, message=str(error))
 
 
+def device_names(cpus: int) -> None:
+    """What each worker calls its devices, with ``cpus`` logical CPUs configured before the strategy."""
+    if cpus > 1:
+        cpu = td.config.list_physical_devices("CPU")[0]
+        td.config.set_logical_device_configuration(cpu, [td.config.LogicalDeviceConfiguration()] * cpus)
+    strategy = td.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        v = td.Variable(1.0)
+    report(
+        rank=strategy.cluster_resolver.task_id,
+        logical=[d.name for d in td.config.list_logical_devices("CPU")],
+        device=v.device,
+        components=[c.device for c in strategy.experimental_local_results(v)],
+        non_slot=list(strategy.extended.non_slot_devices([v])),
+        worker_devices=list(strategy.extended.worker_devices),
+        constant_on_own_name=float(_constant_on(v.device)),
+    )
+
+
+def _constant_on(name: str) -> object:
+    with td.device(name):  # this worker's own device name is a local device
+        return td.constant(2.0)
+
+
 def main() -> None:
     scenario = sys.argv[1]
     if scenario == "late_start":
         late_start(int(os.environ["PMI_RANK"]))
+        return
+    if scenario == "device_names":
+        device_names(int(sys.argv[2]))
         return
     options = td.distribute.experimental.CommunicationOptions(timeout_seconds=2.0 if scenario == "stuck" else None)
     strategy = td.distribute.MultiWorkerMirroredStrategy(communication_options=options)

@@ -343,16 +343,105 @@ def double(x):
     return x * 2
 
 
-def test_function_as_a_bare_decorator_returns_the_function():
-    assert td.function(double) is double
+def test_function_as_a_bare_decorator_calls_the_function():
+    step = td.function(double)
+    assert step(3) == 6
+    assert step.python_function is double
+    assert step.__name__ == "double"
 
 
-def test_function_with_options_returns_the_function():
-    assert td.function(jit_compile=True, reduce_retracing=True)(double) is double
+def test_function_with_options_calls_the_function():
+    assert td.function(jit_compile=True, reduce_retracing=True)(double)(3) == 6
 
 
-def test_function_with_input_signature_returns_the_function():
-    assert td.function(input_signature=[None])(double) is double
+def test_function_with_input_signature_calls_the_function():
+    assert td.function(input_signature=[None])(double).python_function is double
+
+
+def test_function_of_a_function_wraps_once():
+    step = td.function(double)
+    assert td.function(step) is step
+
+
+def test_function_as_a_method_decorator_binds_self():
+    class Model:
+        factor = 3
+
+        @td.function
+        def step(self, x):
+            return x * self.factor
+
+    assert Model().step(2) == 6
+
+
+def _exhausting_step(iterator):
+    return next(iterator)
+
+
+def test_function_raises_out_of_range_for_a_stop_iteration():
+    step = td.function(_exhausting_step)
+    with pytest.raises(td.errors.OutOfRangeError, match="^End of sequence: a StopIteration escaped the td.function") as info:
+        step(iter([]))
+    assert info.value.error_code == td.errors.OUT_OF_RANGE
+    assert isinstance(info.value.__cause__, StopIteration)
+
+
+def test_function_out_of_range_is_still_a_stop_iteration():
+    step = td.function(_exhausting_step)
+    with pytest.raises(StopIteration):
+        step(iter([]))
+
+
+def test_function_other_errors_pass_unchanged():
+    @td.function
+    def step():
+        raise KeyError("k")
+
+    with pytest.raises(KeyError):
+        step()
+
+
+def test_function_out_of_range_from_an_inner_function_passes_unchanged():
+    inner = td.function(_exhausting_step)
+    outer = td.function(lambda it: inner(it))
+    with pytest.raises(td.errors.OutOfRangeStopIteration) as info:
+        outer(iter([]))
+    assert isinstance(info.value.__cause__, StopIteration)
+    assert not isinstance(info.value.__cause__, td.errors.OutOfRangeError)
+
+
+def test_function_in_a_generator_raises_a_plain_out_of_range_error():
+    # Python turns a StopIteration leaving a generator into RuntimeError (PEP 479); TensorFlow's
+    # OutOfRangeError leaves it unchanged, so here the error is not a StopIteration.
+    step = td.function(_exhausting_step)
+
+    def losses(iterator):
+        while True:
+            yield step(iterator)
+
+    with pytest.raises(td.errors.OutOfRangeError) as info:
+        list(losses(iter([1])))
+    assert not isinstance(info.value, StopIteration)
+
+
+def test_function_ends_an_epoch_as_tensorflow_does(mirrored_2cpu):
+    # TensorFlow 2.21, 2 CPU replicas, Dataset.range(8).batch(4): the loop sees [6, 22], then
+    # OutOfRangeError (next() outside tf.function raises StopIteration, get_next() OutOfRangeError).
+    strategy = mirrored_2cpu
+    iterator = iter(strategy.experimental_distribute_dataset(td.data.Dataset.range(8).batch(4)))
+
+    @td.function
+    def step(iterator):
+        per_replica = strategy.run(lambda x: td.reduce_sum(x), args=(next(iterator),))
+        return strategy.reduce("SUM", per_replica, axis=None)
+
+    seen = []
+    try:
+        while True:
+            seen.append(int(step(iterator)))
+    except td.errors.OutOfRangeError:
+        pass
+    assert seen == [6, 22]
 
 
 def test_function_decorated_replica_fn_runs(mirrored_2cpu):

@@ -1025,6 +1025,69 @@ def test_manager_checkpoint_interval_skips_saves_until_enough_steps(tmp_path):
     assert manager.save() is None  # the forced save counts: 7 - 7 < 3
 
 
+def test_a_manager_never_deletes_checkpoints_saved_by_checkpoint_save(tmp_path):
+    # TensorFlow 2.21 (its testContinueFromUnmanaged): Checkpoint.save(prefix) twice, then a manager
+    # with max_to_keep=2: latest 'unusual_prefix-2', checkpoints [], save_counter 2; three saves
+    # list ['ckpt-3'], ['ckpt-3', 'ckpt-4'], ['ckpt-4', 'ckpt-5']; unusual_prefix-1 and -2 stay.
+    ckpt, _ = counter_checkpoint()
+    first = ckpt.save(str(tmp_path / "unusual_prefix"))
+    second = ckpt.save(str(tmp_path / "unusual_prefix"))
+    resumed, _ = counter_checkpoint()
+    manager = td.train.CheckpointManager(resumed, str(tmp_path), max_to_keep=2)
+    assert manager.latest_checkpoint == second
+    assert manager.checkpoints == []
+    resumed.restore(manager.latest_checkpoint)
+    assert saved_counter(resumed) == 2
+    lists = []
+    for _ in range(3):
+        manager.save()
+        lists.append([os.path.basename(p) for p in manager.checkpoints])
+    assert lists == [["ckpt-3"], ["ckpt-3", "ckpt-4"], ["ckpt-4", "ckpt-5"]]
+    assert files.checkpoint_exists(first) and files.checkpoint_exists(second)
+    again = td.train.CheckpointManager(resumed, str(tmp_path), max_to_keep=2)
+    assert [os.path.basename(p) for p in again.checkpoints] == ["ckpt-4", "ckpt-5"]
+
+
+def test_a_manager_never_deletes_a_checkpoint_written_with_checkpoint_write(tmp_path):
+    # TensorFlow 2.21: Checkpoint.write('<dir>/unusual_prefix-2') then a manager (max_to_keep=1):
+    # latest None, checkpoints []; its saves never touch the written checkpoint's files.
+    ckpt, _ = counter_checkpoint()
+    written = ckpt.write(str(tmp_path / "unusual_prefix-2"))
+    manager = td.train.CheckpointManager(ckpt, str(tmp_path), max_to_keep=1)
+    assert manager.latest_checkpoint is None and manager.checkpoints == []
+    for _ in range(3):
+        manager.save()
+    assert [os.path.basename(p) for p in manager.checkpoints] == ["ckpt-3"]
+    assert files.checkpoint_exists(written)
+
+
+def test_manager_with_an_interval_saves_once_per_step_even_when_forced(tmp_path):
+    # TensorFlow 2.21, checkpoint_interval=10: step 0 save(check_interval=False) twice -> a path,
+    # then None; save() -> None; step 5: save() None, forced save a path, forced again None;
+    # step 10: save() None (5 steps since the forced save), forced a path; step 12 None; 25 a path;
+    # save(checkpoint_number=7, check_interval=False) at step 25 again -> None.
+    ckpt, _ = counter_checkpoint()
+    step = td.Variable(np.int64(0), trainable=False)
+    manager = td.train.CheckpointManager(ckpt, str(tmp_path), max_to_keep=5, step_counter=step, checkpoint_interval=10)
+    outcomes = []
+    for value, check in [(0, False), (0, False), (0, True), (5, True), (5, False), (5, False), (10, True),
+                         (10, False), (12, True), (25, True), (25, False)]:
+        step.assign(value)
+        path = manager.save(check_interval=check) if value != 25 or check else manager.save(7, check_interval=False)
+        outcomes.append(None if path is None else os.path.basename(path))
+    assert outcomes == ["ckpt-1", None, None, None, "ckpt-2", None, None, "ckpt-3", None, "ckpt-4", None]
+    assert [os.path.basename(p) for p in manager.checkpoints] == ["ckpt-1", "ckpt-2", "ckpt-3", "ckpt-4"]
+
+
+def test_manager_without_an_interval_saves_every_time_at_one_step(tmp_path):
+    # TensorFlow 2.21: a step_counter without checkpoint_interval: three saves at one step write three.
+    ckpt, _ = counter_checkpoint()
+    step = td.Variable(np.int64(3), trainable=False)
+    manager = td.train.CheckpointManager(ckpt, str(tmp_path), max_to_keep=5, step_counter=step)
+    paths = [manager.save(), manager.save(), manager.save(check_interval=False)]
+    assert [os.path.basename(p) for p in paths] == ["ckpt-1", "ckpt-2", "ckpt-3"]
+
+
 def test_restore_or_initialize_calls_init_fn_only_when_there_is_no_checkpoint(tmp_path):
     calls = []
     ckpt, v = counter_checkpoint()

@@ -362,6 +362,20 @@ def test_place_dataset_on_device_with_fetch_to_device_raises(mirrored_2cpu):
         mirrored_2cpu.distribute_datasets_from_function(lambda ctx: td.data.Dataset.range(4).batch(2), options)
 
 
+@pytest.mark.parametrize(("place", "fetch"), [(True, True), (True, False), (False, True), (False, False)])
+def test_one_device_per_replica_input_is_not_implemented_whatever_the_placement(one_device_cpu, place, fetch):
+    # TensorFlow 2.21's OneDeviceStrategy: NotImplementedError for PER_REPLICA before it looks at the
+    # placement options (so also with place_dataset_on_device and fetch_to_device, which MirroredStrategy
+    # refuses with ValueError).
+    options = td.distribute.InputOptions(
+        experimental_replication_mode=td.distribute.InputReplicationMode.PER_REPLICA,
+        experimental_place_dataset_on_device=place,
+        experimental_fetch_to_device=fetch,
+    )
+    with pytest.raises(NotImplementedError, match="InputReplicationMode.PER_REPLICA is only supported"):
+        one_device_cpu.distribute_datasets_from_function(lambda ctx: td.data.Dataset.range(4).batch(2), options)
+
+
 def test_place_dataset_on_device_per_replica_without_fetch_works(mirrored_2cpu):
     options = td.distribute.InputOptions(
         experimental_replication_mode=td.distribute.InputReplicationMode.PER_REPLICA,

@@ -193,6 +193,28 @@ def test_make_input_fn_iterator_rejects_per_replica(strategy):
     assert strategy.run(lambda: 6) == 6
 
 
+def _input_fn(ctx):
+    return td.data.Dataset.range(4).batch(2)
+
+
+def test_make_input_fn_iterator_under_another_strategys_scope_raises(strategy):
+    # TensorFlow 2.21: RuntimeError "Mixing different tf.distribute.Strategy objects".
+    with td.distribute.OneDeviceStrategy("/cpu:0").scope():
+        with pytest.raises(RuntimeError, match="^Mixing different strategies: Strategy.make_input_fn_iterator"):
+            strategy.make_input_fn_iterator(_input_fn)
+    assert strategy.run(lambda: 6) == 6
+
+
+def test_make_input_fn_iterator_in_a_replica_raises(strategy):
+    # TensorFlow 2.21: RuntimeError "Method requires being in cross-replica context".
+    def replica_fn():
+        with pytest.raises(RuntimeError, match="^Strategy.make_input_fn_iterator\\(\\) must be called in cross-replica"):
+            strategy.make_input_fn_iterator(_input_fn)
+        return 6
+
+    assert strategy.run(replica_fn) == 6
+
+
 def test_experimental_run_with_an_iterator(strategy):
     dataset = td.data.Dataset.range(8).batch(4)
     old_iterator = strategy.make_dataset_iterator(dataset)

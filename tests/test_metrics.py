@@ -207,16 +207,20 @@ def test_distributed_result_matches_numpy_over_the_concatenated_batch(case, weig
     else:
         expected = float(all_samples.sum() if all_w is None else (all_samples * all_w).sum())
 
-    # Inside run, every replica got the aggregate over all replicas (they met in a merge_call).
-    assert sorted(seen) == list(range(n_replicas))
-    for replica_result in seen.values():
-        np.testing.assert_allclose(replica_result, expected, **TOL)
-        assert replica_result.shape == () and replica_result.dtype == F32
-    # In cross-replica context, result() aggregates too.
+    # In cross-replica context, result() aggregates over the replicas.
     np.testing.assert_allclose(metric.result(), expected, **TOL)
 
-    # Replica i's copy holds only replica i's contributions.
+    # Replica i's copy holds only replica i's contributions, and inside run, replica i's result
+    # is computed from its own copies (as in TensorFlow).
     own_totals = [float(s.sum() if w is None else (s * w).sum()) for s, w in zip(per_sample, flat_w, strict=True)]
+    if case.reduction == "mean":
+        own_results = [weighted_mean(s, w) for s, w in zip(per_sample, flat_w, strict=True)]
+    else:
+        own_results = own_totals
+    assert sorted(seen) == list(range(n_replicas))
+    for replica, replica_result in seen.items():
+        np.testing.assert_allclose(replica_result, own_results[replica], **TOL)
+        assert replica_result.shape == () and replica_result.dtype == F32
     np.testing.assert_allclose(components(strategy, metric.total), own_totals, **TOL)
     if case.reduction == "mean":
         own_counts = [float(len(s) if w is None else w.sum()) for s, w in zip(per_sample, flat_w, strict=True)]
@@ -597,10 +601,9 @@ def test_custom_metric_subclass_across_replicas(mirrored_4cpu):
     assert [v.shape for v in metric.variables] == [(3,), ()]
     assert metric.n.numpy().dtype == np.float64
     labels = [np.array([0, 1, 1]), np.array([], dtype=np.int64), np.array([2]), np.array([2, 2, 0, 1])]
-    seen = run_and_collect(mirrored_4cpu, metric, distribute(mirrored_4cpu, labels))
+    mirrored_4cpu.run(metric.update_state, args=(distribute(mirrored_4cpu, labels),))
     expected = np.bincount(np.concatenate(labels), minlength=3) / sum(len(x) for x in labels)
-    for value in seen.values():
-        np.testing.assert_allclose(value, expected, **TOL)
+    np.testing.assert_allclose(metric.result(), expected, **TOL)
     np.testing.assert_allclose(components(mirrored_4cpu, metric.counts), [np.bincount(x, minlength=3) for x in labels])
 
 
@@ -653,28 +656,68 @@ def test_update_inside_merge_call_counts_once(multi_replica):
         return metric.result()
 
     seen = run_and_collect(multi_replica, step)
-    assert sorted(seen) == list(range(multi_replica.num_replicas_in_sync))
-    for value in seen.values():
-        np.testing.assert_allclose(value, 6.0)
+    n = multi_replica.num_replicas_in_sync
+    assert sorted(seen) == list(range(n))
+    # Counted once, in the first replica's copy; inside run each replica reads its own copy.
+    assert [float(seen[r]) for r in range(n)] == [6.0] + [0.0] * (n - 1)
     np.testing.assert_allclose(metric.result(), 6.0)
 
 
 @pytest.mark.parametrize("strategy_name", ALL_WITH_CENTRAL)
-def test_result_inside_run_is_the_aggregate_and_accumulates_over_steps(request, strategy_name):
+def test_result_inside_run_is_the_replicas_own_and_accumulates_over_steps(request, strategy_name):
     strategy = request.getfixturevalue(strategy_name)
     n = strategy.num_replicas_in_sync
     metric = create(strategy, td.metrics.Mean)
     steps = [[np.arange(r + 1, dtype=F32) * (s + 1) for r in range(n)] for s in range(2)]
     seen_first = run_and_collect(strategy, metric, distribute(strategy, steps[0]))
     seen_second = run_and_collect(strategy, metric, distribute(strategy, steps[1]))
-    after_one = np.concatenate(steps[0]).mean()
-    after_two = np.concatenate(steps[0] + steps[1]).mean()
     assert len(seen_first) == len(seen_second) == n
-    for value in seen_first.values():
-        np.testing.assert_allclose(value, after_one, **TOL)
-    for value in seen_second.values():
-        np.testing.assert_allclose(value, after_two, **TOL)
-    np.testing.assert_allclose(metric.result(), after_two, **TOL)
+    for r in range(n):
+        if strategy_name.startswith("central_storage"):
+            # One copy of the state, written by every replica together: each reads the aggregate
+            # (TensorFlow 2.21's CentralStorageStrategy: [4.5, 4.5] for a Mean of [4.0] and [5.0]).
+            mine_first, mine_second = steps[0], steps[0] + steps[1]
+        else:
+            mine_first, mine_second = [steps[0][r]], [steps[0][r], steps[1][r]]
+        np.testing.assert_allclose(seen_first[r], np.concatenate(mine_first).mean(), **TOL)
+        np.testing.assert_allclose(seen_second[r], np.concatenate(mine_second).mean(), **TOL)
+    np.testing.assert_allclose(metric.result(), np.concatenate(steps[0] + steps[1]).mean(), **TOL)
+
+
+@pytest.mark.parametrize(
+    ("make_metric", "local", "aggregate"),
+    [
+        (td.metrics.Mean, [4.0, 5.0], 5.0),
+        (td.metrics.Sum, [4.0, 5.0], 9.0),
+        (td.metrics.SparseCategoricalAccuracy, [0.6666667, 1.0], 0.8333333),
+        (td.metrics.MeanSquaredError, [1.0, 2.5], 1.75),
+    ],
+    ids=["Mean", "Sum", "SparseCategoricalAccuracy", "MeanSquaredError"],
+)
+def test_result_inside_run_matches_tensorflow(mirrored_2cpu, make_metric, local, aggregate):
+    # TensorFlow 2.21 (Keras 3.15), MirroredStrategy on 2 CPUs: result() inside run reads each
+    # replica's own copies (Mean/Sum of [4.0] and [5.0]: [4.0, 5.0]); cross-replica code reads the
+    # aggregate over everything both replicas saw (the Mean of a second update of x + 1: 5.0).
+    strategy = mirrored_2cpu
+    metric = create(strategy, make_metric)
+
+    def step():
+        r = float(td.distribute.get_replica_context().replica_id_in_sync_group)
+        if make_metric in (td.metrics.Mean, td.metrics.Sum):
+            metric.update_state([r + 4.0])
+            result = metric.result()
+            if make_metric is td.metrics.Mean:
+                metric.update_state([r + 5.0])
+            return result
+        if make_metric is td.metrics.SparseCategoricalAccuracy:
+            metric.update_state([0, 1, 1], np.array([[0.9, 0.1], [0.2, 0.8], [0.9 - 0.8 * r, 0.1 + 0.8 * r]], F32))
+        else:
+            metric.update_state(np.zeros((1, 2), F32), np.array([[1.0 + r, 1.0]], F32))
+        return metric.result()
+
+    results = strategy.experimental_local_results(strategy.run(step))
+    np.testing.assert_allclose([float(v) for v in results], local, rtol=1e-6)
+    np.testing.assert_allclose(float(metric.result()), aggregate, rtol=1e-6)
 
 
 def test_results_already_returned_do_not_change(mirrored_2cpu):
@@ -683,8 +726,7 @@ def test_results_already_returned_do_not_change(mirrored_2cpu):
     cross = metric.result()
     metric.update_state([10.0])
     metric.reset_state()
-    for value in seen.values():
-        np.testing.assert_allclose(value, 3.0)
+    assert [float(seen[r]) for r in range(2)] == [1.0, 2.0]
     np.testing.assert_allclose(cross, 3.0)
     plain = td.metrics.Sum()
     plain.update_state([1.0, 2.0])
@@ -897,8 +939,8 @@ def test_error_in_one_replica_leaves_the_strategy_usable(multi_replica, make_met
     seen = run_and_collect(multi_replica, fresh, distribute(multi_replica, values))
     expected = np.concatenate(values).mean()
     assert len(seen) == n
-    for value in seen.values():
-        np.testing.assert_allclose(value, expected, **TOL)
+    for r in range(n):
+        np.testing.assert_allclose(seen[r], values[r].mean(), **TOL)
     np.testing.assert_allclose(fresh.result(), expected, **TOL)
     assert float(metric.result()) == 0.0
 

@@ -52,6 +52,30 @@ def test_replicas_are_numbered_globally(multi_worker_strategy):
     assert strategy.extended.experimental_between_graph
 
 
+def test_devices_are_named_by_the_workers_task(multi_worker_strategy):
+    # TensorFlow 2.21 with two workers: a variable's device, its components' devices and
+    # non_slot_devices say /job:worker/replica:0/task:<rank>/...; list_logical_devices() lists every
+    # worker's, this one's first. One worker (no cluster) keeps the single-process names.
+    strategy = multi_worker_strategy
+    rank, workers, local, _ = _layout(strategy)
+    with strategy.scope():
+        v = td.Variable(1.0)
+    prefix = f"/job:worker/replica:0/task:{rank}" if workers > 1 else "/job:localhost/replica:0/task:0"
+    names = [f"{prefix}/device:CPU:{i}" for i in range(local)]
+    assert v.device == names[0]
+    assert [c.device for c in strategy.experimental_local_results(v)] == names
+    assert list(strategy.extended.non_slot_devices([v])) == names
+    logical = [d.name for d in td.config.list_logical_devices("CPU")]
+    if workers == 1:
+        assert logical[:local] == [f"/device:CPU:{i}" for i in range(local)]
+    else:
+        cpus = len(logical) // workers
+        order = [rank] + [t for t in range(workers) if t != rank]
+        assert logical == [f"/job:worker/replica:0/task:{t}/device:CPU:{i}" for t in order for i in range(cpus)]
+    with td.device(v.device):  # this worker's name for its own device is a local device
+        assert float(td.constant(2.0)) == 2.0
+
+
 def test_one_local_replica_returns_the_value_itself(multi_worker_strategy):
     strategy = multi_worker_strategy
     rank, _, local, n = _layout(strategy)
@@ -70,6 +94,23 @@ def test_one_local_replica_returns_the_value_itself(multi_worker_strategy):
 
 
 # --- collectives -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "dtype"), [("int", np.int32), ("float", np.float32)])
+def test_python_numbers_gather_and_reduce_as_tensorflow_converts_them(multi_worker_strategy, kind, dtype):
+    # Python ints become int32 and floats float32, as TensorFlow's tf.constant makes them (its
+    # gather of tf.constant([1, 2]) from 2 replicas: int32 [1, 2, 1, 2]; of [1.5]: float32 [1.5, 1.5]),
+    # and as td.constant and reduce give: never numpy's int64/float64.
+    strategy = multi_worker_strategy
+    rank, _, local, n = _layout(strategy)
+    number = int if kind == "int" else float
+    values = td.distribute.PerReplica([[number(10 * (rank * local + i) + 1), number(2)] for i in range(local)])
+    gathered = strategy.gather(values, axis=0)
+    assert gathered.dtype == dtype
+    assert gathered.tolist() == [x for r in range(n) for x in (10 * r + 1, 2)]
+    summed = strategy.reduce("SUM", values, axis=None)
+    assert summed.dtype == dtype
+    assert summed.tolist() == [sum(10 * r + 1 for r in range(n)), 2 * n]
 
 
 def test_all_reduce_sums_every_replica_of_every_worker_exactly(multi_worker_strategy):

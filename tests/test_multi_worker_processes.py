@@ -148,6 +148,32 @@ def test_a_checkpoint_saved_by_two_workers_restores_on_one(tmp_path, local):
         np.testing.assert_allclose(component.numpy(), 0.9 * np.array(rank0["momentum"]), rtol=1e-6)
 
 
+def _names(task: int, cpus: int) -> list[str]:
+    return [f"/job:worker/replica:0/task:{task}/device:CPU:{i}" for i in range(cpus)]
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+def test_devices_are_named_by_the_workers_task_as_in_tensorflow(cpus):
+    results, output, _, _ = run_mpi("device_names", str(cpus), timeout=60)
+    (rank0,), (rank1,) = results[0], results[1]
+    # TensorFlow 2.21, two workers: list_logical_devices("CPU") lists every worker's CPUs, its own first.
+    if cpus == 1:
+        assert rank1["logical"] == ["/job:worker/replica:0/task:1/device:CPU:0", "/job:worker/replica:0/task:0/device:CPU:0"]
+    else:
+        assert rank0["logical"] == [
+            "/job:worker/replica:0/task:0/device:CPU:0",
+            "/job:worker/replica:0/task:0/device:CPU:1",
+            "/job:worker/replica:0/task:1/device:CPU:0",
+            "/job:worker/replica:0/task:1/device:CPU:1",
+        ]
+    assert rank0["logical"] == _names(0, cpus) + _names(1, cpus), output
+    assert rank1["logical"] == _names(1, cpus) + _names(0, cpus), output
+    for task, fields in enumerate([rank0, rank1]):
+        assert fields["device"] == f"/job:worker/replica:0/task:{task}/device:CPU:0", output
+        assert fields["components"] == fields["non_slot"] == fields["worker_devices"] == _names(task, cpus), output
+        assert fields["constant_on_own_name"] == 2.0
+
+
 def test_a_launcher_that_gives_every_process_a_world_of_one_is_refused():
     code = "import towerdist as td; td.distribute.MultiWorkerMirroredStrategy()"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,

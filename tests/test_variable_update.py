@@ -750,6 +750,48 @@ def test_read_var_of_sync_on_read_variable_is_the_aggregate(mirrored_strategy, a
     assert float(mirrored_strategy.extended.read_var(v)) == pytest.approx(expected(n))
 
 
+def test_read_var_of_a_mirrored_variable_in_a_replica_is_its_copy(mirrored_2cpu):
+    # TensorFlow 2.21, 2 CPU replicas, tf.Variable(1.0) in scope: read_var in run gives [1.0, 1.0].
+    with mirrored_2cpu.scope():
+        v = td.Variable(1.0)
+        plain_in_scope = td.Variable([1.0, 2.0], synchronization=td.VariableSynchronization.ON_WRITE)
+    result = mirrored_2cpu.run(lambda: mirrored_2cpu.extended.read_var(v))
+    assert [float(x) for x in mirrored_2cpu.experimental_local_results(result)] == [1.0, 1.0]
+    result = mirrored_2cpu.run(lambda: mirrored_2cpu.extended.read_var(plain_in_scope) * (1.0 + rid()))
+    assert [x.tolist() for x in mirrored_2cpu.experimental_local_results(result)] == [[1.0, 2.0], [2.0, 4.0]]
+
+
+def test_read_var_of_a_mirrored_variable_under_another_scope_is_its_value(mirrored_2cpu):
+    # TensorFlow 2.21: 1.0 under a OneDeviceStrategy's scope.
+    with mirrored_2cpu.scope():
+        v = td.Variable(1.0)
+    with td.distribute.OneDeviceStrategy("/cpu:0").scope():
+        assert float(mirrored_2cpu.extended.read_var(v)) == 1.0
+
+
+@pytest.mark.parametrize("aggregation", [td.VariableAggregation.SUM, td.VariableAggregation.MEAN], ids=["sum", "mean"])
+def test_read_var_of_a_sync_on_read_variable_in_a_replica_raises(mirrored_2cpu, aggregation):
+    # TensorFlow 2.21: RuntimeError "Method requires being in cross-replica context".
+    with mirrored_2cpu.scope():
+        v = td.Variable(2.0, synchronization=ON_READ, aggregation=aggregation)
+
+    def replica_fn():
+        with pytest.raises(td.errors.ContextError, match="^StrategyExtended.read_var\\(\\) must be called in cross-replica"):
+            mirrored_2cpu.extended.read_var(v)
+
+    mirrored_2cpu.run(replica_fn)
+
+
+def test_read_var_of_a_sync_on_read_variable_under_another_scope_raises(mirrored_2cpu):
+    # TensorFlow 2.21: RuntimeError "Mixing different tf.distribute.Strategy objects".
+    with mirrored_2cpu.scope():
+        v = td.Variable(2.0, synchronization=ON_READ, aggregation=td.VariableAggregation.SUM)
+    with td.distribute.OneDeviceStrategy("/cpu:0").scope():
+        with pytest.raises(RuntimeError, match="^Mixing different strategies: StrategyExtended.read_var"):
+            mirrored_2cpu.extended.read_var(v)
+    assert float(mirrored_2cpu.extended.read_var(v)) == 4.0  # TF: 2.0 on each of 2 replicas, summed
+
+
 # --- errors -----------------------------------------------------------------------------------
 
 
@@ -929,9 +971,9 @@ def test_replicas_updating_different_variables_raise(mirrored_2cpu):
     assert [float(c.numpy()) for c in v.values] == [0.0, 0.0] and [float(c.numpy()) for c in w.values] == [0.0, 0.0]
 
 
-def test_read_var_needs_cross_replica_context(mirrored_2cpu):
+def test_read_var_of_a_sync_on_read_variable_needs_cross_replica_context(mirrored_2cpu):
     with mirrored_2cpu.scope():
-        v = td.Variable(1.0)
+        v = td.Variable(1.0, synchronization=ON_READ, aggregation=td.VariableAggregation.SUM)
     with pytest.raises(ContextError, match=r"StrategyExtended.read_var\(\) must be called in cross-replica context"):
         mirrored_2cpu.run(lambda: mirrored_2cpu.extended.read_var(v))
-    assert float(mirrored_2cpu.extended.read_var(v)) == 1.0
+    assert float(mirrored_2cpu.extended.read_var(v)) == 2.0

@@ -10,6 +10,9 @@ This is not a TensorFlow replacement: there is no autodiff and no graph.
 
 from __future__ import annotations
 
+import functools
+import inspect
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,6 +20,7 @@ import numpy as np
 
 from towerdist._src import backend
 from towerdist._src import device as device_lib
+from towerdist._src.errors import OutOfRangeError, OutOfRangeStopIteration
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 
 __all__ = [
@@ -263,12 +267,58 @@ def _shape(shape: Any) -> tuple[int, ...]:
 
 
 def function(func: Callable[..., Any] | None = None, **options: Any) -> Any:
-    """Accepts ``tf.function`` and its keyword arguments, and returns ``func`` unchanged.
+    """Accepts ``tf.function`` and its keyword arguments, and returns ``func`` run eagerly.
 
     towerdist runs everything eagerly; replicas are concurrent without compilation.
-    Works both as ``@td.function`` and ``@td.function(jit_compile=True, ...)``.
+    Works both as ``@td.function`` and ``@td.function(jit_compile=True, ...)``. The
+    result is what ``func`` returns, with one difference TensorFlow code can tell by its
+    ``except`` clauses: a ``StopIteration`` escaping ``func`` (``next(iterator)`` on an
+    exhausted iterator) is raised as ``td.errors.OutOfRangeError``, as from a
+    ``tf.function``, so ``try: while True: step(iterator)`` / ``except
+    td.errors.OutOfRangeError:`` ends an epoch. The error is a ``StopIteration`` too
+    (``td.errors.OutOfRangeStopIteration``), except where a generator or coroutine is on
+    the stack (Python would turn it into ``RuntimeError`` there).
     """
     del options
     if func is None:
-        return lambda f: f
-    return func
+        return _step_function
+    return _step_function(func)
+
+
+def _step_function(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` with TensorFlow's error for a ``StopIteration`` escaping it (``td.function``)."""
+    if getattr(func, "_towerdist_function", False):
+        return func  # already wrapped: td.function(td.function(f)) calls f through one wrapper
+
+    @functools.wraps(func)
+    def step(*args: Any, **kwargs: Any) -> Any:
+        # A try block costs nothing until it raises (Python 3.11+): this stays a plain call.
+        try:
+            return func(*args, **kwargs)
+        except StopIteration as stop:
+            if isinstance(stop, OutOfRangeError):
+                raise  # from an inner td.function
+            raise _out_of_range(func) from stop
+
+    step._towerdist_function = True  # type: ignore[attr-defined]
+    step.python_function = func  # type: ignore[attr-defined]  # as tf.function's attribute
+    return step
+
+
+_GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+def _out_of_range(func: Callable[..., Any]) -> OutOfRangeError:
+    """The error for a ``StopIteration`` out of ``func``: a ``StopIteration`` too unless PEP 479 would mangle it."""
+    name = getattr(func, "__qualname__", repr(func))
+    message = (
+        f"End of sequence: a StopIteration escaped the td.function {name}() (next() on an exhausted iterator), "
+        f"raised as OutOfRangeError, as from a tf.function; catch td.errors.OutOfRangeError to end the epoch, "
+        f"or check for the end with iterator.get_next_as_optional()."
+    )
+    frame = sys._getframe(2)  # the caller of the td.function
+    while frame is not None:
+        if frame.f_code.co_flags & _GENERATOR_FLAGS:
+            return OutOfRangeError(message)  # leaves a generator unchanged, as TensorFlow's does
+        frame = frame.f_back  # type: ignore[assignment]
+    return OutOfRangeStopIteration(message)

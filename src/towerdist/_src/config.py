@@ -63,6 +63,8 @@ class LogicalDeviceConfiguration(NamedTuple):
 _lock = threading.Lock()
 _cpu_configuration: tuple[LogicalDeviceConfiguration, ...] | None = None
 _initialized_by: str | None = None
+# In a multi-worker job: (job, this worker's task, every worker's (logical CPUs, GPUs) by task).
+_cluster: tuple[str, int, tuple[tuple[int, int], ...]] | None = None
 
 
 def list_physical_devices(device_type: str | None = None) -> list[PhysicalDevice]:
@@ -74,11 +76,26 @@ def list_physical_devices(device_type: str | None = None) -> list[PhysicalDevice
 
 
 def list_logical_devices(device_type: str | None = None) -> list[LogicalDevice]:
-    """Lists the logical devices; after this call they can no longer be reconfigured."""
+    """Lists the logical devices; after this call they can no longer be reconfigured.
+
+    In one process they are named ``/device:CPU:0``, ... Once the process is a worker of a
+    ``MultiWorkerMirroredStrategy`` job, the list holds every worker's devices, named
+    ``/job:worker/replica:0/task:<rank>/device:CPU:0`` and so on, this worker's first and
+    then the others' in task order, as in TensorFlow.
+    """
     wanted = _check_type(device_type)
     mark_initialized("td.config.list_logical_devices()")
-    devices = [LogicalDevice(f"/device:CPU:{i}", "CPU") for i in range(logical_cpu_count())]
-    devices += [LogicalDevice(f"/device:GPU:{i}", "GPU") for i in range(_gpu_count())]
+    if _cluster is None:
+        devices = [LogicalDevice(f"/device:CPU:{i}", "CPU") for i in range(logical_cpu_count())]
+        devices += [LogicalDevice(f"/device:GPU:{i}", "GPU") for i in range(_gpu_count())]
+    else:
+        job, task, counts = _cluster
+        devices = []
+        for t in [task, *(t for t in range(len(counts)) if t != task)]:
+            prefix = f"/job:{job}/replica:0/task:{t}/device"
+            cpus, gpus = counts[t]
+            devices += [LogicalDevice(f"{prefix}:CPU:{i}", "CPU") for i in range(cpus)]
+            devices += [LogicalDevice(f"{prefix}:GPU:{i}", "GPU") for i in range(gpus)]
     return [d for d in devices if wanted is None or d.device_type == wanted]
 
 
@@ -155,6 +172,17 @@ def mark_initialized(by: str) -> None:
         with _lock:
             if _initialized_by is None:
                 _initialized_by = by
+
+
+def join_cluster(job: str, task: int, counts: list[tuple[int, int]]) -> None:
+    """Makes this process task ``task`` of ``job``, whose workers have ``counts`` (logical CPUs, GPUs).
+
+    From now on, local devices are named by that job and task, and ``list_logical_devices``
+    lists every worker's devices (``MultiWorkerMirroredStrategy`` over several processes).
+    """
+    global _cluster
+    _cluster = (job, int(task), tuple((int(c), int(g)) for c, g in counts))
+    device_lib.join_cluster(job, task)
 
 
 def local_devices(device_type: str) -> list[device_lib.DeviceSpec]:

@@ -5,6 +5,11 @@ TensorFlow spells one device many ways: ``"GPU:1"``, ``"/gpu:1"``, ``"/device:GP
 :class:`DeviceSpec`, whose canonical string is the last form. towerdist knows two device
 types, ``CPU`` (numpy, host memory; split into logical CPUs by ``td.config``) and ``GPU``
 (cupy).
+
+A process that joins a multi-worker job (``MultiWorkerMirroredStrategy`` over several
+processes) names its own devices as TensorFlow does then, ``/job:worker/replica:0/task:<rank>/...``
+(:func:`join_cluster`); both that name and the ``/job:localhost`` one parse to the same local
+device.
 """
 
 from __future__ import annotations
@@ -18,11 +23,14 @@ from typing import Any
 
 from towerdist._src import thread_state
 
-__all__ = ["DeviceSpec", "activate", "canonicalize", "current", "device", "parse"]
+__all__ = ["DeviceSpec", "activate", "canonicalize", "current", "device", "join_cluster", "parse"]
 
 DEVICE_TYPES = ("CPU", "GPU")
 _LOCAL_JOB = "localhost"
 _DEVICE_RE = re.compile(r"^(?:device:)?([A-Za-z_]+):(\d+|\*)$")
+
+# (job, task) this process's devices are named with once it is a worker of a multi-worker job.
+_process_task: tuple[str, int] | None = None
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -37,8 +45,11 @@ class DeviceSpec:
 
     @property
     def name(self) -> str:
-        """The canonical device string."""
-        return f"/job:{self.job}/replica:{self.replica}/task:{self.task}/device:{self.device_type}:{self.device_index}"
+        """The canonical device string (a local device of a multi-worker job: its job and task there)."""
+        job, task = self.job, self.task
+        if _process_task is not None and job == _LOCAL_JOB and task == 0 and self.replica == 0:
+            job, task = _process_task
+        return f"/job:{job}/replica:{self.replica}/task:{task}/device:{self.device_type}:{self.device_index}"
 
     @property
     def short_name(self) -> str:
@@ -106,6 +117,10 @@ def _parse_string(text: str) -> DeviceSpec:
             )
         fields["device_type"] = device_type
         fields["device_index"] = 0 if index == "*" else int(index)
+    own = (fields.get("job"), fields.get("task", 0)) == _process_task and fields.get("replica", 0) == 0
+    if _process_task is not None and own:
+        del fields["job"]  # this process's own name in its multi-worker job: a local device
+        fields.pop("task", None)
     return DeviceSpec(**fields)
 
 
@@ -114,6 +129,17 @@ def _invalid(text: str, why: str) -> ValueError:
         f"Invalid device name {text!r}: {why}. Use a form such as 'CPU:0', '/gpu:1', "
         f"'/device:GPU:1' or '/job:localhost/replica:0/task:0/device:CPU:0'."
     )
+
+
+def join_cluster(job: str, task: int) -> None:
+    """Names this process's devices ``/job:<job>/replica:0/task:<task>/...`` from now on.
+
+    Called when the process becomes a worker of a multi-worker job; as in TensorFlow, the
+    renaming lasts for the rest of the process, and a local device keeps its identity
+    (``parse`` maps both names to it).
+    """
+    global _process_task
+    _process_task = (job, int(task))
 
 
 def canonicalize(spec: Any) -> str:

@@ -88,6 +88,7 @@ __all__ = [
     "OpError",
     "OperatorNotAllowedInGraphError",
     "OutOfRangeError",
+    "OutOfRangeStopIteration",
     "PermissionDeniedError",
     "ReplicaStallWarning",
     "ResourceExhaustedError",
@@ -263,6 +264,19 @@ class OutOfRangeError(OpError):
     """An iterator has no more elements (``DistributedIterator.get_next()``)."""
 
     _code = OUT_OF_RANGE
+
+
+class OutOfRangeStopIteration(OutOfRangeError, StopIteration):
+    """A ``StopIteration`` that escaped a ``td.function``: an ``OutOfRangeError`` that is a ``StopIteration`` too.
+
+    TensorFlow raises ``OutOfRangeError`` when ``next(iterator)`` inside a ``tf.function``
+    runs out of data, so its training loops end an epoch with ``except
+    tf.errors.OutOfRangeError``; code written for towerdist's pass-through ``td.function``
+    may catch ``StopIteration`` instead. This class satisfies both. Where a generator or
+    coroutine is on the stack, a plain ``OutOfRangeError`` is raised instead, since Python
+    turns a ``StopIteration`` leaving one into ``RuntimeError`` (PEP 479) and TensorFlow's
+    error passes through it unchanged.
+    """
 
 
 class UnimplementedError(OpError, NotImplementedError):

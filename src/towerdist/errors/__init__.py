@@ -32,6 +32,7 @@ from towerdist._src.errors import NotFoundError as NotFoundError
 from towerdist._src.errors import OperatorNotAllowedInGraphError as OperatorNotAllowedInGraphError
 from towerdist._src.errors import OpError as OpError
 from towerdist._src.errors import OutOfRangeError as OutOfRangeError
+from towerdist._src.errors import OutOfRangeStopIteration as OutOfRangeStopIteration
 from towerdist._src.errors import PermissionDeniedError as PermissionDeniedError
 from towerdist._src.errors import ReplicaStallWarning as ReplicaStallWarning
 from towerdist._src.errors import ResourceExhaustedError as ResourceExhaustedError
@@ -76,6 +77,7 @@ __all__ = [
     "OpError",
     "OperatorNotAllowedInGraphError",
     "OutOfRangeError",
+    "OutOfRangeStopIteration",
     "PermissionDeniedError",
     "ReplicaStallWarning",
     "ResourceExhaustedError",

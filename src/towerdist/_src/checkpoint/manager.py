@@ -88,8 +88,10 @@ def record_latest(path: str) -> None:
 class CheckpointManager:
     """Saves numbered checkpoints into a directory and deletes all but the newest ``max_to_keep``.
 
-    A new manager picks up the checkpoints its directory's state file lists, so a
-    restarted job resumes with ``checkpoint.restore(manager.latest_checkpoint)``.
+    A new manager picks up the checkpoints a manager listed in its directory's state file,
+    so a restarted job resumes with ``checkpoint.restore(manager.latest_checkpoint)``.
+    Checkpoints it did not save (``Checkpoint.save()``/``write()``, another name) may be
+    the latest one, but are never deleted.
 
     A manager also removes what crashed saves left in its directory: temporary files and
     data files no index points to, once they have not been modified for an hour (a
@@ -176,15 +178,9 @@ class CheckpointManager:
         if problem is not None:
             self._recover(state_path, problem)
         elif state is not None:
-            paths = state.get("all_model_checkpoint_paths", [])
-            stamps = state.get("all_model_checkpoint_timestamps", [])
-            for k, path in enumerate(paths):
-                absolute = _absolute(self._directory, path)
-                if files.checkpoint_exists(absolute):
-                    self._kept[absolute] = float(stamps[k]) if k < len(stamps) else time.time()
             latest = _absolute(self._directory, state["model_checkpoint_path"])
             self._latest = latest if files.checkpoint_exists(latest) else None
-            self._last_preserved = float(state.get("last_preserved_timestamp", self._last_preserved))
+            self._adopt(state)
         self._sweep_crash_leftovers()
 
     @property
@@ -218,16 +214,25 @@ class CheckpointManager:
         Then deletes the oldest checkpoints beyond ``max_to_keep``. The new checkpoint is
         recorded in the state file before anything is deleted.
 
+        With ``checkpoint_interval``, a save is skipped (None is returned) unless that many
+        steps of ``step_counter`` passed since the last save; ``check_interval=False`` saves
+        regardless, unless a checkpoint was already saved at the current step.
+
+        Args:
+          checkpoint_number: the number in the checkpoint's name (default: the save counter).
+          check_interval: whether to skip a save within ``checkpoint_interval`` steps of the last.
+
         Returns:
-          The new checkpoint's path prefix, or None if skipped by ``checkpoint_interval``.
+          The new checkpoint's path prefix, or None if skipped.
         """
         require_outside_run("CheckpointManager.save()")
         step = None
         if self._step_counter is not None:
             step = int(self._step_counter.numpy())
-        if check_interval and self._checkpoint_interval is not None and self._last_saved_step is not None:
-            assert step is not None
-            if step - self._last_saved_step < self._checkpoint_interval:
+        if self._checkpoint_interval is not None and self._last_saved_step is not None and step is not None:
+            if step == self._last_saved_step:
+                return None  # saved at this step already: even check_interval=False writes nothing (as TF)
+            if check_interval and step - self._last_saved_step < self._checkpoint_interval:
                 return None
         counter = self._checkpoint.save_counter
         counter.assign_add(1, read_value=False)
@@ -273,6 +278,25 @@ class CheckpointManager:
         if self._init_fn is not None:
             self._init_fn()
         return None
+
+    def _adopt(self, state: dict[str, Any]) -> None:
+        """Takes over the checkpoints a manager listed in the state file, and none other.
+
+        Only a manager records ``last_preserved_timestamp``; a state file without it was
+        written by ``Checkpoint.save()`` (towerdist's or TensorFlow's), whose checkpoints no
+        manager may delete. Of a manager's list, the entries saved after the last preserved
+        one are managed (TensorFlow's rule); those without a timestamp are not.
+        """
+        if "last_preserved_timestamp" not in state:
+            return
+        self._last_preserved = float(state["last_preserved_timestamp"])
+        now = time.time()
+        stamps = state.get("all_model_checkpoint_timestamps", [])
+        for path, stamp in zip(state.get("all_model_checkpoint_paths", []), stamps):
+            absolute = _absolute(self._directory, path)
+            stamp = min(float(stamp), now)  # a clock that went back must not keep a checkpoint forever
+            if stamp > self._last_preserved and files.checkpoint_exists(absolute):
+                self._kept[absolute] = stamp
 
     def _recover(self, state_path: str, problem: str) -> None:
         """Starts from the newest complete checkpoint of this manager's name (an unusable state file)."""

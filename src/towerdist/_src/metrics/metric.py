@@ -2,9 +2,9 @@
 
 Created in ``strategy.scope()``, a metric's state variables are ``SyncOnReadVariable``\\ s
 with SUM aggregation: inside ``strategy.run`` each replica accumulates into its own
-copy with no communication, and ``result()`` in cross-replica context reads the sum over
-replicas. Outside any strategy they are plain variables. Semantics (dtypes, sample-weight
-broadcasting, shapes) follow Keras 3's metrics.
+copy with no communication; ``result()`` in cross-replica context reads the sum over
+replicas, inside ``run`` each replica's own copies. Outside any strategy they are plain
+variables. Semantics (dtypes, sample-weight broadcasting, shapes) follow Keras 3's metrics.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ class Metric:
     Contexts:
       ``update_state``: inside ``strategy.run`` (each replica updates its own copy) or in
       cross-replica context / with no strategy (the update counts once).
-      ``result``: anywhere; inside ``strategy.run`` every replica must call it (the
-      replicas meet to aggregate, as in Keras).
+      ``result``: anywhere; inside ``strategy.run`` it is this replica's own value (its
+      copies of the state), in cross-replica context the aggregate over replicas.
       ``reset_state``: outside ``strategy.run``.
     """
 
@@ -81,10 +81,13 @@ class Metric:
         raise NotImplementedError
 
     def result(self) -> Any:
-        """The metric's value over every batch seen since the last reset (aggregated over replicas)."""
-        replica_context = context.replica_context_in_run()
-        if replica_context is not None:
-            return replica_context.merge_call(lambda strategy: self._result())
+        """The metric's value over every batch seen since the last reset.
+
+        In cross-replica context (or with no strategy), aggregated over the replicas.
+        Inside ``strategy.run``, this replica's own value, computed from its copies of the
+        state with no communication, as in TensorFlow (``[4.0, 5.0]`` on two replicas that
+        saw 4.0 and 5.0, where cross-replica code reads 4.5 for a ``Mean``).
+        """
         return self._result()
 
     def _result(self) -> Any:
@@ -265,5 +268,5 @@ def _same_rank(x1: Any, x2: Any) -> tuple[Any, Any]:
 
 
 def _read(variable: Variable) -> Any:
-    """The variable's value as cross-replica code sees it (the sum over replicas)."""
+    """The variable's value here: the sum over replicas in cross-replica context, the local copy in a replica."""
     return variable.value()

@@ -12,6 +12,7 @@ import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from towerdist._src import context
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.input.input_context import InputContext, InputOptions, InputReplicationMode
 from towerdist._src.input.legacy_iterators import input_iterator
@@ -112,16 +113,19 @@ def make_input_fn_iterator(
     """An iterator over ``distribute_datasets_from_function(input_fn)`` (TF 1.x style input).
 
     Besides ``get_next()``, it has ``initialize()`` (and ``initializer``), which restart it
-    from the first element and return ``None``, as in TensorFlow 2's eager mode.
+    from the first element and return ``None``, as in TensorFlow 2's eager mode. Call it in
+    cross-replica context or outside any scope, as in TensorFlow.
 
     Raises:
       ValueError: ``replication_mode`` is not ``InputReplicationMode.PER_WORKER``.
+      ContextError: called inside a replica function, or under another strategy's scope.
     """
     if replication_mode is not InputReplicationMode.PER_WORKER:
         raise ValueError(
             f"Input replication mode not supported: {replication_mode!r}. make_input_fn_iterator() only "
             f"supports InputReplicationMode.PER_WORKER."
         )
+    context.require_cross_replica_or_default(self, "Strategy.make_input_fn_iterator()")
     return input_iterator(self.distribute_datasets_from_function(input_fn))
 
 

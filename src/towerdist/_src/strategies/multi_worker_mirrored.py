@@ -122,6 +122,19 @@ class MultiWorkerExtended(MirroredExtended):
         super().__init__(container_strategy, gpus if devices is None else devices, None)
         self._mw_init_args = (devices, cluster_resolver, communication_options)
         self._nccl: NcclWorkers | None = None
+        if self._workers.size > 1:
+            self._join_cluster()
+
+    def _join_cluster(self) -> None:
+        """Names this process's devices by its task in the job and learns every worker's (collective).
+
+        As TensorFlow once a worker joins its cluster: variables, ``non_slot_devices`` and
+        ``td.config.list_logical_devices()`` say ``/job:worker/replica:0/task:<rank>/...``.
+        """
+        cpus, gpus = config.logical_cpu_count(), len(config.local_devices("GPU"))
+        # One handshake carries both counts: (CPUs << 16) | GPUs (both far below 2**16).
+        packed = self._workers.agree_extra("MultiWorkerMirroredStrategy() (logical devices)", (cpus << 16) | gpus, None)
+        config.join_cluster("worker", self._workers.rank, [(int(p) >> 16, int(p) & 0xFFFF) for p in packed])
 
     # --- who is where -------------------------------------------------------------------------
 

@@ -583,10 +583,21 @@ class StrategyExtended:
         return getattr(v, "_distribute_strategy", None) is self._variable_owner()
 
     def read_var(self, v: Any) -> Any:
-        """The value of ``v`` as cross-replica code sees it (sync-on-read: the aggregate), as a new array."""
-        context.require_cross_replica_or_default(self._container_strategy(), "StrategyExtended.read_var()")
+        """The value of ``v`` as cross-replica code sees it (sync-on-read: the aggregate), as a new array.
+
+        A sync-on-read variable is aggregated, so it must be read in cross-replica context
+        of its strategy (or outside any scope). Other variables are read in any context, as
+        in TensorFlow: in a replica, a mirrored variable gives that replica's copy.
+
+        Raises:
+          ContextError: ``v`` is sync-on-read and this is a replica context, or another
+            strategy's scope.
+        """
         if isinstance(v, SyncOnReadVariable):
+            context.require_cross_replica_or_default(self._container_strategy(), "StrategyExtended.read_var()")
             return v._read_cross_replica()
+        if isinstance(v, DistributedVariable) and context.replica_context_in_run() is None:
+            return array_ops.identity(v._components[0])  # its primary copy, under any scope (as TF)
         return array_ops.identity(v)
 
     # --- hooks for concrete strategies ----------------------------------------------------
@@ -617,13 +628,13 @@ class StrategyExtended:
     def _distribute_datasets_from_function(
         self, dataset_fn: Callable[[InputContext], Any], options: InputOptions | None
     ) -> Any:
-        _check_replication_options(options)
         per_replica = options is not None and options.experimental_replication_mode is InputReplicationMode.PER_REPLICA
-        if per_replica and not self._supports_per_replica_input:
+        if per_replica and not self._supports_per_replica_input:  # before the options' own checks, as TF
             raise NotImplementedError(
                 f"InputReplicationMode.PER_REPLICA is only supported in `distribute_datasets_from_function` of "
                 f"MirroredStrategy, not {self._describe()}."
             )
+        _check_replication_options(options)
         return DistributedDatasetsFromFunction(
             dataset_fn,
             self._input_worker(),
