@@ -91,7 +91,7 @@ class PreemptionCheckpointHandler:
 
     Example:
       >>> with strategy.scope():
-      ...     model, optimizer = make_model(), td.keras.optimizers.SGD(0.1)
+      ...     model, optimizer = make_model(), td.optimizers.SGD(0.1)
       ...     checkpoint = td.train.Checkpoint(model=model, optimizer=optimizer)
       ...     handler = td.distribute.experimental.PreemptionCheckpointHandler(
       ...         strategy.cluster_resolver, checkpoint, "/shared/ckpt")
