@@ -10,6 +10,7 @@ end bit-identical to an uninterrupted one. Config keys:
   sends itself SIGTERM inside step k, after ``run()`` k returned, or inside the save;
 * ``grace_period``, ``exit_status`` (a custom ``exit_fn``), ``save_fn`` (use one);
 * ``no_collective``: the step trains nothing and the workers exchange nothing in it;
+* ``two_handlers``: handler A saves once (its exit_fn returns), then handler B trains unsignalled;
 * ``pid_after``: after this step, write ``pid-<rank>`` into ``dir`` (the test signals from outside).
 
 Each rank writes ``report-<rank>.json`` into ``dir`` before it exits, however it exits.
@@ -41,6 +42,40 @@ def signal_self(when: str, step: int) -> None:
     if any(s["when"] == when and s["step"] == step for s in signals):
         os.kill(os.getpid(), signal.SIGTERM)
 
+
+
+
+def two_handlers_in_turn() -> None:
+    """Handler A saves at 4 (signal in step 3, an exit_fn that returns); then handler B, never signalled."""
+    exits: list[str] = []
+    for phase in ("a", "b"):
+        runs = td.Variable(np.int64(0), trainable=False)
+
+        def exit_fn(phase: str = phase, runs: td.Variable = runs) -> None:
+            exits.append(f"{phase} at {runs.numpy()}")
+
+        def train_step(runs: td.Variable = runs) -> None:
+            strategy.reduce("SUM", strategy.run(lambda: 1.0), None)  # a collective
+            runs.assign_add(1)
+
+        handler = td.distribute.experimental.PreemptionCheckpointHandler(
+            strategy.cluster_resolver,
+            td.train.Checkpoint(runs=runs),
+            os.path.join(directory, phase),
+            td.distribute.experimental.TerminationConfig(exit_fn=exit_fn),
+        )
+        while handler.total_run_calls < 10:
+            step = handler.total_run_calls + 1
+            handler.run(train_step)
+            if phase == "a" and step == 3 and rank == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+    with open(os.path.join(directory, f"report-{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "exits": exits, "b_files": sorted(os.listdir(os.path.join(directory, "b")))}, f)
+
+
+if config.get("two_handlers"):
+    two_handlers_in_turn()
+    sys.exit(0)
 
 with strategy.scope():
     w = td.Variable(np.linspace(-1.0, 1.0, 4), name="w")

@@ -177,6 +177,26 @@ def test_exit_fn_and_save_fn_are_called_instead_and_training_goes_on_if_exit_fn_
     assert not (job.directory / "checkpoint").exists()  # save_fn replaced the save
 
 
+def test_a_save_that_fails_is_tried_again_at_the_next_call_as_in_tensorflow(tmp_path: Path) -> None:
+    # TF 2.21, the same script: run() raised the save's OSError at 4; the next run() saved and exited 42.
+    saves: list[int] = []
+    job = Job(tmp_path)
+
+    def save_fn() -> None:
+        saves.append(job.handler.total_run_calls)
+        if len(saves) == 1:
+            raise OSError("disk full (transient)")
+
+    job = Job(tmp_path, TerminationConfig(save_fn=save_fn))
+    with pytest.raises(OSError, match="disk full"):
+        job.train(10, signal_at=3)
+    assert job.handler.total_run_calls == 4
+    with pytest.raises(SystemExit) as exited:
+        job.train(10)
+    assert exited.value.code == 42
+    assert saves == [4, 4] and job.handler.total_run_calls == 4
+
+
 def test_a_signal_during_the_last_step_is_lost(tmp_path: Path) -> None:
     job = Job(tmp_path)
     job.train(20, signal_at=20)

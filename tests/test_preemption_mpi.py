@@ -207,3 +207,12 @@ def test_steps_without_a_collective_still_agree_on_the_step(tmp_path: Path) -> N
     # exchanges it at the next run() itself.
     job = run(tmp_path, no_collective=True, signals=[{"rank": 1, "step": 10, "when": "during"}])
     assert_saved_once_at(job, 11)
+
+
+def test_a_later_handler_in_the_same_job_does_not_inherit_an_earlier_handlers_save_step(tmp_path: Path) -> None:
+    job = Job(tmp_path, steps=0, two_handlers=True).wait()
+    assert job.status == 0, job.output
+    for rank in (0, 1):
+        report = job.report(rank)
+        assert report["exits"] == ["a at 4"], (report, job.output)  # B never saved or exited
+        assert report["b_files"] == [], report

@@ -1018,3 +1018,14 @@ def test_a_slice_read_is_still_a_read_only_snapshot_array():
     assert repr(rest) == "array([2., 3.], dtype=float32)"
     with pytest.raises(ValueError, match="read-only"):
         rest[0] = 5.0
+
+
+def test_an_element_read_can_be_accumulated_in_place_as_the_numpy_scalar_it_was():
+    # The accumulator pattern (TF: tf.Tensor(2.0) after total += 1): the element is a copy of its
+    # own, so adding to it leaves the variable alone.
+    v = td.Variable([1.0, 2.0, 3.0])
+    total = v[0]
+    total += v[1]
+    total += 1
+    assert float(total) == 4.0
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0, 3.0])

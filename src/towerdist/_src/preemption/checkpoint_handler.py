@@ -36,7 +36,7 @@ import numpy as np
 from towerdist._src.checkpoint.checkpoint import Checkpoint
 from towerdist._src.checkpoint.manager import CheckpointManager
 from towerdist._src.device import HOST
-from towerdist._src.errors import InvalidArgumentError, UnimplementedError
+from towerdist._src.errors import InternalError, InvalidArgumentError, UnimplementedError
 from towerdist._src.multi_worker import workers as workers_lib
 from towerdist._src.preemption.step_agreement import StepAgreement
 from towerdist._src.preemption.termination_config import TerminationConfig
@@ -132,7 +132,8 @@ class PreemptionCheckpointHandler:
         self._reported_signals = 0
         self._proposals = 0  # steps this worker proposed to save at (it leads once it has)
         self._acted_on = 0  # the agreed step this worker last saved at
-        self._final_deadline: float | None = None  # grace period: when the leader proposes the final save
+        self._counting_down = False  # grace period: saved once, training on until the final save
+        self._final_deadline = 0.0  # grace period: when the leader proposes the final save
         self._finished = False
         self._warned_total_run_calls = False
         self._stop_watching = threading.Event()
@@ -200,13 +201,21 @@ class PreemptionCheckpointHandler:
         if self._finished:
             return
         agreed = self._agreement.latest()
-        if agreed > self._acted_on and self._runs >= agreed:
-            self._acted_on = agreed
-            self._save(args, kwargs)
-            if self._grace_period <= 0 or self._final_deadline is not None:
-                self._exit()
-                return
-            self._start_grace_period()
+        if agreed > self._acted_on:
+            if self._runs > agreed:
+                raise InternalError(
+                    f"PreemptionCheckpointHandler on worker {self._id}: the workers agreed to save after run() call "
+                    f"{agreed}, but this worker has made {self._runs} calls already. Call run() (or "
+                    f"save_checkpoint_if_preempted()) once per step on every worker, from the same step count."
+                )
+            if self._runs == agreed:
+                self._save(args, kwargs)  # if it raises, the next call saves again (as TensorFlow)
+                self._acted_on = agreed
+                if self._grace_period <= 0 or self._counting_down:
+                    self._exit()
+                    return
+                logger.info("Continue training for the grace period.")
+                self._counting_down = True
         self._maybe_propose(agreed)
         self._agreement.checked()
 
@@ -220,7 +229,10 @@ class PreemptionCheckpointHandler:
             if agreed > 0:
                 return  # another worker was told first: it leads
             logger.info("Termination caught in main thread on preempted worker.")
-        elif self._proposals > 1 or self._final_deadline is None or time.monotonic() < self._final_deadline:
+            # As TensorFlow: the final save starts 6 mean step times before the grace period ends.
+            margin = _GRACE_MARGIN_STEPS * self._mean_run_seconds
+            self._final_deadline = self._signal_time + self._grace_period - margin
+        elif self._proposals > 1 or not self._counting_down or time.monotonic() < self._final_deadline:
             return  # proposed already, or the grace period goes on
         else:
             logger.info("Grace period almost ended. Final call to save a checkpoint!")
@@ -249,12 +261,6 @@ class PreemptionCheckpointHandler:
         else:
             self._manager.save(*args, **kwargs)
         logger.info("Checkpoint finished at path %s", self._manager.directory)
-
-    def _start_grace_period(self) -> None:
-        logger.info("Continue training for the grace period.")
-        margin = _GRACE_MARGIN_STEPS * self._mean_run_seconds
-        start = self._signal_time if self._signal_time is not None else time.monotonic()
-        self._final_deadline = start + self._grace_period - margin
 
     def _exit(self) -> None:
         self._finished = True

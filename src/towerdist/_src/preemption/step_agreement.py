@@ -27,10 +27,16 @@ class StepAgreement:
     """
 
     def __init__(self, workers: Workers | None) -> None:
-        self._workers = workers
-        self._communicator = None if workers is None else workers.communicator
+        self._workers = workers if workers is not None and workers.communicator is not None else None
+        self._communicator = None if self._workers is None else self._workers.communicator
         self._local = 0
-        self._seen = 0 if self._communicator is None else self._communicator.seq
+        self._seen = 0
+        if self._communicator is not None:
+            # The communicator outlives handlers: a step an earlier handler agreed on must not
+            # reach this one. Every worker creates its handler at the same point of its program
+            # (the constructor is collective), so every one forgets at the same collective.
+            self._communicator.notice = self._communicator.agreed_notice = 0
+            self._seen = self._communicator.seq
 
     @property
     def multi_worker(self) -> bool:
@@ -52,12 +58,11 @@ class StepAgreement:
         ``PreemptionCheckpointHandler.run``): when no collective ran since the previous
         call, it runs a handshake, so a proposal is never stuck on one worker.
         """
-        communicator = self._communicator
-        if communicator is None:
+        communicator, workers = self._communicator, self._workers
+        if communicator is None or workers is None:
             return self._local
         if communicator.seq == self._seen:
-            assert self._workers is not None
-            self._workers.agree_extra(_API, 0, None)
+            workers.agree_extra(_API, 0, None)
         return communicator.agreed_notice
 
     def checked(self) -> None:

@@ -156,8 +156,9 @@ def slice_of(variable: Any, key: Any, value: Any) -> Any:
     GPU arrays are returned as they are.
     """
     if isinstance(value, np.generic):
-        value = np.asarray(value)  # an element: a 0-d array (numpy scalars cannot carry the key)
-        value.flags.writeable = False
+        # An element: a 0-d array of its own (numpy scalars cannot carry the key), writable
+        # like the numpy scalar it replaces, so ``total = v[0]; total += 1`` still works.
+        value = np.asarray(value)
     elif type(value) is not np.ndarray:
         return value
     result = value.view(VariableSlice)
