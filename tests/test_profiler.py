@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import threading
 from typing import Any
 
+import numpy as np
 import pytest
 
 import towerdist as td
@@ -120,6 +123,155 @@ def test_a_failing_replica_still_closes_its_event(tmp_path):
     with open(path, encoding="utf-8") as file:
         runs = [e for e in json.load(file)["traceEvents"] if e["name"] == "run: test_a_failing_replica_still_closes_its_event.<locals>.fails"]
     assert len(runs) == 2 and all(e["args"]["error"] == "ValueError" for e in runs)
+
+
+def _strict_json(path: str) -> dict[str, Any]:
+    """The file parsed as strict JSON: bare NaN, Infinity and -Infinity are rejected."""
+
+    def reject(constant: str) -> Any:
+        raise AssertionError(f"{path} holds {constant}, which is not JSON")
+
+    with open(path, encoding="utf-8") as file:
+        document: dict[str, Any] = json.loads(file.read(), parse_constant=reject)
+    return document
+
+
+@pytest.fixture
+def stopped_afterwards():
+    """Stops a profiler a failing test left running, so that it does not leak into the next test."""
+    yield
+    if profiler_lib.active:
+        experimental.stop(save=False)
+
+
+def test_non_finite_trace_arguments_are_written_as_strings_so_the_file_is_strict_json(tmp_path, stopped_afterwards):
+    experimental.start(str(tmp_path))
+    with experimental.Trace(
+        "loss", nan=float("nan"), inf=float("inf"), ninf=-float("inf"), np_nan=np.float32("nan"),
+        np_int=np.int64(7), np_float=np.float64(0.5), finite=2.5, nested=[1.0, (float("inf"), None)],
+        mapping={"lr": float("nan"), 3: "x"},
+    ):
+        pass
+    path = experimental.stop()
+    assert path is not None
+    (event,) = [e for e in _strict_json(path)["traceEvents"] if e["name"] == "loss"]
+    assert event["args"] == {
+        "nan": "NaN", "inf": "Infinity", "ninf": "-Infinity", "np_nan": "NaN", "np_int": 7, "np_float": 0.5,
+        "finite": 2.5, "nested": [1.0, ["Infinity", None]], "mapping": {"lr": "NaN", "3": "x"},
+    }
+
+
+def test_a_trace_name_or_argument_that_is_no_string_is_written_with_str(tmp_path, stopped_afterwards):
+    class Unprintable:
+        def __str__(self) -> str:
+            raise RuntimeError("no str")
+
+    experimental.start(str(tmp_path))
+    with experimental.Trace(42, thing=Unprintable()):  # TensorFlow accepts any name
+        pass
+    path = experimental.stop()
+    assert path is not None
+    (event,) = [e for e in _strict_json(path)["traceEvents"] if e["name"] == "42"]
+    assert event["args"] == {"thing": "<Unprintable object>"}
+
+
+@pytest.mark.timeout(30)
+def test_tracks_are_sorted_start_thread_first_then_replicas_by_id(tmp_path, stopped_afterwards):
+    release = threading.Event()  # threads stay alive to the end: a finished thread's ident can be reused
+
+    def replica(i: int | None, recorded: threading.Event) -> None:
+        if i is not None:
+            profiler_lib.name_replica_thread(i, f"/cpu:{i}")
+        with profiler_lib.Span(f"event {i}"):
+            pass
+        recorded.set()
+        release.wait(timeout=20)
+
+    experimental.start(str(tmp_path))
+    threads = []
+    for i, name in ((3, None), (None, "helper"), (1, None)):  # replica 3's track appears first
+        recorded = threading.Event()
+        threads.append(threading.Thread(target=replica, args=(i, recorded), name=name))
+        threads[-1].start()
+        assert recorded.wait(timeout=10)
+    with experimental.Trace("on the thread that called start()"):
+        pass
+    release.set()
+    for thread in threads:
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+    path = experimental.stop()
+    assert path is not None
+    events = _strict_json(path)["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    order = {e["tid"]: e["args"]["sort_index"] for e in events if e["name"] == "thread_sort_index"}
+    by_order = [names[tid] for tid in sorted(names, key=order.__getitem__)]
+    assert by_order == ["main", "replica 1 (/cpu:1)", "replica 3 (/cpu:3)", "helper"]
+    assert sorted(order.values()) == list(range(4))
+
+
+@pytest.mark.parametrize("below", [pytest.param("", id="logdir-is-a-file"), pytest.param("sub", id="parent-is-a-file")])
+def test_start_into_a_file_raises_failed_precondition_and_does_not_start(tmp_path, below, stopped_afterwards):
+    blocker = tmp_path / "taken"
+    blocker.write_text("not a directory")
+    logdir = os.path.join(str(blocker), below) if below else str(blocker)
+    # TensorFlow 2.21 starts here and raises FailedPreconditionError in stop(), losing the recording.
+    with pytest.raises(td.errors.FailedPreconditionError, match="needs a directory for logdir, but .*taken' is a file"):
+        experimental.start(logdir)
+    assert not profiler_lib.active
+    experimental.start(str(tmp_path / "good"))  # nothing was left running
+    assert experimental.stop() is not None
+
+
+def test_stop_that_cannot_write_keeps_recording_so_a_retry_writes_everything(tmp_path, stopped_afterwards):
+    logdir = tmp_path / "logs"
+    experimental.start(str(logdir))
+    with experimental.Trace("before"):
+        pass
+    logdir.write_text("a file now stands where the trace goes")
+    with pytest.raises(td.errors.FailedPreconditionError, match="cannot write the trace to .*logs' is a file") as info:
+        experimental.stop()
+    assert "call stop() again" in str(info.value) and info.value.logdir == str(logdir)
+    assert profiler_lib.active  # still running: nothing is lost
+    with experimental.Trace("after"):
+        pass
+    logdir.unlink()
+    path = experimental.stop()
+    assert path is not None and not profiler_lib.active
+    names = [e["name"] for e in _strict_json(path)["traceEvents"] if e["ph"] == "X"]
+    assert names == ["before", "after"]
+
+
+def test_stop_on_a_full_disk_raises_resource_exhausted_leaves_no_partial_file_and_keeps_recording(
+    tmp_path, monkeypatch, stopped_afterwards
+):
+    def disk_full(document: Any, file: Any, **kwargs: Any) -> None:
+        file.write('{"traceEvents": [')
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    experimental.start(str(tmp_path))
+    with experimental.Trace("kept"):
+        pass
+    with monkeypatch.context() as patch:
+        patch.setattr(profiler_lib.json, "dump", disk_full)
+        with pytest.raises(td.errors.ResourceExhaustedError, match="No space left on device"):
+            experimental.stop()
+    assert os.listdir(tmp_path) == [] and profiler_lib.active
+    path = experimental.stop()
+    assert path is not None
+    assert [e["name"] for e in _strict_json(path)["traceEvents"] if e["ph"] == "X"] == ["kept"]
+
+
+def test_stop_without_saving_after_a_failed_stop_discards_the_recording(tmp_path, stopped_afterwards):
+    logdir = tmp_path / "logs"
+    experimental.start(str(logdir))
+    logdir.write_text("in the way")
+    with pytest.raises(td.errors.FailedPreconditionError):
+        experimental.stop()
+    assert experimental.stop(save=False) is None
+    assert not profiler_lib.active and not profiler_lib._events
+    with pytest.raises(td.errors.UnavailableError, match="No profiler is running"):
+        experimental.stop()
 
 
 # --- under MPI ---------------------------------------------------------------------------------

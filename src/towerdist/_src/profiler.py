@@ -13,11 +13,28 @@ on the track (``tid``) of the thread they happen on; ``stop`` adds the metadata 
 
 **Recording.** Events are appended to a plain list (``list.append`` is atomic under the
 GIL) as tuples; they are turned into JSON objects only when the trace is written.
+
+**The file is strict JSON.** ``chrome://tracing`` and Perfetto reject Python's bare ``NaN``
+and ``Infinity``, so a non-finite number in a ``Trace`` argument is written as the string
+``"NaN"``, ``"Infinity"`` or ``"-Infinity"``; numpy scalars become plain numbers, and any
+other object its ``str()``.
+
+**Tracks** are numbered and sorted as a reader expects: the thread that called ``start``
+first, then the replicas by replica id (whichever thread happened to record first), then
+any other thread in order of appearance.
+
+**A trace that cannot be written is not lost.** When ``stop`` cannot write the file (the
+logdir is a file, a directory cannot be made, the disk is full), it raises and the
+profiler keeps running with everything recorded so far; fix the logdir and call ``stop``
+again, or ``stop(save=False)`` to discard the recording.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import math
+import numbers
 import os
 import socket
 import threading
@@ -26,7 +43,15 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from towerdist._src.errors import AlreadyExistsError, UnavailableError
+from towerdist._src.errors import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    OpError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    UnavailableError,
+    UnknownError,
+)
 
 __all__ = ["Span", "Trace", "active", "name_replica_thread", "now", "start", "stop", "trace_path"]
 
@@ -36,6 +61,8 @@ active: bool = False
 # (name, thread ident, start ns, end ns, args or None), in the order they ended.
 _events: list[tuple[str, int, int, int, dict[str, Any] | None]] = []
 _thread_names: dict[int, str] = {}  # thread ident -> track name
+_thread_replicas: dict[int, int] = {}  # thread ident -> the replica it ran (sorts the tracks)
+_starter = 0  # the ident of the thread that called start(): its track comes first
 _lock = threading.Lock()  # start/stop
 _logdir: str | None = None
 _origin_ns = 0  # perf_counter_ns() at start: ts 0
@@ -53,16 +80,30 @@ def start(logdir: str | os.PathLike[str], options: Any = None) -> None:
 
     Raises:
       AlreadyExistsError: a profiler is already running (as TensorFlow raises).
+      FailedPreconditionError: ``logdir``, or a folder above it, is a file, so no trace could
+        be written there. TensorFlow starts anyway and fails in ``stop()``, losing the
+        recording; towerdist says so before recording anything.
     """
-    global active, _logdir, _origin_ns, _origin_wall_us
+    global active, _logdir, _origin_ns, _origin_wall_us, _starter
     del options
+    path = os.fspath(logdir)
+    blocking = _file_in_the_way(path)
+    if blocking is not None:
+        raise FailedPreconditionError(
+            f"profiler.experimental.start() needs a directory for logdir, but {blocking!r} is a file. "
+            f"Got logdir={path!r}; pass a directory (it is created if missing), or move the file away.",
+            logdir=path,
+            path=blocking,
+        )
     with _lock:
         if active:
             raise AlreadyExistsError("Another profiler is running.")
         _events.clear()
         _thread_names.clear()
-        _thread_names[threading.get_ident()] = "main"
-        _logdir = os.fspath(logdir)
+        _thread_replicas.clear()
+        _starter = threading.get_ident()
+        _thread_names[_starter] = "main"
+        _logdir = path
         _origin_wall_us = time.time() * 1e6
         _origin_ns = time.perf_counter_ns()
         active = True
@@ -71,25 +112,99 @@ def start(logdir: str | os.PathLike[str], options: Any = None) -> None:
 def stop(save: bool = True) -> str | None:
     """Stops recording and writes the trace file; returns its path (None with ``save=False``).
 
+    When the file cannot be written, nothing is lost: the error is raised and the profiler
+    keeps running with everything recorded so far, so that ``stop()`` can be called again
+    once the logdir is fixed (or ``stop(save=False)`` discards the recording).
+
+    Args:
+      save: write the trace file (False discards the recording).
+
     Raises:
       UnavailableError: no profiler is running (as TensorFlow's ``stop`` raises).
+      FailedPreconditionError: the logdir, or a folder above it, is a file (TensorFlow's type
+        for this case); the profiler keeps running.
+      PermissionDeniedError: the logdir cannot be written to; the profiler keeps running.
+      ResourceExhaustedError: the disk is full; the profiler keeps running.
+      UnknownError: any other failure to write the file; the profiler keeps running.
     """
     global active, _logdir
     with _lock:
         if not active or _logdir is None:
             raise UnavailableError("Cannot export profiling results. No profiler is running.")
+        logdir = _logdir
+        path = None
+        if save:
+            active = False  # nothing new is recorded while the file is written
+            try:
+                path = _write(logdir, list(_events), dict(_thread_names), dict(_thread_replicas))
+            except OpError:
+                active = True  # keep every event: a later stop() writes them all
+                raise
         active = False
-        logdir, _logdir = _logdir, None
-        events, names = list(_events), dict(_thread_names)
+        _logdir = None
         _events.clear()
         _thread_names.clear()
-    if not save:
-        return None
+        _thread_replicas.clear()
+    return path
+
+
+def _file_in_the_way(logdir: str) -> str | None:
+    """The file at ``logdir`` or at the nearest existing folder above it, if there is one."""
+    here = os.path.abspath(logdir)
+    while not os.path.exists(here):
+        parent = os.path.dirname(here)
+        if parent == here:
+            return None
+        here = parent
+    return None if os.path.isdir(here) else here
+
+
+_WRITE_ERRORS: tuple[tuple[type[OSError], type[OpError]], ...] = (
+    (NotADirectoryError, FailedPreconditionError),
+    (FileExistsError, FailedPreconditionError),
+    (IsADirectoryError, FailedPreconditionError),
+    (PermissionError, PermissionDeniedError),
+)
+
+
+def _write(
+    logdir: str,
+    events: list[tuple[str, int, int, int, dict[str, Any] | None]],
+    names: dict[int, str],
+    replicas: dict[int, int],
+) -> str:
+    """Writes the trace file in ``logdir`` (whole or not at all) and returns its path.
+
+    Raises:
+      OpError: the file could not be written; the subclass says why (see :func:`stop`).
+    """
     rank = _rank()
     path = trace_path(logdir, rank)
-    os.makedirs(logdir, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as file:
-        json.dump(_document(events, names, rank), file)
+    partial = f"{path}.partial"
+    try:
+        os.makedirs(logdir, exist_ok=True)
+        with open(partial, "w", encoding="utf-8") as file:
+            json.dump(_document(events, names, replicas, rank), file, allow_nan=False)
+        os.replace(partial, path)  # a reader never sees half a trace
+    except OSError as error:
+        if os.path.isfile(partial):
+            os.remove(partial)
+        kind: type[OpError] = UnknownError
+        if error.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            kind = ResourceExhaustedError
+        for os_kind, op_kind in _WRITE_ERRORS:
+            if isinstance(error, os_kind):
+                kind = op_kind
+                break
+        blocking = _file_in_the_way(logdir)
+        reason = f"{blocking!r} is a file" if blocking is not None else f"{type(error).__name__}: {error}"
+        raise kind(
+            f"profiler.experimental.stop() cannot write the trace to {path!r}: {reason}. The profiler is still "
+            f"running with everything recorded so far: make logdir={logdir!r} a directory you can write to and "
+            f"call stop() again, or call stop(save=False) to discard the recording.",
+            logdir=logdir,
+            path=path,
+        ) from error
     return path
 
 
@@ -106,6 +221,7 @@ def name_replica_thread(replica: int, device: Any) -> None:
     the replica, e.g. ``main (replica 0, /cpu:0)``.
     """
     ident = threading.get_ident()
+    _thread_replicas.setdefault(ident, replica)
     where = getattr(device, "short_name", device)
     name = _thread_names.get(ident)
     if name is None:
@@ -154,8 +270,9 @@ class Trace(Span):
     nothing while no profiler runs.
 
     Args:
-      name: the event's name.
-      **kwargs: shown as the event's arguments.
+      name: the event's name (anything else than a ``str`` is written as its ``str()``).
+      **kwargs: shown as the event's arguments; a non-finite number is written as the string
+        ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, so that the file stays strict JSON.
     """
 
     def __init__(self, name: str, **kwargs: Any) -> None:
@@ -178,14 +295,23 @@ def _rank() -> int | None:
 
 
 def _document(
-    events: list[tuple[str, int, int, int, dict[str, Any] | None]], names: dict[int, str], rank: int | None
+    events: list[tuple[str, int, int, int, dict[str, Any] | None]],
+    names: dict[int, str],
+    replicas: dict[int, int],
+    rank: int | None,
 ) -> dict[str, Any]:
     pid = os.getpid()
-    tids: dict[int, int] = {}  # thread ident -> small track id, in order of first appearance
-    for ident in names:
-        tids.setdefault(ident, len(tids))
+    seen: dict[int, None] = dict.fromkeys(names)  # thread idents in order of first appearance
     for _, ident, *_rest in events:
-        tids.setdefault(ident, len(tids))
+        seen.setdefault(ident)
+
+    def order(ident: int) -> tuple[int, int]:
+        if ident in replicas:
+            return (1, replicas[ident])
+        return (0, 0) if ident == _starter else (2, 0)
+
+    # The track ids are the reading order: start()'s thread, the replicas by id, the rest.
+    tids = {ident: tid for tid, ident in enumerate(sorted(seen, key=order))}  # sorted() is stable
     process = "towerdist" if rank is None else f"towerdist rank {rank}"
     trace: list[dict[str, Any]] = [
         {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": process}},
@@ -199,7 +325,7 @@ def _document(
     origin = _origin_ns
     for name, ident, begin, end, args in events:
         event: dict[str, Any] = {
-            "name": name,
+            "name": name if isinstance(name, str) else _text(name),
             "cat": "towerdist",
             "ph": "X",
             "pid": pid,
@@ -208,7 +334,7 @@ def _document(
             "dur": (end - begin) / 1000,
         }
         if args:
-            event["args"] = {k: _jsonable(v) for k, v in args.items()}
+            event["args"] = {_text(k): _jsonable(v) for k, v in args.items()}
         trace.append(event)
     return {
         "traceEvents": trace,
@@ -218,8 +344,26 @@ def _document(
 
 
 def _jsonable(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
+    """``value`` as strict JSON: non-finite floats as ``"NaN"``/``"Infinity"``/``"-Infinity"``."""
+    if value is None or isinstance(value, (bool, str)):
         return value
+    if isinstance(value, numbers.Integral):  # int and numpy's integers
+        return int(value)
+    if isinstance(value, numbers.Real):  # float and numpy's floats
+        number = float(value)
+        if math.isfinite(number):
+            return number
+        return "NaN" if math.isnan(number) else ("Infinity" if number > 0 else "-Infinity")
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
-    return str(value)
+    if isinstance(value, dict):
+        return {_text(k): _jsonable(v) for k, v in value.items()}
+    return _text(value)
+
+
+def _text(value: Any) -> str:
+    """``str(value)``, or a placeholder when that fails (a bad ``__str__`` must not lose the trace)."""
+    try:
+        return str(value)
+    except Exception:
+        return f"<{type(value).__name__} object>"
