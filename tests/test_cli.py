@@ -21,7 +21,7 @@ import pytest
 
 from towerdist._src.backend import cupy_backend
 from towerdist._src.cli import bench_allreduce
-from towerdist._src.cli.main import main
+from towerdist._src.cli.main import build_parser, main
 from towerdist._src.cli.sizes import format_size, parse_size, parse_sizes
 
 TIMEOUT = 60
@@ -102,7 +102,7 @@ def test_info_as_json_on_cpu_reports_devices_backends_and_the_choice() -> None:
 def test_info_without_a_launcher_neither_starts_mpi_nor_imports_cupy() -> None:
     script = textwrap.dedent("""
         import contextlib, io, sys
-        from towerdist._src.cli.main import main
+        from towerdist._src.cli.main import build_parser, main
         with contextlib.redirect_stdout(io.StringIO()):
             code = main(["info"])
         print(code, "mpi4py.MPI" in sys.modules, "cupy" in sys.modules)
@@ -186,7 +186,7 @@ def test_bench_allreduce_prints_an_nccl_tests_table_with_correct_results(capsys:
         assert float(algbw) == pytest.approx(int(size) / float(time) / 1e3, rel=0.02, abs=1e-3)
         assert float(busbw) == pytest.approx(float(algbw), abs=1e-3)  # 2(n-1)/n = 1 for n = 2
         assert float(ratio) == pytest.approx(float(time) / float(floor), rel=0.02)
-    assert "# Wrong results        : 0 of 2 sizes OK" in out
+    assert "# Wrong results        : none (all 2 sizes OK)" in out
 
 
 def test_bench_allreduce_reports_wrong_results_and_fails(
@@ -197,6 +197,7 @@ def test_bench_allreduce_reports_wrong_results_and_fails(
     captured = capsys.readouterr()
     (row,) = table_rows(captured.out)
     assert row[7] != "ok" and 0 < int(row[7]) <= 2 * 2 * 256  # first and last call, 2 replicas, 256 elements
+    assert "# Wrong results        : 1 of 1 sizes (1 KiB)" in captured.out
     assert "towerdist: error: all_reduce gave wrong results at 1 KiB" in captured.err
 
 
@@ -235,30 +236,107 @@ def test_bench_allreduce_on_simulated_gpus_labels_them() -> None:
 @pytest.mark.launches_mpi
 @pytest.mark.skipif(not MPIEXEC.exists(), reason=f"no mpiexec next to {sys.executable} (the mpi-mpich extra)")
 def test_bench_allreduce_with_mpi_relaunches_itself_against_raw_mpi() -> None:
-    result = towerdist("bench", "allreduce", "--mpi", "--timeout", str(TIMEOUT), "--sizes", "1K", *QUICK)
+    result = towerdist("bench", "allreduce", "--mpi", "--timeout", str(TIMEOUT), "--sizes", "1K", "--progress", "on",
+                       *QUICK)
     assert result.returncode == 0, result.stderr
+    assert result.stderr.count("bench allreduce: 1/1 (1 KiB)") == 1  # rank 0's progress; rank 1 shows none
     assert "MultiWorkerMirroredStrategy over 1 logical CPU (/cpu:0) on each of 2 MPI ranks" in result.stdout
     assert "floor: mpi4py comm.Allreduce(MPI.IN_PLACE, buf)" in result.stdout
     assert [row[:4] + row[7:8] for row in table_rows(result.stdout)] == [["1024", "256", "float32", "sum", "ok"]]
 
 
 @pytest.mark.parametrize(
-    "argv",
+    ("argv", "usage"),
     [
-        pytest.param([], id="no-command"),
-        pytest.param(["bench"], id="no-benchmark"),
-        pytest.param(["bench", "allreduce", "--sizes", "3"], id="size-not-whole-elements"),
-        pytest.param(["bench", "allreduce", "--sizes", "4M:1K"], id="backwards-range"),
-        pytest.param(["bench", "allreduce", "--replicas", "0"], id="zero-replicas"),
-        pytest.param(["bench", "run", "--repeats", "x"], id="repeats-not-a-number"),
-        pytest.param(["info", "--yaml"], id="unknown-option"),
+        pytest.param([], "towerdist", id="no-command"),
+        pytest.param(["bench"], "towerdist bench", id="no-benchmark"),
+        pytest.param(["bench", "allreduce", "--sizes", "3"], "towerdist bench allreduce", id="size-not-whole-elements"),
+        pytest.param(["bench", "allreduce", "--sizes", "6", "--dtype", "float64"], "towerdist bench allreduce",
+                     id="size-not-whole-float64-elements"),
+        pytest.param(["bench", "allreduce", "--sizes", "4M:1K"], "towerdist bench allreduce", id="backwards-range"),
+        pytest.param(["bench", "allreduce", "--replicas", "0"], "towerdist bench allreduce", id="zero-replicas"),
+        pytest.param(["bench", "run", "--repeats", "x"], "towerdist bench run", id="repeats-not-a-number"),
+        pytest.param(["bench", "run", "--bogus"], "towerdist bench run", id="unknown-bench-option"),
+        pytest.param(["bench", "allreduce", "--sizes", "1K", "extra"], "towerdist bench allreduce", id="extra-word"),
+        pytest.param(["info", "--yaml"], "towerdist info", id="unknown-option"),
     ],
 )
-def test_usage_errors_exit_with_status_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_usage_errors_exit_with_status_2_and_the_subcommands_usage(
+    argv: list[str], usage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
-    assert "usage: towerdist" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: {usage} ") and f"\n{usage}: error: " in err
+
+
+BENCHES = ("allreduce", "run")
+BAD_VALUES = [
+    ("--replicas", "100000", "a whole number from 1 to 256"),
+    ("--replicas", "-1", "a whole number from 1 to 256"),
+    ("--replicas", "nan", "a whole number from 1 to 256"),
+    ("--replicas", "2.5", "a whole number from 1 to 256"),
+    ("--ranks", "1", "a whole number from 2 to 256"),
+    ("--ranks", "100000", "a whole number from 2 to 256"),
+    ("--ranks", "inf", "a whole number from 2 to 256"),
+    ("--timeout", "inf", "a number of seconds from 1 to 86400"),
+    ("--timeout", "nan", "a number of seconds from 1 to 86400"),
+    ("--timeout", "-5", "a number of seconds from 1 to 86400"),
+    ("--timeout", "0.5", "a number of seconds from 1 to 86400"),
+    ("--timeout", "1e9", "a number of seconds from 1 to 86400"),
+    ("--repeats", "0", "a whole number from 1 to 1000"),
+    ("--repeats", "1000000", "a whole number from 1 to 1000"),
+    ("--repeats", "inf", "a whole number from 1 to 1000"),
+    ("--sample-ms", "inf", "a number of milliseconds above 0 and at most 10000"),
+    ("--sample-ms", "nan", "a number of milliseconds above 0 and at most 10000"),
+    ("--sample-ms", "0", "a number of milliseconds above 0 and at most 10000"),
+    ("--sample-ms", "-1", "a number of milliseconds above 0 and at most 10000"),
+    ("--sample-ms", "1e9", "a number of milliseconds above 0 and at most 10000"),
+]
+
+
+@pytest.mark.parametrize("bench", BENCHES)
+@pytest.mark.parametrize(("option", "value", "allowed"), BAD_VALUES, ids=[f"{o}={v}" for o, v, _ in BAD_VALUES])
+def test_every_numeric_option_rejects_nan_inf_and_out_of_range_values(
+    bench: str, option: str, value: str, allowed: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["bench", bench, option, value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: towerdist bench {bench} ")
+    assert f"error: argument {option}: must be {allowed}. Got {value!r}." in err
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("inf", "a size must be a whole, positive number of bytes. Got 'inf'"),
+        ("nan", "a size must be a whole, positive number of bytes. Got 'nan'"),
+        ("1K:inf", "a size must be a whole, positive number of bytes. Got 'inf'"),
+        ("-1K", "a size must be a whole, positive number of bytes. Got '-1K'"),
+        ("1e30", "a size must be at most 16G (16 GiB per replica). Got '1e30'"),
+        ("1K:17G", "a size must be at most 16G (16 GiB per replica). Got '17G'"),
+    ],
+)
+def test_sizes_option_rejects_nan_inf_and_absurd_sizes(value: str, message: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["bench", "allreduce", f"--sizes={value}"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: towerdist bench allreduce ") and f"error: argument --sizes: {message}" in err
+
+
+@pytest.mark.parametrize("bench", BENCHES)
+def test_the_bounds_of_every_numeric_option_are_accepted(bench: str) -> None:
+    args = build_parser().parse_args(["bench", bench, "--replicas", "256", "--ranks", "256", "--timeout", "86400",
+                                      "--repeats", "1000", "--sample-ms", "10000"])
+    assert (args.replicas, args.ranks, args.timeout, args.repeats, args.sample_ms) == (256, 256, 86400.0, 1000, 1e4)
+    args = build_parser().parse_args(["bench", bench, "--replicas", "1", "--ranks", "2", "--timeout", "1",
+                                      "--repeats", "1", "--sample-ms", "0.001"])
+    assert (args.replicas, args.ranks, args.timeout, args.repeats, args.sample_ms) == (1, 2, 1.0, 1, 0.001)
 
 
 # --- sizes ----------------------------------------------------------------------------------------
@@ -289,6 +367,10 @@ def test_parse_sizes_reads_ranges_and_lists(text: str, expected: list[int]) -> N
         ("8K:1K", "must run upwards"),
         ("1K:8K:1", "FACTOR must be a whole number >= 2"),
         ("1:2:3:4", "START:STOP or START:STOP:FACTOR"),
+        ("inf", "whole, positive"),
+        ("nan", "whole, positive"),
+        ("1K:1e400", "whole, positive"),
+        ("32G", "at most 16G"),
         ("6", "whole number of 4-byte elements"),
     ],
 )

@@ -224,7 +224,10 @@ def bench_allreduce(
         show.close()
         if speaker:
             print(f"# Avg bus bandwidth    : {sum(busbws) / len(busbws):.3f} GB/s")
-            print(f"# Wrong results        : {len(bad)} of {len(sizes)} sizes {'OK' if not bad else 'FAILED'}")
+            if bad:
+                print(f"# Wrong results        : {len(bad)} of {len(sizes)} sizes ({', '.join(bad)})")
+            else:
+                print(f"# Wrong results        : none (all {len(sizes)} sizes OK)")
         if bad:
             raise CommandError(
                 f"all_reduce gave wrong results at {', '.join(bad)} (the correct column says how many "

@@ -16,42 +16,76 @@ message saying what failed and how to fix it (``CommandError``). Examples::
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections.abc import Callable
 
 from towerdist._src.cli.command_error import CommandError
 from towerdist._src.cli.sizes import parse_sizes
 
-__all__ = ["build_parser", "main"]
+__all__ = ["MAX_RANKS", "MAX_REPEATS", "MAX_REPLICAS", "MAX_SAMPLE_MS", "MAX_TIMEOUT_S", "build_parser", "main"]
 
 _DEFAULT_SIZES = "1K:64M:4"
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1. Got {text!r}.") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1. Got {text!r}.")
-    return value
+# The bounds of the numeric options (docs/cli.md lists them): wide enough for any real run,
+# narrow enough that a typo (100000 replicas, a timeout of inf) is a usage error, not a
+# machine brought to its knees or a command that never ends.
+MAX_REPLICAS = 256  # replica threads (or GPUs) per process
+MAX_RANKS = 256  # processes of an --mpi job
+MAX_REPEATS = 1000  # samples per variant
+MAX_SAMPLE_MS = 10_000.0  # 10 s per sample
+MAX_TIMEOUT_S = 86_400.0  # one day
 
 
-def _positive_float(text: str) -> float:
+def _whole_number(low: int, high: int) -> Callable[[str], int]:
+    """An argparse ``type`` accepting the whole numbers from ``low`` to ``high``."""
+
+    def parse(text: str) -> int:
+        try:
+            value: int | None = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be a whole number from {low} to {high}. Got {text!r}.")
+        return value
+
+    return parse
+
+
+def _number(low: float, high: float, unit: str, *, low_included: bool) -> Callable[[str], float]:
+    """An argparse ``type`` accepting finite numbers between ``low`` and ``high`` (``unit`` names them)."""
+    allowed = f"from {low:g} to {high:g}" if low_included else f"above {low:g} and at most {high:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        above = value >= low if low_included else value > low
+        if not (math.isfinite(value) and above and value <= high):  # also rejects nan and inf
+            raise argparse.ArgumentTypeError(f"must be a number of {unit} {allowed}. Got {text!r}.")
+        return value
+
+    return parse
+
+
+def _sizes(text: str) -> str:
+    """An argparse ``type`` checking ``--sizes`` (the element size is checked once ``--dtype`` is known)."""
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number. Got {text!r}.") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number. Got {text!r}.")
-    return value
+        parse_sizes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def _add_bench_options(parser: argparse.ArgumentParser, repeats: int) -> None:
     parser.add_argument(
         "--replicas",
-        type=_positive_int,
+        type=_whole_number(1, MAX_REPLICAS),
         default=None,
-        help="replicas: logical CPUs (default 2), GPUs with --gpus (default all), per rank under MPI (default 1)",
+        help="replicas: logical CPUs (default 2), GPUs with --gpus (default all), per rank under MPI "
+        f"(default 1); 1 to {MAX_REPLICAS}",
     )
     parser.add_argument(
         "--gpus", action="store_true", help="run on GPUs (real, or simulated with TOWERDIST_SIMULATE_GPUS=n)"
@@ -62,21 +96,29 @@ def _add_bench_options(parser: argparse.ArgumentParser, repeats: int) -> None:
         help="MultiWorkerMirroredStrategy across processes: re-launch under mpiexec -n RANKS "
         "(automatic when already started by mpiexec)",
     )
-    parser.add_argument("--ranks", type=_positive_int, default=2, help="--mpi: how many processes (default 2)")
+    parser.add_argument(
+        "--ranks",
+        type=_whole_number(2, MAX_RANKS),
+        default=2,
+        help=f"--mpi: how many processes, 2 to {MAX_RANKS} (default 2)",
+    )
     parser.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=_number(1.0, MAX_TIMEOUT_S, "seconds", low_included=True),
         default=600.0,
-        help="--mpi: seconds before the MPI job is killed (default 600)",
+        help=f"--mpi: seconds before the MPI job is killed, 1 to {MAX_TIMEOUT_S:g} (default 600)",
     )
     parser.add_argument(
         "--repeats",
-        type=_positive_int,
+        type=_whole_number(1, MAX_REPEATS),
         default=repeats,
-        help=f"samples per variant; the median is shown (default {repeats})",
+        help=f"samples per variant; the median is shown; 1 to {MAX_REPEATS} (default {repeats})",
     )
     parser.add_argument(
-        "--sample-ms", type=_positive_float, default=20.0, help="least duration of one sample in ms (default 20)"
+        "--sample-ms",
+        type=_number(0.0, MAX_SAMPLE_MS, "milliseconds", low_included=False),
+        default=20.0,
+        help=f"least duration of one sample in ms, above 0 and at most {MAX_SAMPLE_MS:g} (default 20)",
     )
 
 
@@ -95,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and the cross-device ops MirroredStrategy() would choose, and why.",
     )
     info.add_argument("--json", action="store_true", help="print one JSON object (keys: see the docs)")
+    info.set_defaults(usage=info)
 
     bench = commands.add_parser(
         "bench", help="benchmarks: allreduce, run", description="Benchmarks; each prints a table to stdout."
@@ -107,11 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
         "Allreduce under MPI) measured in the same run; columns as nccl-tests.",
     )
     _add_bench_options(allreduce, repeats=5)
+    allreduce.set_defaults(usage=allreduce)  # usage errors found after parsing show this parser's usage
     allreduce.add_argument(
         "--sizes",
+        type=_sizes,
         default=_DEFAULT_SIZES,
         help="bytes per replica: START:STOP[:FACTOR] (powers of FACTOR, default 2) or a comma "
-        f"list, e.g. 1K:64M, 1K:64M:4, 1K,4K,1M (default {_DEFAULT_SIZES})",
+        f"list, e.g. 1K:64M, 1K:64M:4, 1K,4K,1M; each from 1 to 16G (default {_DEFAULT_SIZES})",
     )
     allreduce.add_argument("--dtype", choices=DTYPES, default="float32", help="element type (default float32)")
     allreduce.add_argument(
@@ -127,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
         "all_reduce; medians in microseconds.",
     )
     _add_bench_options(run, repeats=7)
+    run.set_defaults(usage=run)
     return parser
 
 
@@ -149,7 +195,7 @@ def _relaunch_arguments(argv: list[str], progress: bool | None) -> list[str]:
     return out
 
 
-def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> None:
+def _dispatch(args: argparse.Namespace, argv: list[str]) -> None:
     if args.command == "info":
         from towerdist._src.cli.info import print_info  # noqa: PLC0415  (one subcommand's imports at a time)
 
@@ -161,8 +207,6 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: l
 
     progress = resolve_progress(args.progress) if args.bench == "allreduce" else None
     if args.mpi and launcher_size() <= 1:
-        if args.ranks < 2:
-            parser.error(f"--mpi needs --ranks >= 2. Got --ranks={args.ranks}.")
         run_under_mpiexec(args.ranks, _relaunch_arguments(argv, progress), args.timeout)
         return
     if args.bench == "allreduce":
@@ -170,8 +214,8 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: l
 
         try:
             sizes = parse_sizes(args.sizes, _itemsize(args.dtype))
-        except ValueError as error:
-            parser.error(f"--sizes: {error}")
+        except ValueError as error:  # the element size of --dtype (the rest was checked while parsing)
+            args.usage.error(f"argument --sizes: {error}")
         bench_allreduce(
             replicas=args.replicas,
             gpus=args.gpus,
@@ -205,9 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     """
     arguments = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(arguments)
+    args, unknown = parser.parse_known_args(arguments)
+    if unknown:  # parse_args would report them with the top-level usage; the subcommand's is the useful one
+        args.usage.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
-        _dispatch(args, parser, arguments)
+        _dispatch(args, arguments)
     except CommandError as error:
         sys.stdout.flush()
         print(f"towerdist: error: {error}", file=sys.stderr)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-__all__ = ["format_size", "parse_size", "parse_sizes"]
+import math
+
+__all__ = ["MAX_SIZE", "format_size", "parse_size", "parse_sizes"]
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+MAX_SIZE = 16 << 30
+"""The largest size accepted (16 GiB per replica): the benchmark holds several buffers of it per replica."""
 
 
 def parse_size(text: str) -> int:
     """Bytes in ``text``: a number with an optional binary unit (``512``, ``4K``, ``64M``, ``1G``, ``4KiB``).
 
     Raises:
-      ValueError: ``text`` is not a positive size.
+      ValueError: ``text`` is not a whole, positive, finite number of bytes up to ``MAX_SIZE``.
     """
     cleaned = text.strip().upper().removesuffix("B").removesuffix("I")
     unit = cleaned[-1:] if cleaned[-1:] in ("K", "M", "G") else ""
@@ -22,8 +27,10 @@ def parse_size(text: str) -> int:
         raise ValueError(
             f"a size is a number with an optional unit K, M or G (powers of 1024). Got {text!r}."
         ) from None
-    if value < 1 or value != int(value):
+    if not math.isfinite(value) or value < 1 or value != int(value):
         raise ValueError(f"a size must be a whole, positive number of bytes. Got {text!r}.")
+    if value > MAX_SIZE:
+        raise ValueError(f"a size must be at most 16G (16 GiB per replica). Got {text!r}.")
     return int(value)
 
 
@@ -39,8 +46,8 @@ def parse_sizes(text: str, itemsize: int = 1) -> list[int]:
       itemsize: every size must be a whole number of elements of this many bytes.
 
     Raises:
-      ValueError: a part is malformed, a range runs backwards or has a factor below 2, or a
-        size is not a multiple of ``itemsize``.
+      ValueError: a part is malformed or above ``MAX_SIZE``, a range runs backwards or has a
+        factor below 2, or a size is not a multiple of ``itemsize``.
     """
     sizes: set[int] = set()
     for part in text.split(","):
