@@ -242,20 +242,29 @@ def test_stop_that_cannot_write_keeps_recording_so_a_retry_writes_everything(tmp
     assert names == ["before", "after"]
 
 
-def test_stop_on_a_full_disk_raises_resource_exhausted_leaves_no_partial_file_and_keeps_recording(
-    tmp_path, monkeypatch, stopped_afterwards
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        pytest.param(OSError(errno.ENOSPC, "No space left on device"), td.errors.ResourceExhaustedError, id="disk-full"),
+        pytest.param(PermissionError(errno.EACCES, "Permission denied"), td.errors.PermissionDeniedError, id="denied"),
+        pytest.param(OSError(errno.EIO, "Input/output error"), td.errors.UnknownError, id="other"),
+    ],
+)
+def test_stop_that_fails_mid_write_raises_tfs_type_leaves_no_partial_file_and_keeps_recording(
+    tmp_path, monkeypatch, error, kind, stopped_afterwards
 ):
-    def disk_full(document: Any, file: Any, **kwargs: Any) -> None:
+    def fails(document: Any, file: Any, **kwargs: Any) -> None:
         file.write('{"traceEvents": [')
-        raise OSError(errno.ENOSPC, "No space left on device")
+        raise error
 
     experimental.start(str(tmp_path))
     with experimental.Trace("kept"):
         pass
     with monkeypatch.context() as patch:
-        patch.setattr(profiler_lib.json, "dump", disk_full)
-        with pytest.raises(td.errors.ResourceExhaustedError, match="No space left on device"):
+        patch.setattr(profiler_lib.json, "dump", fails)
+        with pytest.raises(kind, match=f"cannot write the trace to .*{error.strerror}") as info:
             experimental.stop()
+    assert info.value.path == profiler_lib.trace_path(str(tmp_path)) and info.value.__cause__ is error
     assert os.listdir(tmp_path) == [] and profiler_lib.active
     path = experimental.stop()
     assert path is not None
