@@ -271,6 +271,15 @@ def test_usage_errors_exit_with_status_2_and_the_subcommands_usage(
     assert err.startswith(f"usage: {usage} ") and f"\n{usage}: error: " in err
 
 
+@pytest.mark.parametrize("argv", [["bench", "run", "--rep", "3"], ["bench", "allreduce", "--mp"], ["info", "--js"]])
+def test_options_must_be_spelled_out(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    # argparse's prefix matching would let "--mp" mean --mpi, past the relaunch that removes --mpi by name
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert f"unrecognized arguments: {' '.join(argv[-2:] if argv[-1] == '3' else argv[-1:])}" in capsys.readouterr().err
+
+
 BENCHES = ("allreduce", "run")
 BAD_VALUES = [
     ("--replicas", "100000", "a whole number from 1 to 256"),

@@ -127,11 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     from towerdist._src.cli.bench_allreduce import DTYPES  # noqa: PLC0415  (numpy only when benchmarking)
 
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,  # options are matched exactly (a relaunch under mpiexec removes some by name)
         prog="towerdist", description="towerdist: what it sees on this machine (info) and how fast it is (bench)."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="{info,bench}")
     info = commands.add_parser(
         "info",
+        allow_abbrev=False,
         help="versions, devices, GPUs, NCCL and MPI, the default cross-device ops",
         description="Versions, devices, GPUs (real or simulated), NCCL and MPI availability, "
         "and the cross-device ops MirroredStrategy() would choose, and why.",
@@ -140,11 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(usage=info)
 
     bench = commands.add_parser(
-        "bench", help="benchmarks: allreduce, run", description="Benchmarks; each prints a table to stdout."
+        "bench",
+        allow_abbrev=False, help="benchmarks: allreduce, run", description="Benchmarks; each prints a table to stdout."
     )
     benches = bench.add_subparsers(dest="bench", required=True, metavar="{allreduce,run}")
     allreduce = benches.add_parser(
         "allreduce",
+        allow_abbrev=False,
         help="all_reduce in strategy.run against a floor, in nccl-tests' layout",
         description="all_reduce('sum', x) inside strategy.run, per size, against the plain-numpy floor (or raw MPI "
         "Allreduce under MPI) measured in the same run; columns as nccl-tests.",
@@ -167,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run = benches.add_parser(
         "run",
+        allow_abbrev=False,
         help="step overhead of strategy.run (trivial, and with a 4 KiB all_reduce)",
         description="The time of one strategy.run step: a no-op function, and one with a 4 KiB "
         "all_reduce; medians in microseconds.",
