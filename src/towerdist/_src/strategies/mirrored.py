@@ -138,7 +138,7 @@ class MirroredExtended(StrategyExtended):
     # --- running replicas -----------------------------------------------------------------
 
     def _call_for_each_replica(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], sequential: bool = False
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], sequential: bool | None = None
     ) -> Any:
         n = len(self._devices)
         args_per_replica = split_for_replicas(args, n, "Strategy.run()", "args")
