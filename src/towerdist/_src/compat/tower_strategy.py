@@ -197,8 +197,9 @@ class MirroredStrategy(_ModernMirroredStrategy):
         Returns:
           The towers' results merged as ``Strategy.run`` merges them.
         """
-        run_concurrently = kwargs.pop("run_concurrently", None)
-        if run_concurrently is not None and not isinstance(run_concurrently, bool):
+        given = "run_concurrently" in kwargs  # left out: td.config.run_replicas_sequentially() decides
+        run_concurrently = kwargs.pop("run_concurrently", True)
+        if not isinstance(run_concurrently, bool):
             raise TypeError(f"call_for_each_tower() takes run_concurrently as a bool. Got {run_concurrently!r}.")
         context.require_cross_replica_or_default(
             self, "call_for_each_tower()", fix="use get_tower_context().merge_call()"
@@ -206,7 +207,7 @@ class MirroredStrategy(_ModernMirroredStrategy):
         extended = self.extended
         assert isinstance(extended, MirroredExtended)
         with self.scope():
-            sequential = None if run_concurrently is None else not run_concurrently
+            sequential = not run_concurrently if given else None
             return extended._call_for_each_replica(fn, args, kwargs, sequential=sequential)
 
     @aliases.old_name("td.Variable(..., synchronization=ON_READ, aggregation=...)", since="1.10")
