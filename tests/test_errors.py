@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import traceback
 import warnings
 
 import pytest
@@ -267,3 +268,42 @@ def test_splitting_a_gpu_raises_unimplemented_and_not_implemented(monkeypatch):
 def test_op_error_takes_error_code_by_keyword():
     error = td.errors.OpError(None, None, "msg", error_code=td.errors.ABORTED)
     assert error.error_code == 10 and not hasattr(error, "error_code_")
+
+
+def _public_classes() -> list[str]:
+    return sorted(name for name in td.errors.__all__ if isinstance(getattr(td.errors, name), type))
+
+
+@pytest.mark.parametrize("name", _public_classes())
+def test_each_class_names_its_public_module(name):
+    # A traceback prints "towerdist.errors.ContextError: ...", the path users import.
+    cls = getattr(td.errors, name)
+    assert cls.__module__ == "towerdist.errors"
+    assert f"{cls.__module__}.{cls.__qualname__}" == f"towerdist.errors.{name}"
+
+
+def test_a_printed_traceback_shows_the_public_path():
+    try:
+        raise td.errors.ContextError("wrong context", api="Strategy.run()")
+    except td.errors.ContextError as error:
+        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    assert "towerdist.errors.ContextError: wrong context" in text
+    assert "_src" not in text.splitlines()[-1]
+
+
+@pytest.mark.parametrize("name", _public_classes())
+def test_each_class_pickles_by_its_public_path(name):
+    cls = getattr(td.errors, name)
+    if issubclass(cls, td.errors.OpError):
+        error: BaseException = cls(None, None, "m")
+    elif name == "ContextError":
+        error = cls("m", api="x")
+    elif name == "MergeCallCountError":
+        error = cls("m", counts={0: 1})
+    else:
+        error = cls("m")
+    data = pickle.dumps(error)
+    assert b"towerdist._src.errors" not in data
+    clone = pickle.loads(data)
+    assert type(clone) is cls and str(clone) == "m"
+    assert vars(clone) == vars(error)  # the attributes callers act on (api, counts, ...) survive

@@ -153,6 +153,12 @@ def _gradient_of_the_wrong_shape(s):
     s.run(lambda: optimizer.apply_gradients([(np.ones(3 + rid(), np.float32), w)]))
 
 
+def _variable_created_outside_the_scope(s):
+    w = td.Variable(np.zeros(3, np.float32), name="w")
+    _, optimizer = _model(s)
+    s.run(lambda: optimizer.apply_gradients([(np.ones(3, np.float32), w)]))
+
+
 def _no_gradients(s):
     w, optimizer = _model(s)
     s.run(lambda: optimizer.apply_gradients([(None, w)]))
@@ -255,6 +261,10 @@ ERRORS: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] = [
      r"set_replica_timeouts\(\) needs warning_seconds > 0, or None \(never\)"),
     ("replica timeouts that are not numbers", lambda s: td.config.set_replica_timeouts("5", None), TypeError,
      r"set_replica_timeouts\(\) takes warning_seconds as a number of seconds"),
+    ("run_replicas_sequentially given something that is not a bool",
+     lambda s: td.config.run_replicas_sequentially(1), TypeError, r"run_replicas_sequentially\(\) takes a bool"),
+    ("a TensorFlow name towerdist does not provide", lambda s: td.matmul, AttributeError,
+     r"module 'towerdist' has no attribute 'matmul' \(tf.matmul\)\. towerdist's values are numpy"),
     ("a negative number of threads per operation",
      lambda s: td.config.threading.set_intra_op_parallelism_threads(-1), ValueError,
      r"set_intra_op_parallelism_threads\(\) needs num_threads >= 0"),
@@ -283,6 +293,8 @@ ERRORS: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] = [
      r"SGD.apply_gradients\(\): the gradient of w:0 from replica 1 has shape \(4,\)"),
     ("a complex gradient of a real variable", _complex_gradient, td.errors.InvalidArgumentError,
      r"SGD.apply_gradients\(\): the gradient of w:0 from replica 0 has dtype complex64, but the variable has dtype float32"),
+    ("a variable created outside the scope given to an optimizer", _variable_created_outside_the_scope,
+     td.errors.ValidationError, r"SGD.apply_gradients\(\) got a variable created outside strategy.scope\(\): 'w'"),
     ("no gradients at all", _no_gradients, ValueError, "No gradients provided for any variable: w:0"),
     ("a metric given mismatched labels", _metric_sample_mismatch, ValueError,
      r"SparseCategoricalAccuracy.update_state\(\): y_true and y_pred must have the same number of samples"),

@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import towerdist as td
+from towerdist._src import aliases
 
 from conftest import mirrored
 
@@ -773,6 +774,34 @@ def test_reset_state_without_strategy():
     assert [float(v.numpy()) for v in metric.variables] == [0.0, 0.0]
     metric.update_state([0], [[1.0, 0.0]])
     np.testing.assert_allclose(metric.result(), 1.0)
+
+
+def test_reset_states_is_keras_2s_name_of_reset_state(mirrored_2cpu):
+    with mirrored_2cpu.scope():
+        metric = td.metrics.Mean()
+    mirrored_2cpu.run(lambda: metric.update_state(float(rid() + 1)))
+    aliases.reset_warnings()  # an old name warns once per process
+    with pytest.warns(DeprecationWarning, match=r"Metric.reset_states is a deprecated name .*use Metric.reset_state\(\)"):
+        metric.reset_states()
+    for variable in metric.variables:
+        np.testing.assert_array_equal(components(mirrored_2cpu, variable), 0.0)
+    assert float(metric.result()) == 0.0
+
+
+def test_reset_states_calls_a_subclass_reset_state():
+    class Counting(td.metrics.Sum):
+        resets = 0
+
+        def reset_state(self) -> None:
+            type(self).resets += 1
+            super().reset_state()
+
+    metric = Counting()
+    metric.update_state(2.0)
+    aliases.reset_warnings()
+    with pytest.warns(DeprecationWarning):
+        metric.reset_states()
+    assert Counting.resets == 1 and float(metric.result()) == 0.0
 
 
 @pytest.mark.parametrize("metric_cls", METRIC_CLASSES, ids=_metric_ids)

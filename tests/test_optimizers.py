@@ -15,6 +15,7 @@ to the input dtype, summed, divided by the global batch size).
 from __future__ import annotations
 
 import contextlib
+import re
 
 import numpy as np
 import pytest
@@ -673,6 +674,74 @@ def test_optimizer_used_under_another_strategys_scope_raises(mirrored_2cpu, othe
             opt.apply_gradients([(np.ones(3, np.float32), w)])
     assert_all_components_close(mirrored_2cpu, w, np.arange(3, dtype=np.float32))
     assert_good_step(mirrored_2cpu, opt, w)
+
+
+def _apply_in_run(strategy, opt, var):
+    strategy.run(lambda: opt.apply_gradients([(np.ones(var.shape, np.float32), var)]))
+
+
+def _apply_in_scope(strategy, opt, var):
+    with strategy.scope():
+        opt.apply_gradients([(np.ones(var.shape, np.float32), var)])
+
+
+@pytest.mark.parametrize(
+    ("call", "where"),
+    [(_apply_in_run, r"is called from replica \d \(on /cpu:\d\) of MirroredStrategy"),
+     (_apply_in_scope, "is called in cross-replica context of MirroredStrategy")],
+    ids=["in_run", "in_scope"],
+)
+def test_a_variable_created_outside_the_scope_is_named_not_the_optimizer(mirrored_2cpu, call, where):
+    # TensorFlow 2.21 raises a bare AssertionError (in MirroredStrategy's update) here.
+    w = td.Variable(np.arange(3, dtype=np.float32), name="outside_w")
+    with mirrored_2cpu.scope():
+        opt = td.optimizers.SGD(0.5)
+    with pytest.raises(td.errors.ValidationError) as info:
+        call(mirrored_2cpu, opt, w)
+    assert isinstance(info.value, AssertionError)
+    message = str(info.value)
+    assert message.startswith(
+        "SGD.apply_gradients() got a variable created outside strategy.scope(): 'outside_w' (shape (3,)) is a "
+        "plain variable of no strategy, but the optimizer "
+    )
+    assert re.search(where, message), message
+    assert message.endswith("Create it inside `with strategy.scope():` so that every replica has a copy to update.")
+    assert "Mixing different strategies" not in message
+    np.testing.assert_array_equal(w.numpy(), np.arange(3, dtype=np.float32))
+    with mirrored_2cpu.scope():
+        good = td.Variable(np.arange(3, dtype=np.float32), name="inside_w")
+    assert_good_step(mirrored_2cpu, opt, good)
+
+
+def test_variables_created_outside_the_scope_are_all_named(mirrored_2cpu):
+    w = td.Variable(np.zeros(3, np.float32), name="plain_w")
+    b = td.Variable(np.float32(0.0), name="plain_b")
+    opt = td.optimizers.SGD(0.5)  # created outside too: the variables are still what is at fault
+    with pytest.raises(
+        td.errors.ValidationError,
+        match=r"got variables created outside strategy.scope\(\): 'plain_w' \(shape \(3,\)\), 'plain_b' "
+        r"\(shape \(\)\) are plain variables of no strategy.* Create them inside",
+    ):
+        mirrored_2cpu.run(lambda: opt.apply_gradients([(np.ones(3, np.float32), w), (np.float32(1.0), b)]))
+
+
+def test_a_plain_variable_given_to_an_optimizer_bound_to_a_strategy_is_named(mirrored_2cpu):
+    w, _, opt = simple_setup(mirrored_2cpu, name="boundplain")
+    assert_good_step(mirrored_2cpu, opt, w)
+    plain = td.Variable(np.zeros(3, np.float32), name="plain_v")
+    with pytest.raises(
+        td.errors.ValidationError,
+        match=r"'plain_v' \(shape \(3,\)\) is a plain variable of no strategy, but the optimizer already "
+        r"optimizes variables of MirroredStrategy",
+    ):
+        opt.apply_gradients([(np.ones(3, np.float32), plain)])
+
+
+def test_plain_variables_and_optimizer_with_no_strategy_work():
+    w = td.Variable(np.ones(2, np.float32))
+    opt = td.optimizers.SGD(0.5)
+    opt.apply_gradients([(np.ones(2, np.float32), w)])
+    np.testing.assert_allclose(w.numpy(), [0.5, 0.5])
 
 
 def test_iterations_created_under_another_strategy_raise(mirrored_2cpu):

@@ -202,3 +202,19 @@ def test_gather_of_a_non_distributed_value_returns_it(mirrored_2cpu):
 def test_gather_in_a_replica_context_points_to_all_gather(mirrored_2cpu):
     with pytest.raises(td.errors.ContextError, match="all_gather"):
         mirrored_2cpu.run(lambda: mirrored_2cpu.gather(1.0, axis=0))
+
+
+def test_sum_of_the_same_object_returned_by_every_replica_says_so(mirrored_2cpu):
+    # Every replica returned the same Python object: run() gives it back as it is, and the
+    # message must not tell the user to reduce run()'s result, which is what they did.
+    result = mirrored_2cpu.run(lambda: 50)
+    assert result == 50
+    with pytest.raises(ValueError, match="^A non-DistributedValues value 50 ") as info:
+        mirrored_2cpu.reduce("SUM", result, axis=None)
+    message = str(info.value)
+    assert "every replica produced the very same Python object" in message
+    assert "Reduce the result of strategy.run()" not in message
+    assert "td.constant(...)" in message and "num_replicas_in_sync" in message
+    # The fix it names works: a value made in each replica is per-replica.
+    per_replica = mirrored_2cpu.run(lambda: td.constant(50))
+    assert mirrored_2cpu.reduce("SUM", per_replica, axis=None) == 100

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import traceback
 
 import numpy as np
 import optree
@@ -142,6 +143,40 @@ def test_all_reduce_shape_mismatch_names_the_key_path(mirrored_4cpu):
     assert info.value.path == ("logits",) and info.value.replicas == (0, 2)
     assert "batch_reduce" not in message and "merge_call" not in message
     assert "Raised in ReplicaContext.all_reduce() of MirroredStrategy" in "\n".join(info.value.__notes__)
+
+
+def _printed(error: BaseException) -> str:
+    return "".join(traceback.format_exception(type(error), error, error.__traceback__))
+
+
+def test_a_failed_all_reduce_shows_the_users_line_in_the_traceback(mirrored_2cpu):
+    # The check fails on the thread of the replica that arrives last; the printed traceback
+    # must still lead to the line in the replica function that called all_reduce.
+    def replica_fn():
+        return ctx().all_reduce("sum", np.ones(2 + rid()))
+
+    with pytest.raises(td.errors.InvalidArgumentError) as info:
+        mirrored_2cpu.run(replica_fn)
+    text = _printed(info.value)
+    assert f"line {replica_fn.__code__.co_firstlineno + 1}, in replica_fn" in text
+    assert 'return ctx().all_reduce("sum", np.ones(2 + rid()))' in text
+    # ... above towerdist's check, which stays visible below it.
+    assert text.index("in replica_fn") < text.index("in check_reduce_leaves")
+    assert local(mirrored_2cpu, mirrored_2cpu.run(lambda: ctx().all_reduce("sum", 1.0))) == (2.0, 2.0)
+
+
+def test_a_failed_merge_fn_shows_the_merge_call_line_in_the_traceback(mirrored_2cpu):
+    def merge_fn(strategy):
+        return {}["missing"]
+
+    def replica_fn():
+        return ctx().merge_call(merge_fn)
+
+    with pytest.raises(KeyError) as info:
+        mirrored_2cpu.run(replica_fn)
+    text = _printed(info.value)
+    assert f"line {replica_fn.__code__.co_firstlineno + 1}, in replica_fn" in text
+    assert text.index("in replica_fn") < text.index("in merge_fn")
 
 
 def test_all_reduce_dtype_mismatch_names_the_key_path(mirrored_2cpu):

@@ -58,6 +58,9 @@ MISTAKES = {
     "num_towers_is_a_property": ("tower.num_towers()", "tower_mistake", 'not callable'),
     "call_for_each_tower_of_an_int": ("tower.call_for_each_tower(1)", "tower_mistake", 'Argument 1 to "call_for_each_tower" of "MirroredStrategy" has incompatible type'),
     "tower_typo": ("tower.call_for_each_towr(step)", "tower_mistake", 'has no attribute "call_for_each_towr"'),
+    # towerdist's module __getattr__ (advice for tf.matmul, tf.keras, ...) is hidden from checkers.
+    "a_tensorflow_name_towerdist_lacks": ("td.matmul(1, 2)", "mistake", 'Module has no attribute "matmul"'),
+    "a_tf_nn_name_towerdist_lacks": ("td.nn.relu(1.0)", "mistake", 'Module has no attribute "relu"'),
 }
 
 

@@ -12,6 +12,8 @@ Code written against ``tf.distribute`` runs with ``import towerdist as tf``, wit
 See ``towerdist.distribute`` for the concepts (replicas, contexts, distributed values).
 """
 
+import typing as _typing
+
 from towerdist import compat as compat
 from towerdist import config as config
 from towerdist import contrib as contrib
@@ -25,6 +27,7 @@ from towerdist import optimizers as optimizers
 from towerdist import profiler as profiler
 from towerdist import train as train
 from towerdist import types as types
+from towerdist._src import aliases as _aliases
 from towerdist._src.array_ops import add_n as add_n
 from towerdist._src.array_ops import cast as cast
 from towerdist._src.array_ops import constant as constant
@@ -113,3 +116,9 @@ __all__ = [
     "uint64",
     "zeros",
 ]
+
+# TensorFlow names towerdist lacks (tf.keras, tf.GradientTape, tf.matmul) raise an
+# AttributeError saying what to use instead. Hidden from type checkers, which would
+# otherwise take every name for an attribute of the module.
+if not _typing.TYPE_CHECKING:
+    __getattr__ = _aliases.module_getattr(__name__)

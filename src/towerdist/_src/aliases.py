@@ -38,6 +38,8 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
+from towerdist._src import not_provided
+
 __all__ = [
     "ALIASES",
     "Alias",
@@ -58,6 +60,7 @@ STRATEGY = "Strategy"
 EXTENDED = "StrategyExtended"
 TOWER_STRATEGY = "compat.v1.MirroredStrategy"
 AGGREGATION = "VariableAggregation"
+METRIC = "Metric"
 
 _TOWER = "towerdist._src.compat.tower_strategy"
 _TOWER_CONTEXT = "towerdist._src.compat.tower_context"
@@ -229,6 +232,14 @@ ALIASES: tuple[Alias, ...] = (
     _strategy_member("make_dataset_iterator", "iter(Strategy.experimental_distribute_dataset(dataset))", "2.0"),
     _strategy_member("make_input_fn_iterator", "iter(Strategy.distribute_datasets_from_function(dataset_fn))", "2.0"),
     _strategy_member("experimental_run", "Strategy.run(fn, args=(next(iterator),))", "2.0"),
+    # --- Keras 2 (tf.keras up to TF 2.15) ------------------------------------------------------
+    Alias(
+        f"{METRIC}.reset_states",
+        "Metric.reset_state()",
+        "towerdist._src.metrics.metric:reset_states",
+        "2.5 (removed in 2.16 with Keras 3)",
+        "method",
+    ),
     Alias(
         f"{EXTENDED}.experimental_make_numpy_dataset",
         "td.data.Dataset.from_tensor_slices()",
@@ -269,14 +280,16 @@ def reset_warnings() -> None:
 def module_getattr(module: str) -> Callable[[str], Any]:
     """A module ``__getattr__`` serving the old names the table lists for ``module``.
 
-    Use as ``__getattr__ = aliases.module_getattr(__name__)`` in a public module.
+    Use as ``__getattr__ = aliases.module_getattr(__name__)`` in a public module. A name that
+    is neither there nor in the table raises ``AttributeError``; for a TensorFlow name that
+    towerdist does not provide, its message says what to use instead (``not_provided.py``).
     """
     table = _BY_OWNER.get(module, {})
 
     def __getattr__(name: str) -> Any:
         alias = table.get(name)
-        if alias is None:
-            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        if alias is None:  # for a TensorFlow name towerdist lacks, the error says what to use instead
+            raise not_provided.attribute_error(module, name)
         # stacklevel 2 from _warn_once's caller: the user's line (attribute access or import).
         _warn_once(alias, stacklevel=2)
         return alias.resolve()

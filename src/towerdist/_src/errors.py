@@ -412,9 +412,10 @@ class MergeCallCountError(RuntimeError):
       counts: ``{replica_id: number of merge_call calls made}`` at the point of failure.
     """
 
-    def __init__(self, message: str, *, counts: dict[int, int]) -> None:
+    def __init__(self, message: str, *, counts: dict[int, int] | None = None) -> None:
         super().__init__(message)
-        self.counts = counts
+        # (``counts`` may be left out so that unpickling, which passes the message alone, works.)
+        self.counts: dict[int, int] = {} if counts is None else counts
 
 
 class MissingDependencyError(ImportError):
@@ -427,3 +428,13 @@ class MissingDependencyError(ImportError):
 
 class ReplicaStallWarning(RuntimeWarning):
     """Some replicas wait at a barrier that others have not reached for a long time."""
+
+
+# Tracebacks, reprs and pickles name a class by its ``__module__``: show the public path
+# (``towerdist.errors.ContextError``), where users import and catch it, rather than this
+# private module. Pickles stay loadable: ``towerdist.errors`` exports each of these names.
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type):
+        _obj.__module__ = "towerdist.errors"
+del _name, _obj

@@ -1,4 +1,4 @@
-"""Device configuration (``tf.config``): physical and logical devices, threads per operation, replica timeouts."""
+"""Device configuration (``tf.config``): physical and logical devices, threads per operation, replica timeouts, sequential replicas."""
 
 from towerdist._src.config import LogicalDevice as LogicalDevice
 from towerdist._src.config import LogicalDeviceConfiguration as LogicalDeviceConfiguration
@@ -8,6 +8,8 @@ from towerdist._src.config import list_logical_devices as list_logical_devices
 from towerdist._src.config import list_physical_devices as list_physical_devices
 from towerdist._src.config import set_logical_device_configuration as set_logical_device_configuration
 from towerdist._src.strategies.replica_threads import get_replica_timeouts as get_replica_timeouts
+from towerdist._src.strategies.replica_threads import replicas_run_sequentially as replicas_run_sequentially
+from towerdist._src.strategies.replica_threads import run_replicas_sequentially as run_replicas_sequentially
 from towerdist._src.strategies.replica_threads import set_replica_timeouts as set_replica_timeouts
 from towerdist.config import threading as threading
 
@@ -19,6 +21,8 @@ __all__ = [
     "get_replica_timeouts",
     "list_logical_devices",
     "list_physical_devices",
+    "replicas_run_sequentially",
+    "run_replicas_sequentially",
     "set_logical_device_configuration",
     "set_replica_timeouts",
     "threading",

@@ -189,13 +189,15 @@ class MirroredStrategy(_ModernMirroredStrategy):
         Args:
           fn: the tower function.
           *args: positional arguments for ``fn``.
-          **kwargs: keyword arguments for ``fn``, except ``run_concurrently`` (a bool, default
-            True), which this method takes: True runs the towers at once on their threads;
-            False runs them one at a time in tower order, switching at each ``merge_call``.
+          **kwargs: keyword arguments for ``fn``, except ``run_concurrently`` (a bool), which
+            this method takes: True runs the towers at once on their threads; False runs
+            them one at a time in tower order, switching at each ``merge_call``. Left out,
+            it follows ``td.config.run_replicas_sequentially()`` (at once by default).
 
         Returns:
           The towers' results merged as ``Strategy.run`` merges them.
         """
+        given = "run_concurrently" in kwargs  # left out: td.config.run_replicas_sequentially() decides
         run_concurrently = kwargs.pop("run_concurrently", True)
         if not isinstance(run_concurrently, bool):
             raise TypeError(f"call_for_each_tower() takes run_concurrently as a bool. Got {run_concurrently!r}.")
@@ -205,7 +207,8 @@ class MirroredStrategy(_ModernMirroredStrategy):
         extended = self.extended
         assert isinstance(extended, MirroredExtended)
         with self.scope():
-            return extended._call_for_each_replica(fn, args, kwargs, sequential=not run_concurrently)
+            sequential = not run_concurrently if given else None
+            return extended._call_for_each_replica(fn, args, kwargs, sequential=sequential)
 
     @aliases.old_name("td.Variable(..., synchronization=ON_READ, aggregation=...)", since="1.10")
     def tower_local_var_scope(self, reduce_method: Any) -> Any:

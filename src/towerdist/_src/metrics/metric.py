@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from towerdist._src import backend, context
+from towerdist._src import aliases, backend, context
 from towerdist._src.module import snake_case
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 from towerdist._src.variables import creation
@@ -122,6 +122,14 @@ class Metric:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self._name!r} dtype={self._dtype.name}>"
+
+
+def reset_states(self: Metric) -> None:
+    """Keras 2's name of :meth:`Metric.reset_state`, which it calls (a subclass's override included)."""
+    self.reset_state()
+
+
+aliases.install(Metric, aliases.METRIC)
 
 
 class Sum(Metric):

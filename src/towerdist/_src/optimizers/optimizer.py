@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from towerdist._src import backend, context, parallel
-from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.errors import InvalidArgumentError, ValidationError
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.variable_enums import VariableAggregation
@@ -248,6 +248,8 @@ class Optimizer:
         Raises:
           ValueError: no gradients, a variable listed twice, or a gradient whose shape
             differs from its variable's (the message names the variable and replica).
+            ``td.errors.ValidationError`` (also an ``AssertionError``, as TensorFlow raises)
+            for variables created outside ``strategy.scope()`` used under a strategy.
           ContextError: called under another strategy's scope.
         """
         del name
@@ -626,6 +628,8 @@ class Optimizer:
                 f"optimizer updates the variables of one strategy; create them all in one strategy's scope."
             )
         strategy = next(iter(strategies.values())) if strategies else context.get_strategy()
+        if variables and strategy is context.default_strategy():
+            self._check_not_created_outside_scope(variables, api)
         if self._strategy is None and self._iterations is not None and _strategy_of(self._iterations) is not strategy:
             raise ValueError(
                 f"{type(self).__name__}.{api}: the optimizer's step counter was created under "
@@ -642,6 +646,30 @@ class Optimizer:
         if context.has_strategy() and context.get_strategy() is not strategy:
             raise context.wrong_strategy_scope(strategy, f"{type(self).__name__}.{api}")
         return strategy
+
+    def _check_not_created_outside_scope(self, variables: Sequence[Variable], api: str) -> None:
+        """Raises if plain variables (of no strategy) are used where a strategy is in force.
+
+        A variable created outside ``strategy.scope()`` has one copy, which no replica owns;
+        the error names the variables rather than the optimizer, which is not at fault.
+        """
+        default = context.default_strategy()
+        if context.has_strategy():
+            where = f"is {context.describe_location()}"
+        elif self._strategy is not None and self._strategy is not default:
+            where = f"already optimizes variables of {self._strategy!r}"
+        elif self._iterations is not None and _strategy_of(self._iterations) is not default:
+            where = f"was created in the scope of {_strategy_of(self._iterations)!r}"
+        else:
+            return  # no strategy anywhere: plain variables are right
+        listed = ", ".join(f"{_base_name(v)!r} (shape {tuple(v.shape)})" for v in variables)
+        plural = len(variables) > 1
+        raise ValidationError(
+            f"{type(self).__name__}.{api} got {'variables' if plural else 'a variable'} created outside "
+            f"strategy.scope(): {listed} {'are plain variables' if plural else 'is a plain variable'} of no "
+            f"strategy, but the optimizer {where}. Create {'them' if plural else 'it'} inside "
+            f"`with strategy.scope():` so that every replica has a copy to update."
+        )
 
     def _current_learning_rate(self, step: int) -> float:
         rate = self._learning_rate(step) if callable(self._learning_rate) else self._learning_rate

@@ -68,8 +68,10 @@ from __future__ import annotations
 import contextlib
 import queue
 import signal
+import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -477,6 +479,8 @@ class Step:
                 if self.orders_streams:  # read by the parked replicas once released (``meet``)
                     self._round_marks = cupy_streams.mark(self.gpu_ids)
         except BaseException as error:
+            if isinstance(error, Exception):
+                _add_call_site(error)
             with self._lock:
                 self._merge_started = None
                 if self._failure is None:
@@ -738,6 +742,33 @@ def _run_held_handler(held: list[Any]) -> None:
     while held:
         handler, signum, frame = held.pop(0)
         handler(signum, frame)
+
+
+def _add_call_site(error: Exception) -> None:
+    """Puts the settling replica's own frames on top of ``error``'s traceback (called by ``_settle``).
+
+    A round's function fails on the thread of the replica that arrived last, and ``_settle``
+    catches the exception, so its traceback starts at ``_settle``: printed, it would show
+    towerdist's internals but not the user's ``all_reduce``/``merge_call`` line. This
+    prepends the frames from ``Step.execute`` (the replica function's caller) down to
+    ``meet``, as if the exception had propagated through them. Only the failure path pays.
+    """
+    frames: list[types.FrameType] = []
+    frame: types.FrameType | None = sys._getframe(2)  # 0: here, 1: _settle, 2: meet
+    while frame is not None:
+        frames.append(frame)
+        if frame.f_code is _EXECUTE_CODE:
+            break
+        frame = frame.f_back
+    else:
+        return  # not under a replica's execute (never expected): leave the traceback alone
+    tb = error.__traceback__
+    for frame in frames:  # innermost first: each new entry goes on top
+        tb = types.TracebackType(tb, frame, frame.f_lasti, frame.f_lineno)
+    error.__traceback__ = tb
+
+
+_EXECUTE_CODE = Step.execute.__code__
 
 
 def describe_error(error: BaseException) -> str:

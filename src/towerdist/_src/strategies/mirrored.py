@@ -138,7 +138,7 @@ class MirroredExtended(StrategyExtended):
     # --- running replicas -----------------------------------------------------------------
 
     def _call_for_each_replica(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], sequential: bool = False
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], sequential: bool | None = None
     ) -> Any:
         n = len(self._devices)
         args_per_replica = split_for_replicas(args, n, "Strategy.run()", "args")
@@ -220,9 +220,13 @@ class MirroredExtended(StrategyExtended):
         if len(self._devices) != 1:
             raise ValueError(
                 f"A non-DistributedValues value {value!r} cannot be reduced with the given reduce op "
-                f"{reduce_op}: {self._describe()} has {len(self._devices)} replicas and the value is not "
-                f"per-replica, so its sum is ambiguous. Reduce the result of strategy.run() (a "
-                f"PerReplica) instead, or use MEAN."
+                f"{reduce_op}: {self._describe()} has {len(self._devices)} replicas and SUM needs one value "
+                f"from each. If strategy.run() returned it (or a merge_call() or an aggregated variable "
+                f"write got it), every replica produced the very same Python object (a constant, a global, "
+                f"an argument passed to all), which is passed on as it is rather than as a PerReplica. Make "
+                f"each replica produce a value of its own (e.g. td.constant(...) inside the replica "
+                f"function), multiply by strategy.num_replicas_in_sync, or use MEAN (which returns the "
+                f"value itself)."
             )
         return self._cross_device_ops.broadcast(value, devices)
 

@@ -34,6 +34,13 @@ forgets them and starts fresh threads on its first ``run``.
 
 **Nesting.** ``run`` inside a ``merge_fn``, or two user threads calling ``run`` at once,
 each get their own pool of threads; consecutive calls reuse the first pool.
+
+**Sequential replicas.** ``td.config.run_replicas_sequentially(True)`` (or the
+environment variable ``TOWERDIST_RUN_REPLICAS_SEQUENTIALLY=1``) makes every step of a
+multi-replica strategy sequential, as TensorFlow's eager replicas run: replica 0 until
+its first barrier or its return, then replica 1, ... (see "Turns" in ``barrier.py``).
+It is for porting and debugging code that keeps per-replica state on shared Python
+objects; it gives up the replicas' parallelism.
 """
 
 from __future__ import annotations
@@ -56,7 +63,78 @@ from towerdist._src.strategies import watchdog
 from towerdist._src.strategies.barrier import Step, StopReplica
 from towerdist._src.strategies.watchdog import get_replica_timeouts, name_of, set_replica_timeouts
 
-__all__ = ["ReplicaScheduler", "StopReplica", "get_replica_timeouts", "set_replica_timeouts"]
+__all__ = [
+    "ReplicaScheduler",
+    "StopReplica",
+    "get_replica_timeouts",
+    "replicas_run_sequentially",
+    "run_replicas_sequentially",
+    "set_replica_timeouts",
+]
+
+_SEQUENTIAL_VARIABLE = "TOWERDIST_RUN_REPLICAS_SEQUENTIALLY"
+
+
+def _env_flag(name: str) -> bool:
+    raw = os.environ.get(name, "")
+    text = raw.strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(
+        f"The environment variable {name}={raw!r} is not a switch. Set it to 1, true, yes or on to run "
+        f"replicas one after another, or to 0, false, no or off (or unset it) to run them at once."
+    )
+
+
+_run_sequentially = _env_flag(_SEQUENTIAL_VARIABLE)
+
+
+def run_replicas_sequentially(run_sequentially: bool) -> None:
+    """Runs the replicas of every ``strategy.run`` one after another (True) or at once (False, the default).
+
+    TensorFlow's eager ``MirroredStrategy`` runs replica 0's function until it reaches a
+    ``merge_call`` (or a collective such as ``all_reduce``) or returns, then replica 1's,
+    and so on; towerdist runs the replicas at the same time, on their threads. Code that
+    keeps per-replica state on a shared Python object (``self.last_input = x`` in a
+    forward pass, read back in the backward pass) gives TensorFlow's results only when
+    the replicas take turns. This switch makes them do so, for porting and debugging:
+    ``merge_call``, ``all_reduce`` and the optimizers work as usual (after each barrier,
+    replica 0 goes first again), but the replicas no longer run in parallel. Prefer
+    keeping such state per replica (see docs/migrating-tf2.md).
+
+    The default comes from the environment variable ``TOWERDIST_RUN_REPLICAS_SEQUENTIALLY``
+    (1, true, yes or on; an invalid value fails the import with a ``ValueError`` naming the
+    variable). A TF 1.x ``call_for_each_tower(..., run_concurrently=...)`` given explicitly
+    overrides the switch for that call.
+
+    Args:
+      run_sequentially: True to run the replicas one after another, False to run them
+        at once. It applies to the ``run`` calls that start after it.
+
+    Raises:
+      TypeError: ``run_sequentially`` is not a bool.
+
+    Example:
+      >>> import towerdist as td
+      >>> td.config.run_replicas_sequentially(True)
+      >>> td.config.replicas_run_sequentially()
+      True
+      >>> td.config.run_replicas_sequentially(False)
+    """
+    global _run_sequentially
+    if not isinstance(run_sequentially, bool):
+        raise TypeError(
+            f"run_replicas_sequentially() takes a bool (True: one replica after another, False: at once). "
+            f"Got run_sequentially={run_sequentially!r} of type {type(run_sequentially).__name__}."
+        )
+    _run_sequentially = run_sequentially
+
+
+def replicas_run_sequentially() -> bool:
+    """Whether ``strategy.run`` runs the replicas one after another (see :func:`run_replicas_sequentially`)."""
+    return _run_sequentially
 
 
 def _thread_main(mailbox: queue.SimpleQueue[Any], index: int, participants: int) -> None:
@@ -196,19 +274,22 @@ class ReplicaScheduler:
         args: Sequence[Any],
         kwargs: Sequence[dict[str, Any]],
         make_context: Callable[[int, Step], Any],
-        sequential: bool = False,
+        sequential: bool | None = None,
     ) -> list[Any]:
         """Calls ``fn(*args[i], **kwargs[i])`` as replica ``i`` for every replica.
 
         Returns the results in replica order. Must be called in cross-replica context of
         the strategy (``merge_fn`` runs in a snapshot of the caller's context). With
-        ``sequential``, the replicas take turns between barriers instead of running at once.
+        ``sequential``, the replicas take turns between barriers instead of running at once;
+        None follows :func:`run_replicas_sequentially`.
         """
         strategy = self._strategy_ref()
         if self._on_gpus:  # inputs an iterator copied to the GPUs, whichever thread took them
             device_copies.follow_handed_out()
         if len(self._devices) == 1:
             return self._run_here(strategy, fn, args, kwargs, make_context)
+        if sequential is None:
+            sequential = _run_sequentially
         begin = _profiler.now() if _profiler.active else 0  # the caller's step, on its track
         pool = self._acquire()
         # Until the step is known to be over, the threads count as lost: an interrupt that

@@ -339,7 +339,8 @@ def _describe_turn(step: Step, status: Status, waited: float) -> str:
     waiting = [r for r in range(step.num_replicas) if r != turn and not status.exited[r]]
     return (
         f"Replica {turn} of {step.strategy!r} has run {name_of(step.fn)} for {waited:.1f} s without reaching "
-        f"a merge_call() or returning, in a sequential step (run_concurrently=False), while "
+        f"a merge_call() or returning, in a sequential step (td.config.run_replicas_sequentially(True) or "
+        f"run_concurrently=False), while "
         f"{_replicas(waiting) if waiting else 'no other replica'} "
         f"{'waits for its' if len(waiting) <= 1 else 'wait for their'} turn. A replica that waits for "
         f"another replica deadlocks a sequential step."
