@@ -108,6 +108,19 @@ def cupy_13(rank: int) -> None:
     report(rank=rank, outcome="summed", result=host(result))
 
 
+def mismatched_ops(rank: int) -> None:
+    """Rank 0 asks for a MEAN, rank 1 for a SUM: both raise before NCCL runs; the next collective works."""
+    strategy = td.distribute.MultiWorkerMirroredStrategy()
+    op = ("mean", "sum")[rank]
+    try:
+        strategy.run(lambda: td.distribute.get_replica_context().all_reduce(op, td.ones([2])))
+        report(rank=rank, outcome="no error", nccl=strategy.extended._nccl is not None)
+    except td.errors.InvalidArgumentError as error:
+        report(rank=rank, outcome="InvalidArgumentError", message=str(error))
+    result = strategy.run(lambda: td.distribute.get_replica_context().all_reduce("sum", td.ones([2])))
+    report(rank=rank, outcome="summed", result=host(result), nccl=strategy.extended._nccl is not None)
+
+
 def stalled_nccl(rank: int) -> None:
     """Rank 1 skips its NCCL call after the MPI agreement: rank 0's watch aborts it past the timeout."""
     from towerdist._src.multi_worker import nccl_workers

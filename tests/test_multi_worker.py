@@ -295,6 +295,45 @@ def test_collectives_in_a_different_order_are_caught(multi_worker_strategy):
     assert float(total) == n
 
 
+def _ones(strategy):
+    return strategy.run(lambda: np.ones(2, np.float32))
+
+
+def _read_sync_on_read(strategy, op):
+    aggregation = td.VariableAggregation.MEAN if op == "MEAN" else td.VariableAggregation.SUM
+    with strategy.scope():
+        v = td.Variable(
+            np.ones(2, np.float32), synchronization=td.VariableSynchronization.ON_READ, aggregation=aggregation
+        )
+    return v.read_value()
+
+
+# Each API, called with the reduce op ``op`` (MEAN on rank 0, SUM on rank 1).
+_REDUCTIONS = {
+    "all_reduce": lambda s, op: s.run(lambda: td.distribute.get_replica_context().all_reduce(op, np.ones(2))),
+    "reduce": lambda s, op: s.reduce(op, _ones(s), axis=None),
+    "reduce_along_an_axis": lambda s, op: s.reduce(op, _ones(s), axis=0),
+    "reduce_to": lambda s, op: s.extended.reduce_to(op, _ones(s), "CPU:0"),
+    "batch_reduce_to": lambda s, op: s.extended.batch_reduce_to(op, [(_ones(s), "CPU:0")]),
+    "sync_on_read_read": _read_sync_on_read,
+}
+
+
+@pytest.mark.parametrize("api", sorted(_REDUCTIONS))
+def test_different_reduce_ops_raise_on_every_worker_naming_both(multi_worker_strategy, api):
+    # Each worker lowers MEAN to a sum it divides afterwards; the workers compared only that
+    # sum, so rank 0 got a mean (1.0) and rank 1 a sum (n) without an error.
+    strategy = multi_worker_strategy
+    rank, workers, _, n = _layout(strategy)
+    if workers == 1:
+        pytest.skip("needs several workers")
+    mine = ("MEAN", "SUM")[rank]
+    with pytest.raises(td.errors.InvalidArgumentError, match=r"rank 0 called .* MEAN .*; rank 1 called .* SUM "):
+        _REDUCTIONS[api](strategy, mine)
+    total = strategy.reduce("SUM", _ones(strategy), axis=None)
+    np.testing.assert_array_equal(total, [n, n])
+
+
 # --- variables ---------------------------------------------------------------------------------
 
 

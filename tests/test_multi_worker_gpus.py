@@ -83,6 +83,16 @@ def test_cupy_13s_tuple_unique_ids_work_too():
     assert [results[r][0]["result"] for r in (0, 1)] == [[3.0, 3.0]] * 2, output
 
 
+def test_workers_asking_for_different_reduce_ops_raise_on_both_before_nccl_runs():
+    results, output = run("mismatched_ops")
+    for rank in (0, 1):
+        raised, summed = results[rank]
+        assert raised["outcome"] == "InvalidArgumentError", raised
+        assert "rank 0 called ReplicaContext.all_reduce() MEAN over NCCL" in raised["message"], raised
+        assert "rank 1 called ReplicaContext.all_reduce() SUM over NCCL" in raised["message"], raised
+        assert summed == {"rank": rank, "outcome": "summed", "result": [2.0, 2.0], "nccl": True}, output
+
+
 def test_a_stalled_nccl_collective_is_aborted_past_the_timeout_and_the_next_one_raises():
     # N5 for the workers: the wait was an unbounded busy loop; now a watch thread aborts it.
     results, output = run("stalled_nccl", timeout=120)

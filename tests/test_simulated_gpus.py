@@ -8,7 +8,11 @@ depend on nor disturb a process-wide simulation.
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -962,6 +966,22 @@ def test_group_end_without_group_start_raises(cp):
 def test_simulate_gpus_needs_a_positive_int(n):
     with pytest.raises(ValueError, match="positive number of GPUs"):
         simulate_gpus(n)
+
+
+@pytest.mark.parametrize("value", ["true", "0", "two"])
+def test_a_malformed_environment_variable_fails_the_library_too(value):
+    # The library swallowed it: device_count() read the error as "no GPU", so MirroredStrategy()
+    # ran on one CPU and gpus(n) tests were skipped as "0 available"; only `towerdist info` said why.
+    code = "import towerdist as td\nprint(td.distribute.MirroredStrategy().num_replicas_in_sync)"
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "TOWERDIST_SIMULATE_GPUS": value, "PYTHONPATH": src}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stdout
+    expected = (
+        f"ValueError: TOWERDIST_SIMULATE_GPUS must be a positive number of simulated GPUs. Got "
+        f"TOWERDIST_SIMULATE_GPUS={value!r}; set it to the number of GPUs to simulate"
+    )
+    assert expected in done.stderr, done.stderr
 
 
 def test_the_environment_variable_switches_the_simulation_on(monkeypatch):

@@ -58,7 +58,15 @@ def is_available() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def device_count() -> int:
-    """The number of visible CUDA GPUs, 0 when cupy or a driver is missing."""
+    """The number of visible CUDA GPUs, 0 when cupy or a driver is missing.
+
+    Raises:
+      ValueError: ``TOWERDIST_SIMULATE_GPUS`` is set but is not a positive number (a typo
+        must not quietly mean "no GPU").
+    """
+    simulated = _simulated()  # outside the ``try``: a malformed TOWERDIST_SIMULATE_GPUS raises
+    if simulated is not None:
+        return int(simulated.cuda.runtime.getDeviceCount())
     try:
         cupy = _import()
         return int(cupy.cuda.runtime.getDeviceCount())

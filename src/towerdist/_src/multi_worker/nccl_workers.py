@@ -96,8 +96,13 @@ class NcclWorkers:
         self._clique = Clique([device_index], [comm], what)
         self._watch = _Watch(self._clique, workers)
 
-    def sum(self, buffers: list[Any], api: str, timeout: float | None, warning: float | None) -> None:
+    def sum(
+        self, buffers: list[Any], api: str, timeout: float | None, warning: float | None, op: str = "SUM"
+    ) -> None:
         """Sums each contiguous GPU buffer (on the communicator's GPU) across the workers, in place.
+
+        ``op`` is the reduction the user asked for (a MEAN is this sum, divided by the
+        caller); the workers compare it before NCCL runs, as ``Workers.sum`` does.
 
         Returns once the collective is queued: the calling thread's stream of the GPU waits
         for it (an event); nothing waits on the host.
@@ -116,7 +121,7 @@ class NcclWorkers:
         with nccl_cliques.gpus_locked([index]):
             self._check(api)
         signature = ", ".join(f"{b.dtype}[{b.size}]" for b in buffers)
-        communicator.agree(Call(api, "SUM over NCCL", signature), timeout, warning)
+        communicator.agree(Call(api, f"{op} over NCCL", signature), timeout, warning)
         cuda = cupy_backend._import().cuda
         with nccl_cliques.gpus_locked([index]):
             self._check(api)  # (an asynchronous error found meanwhile)

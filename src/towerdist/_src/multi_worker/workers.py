@@ -82,8 +82,13 @@ class Workers:
         api: str,
         options: CommunicationOptions | None,
         out: Sequence[Any] | None = None,
+        op: str = "SUM",
     ) -> list[np.ndarray]:
         """Each array summed over the workers (same shapes and dtypes), in arrays the caller owns.
+
+        ``op`` names the reduction the user asked for (``"MEAN"`` is a sum the caller then
+        divides): the workers compare it, so a rank asking for MEAN while another asks for
+        SUM fails on every rank instead of each computing its own answer.
 
         ``out[k]``, when given and of array ``k``'s shape and dtype, is reduced into and
         returned. Otherwise the result is a view of a pooled buffer, reused only once no
@@ -96,7 +101,8 @@ class Workers:
             return [_result(a, out, k) for k, a in enumerate(arrays)]
         bytes_per_pack = (self._options if options is None else self._options.merge(options)).bytes_per_pack
         packs = _packs(arrays, bytes_per_pack)
-        op = "SUM" if len(packs) == 1 else f"SUM in packs of {[len(pack) for _, pack in packs]} arrays"
+        if len(packs) > 1:
+            op = f"{op} in packs of {[len(pack) for _, pack in packs]} arrays"
         call = Call(api, op, _signature(arrays))
         buffers = []
         for dtype, pack in packs:

@@ -9,7 +9,9 @@ the program is one worker and behaves as ``MirroredStrategy`` over its local dev
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -93,6 +95,14 @@ class MultiWorkerMirroredStrategy(Strategy):
         resolver: ClusterResolver = extended._cluster_resolver
         return resolver
 
+    def _reduce_along_axis(self, op: ReduceOp, value: Any, axis: Any) -> Any:
+        # Computed as a SUM of per-replica sums (and, for MEAN, a count): the workers compare
+        # the op the user asked for, so MEAN on one worker and SUM on another fail on both.
+        extended = self._extended
+        assert isinstance(extended, MultiWorkerExtended)
+        with extended._comparing(op.value):
+            return super()._reduce_along_axis(op, value, axis)
+
 
 class MultiWorkerExtended(MirroredExtended):
     """``StrategyExtended`` of ``MultiWorkerMirroredStrategy``: local replicas, then the workers."""
@@ -122,6 +132,7 @@ class MultiWorkerExtended(MirroredExtended):
         super().__init__(container_strategy, gpus if devices is None else devices, None)
         self._mw_init_args = (devices, cluster_resolver, communication_options)
         self._nccl: NcclWorkers | None = None
+        self._compared = threading.local()  # the user's op when a reduce is computed as a SUM (see _comparing)
         if self._workers.size > 1:
             self._join_cluster()
 
@@ -244,6 +255,16 @@ class MultiWorkerExtended(MirroredExtended):
 
     # --- collectives -----------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _comparing(self, op: str) -> Iterator[None]:
+        """Makes this thread's reductions tell the other workers ``op`` (what the user asked for) as their op."""
+        previous = getattr(self._compared, "op", None)
+        self._compared.op = op
+        try:
+            yield
+        finally:
+            self._compared.op = previous
+
     def _reduce_to(
         self,
         reduce_op: ReduceOp,
@@ -304,18 +325,21 @@ class MultiWorkerExtended(MirroredExtended):
         """Each column (one array per local replica) reduced over every replica of every worker.
 
         The local replicas are summed first (in process), then the workers (one MPI
-        ``Allreduce`` per pack); MEAN divides by ``num_replicas_in_sync``. New host arrays
-        out (GPU arrays with NCCL), or ``out[k]`` (see ``CrossDeviceOps._all_reduce``).
+        ``Allreduce`` per pack); MEAN divides by ``num_replicas_in_sync``. The workers
+        compare ``reduce_op`` (not the sum it is computed with), so workers asking for
+        different ops raise. New host arrays out (GPU arrays with NCCL), or ``out[k]`` (see
+        ``CrossDeviceOps._all_reduce``).
         """
+        op = getattr(self._compared, "op", None) or reduce_op.value
         if len(self._devices) > 1:
             local = super()._all_reduce(ReduceOp.SUM, columns, options)
             sums = [results[0] for results in local]
         else:
             sums = [column[0] for column in columns]
         if self._uses_nccl(sums, options):
-            totals = self._nccl_sum(sums, api, options)
+            totals = self._nccl_sum(sums, api, options, op)
         else:
-            totals = self._workers.sum([_to_host(s) for s in sums], api, options, out)
+            totals = self._workers.sum([_to_host(s) for s in sums], api, options, out, op)
         if reduce_op is ReduceOp.MEAN:
             n = self._num_replicas_in_sync
             totals = [_mean(total, n) for total in totals]
@@ -329,7 +353,7 @@ class MultiWorkerExtended(MirroredExtended):
             return False
         return all(s.dtype.name in NCCL_DTYPES for s in sums)
 
-    def _nccl_sum(self, sums: list[Any], api: str, options: CommunicationOptions | None) -> list[Any]:
+    def _nccl_sum(self, sums: list[Any], api: str, options: CommunicationOptions | None, op: str) -> list[Any]:
         """The workers' sums of GPU arrays, on this worker's first GPU (NCCL; unverified without GPUs)."""
         device = self._devices[0]
         if self._nccl is None:  # collective: every worker gets here at the same collective
@@ -351,7 +375,7 @@ class MultiWorkerExtended(MirroredExtended):
                     results[k] = buffer[offset : offset + size].reshape(sums[k].shape)
                     offset += size
                 packs.append(buffer)
-        self._nccl.sum(packs, api, *self._workers.bounds(options))
+        self._nccl.sum(packs, api, *self._workers.bounds(options), op=op)
         return results
 
     def _column(self, value: Any, api: str) -> list[Any]:

@@ -106,7 +106,10 @@ def _env_gpus() -> int:
     except ValueError:
         value = 0
     if value < 1:
-        raise ValueError(f"{ENV_VAR} must be a positive number of simulated GPUs. Got {ENV_VAR}={text!r}.")
+        raise ValueError(
+            f"{ENV_VAR} must be a positive number of simulated GPUs. Got {ENV_VAR}={text!r}; set it to the number "
+            f"of GPUs to simulate (e.g. {ENV_VAR}=2), or unset it to use the real GPUs."
+        )
     return value
 
 
