@@ -59,3 +59,25 @@ def test_readme_links_the_docs_and_states_the_promise():
     readme = (ROOT / "README.md").read_text()
     assert "](docs/index.md)" in readme
     assert "## Compatibility promise" in readme and "tests/test_api_guarantee.py" in readme
+
+
+def _requires_python() -> str:
+    match = re.search(r'^requires-python = ">=(3\.\d+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    assert match, "pyproject.toml has no requires-python lower bound"
+    return match.group(1)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_the_install_instructions_state_the_python_pyproject_requires(page):
+    text = (ROOT / page).read_text()
+    stated = set(re.findall(r"Python (3\.\d+)(?:\+| or newer)", text))
+    assert stated == {_requires_python()}, f"{page} says Python {stated}; pyproject.toml requires >={_requires_python()}"
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_the_main_jobs_default_replicas_are_described_as_the_example_chooses_them(page):
+    example = (ROOT / "examples" / "train_digits.py").read_text()
+    most = re.search(r"^MAX_DEFAULT_CPU_REPLICAS = (\d+)", example, re.MULTILINE)
+    assert most and "def default_cpu_replicas" in example
+    text = " ".join((ROOT / page).read_text().split())
+    assert f"else one logical CPU replica per core, at most {most.group(1)}" in text, page

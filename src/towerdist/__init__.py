@@ -5,6 +5,8 @@ Code written against ``tf.distribute`` runs with ``import towerdist as tf``, wit
 
     import towerdist as tf
 
+    cpu = tf.config.list_physical_devices("CPU")[0]   # split the host CPU into 2 logical devices
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
     per_replica = strategy.run(lambda: tf.distribute.get_replica_context().replica_id_in_sync_group)
     strategy.reduce("sum", per_replica, axis=None)   # -> 1
