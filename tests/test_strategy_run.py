@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -90,7 +91,9 @@ def test_run_rejects_a_per_replica_of_another_size(mirrored_4cpu, mirrored_2cpu)
 
 
 def test_experimental_run_v2_is_run(mirrored_2cpu):
-    assert mirrored_2cpu.experimental_run_v2(lambda x: x + 1, args=(1,)) == 2
+    with warnings.catch_warnings():  # the old name warns once per process (tested in test_legacy_names.py)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert mirrored_2cpu.experimental_run_v2(lambda x: x + 1, args=(1,)) == 2
 
 
 def test_call_for_each_replica_is_run(mirrored_2cpu):
