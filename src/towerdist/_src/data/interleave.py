@@ -26,9 +26,8 @@ import collections
 import logging
 import os
 import threading
-import warnings
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 import numpy as np
@@ -39,6 +38,7 @@ from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.spec import TensorSpec
 from towerdist._src.data.structure import call_with_element
 from towerdist._src.data.transforms import close_iterator
+from towerdist._src.data.workers import DaemonPool, wait_or_warn
 from towerdist._src.errors import InvalidArgumentError
 
 __all__ = ["ErrorHandler", "InterleaveDataset", "default_cycle_length", "placeholder_element", "sample_element"]
@@ -235,7 +235,7 @@ class InterleaveDataset(Dataset):
 
     def _iterate_parallel(self) -> Iterator[Any]:
         stop = threading.Event()
-        pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix=f"towerdist-{self._api}")
+        pool = DaemonPool(self._workers, f"towerdist-{self._api}")
         source = self._inputs[0]._iterate()
         slots: list[_Slot | None] = [None] * self._cycle
         upcoming: collections.deque[_Slot] = collections.deque()  # opened ahead, in input order
@@ -292,16 +292,8 @@ class InterleaveDataset(Dataset):
             stop.set()
             every = [slot for slot in slots if slot is not None] + list(upcoming)
             running = [slot.future for slot in every if slot.future is not None and not slot.future.cancel()]
-            pool.shutdown(wait=False, cancel_futures=True)
-            _, stuck = wait(running, timeout=_STOP_SECONDS)  # a task stops after its current element
-            if stuck:
-                warnings.warn(
-                    f"{len(stuck)} Dataset.{self._api}() input(s) did not stop within {_STOP_SECONDS:.0f} s of the "
-                    f"iterator being closed: an input dataset is blocked in user code. Its thread stops when that "
-                    f"call returns.",
-                    ResourceWarning,
-                    stacklevel=2,
-                )
+            pool.shutdown()
+            wait_or_warn(running, _STOP_SECONDS, f"Dataset.{self._api}() input(s)")  # a task stops after its element
             for slot in every:  # close the inputs no thread is running any more
                 if slot.future is None or slot.future.done():
                     slot.close()
@@ -349,7 +341,7 @@ class _Slot:
     """
 
     def __init__(
-        self, owner: InterleaveDataset, pool: ThreadPoolExecutor, stop: threading.Event, element: Any, index: int
+        self, owner: InterleaveDataset, pool: DaemonPool, stop: threading.Event, element: Any, index: int
     ) -> None:
         self._owner = owner
         self._pool = pool
