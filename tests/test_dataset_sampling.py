@@ -117,6 +117,66 @@ def test_sample_leaves_out_datasets_of_zero_weight():
     assert none.cardinality() == 0
 
 
+@pytest.mark.parametrize("weights", [[np.nan, 1.0], [-np.inf, 1.0], [-1.0, 1.0]], ids=["nan", "-inf", "negative"])
+def test_sample_leaves_out_datasets_of_nan_or_negative_weight(weights):
+    # observed in TensorFlow 2.21: [nan, 1.0], [-inf, 1.0] and [-1.0, 1.0] all give b itself (cardinality 3)
+    assert D.sample_from_datasets([A, B], weights=weights, seed=1) is B
+
+
+@pytest.mark.parametrize("weights", [[np.nan, np.nan], [-1.0, -2.0]], ids=["nan", "negative"])
+def test_sample_with_no_positive_constant_weight_is_empty(weights):
+    # observed in TensorFlow 2.21: cardinality 0, no elements
+    none = D.sample_from_datasets([A, B], weights=weights, seed=1)
+    assert none.cardinality() == 0
+    assert ints(none) == []
+
+
+@pytest.mark.parametrize("stop", [False, True], ids=["drain", "stop"])
+@pytest.mark.parametrize("weights", [[np.inf, 1.0], [np.inf, np.inf], [1.0, np.inf]], ids=["inf-1", "inf-inf", "1-inf"])
+def test_sample_an_infinite_constant_weight_is_refused(weights, stop):
+    # TensorFlow 2.21 spins forever with [inf, 1.0] (after yielding b's elements, without stop), gives
+    # only b's elements (with stop), and raises InvalidArgumentError ("Selector index out of range")
+    # for [inf, inf]: towerdist refuses an infinite weight when the dataset is made.
+    with pytest.raises(td.errors.InvalidArgumentError, match=r"weights must be finite, but weights\[\d\] is inf"):
+        D.sample_from_datasets([A, B], weights=weights, seed=1, stop_on_empty_dataset=stop)
+
+
+@pytest.mark.parametrize("stop", [False, True], ids=["drain", "stop"])
+@pytest.mark.parametrize("vector", [[np.nan, 1.0], [-1.0, 1.0], [-np.inf, 1.0]], ids=["nan", "negative", "-inf"])
+def test_sample_a_nan_or_negative_weight_in_a_weights_vector_never_picks_its_dataset(vector, stop):
+    # observed in TensorFlow 2.21 with stop_on_empty_dataset=True: b's elements only, then the end
+    # (without it TensorFlow keeps drawing the ended b forever from the infinite weights dataset;
+    # a finite one ends the result here)
+    weights = D.from_tensors(np.array(vector, np.float32)).repeat(20)
+    assert ints(D.sample_from_datasets([A, B], weights=weights, seed=1, stop_on_empty_dataset=stop)) == [10, 11, 12]
+
+
+@pytest.mark.parametrize("vector", [[0.0, 0.0], [np.nan, np.nan], [-1.0, -2.0]], ids=["zeros", "nan", "negative"])
+def test_sample_a_weights_vector_without_a_positive_weight_is_an_error(vector):
+    # observed in TensorFlow 2.21: InvalidArgumentError ("Selector index out of range: 2 >= 2")
+    good = D.from_tensors(np.array([1.0, 1.0], np.float32))
+    weights = good.concatenate(D.from_tensors(np.array(vector, np.float32)))
+    iterator = iter(D.sample_from_datasets([A, B], weights=weights, seed=1))
+    next(iterator)
+    with pytest.raises(td.errors.InvalidArgumentError, match=r"needs a positive weight, but element 1 is"):
+        next(iterator)
+
+
+@pytest.mark.parametrize("vector", [[np.inf, 1.0], [np.inf, np.inf]], ids=["inf-1", "inf-inf"])
+def test_sample_an_infinite_weight_in_a_weights_vector_is_an_error(vector):
+    # TensorFlow 2.21 spins forever with [inf, 1.0] and raises InvalidArgumentError with [inf, inf]
+    weights = D.from_tensors(np.array(vector, np.float32)).repeat()
+    with pytest.raises(td.errors.InvalidArgumentError, match=r"weights must be finite, but element 0 of the weights"):
+        next(iter(D.sample_from_datasets([A, B], weights=weights, seed=1)))
+
+
+def test_sample_huge_finite_weights_draw_in_proportion():
+    # float64 weights whose sum overflows to inf still split the draws evenly
+    picks = ints(D.sample_from_datasets([A.repeat(), B.repeat()], weights=np.array([1e308, 1e308]), seed=3), 2000)
+    from_a = sum(v < 10 for v in picks)
+    assert 850 < from_a < 1150
+
+
 @pytest.mark.parametrize(
     ("datasets", "stop", "expected"),
     [
