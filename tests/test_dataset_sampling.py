@@ -243,6 +243,37 @@ def test_sample_incompatible_datasets_are_a_type_error(other, match):
         D.sample_from_datasets([A, other], seed=1)
 
 
+def lazy(value) -> D:
+    """Two elements ``value``: a dataset whose spec is known only by running it."""
+    return D.from_generator(lambda: iter([value, value]))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda datasets: D.sample_from_datasets(datasets, seed=1),
+        lambda datasets: D.choose_from_datasets(datasets, choices(0, 0, 1, 1)),
+    ],
+    ids=["sample", "choose"],
+)
+@pytest.mark.parametrize(
+    "datasets",
+    [lambda: [A, lazy(np.float32(1.0))], lambda: [lazy(np.float32(1.0)), A], lambda: [lazy(1), lazy(np.float32(1.0))]],
+    ids=["lazy-second", "lazy-first", "both-lazy"],
+)
+def test_incompatible_datasets_known_only_by_running_are_a_type_error(make, datasets):
+    # TensorFlow 2.21 raises TypeError ("`datasets` must have compatible element specs") when the
+    # dataset is made; towerdist learns a generator's spec by running it, so it raises at that
+    # input's first element instead of mixing the dtypes.
+    with pytest.raises(TypeError, match=r"datasets must have compatible element specs .* differ at the top level: dtype"):
+        list(make(datasets()))
+
+
+def test_compatible_datasets_known_only_by_running_mix():
+    assert sorted(ints(D.sample_from_datasets([A, lazy(np.int64(7))], seed=1))) == [0, 1, 2, 7, 7]
+    assert ints(D.choose_from_datasets([lazy(np.int64(5)), lazy(np.int64(6))], choices(0, 1, 0))) == [5, 6, 5]
+
+
 def test_sample_argument_errors():
     # observed in TensorFlow 2.21 (the types; messages are towerdist's)
     with pytest.raises(ValueError, match="datasets should not be empty"):

@@ -34,7 +34,7 @@ import numpy as np
 from towerdist._src import nest
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
-from towerdist._src.data.spec import TensorSpec, dtype_name
+from towerdist._src.data.spec import FirstElementCheck, TensorSpec, dtype_name
 from towerdist._src.data.transforms import close_iterator
 from towerdist._src.errors import InvalidArgumentError
 
@@ -123,9 +123,21 @@ class _DirectedInterleave(Dataset):
         """The selector: the index of the input for every next element (``alive`` says which have not ended)."""
         raise NotImplementedError
 
+    def _mismatch(self, a: int, spec_a: Any, b: int, spec_b: Any, where: str) -> str:
+        return (
+            f"{self._api} datasets must have compatible element specs (the same structure and dtypes), but their "
+            f"elements differ {where}: dataset {a} element_spec={spec_a!r}; dataset {b} element_spec={spec_b!r}."
+        )
+
     def _iterate(self) -> Iterator[Any]:
         iterators: list[Iterator[Any] | None] = [None] * self._num
         alive = [True] * self._num
+        specs = [d._spec(probe=False) for d in self._inputs[: self._num]]
+        unchecked = [spec is None for spec in specs]  # first elements to check (specs known only by running)
+        check = FirstElementCheck(self._mismatch)
+        if any(unchecked):
+            for key, spec in enumerate(specs):
+                check.known(key, spec)
         picks = self._picks(alive)
         try:
             for index in picks:
@@ -135,6 +147,9 @@ class _DirectedInterleave(Dataset):
                 if iterator is None:
                     iterator = iterators[index] = self._inputs[index]._iterate()
                 element = next(iterator, _END)
+                if unchecked[index] and element is not _END:
+                    unchecked[index] = False
+                    check.first(index, element)
                 if element is _END:
                     if self._stop:
                         return
