@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import gc
 import gzip
+import pickle
 import sys
 import threading
 import time
@@ -1053,6 +1054,38 @@ def test_cache_to_file_partial_pass_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
     assert ints(ds) == [0, 1, 2, 3]
     assert path.exists()
+
+
+def test_cache_to_a_missing_directory_fails_at_the_first_element(tmp_path):
+    # observed in TensorFlow 2.21: NotFoundError ("<dir>/missing/train_0.lockfile; No such file or
+    # directory") from the first next(), before any element is read
+    calls: list[int] = []
+    iterator = iter(D.range(4).map(counting_map(calls)).cache(str(tmp_path / "missing" / "train")))
+    with pytest.raises(td.errors.NotFoundError, match=r"Dataset.cache\(\) cannot write its file .*does not exist") as info:
+        next(iterator)
+    assert info.value.path == str(tmp_path / "missing" / "train")
+    assert calls == []
+
+
+def test_cache_to_file_abandoned_pass_leaves_no_temporary_file(tmp_path):
+    iterator = iter(D.range(4).cache(str(tmp_path / "cache.bin")))
+    assert int(next(iterator)) == 0
+    assert len(list(tmp_path.iterdir())) == 1  # the pass's temporary file, made when it started
+    iterator.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "content", [b"", b"garbage!" * 4, pickle.dumps([np.int64(1)])[:-3], pickle.dumps({"not": "a list"})],
+    ids=["empty", "garbage", "truncated", "not-a-list"],
+)
+def test_cache_file_that_is_corrupt_is_a_data_loss_error_naming_it(tmp_path, content):
+    # TensorFlow 2.21 raises DataLossError for a damaged cache file (its checksum fails)
+    path = tmp_path / "cache.bin"
+    path.write_bytes(content)
+    with pytest.raises(td.errors.DataLossError, match=r"Dataset.cache\(\) cannot read its file .*cache.bin") as info:
+        next(iter(D.range(4).cache(str(path))))
+    assert info.value.path == str(path)
 
 
 def _write_zeros(element) -> int:

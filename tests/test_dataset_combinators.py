@@ -110,6 +110,36 @@ def test_concatenate_incompatible_elements_are_type_errors(other, match):
         D.range(3).concatenate(other)
 
 
+def lazy(value) -> D:
+    """Two elements ``value``: a dataset whose spec is known only by running it."""
+    return D.from_generator(lambda: iter([value, value]))
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "before_error"),
+    [
+        (lambda: lazy(np.float32(1.0)), lambda: D.range(2), 0),
+        (lambda: D.range(2), lambda: lazy(np.float32(1.0)), 2),
+        (lambda: lazy(np.int64(1)), lambda: lazy(np.float32(1.0)), 2),
+    ],
+    ids=["lazy-first", "lazy-second", "both-lazy"],
+)
+def test_concatenate_incompatible_elements_known_only_by_running_are_type_errors(first, second, before_error):
+    # TensorFlow 2.21 raises TypeError "Incompatible dataset elements" when the dataset is made (it
+    # always knows the specs); towerdist learns a generator's spec by running it, so it raises at
+    # that input's first element instead of mixing the dtypes.
+    iterator = iter(first().concatenate(second()))
+    got = [next(iterator) for _ in range(before_error)]
+    assert len(got) == before_error
+    with pytest.raises(TypeError, match=r"Incompatible dataset elements at the top level: dtype (int64 vs float32|float32 vs int64)"):
+        next(iterator)
+
+
+def test_concatenate_compatible_elements_known_only_by_running():
+    assert [int(v) for v in D.range(2).concatenate(lazy(np.int64(5)))] == [0, 1, 5, 5]
+    assert [int(v) for v in lazy(np.int64(5)).concatenate(lazy(np.int64(6)))] == [5, 5, 6, 6]
+
+
 def test_concatenate_dict_keys_and_tuple_lengths_must_match():
     with pytest.raises(TypeError, match="keys 'a' vs a dict with keys 'b'"):
         D.from_tensors({"a": 1}).concatenate(D.from_tensors({"b": 1}))

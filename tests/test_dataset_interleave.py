@@ -477,6 +477,20 @@ def test_flat_map_over_an_infinite_input_is_lazy():
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("kwargs", PARALLEL)
+@pytest.mark.parametrize("known", [False, True], ids=["lazy-spec", "static-spec"])
+def test_map_func_datasets_of_different_dtypes_are_a_type_error(kwargs, known):
+    # TensorFlow traces map_func once, so its datasets cannot differ; towerdist runs it per element
+    # and raises TypeError (as TensorFlow does for datasets that cannot mix) instead of mixing dtypes.
+    def make(i):
+        value = np.float32(2.0) if int(i) == 1 else np.int64(1)
+        return D.from_tensors(value) if known else D.from_generator(lambda: iter([value]))
+
+    with pytest.raises(TypeError, match=r"Dataset.interleave\(\): map_func must return datasets of one structure and dtypes"):
+        list(D.range(3).interleave(make, cycle_length=2, **kwargs))
+
+
+@pytest.mark.timeout(60)
 def test_closing_while_an_input_is_blocked_in_user_code_is_bounded_and_warns(monkeypatch):
     monkeypatch.setattr(interleave_lib, "_STOP_SECONDS", 0.2)
     release = threading.Event()

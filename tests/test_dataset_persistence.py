@@ -393,6 +393,21 @@ def test_second_save_replaces_the_first(tmp_path):
     assert not old_files & set(os.listdir(path))  # the old shards are removed
 
 
+def test_a_loaded_dataset_whose_shards_a_later_save_replaced_is_data_loss(tmp_path):
+    # TensorFlow 2.21 keeps reading the first save's files (it leaves them in place); towerdist's
+    # second save removes them, so the dataset loaded before it says so and how to fix it.
+    path = str(tmp_path / "o")
+    D.range(5).save(path)
+    loaded = D.load(path)
+    assert [int(v) for v in loaded] == [0, 1, 2, 3, 4]
+    old_file = os.path.join(path, manifest_of(path)["shards"][0]["file"])
+    D.range(7).save(path)
+    with pytest.raises(td.errors.DataLossError, match=r"the shard file .* is gone\. A later save\(\)") as info:
+        list(loaded)
+    assert info.value.path == old_file
+    assert [int(v) for v in D.load(path)] == list(range(7))
+
+
 def test_save_removes_only_shard_files_of_its_own_naming(tmp_path):
     # an edited manifest that lists the manifest itself and a user's files must not make save delete them
     path = str(tmp_path / "o")

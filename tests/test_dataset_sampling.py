@@ -117,6 +117,66 @@ def test_sample_leaves_out_datasets_of_zero_weight():
     assert none.cardinality() == 0
 
 
+@pytest.mark.parametrize("weights", [[np.nan, 1.0], [-np.inf, 1.0], [-1.0, 1.0]], ids=["nan", "-inf", "negative"])
+def test_sample_leaves_out_datasets_of_nan_or_negative_weight(weights):
+    # observed in TensorFlow 2.21: [nan, 1.0], [-inf, 1.0] and [-1.0, 1.0] all give b itself (cardinality 3)
+    assert D.sample_from_datasets([A, B], weights=weights, seed=1) is B
+
+
+@pytest.mark.parametrize("weights", [[np.nan, np.nan], [-1.0, -2.0]], ids=["nan", "negative"])
+def test_sample_with_no_positive_constant_weight_is_empty(weights):
+    # observed in TensorFlow 2.21: cardinality 0, no elements
+    none = D.sample_from_datasets([A, B], weights=weights, seed=1)
+    assert none.cardinality() == 0
+    assert ints(none) == []
+
+
+@pytest.mark.parametrize("stop", [False, True], ids=["drain", "stop"])
+@pytest.mark.parametrize("weights", [[np.inf, 1.0], [np.inf, np.inf], [1.0, np.inf]], ids=["inf-1", "inf-inf", "1-inf"])
+def test_sample_an_infinite_constant_weight_is_refused(weights, stop):
+    # TensorFlow 2.21 spins forever with [inf, 1.0] (after yielding b's elements, without stop), gives
+    # only b's elements (with stop), and raises InvalidArgumentError ("Selector index out of range")
+    # for [inf, inf]: towerdist refuses an infinite weight when the dataset is made.
+    with pytest.raises(td.errors.InvalidArgumentError, match=r"weights must be finite, but weights\[\d\] is inf"):
+        D.sample_from_datasets([A, B], weights=weights, seed=1, stop_on_empty_dataset=stop)
+
+
+@pytest.mark.parametrize("stop", [False, True], ids=["drain", "stop"])
+@pytest.mark.parametrize("vector", [[np.nan, 1.0], [-1.0, 1.0], [-np.inf, 1.0]], ids=["nan", "negative", "-inf"])
+def test_sample_a_nan_or_negative_weight_in_a_weights_vector_never_picks_its_dataset(vector, stop):
+    # observed in TensorFlow 2.21 with stop_on_empty_dataset=True: b's elements only, then the end
+    # (without it TensorFlow keeps drawing the ended b forever from the infinite weights dataset;
+    # a finite one ends the result here)
+    weights = D.from_tensors(np.array(vector, np.float32)).repeat(20)
+    assert ints(D.sample_from_datasets([A, B], weights=weights, seed=1, stop_on_empty_dataset=stop)) == [10, 11, 12]
+
+
+@pytest.mark.parametrize("vector", [[0.0, 0.0], [np.nan, np.nan], [-1.0, -2.0]], ids=["zeros", "nan", "negative"])
+def test_sample_a_weights_vector_without_a_positive_weight_is_an_error(vector):
+    # observed in TensorFlow 2.21: InvalidArgumentError ("Selector index out of range: 2 >= 2")
+    good = D.from_tensors(np.array([1.0, 1.0], np.float32))
+    weights = good.concatenate(D.from_tensors(np.array(vector, np.float32)))
+    iterator = iter(D.sample_from_datasets([A, B], weights=weights, seed=1))
+    next(iterator)
+    with pytest.raises(td.errors.InvalidArgumentError, match=r"needs a positive weight, but element 1 is"):
+        next(iterator)
+
+
+@pytest.mark.parametrize("vector", [[np.inf, 1.0], [np.inf, np.inf]], ids=["inf-1", "inf-inf"])
+def test_sample_an_infinite_weight_in_a_weights_vector_is_an_error(vector):
+    # TensorFlow 2.21 spins forever with [inf, 1.0] and raises InvalidArgumentError with [inf, inf]
+    weights = D.from_tensors(np.array(vector, np.float32)).repeat()
+    with pytest.raises(td.errors.InvalidArgumentError, match=r"weights must be finite, but element 0 of the weights"):
+        next(iter(D.sample_from_datasets([A, B], weights=weights, seed=1)))
+
+
+def test_sample_huge_finite_weights_draw_in_proportion():
+    # float64 weights whose sum overflows to inf still split the draws evenly
+    picks = ints(D.sample_from_datasets([A.repeat(), B.repeat()], weights=np.array([1e308, 1e308]), seed=3), 2000)
+    from_a = sum(v < 10 for v in picks)
+    assert 850 < from_a < 1150
+
+
 @pytest.mark.parametrize(
     ("datasets", "stop", "expected"),
     [
@@ -181,6 +241,37 @@ def test_sample_incompatible_datasets_are_a_type_error(other, match):
     # observed in TensorFlow 2.21: "Invalid `datasets`. `datasets` must have compatible element specs."
     with pytest.raises(TypeError, match=match):
         D.sample_from_datasets([A, other], seed=1)
+
+
+def lazy(value) -> D:
+    """Two elements ``value``: a dataset whose spec is known only by running it."""
+    return D.from_generator(lambda: iter([value, value]))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda datasets: D.sample_from_datasets(datasets, seed=1),
+        lambda datasets: D.choose_from_datasets(datasets, choices(0, 0, 1, 1)),
+    ],
+    ids=["sample", "choose"],
+)
+@pytest.mark.parametrize(
+    "datasets",
+    [lambda: [A, lazy(np.float32(1.0))], lambda: [lazy(np.float32(1.0)), A], lambda: [lazy(1), lazy(np.float32(1.0))]],
+    ids=["lazy-second", "lazy-first", "both-lazy"],
+)
+def test_incompatible_datasets_known_only_by_running_are_a_type_error(make, datasets):
+    # TensorFlow 2.21 raises TypeError ("`datasets` must have compatible element specs") when the
+    # dataset is made; towerdist learns a generator's spec by running it, so it raises at that
+    # input's first element instead of mixing the dtypes.
+    with pytest.raises(TypeError, match=r"datasets must have compatible element specs .* differ at the top level: dtype"):
+        list(make(datasets()))
+
+
+def test_compatible_datasets_known_only_by_running_mix():
+    assert sorted(ints(D.sample_from_datasets([A, lazy(np.int64(7))], seed=1))) == [0, 1, 2, 7, 7]
+    assert ints(D.choose_from_datasets([lazy(np.int64(5)), lazy(np.int64(6))], choices(0, 1, 0))) == [5, 6, 5]
 
 
 def test_sample_argument_errors():

@@ -29,7 +29,7 @@ from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.interleave import ErrorHandler, InterleaveDataset, sample_element
 from towerdist._src.data.mapping import FilterDataset, MapDataset
-from towerdist._src.data.spec import TensorSpec, dtype_name, structure_of
+from towerdist._src.data.spec import FirstElementCheck, TensorSpec, dtype_name, structure_of
 from towerdist._src.data.structure import call_with_element, normalize_output, to_element
 from towerdist._src.data.transforms import close_iterator
 from towerdist._src.errors import InvalidArgumentError
@@ -101,6 +101,18 @@ def _common_spec(first: Any, second: Any) -> Any:
     )
 
 
+_NOTHING = object()
+
+
+def _concatenate_mismatch(a: int, spec_a: Any, b: int, spec_b: Any, where: str) -> str:
+    names = ("the dataset", "the dataset passed to concatenate()")
+    return (
+        f"Dataset.concatenate() needs elements of the same structure and dtypes. Incompatible dataset elements "
+        f"{where}: {names[a]} gives {spec_a!r}, {names[b]} {spec_b!r}; cast or restructure one dataset with map() "
+        f"first."
+    )
+
+
 class ConcatenateDataset(Dataset):
     def __init__(self, input_dataset: Dataset, dataset: Any) -> None:
         other = _check_dataset(dataset, "Dataset.concatenate()", "dataset")
@@ -110,9 +122,21 @@ class ConcatenateDataset(Dataset):
             _common_spec(first, second)  # TensorFlow checks at construction
 
     def _iterate(self) -> Iterator[Any]:
-        for node in self._inputs:
+        specs = [node._spec(probe=False) for node in self._inputs]
+        check = None
+        if None in specs:  # a spec known only by running its input: check the first elements
+            check = FirstElementCheck(_concatenate_mismatch)
+            for key, spec in enumerate(specs):
+                check.known(key, spec)
+        for key, node in enumerate(self._inputs):
             source = node._iterate()
             try:
+                if check is not None and specs[key] is None:
+                    first = next(source, _NOTHING)
+                    if first is _NOTHING:
+                        continue
+                    check.first(key, first)
+                    yield first
                 yield from source
             finally:
                 close_iterator(source)

@@ -248,6 +248,8 @@ class Dataset:
         Raises:
           ValueError: ``datasets`` is empty, or ``weights`` has another length.
           TypeError: the datasets' structures or dtypes differ, or ``weights`` are not floats.
+          InvalidArgumentError: an infinite weight, or (when iterating) a vector of a weights
+            dataset without a positive weight.
         """
         from towerdist._src.data import sampling
 
@@ -521,6 +523,10 @@ class Dataset:
         Every pass hands out the cached arrays themselves, read-only (TensorFlow's tensors
         are immutable): an in-place write such as ``x /= 2`` raises numpy's ``ValueError``
         instead of changing later epochs. Compute a new array (``x = x / 2``) instead.
+
+        Raises:
+          NotFoundError: (at the first element) the directory of ``filename`` does not exist.
+          DataLossError: (at the first element) ``filename`` is not a complete cache file.
         """
         from towerdist._src.data import transforms
 

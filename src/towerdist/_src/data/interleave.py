@@ -26,9 +26,8 @@ import collections
 import logging
 import os
 import threading
-import warnings
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 import numpy as np
@@ -36,9 +35,10 @@ import numpy as np
 from towerdist._src import nest
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
-from towerdist._src.data.spec import TensorSpec
+from towerdist._src.data.spec import FirstElementCheck, TensorSpec
 from towerdist._src.data.structure import call_with_element
 from towerdist._src.data.transforms import close_iterator
+from towerdist._src.data.workers import DaemonPool, wait_or_warn
 from towerdist._src.errors import InvalidArgumentError
 
 __all__ = ["ErrorHandler", "InterleaveDataset", "default_cycle_length", "placeholder_element", "sample_element"]
@@ -168,6 +168,22 @@ class InterleaveDataset(Dataset):
             made = tolerant(made, self._on_error)
         return made
 
+    def _open_iterator(self, element: Any, index: int, check: FirstElementCheck) -> Iterator[Any]:
+        """The elements of the dataset ``map_func`` makes of input element ``index``, its spec checked by ``check``."""
+        made = self._open(element, index)
+        spec = made._spec(probe=False)
+        if spec is not None:
+            check.spec(index, spec)
+            return made._iterate()
+        return _first_checked(made._iterate(), check, index)
+
+    def _mismatch(self, a: int, spec_a: Any, b: int, spec_b: Any, where: str) -> str:
+        return (
+            f"Dataset.{self._api}(): map_func must return datasets of one structure and dtypes, but they differ "
+            f"{where}: the dataset made of input element {a} has element_spec={spec_a!r}, the one made of element "
+            f"{b} {spec_b!r}. Cast or restructure inside map_func."
+        )
+
     def _dropped(self, error: BaseException) -> bool:
         """True if ``error`` is dropped (under ``ignore_errors``), False if it must propagate."""
         if self._on_error is None or not isinstance(error, Exception):
@@ -185,6 +201,7 @@ class InterleaveDataset(Dataset):
     def _iterate_sequential(self) -> Iterator[Any]:
         source = self._inputs[0]._iterate()
         slots: list[Iterator[Any] | None] = [None] * self._cycle
+        check = FirstElementCheck(self._mismatch)
         try:
             index = 0  # the slot whose turn it is
             taken = 0  # elements the current slot gave in this turn
@@ -203,7 +220,7 @@ class InterleaveDataset(Dataset):
                         continue
                     opened += 1
                     try:
-                        slot = self._open(element, opened - 1)._iterate()
+                        slot = self._open_iterator(element, opened - 1, check)
                     except Exception as error:
                         if self._dropped(error):
                             continue  # the next input takes this turn
@@ -235,9 +252,10 @@ class InterleaveDataset(Dataset):
 
     def _iterate_parallel(self) -> Iterator[Any]:
         stop = threading.Event()
-        pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix=f"towerdist-{self._api}")
+        pool = DaemonPool(self._workers, f"towerdist-{self._api}")
         source = self._inputs[0]._iterate()
         slots: list[_Slot | None] = [None] * self._cycle
+        check = FirstElementCheck(self._mismatch)
         upcoming: collections.deque[_Slot] = collections.deque()  # opened ahead, in input order
         opened = 0
         input_done = False
@@ -250,7 +268,7 @@ class InterleaveDataset(Dataset):
                 except StopIteration:
                     input_done = True
                     return
-                upcoming.append(_Slot(self, pool, stop, element, opened))
+                upcoming.append(_Slot(self, pool, stop, check, element, opened))
                 opened += 1
 
         try:
@@ -292,16 +310,8 @@ class InterleaveDataset(Dataset):
             stop.set()
             every = [slot for slot in slots if slot is not None] + list(upcoming)
             running = [slot.future for slot in every if slot.future is not None and not slot.future.cancel()]
-            pool.shutdown(wait=False, cancel_futures=True)
-            _, stuck = wait(running, timeout=_STOP_SECONDS)  # a task stops after its current element
-            if stuck:
-                warnings.warn(
-                    f"{len(stuck)} Dataset.{self._api}() input(s) did not stop within {_STOP_SECONDS:.0f} s of the "
-                    f"iterator being closed: an input dataset is blocked in user code. Its thread stops when that "
-                    f"call returns.",
-                    ResourceWarning,
-                    stacklevel=2,
-                )
+            pool.shutdown()
+            wait_or_warn(running, _STOP_SECONDS, f"Dataset.{self._api}() input(s)")  # a task stops after its element
             for slot in every:  # close the inputs no thread is running any more
                 if slot.future is None or slot.future.done():
                     slot.close()
@@ -349,9 +359,16 @@ class _Slot:
     """
 
     def __init__(
-        self, owner: InterleaveDataset, pool: ThreadPoolExecutor, stop: threading.Event, element: Any, index: int
+        self,
+        owner: InterleaveDataset,
+        pool: DaemonPool,
+        stop: threading.Event,
+        check: FirstElementCheck,
+        element: Any,
+        index: int,
     ) -> None:
         self._owner = owner
+        self._check = check
         self._pool = pool
         self._stop = stop
         self._iterator: Iterator[Any] | None = None
@@ -363,7 +380,7 @@ class _Slot:
 
     def _open_and_fetch(self, element: Any, index: int) -> None:
         try:
-            self._iterator = self._owner._open(element, index)._iterate()
+            self._iterator = self._owner._open_iterator(element, index, self._check)
         except BaseException as error:
             self.open_failed = True
             self._fail(error)
@@ -416,6 +433,18 @@ class _Slot:
     def close(self) -> None:
         close_iterator(self._iterator)
         self._iterator = None
+
+
+def _first_checked(iterator: Iterator[Any], check: FirstElementCheck, key: int) -> Iterator[Any]:
+    """``iterator``'s elements, the first checked by ``check`` (its spec is known only by running it)."""
+    try:
+        for first in iterator:
+            check.first(key, first)
+            yield first
+            break
+        yield from iterator
+    finally:
+        close_iterator(iterator)
 
 
 def _first_ready(slots: list[_Slot | None], start: int) -> int | None:

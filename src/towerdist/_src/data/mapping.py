@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -16,8 +16,11 @@ from towerdist._src.data.dataset import Dataset, EmptyDatasetError
 from towerdist._src.data.spec import TensorSpec, structure_of
 from towerdist._src.data.structure import call_with_element, normalize_output
 from towerdist._src.data.transforms import close_iterator
+from towerdist._src.data.workers import DaemonPool, wait_or_warn
 
 __all__ = ["FilterDataset", "MapDataset"]
+
+_STOP_SECONDS = 10.0  # how long closing waits for map_func calls running in user code
 
 
 def _annotate(error: BaseException, api: str, index: int) -> None:
@@ -67,7 +70,7 @@ class MapDataset(Dataset):
     def _iterate_parallel(self, source: Iterator[Any]) -> Iterator[Any]:
         # Up to 2 * workers calls in flight; results come out in input order.
         window: collections.deque[Future[Any]] = collections.deque()
-        pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="towerdist-map")
+        pool = DaemonPool(self._workers, "towerdist-map")
         try:
             index = 0
             exhausted = False
@@ -84,9 +87,9 @@ class MapDataset(Dataset):
                     return
                 yield window.popleft().result()
         finally:
-            for future in window:
-                future.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
+            running = [future for future in window if not future.cancel()]
+            pool.shutdown()
+            wait_or_warn(running, _STOP_SECONDS, "Dataset.map() call(s)")
 
     def _spec(self, probe: bool) -> Any:
         if not probe:

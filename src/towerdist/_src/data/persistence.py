@@ -287,7 +287,16 @@ def _read_shard(
 ) -> Iterator[Any]:
     """The elements of one shard file: decoded by the ``saved`` spec, built as ``structure``."""
     specs, _ = nest.flatten(saved)
-    raw = _CrcReader(open(file, "rb"))  # noqa: SIM115 - closed in finally, across yields
+    try:
+        raw = _CrcReader(open(file, "rb"))  # noqa: SIM115 - closed in finally, across yields
+    except FileNotFoundError:
+        raise DataLossError(
+            f"Dataset.load(): the shard file {file} is gone. A later save() to the same path replaces the shard files "
+            f"of the dataset that was loaded from it; call Dataset.load() again to read the new one.",
+            path=file,
+        ) from None
+    except OSError as error:
+        raise DataLossError(f"Dataset.load(): cannot open the shard file {file} ({error}).", path=file) from None
     stream: Any = gzip.GzipFile(fileobj=cast(Any, raw), mode="rb") if compression == "GZIP" else raw
     try:
         if _read_exact(stream, len(_MAGIC), file) != _MAGIC:

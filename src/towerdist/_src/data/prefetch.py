@@ -11,6 +11,7 @@ from typing import Any
 
 from towerdist._src import waiting
 from towerdist._src.data import options as options_lib
+from towerdist._src.data import workers
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.transforms import _int_arg, _Transparent, close_iterator
 from towerdist._src.errors import InternalError, InvalidArgumentError
@@ -22,6 +23,7 @@ _POLL_SECONDS = 1.0  # how often a waiting consumer checks that the producer is 
 _STOP_SECONDS = 10.0  # how long closing waits for a producer stuck in user code
 
 _ITEM, _END, _ERROR = 0, 1, 2
+_DONE = object()
 
 
 class PrefetchDataset(_Transparent):
@@ -56,9 +58,15 @@ def background(make_source: Any, buffer_size: int, name: str = "towerdist-prefet
 
     def produce() -> None:
         source = None
+        busy = workers.Busy()  # exit waits for an element being made (see workers), not for a full buffer
         try:
-            source = make_source()
-            for element in source:
+            with busy:
+                source = make_source()
+            while True:
+                with busy:
+                    element = next(source, _DONE)
+                if element is _DONE:
+                    break
                 items.put((_ITEM, element))
                 if stop.is_set():
                     return
@@ -66,7 +74,8 @@ def background(make_source: Any, buffer_size: int, name: str = "towerdist-prefet
         except BaseException as error:  # handed to the consumer, never lost
             items.put((_ERROR, error))
         finally:
-            close_iterator(source)
+            with busy:
+                close_iterator(source)
 
     thread = threading.Thread(target=produce, name=name, daemon=True)
     thread.start()

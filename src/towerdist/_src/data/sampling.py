@@ -8,6 +8,12 @@ list, or one weight vector per draw from a dataset). When a picked input has run
 input is never picked again (for constant weights: the draw is among the inputs left,
 which is the same distribution).
 
+Weights, as in TensorFlow: a constant weight that is 0, negative or NaN leaves its dataset
+out; in a vector of a weights dataset such a weight never picks its dataset in that draw, and
+a vector with no positive weight is an ``InvalidArgumentError`` (TensorFlow's "Selector index
+out of range"). An infinite weight is an ``InvalidArgumentError`` (TensorFlow spins forever on
+``[inf, 1.0]`` once the other input has ended, and fails on ``[inf, inf]``).
+
 The random stream is numpy's (``np.random.default_rng``), so a seeded run is reproducible
 from run to run, but its order differs from TensorFlow's for the same seed.
 
@@ -18,6 +24,7 @@ Cardinality, as in TensorFlow: infinite when any input is infinite (even with
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -27,7 +34,7 @@ import numpy as np
 from towerdist._src import nest
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
-from towerdist._src.data.spec import TensorSpec, dtype_name
+from towerdist._src.data.spec import FirstElementCheck, TensorSpec, dtype_name
 from towerdist._src.data.transforms import close_iterator
 from towerdist._src.errors import InvalidArgumentError
 
@@ -116,9 +123,21 @@ class _DirectedInterleave(Dataset):
         """The selector: the index of the input for every next element (``alive`` says which have not ended)."""
         raise NotImplementedError
 
+    def _mismatch(self, a: int, spec_a: Any, b: int, spec_b: Any, where: str) -> str:
+        return (
+            f"{self._api} datasets must have compatible element specs (the same structure and dtypes), but their "
+            f"elements differ {where}: dataset {a} element_spec={spec_a!r}; dataset {b} element_spec={spec_b!r}."
+        )
+
     def _iterate(self) -> Iterator[Any]:
         iterators: list[Iterator[Any] | None] = [None] * self._num
         alive = [True] * self._num
+        specs = [d._spec(probe=False) for d in self._inputs[: self._num]]
+        unchecked = [spec is None for spec in specs]  # first elements to check (specs known only by running)
+        check = FirstElementCheck(self._mismatch)
+        if any(unchecked):
+            for key, spec in enumerate(specs):
+                check.known(key, spec)
         picks = self._picks(alive)
         try:
             for index in picks:
@@ -128,6 +147,9 @@ class _DirectedInterleave(Dataset):
                 if iterator is None:
                     iterator = iterators[index] = self._inputs[index]._iterate()
                 element = next(iterator, _END)
+                if unchecked[index] and element is not _END:
+                    unchecked[index] = False
+                    check.first(index, element)
                 if element is _END:
                     if self._stop:
                         return
@@ -210,16 +232,29 @@ class SampleFromDatasets(_DirectedInterleave):
                 f"{self._api} every element of the weights dataset must be a vector of {self._num} weights (one per "
                 f"dataset), but element {position} has shape {array.shape}."
             )
-        return array.astype(np.float64)
+        weights = array.astype(np.float64)
+        if np.isposinf(weights).any():
+            raise InvalidArgumentError(
+                f"{self._api} weights must be finite, but element {position} of the weights dataset is "
+                f"{weights.tolist()}; scale the weights down (only their ratios matter)."
+            )
+        # As in TensorFlow, a NaN or negative weight gives its dataset no chance in that draw.
+        weights[~(weights > 0)] = 0.0
+        if not weights.any():
+            raise InvalidArgumentError(
+                f"{self._api} every element of the weights dataset needs a positive weight, but element {position} "
+                f"is {array.tolist()}. (TensorFlow raises 'Selector index out of range' here.)"
+            )
+        return weights
 
 
 def _draw(weights: np.ndarray, u: float) -> int:
-    """The index ``u`` (uniform in [0, 1)) falls on when [0, 1) is cut in proportion to ``weights``."""
-    cumulative = np.cumsum(np.maximum(weights, 0.0))
-    total = cumulative[-1]
-    if not total > 0:
-        return int(np.argmax(weights))  # no positive weight: TensorFlow's categorical draw picks the first largest
-    return min(int(np.searchsorted(cumulative, u * total, side="right")), len(weights) - 1)
+    """The index ``u`` (uniform in [0, 1)) falls on when [0, 1) is cut in proportion to ``weights``.
+
+    ``weights`` are finite, non-negative and not all zero (checked where they come in).
+    """
+    cumulative = np.cumsum(weights / weights.max())  # scaled so that a sum of huge weights stays finite
+    return min(int(np.searchsorted(cumulative, u * cumulative[-1], side="right")), len(weights) - 1)
 
 
 def sample_from_datasets(
@@ -282,6 +317,12 @@ def _constant_weights(weights: Any, count: int, api: str) -> np.ndarray:
         raise TypeError(
             f"{api} weights must be float32 or float64, but they are {dtype_name(array.dtype)}: {weights!r}. Give "
             f"floats (e.g. [0.5, 0.5])."
+        )
+    infinite = [index for index, w in enumerate(array.tolist()) if w == math.inf]
+    if infinite:
+        raise InvalidArgumentError(
+            f"{api} weights must be finite, but weights[{infinite[0]}] is inf: weights={weights!r}. Give finite "
+            f"weights (only their ratios matter; a weight of 0 never picks its dataset)."
         )
     return array.astype(np.float64)
 

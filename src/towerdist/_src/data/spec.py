@@ -7,6 +7,7 @@ printed element specs read the same as in TensorFlow.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +15,16 @@ import numpy as np
 
 from towerdist._src import nest
 
-__all__ = ["DatasetSpec", "TensorSpec", "dtype_name", "is_fully_defined", "spec_of", "structure_of"]
+__all__ = [
+    "DatasetSpec",
+    "FirstElementCheck",
+    "TensorSpec",
+    "dtype_name",
+    "is_fully_defined",
+    "mixing_mismatch",
+    "spec_of",
+    "structure_of",
+]
 
 
 def dtype_name(dtype: Any) -> str:
@@ -162,3 +172,58 @@ def _is_dataset_or_spec(value: Any) -> bool:
     from towerdist._src.data.dataset import Dataset  # noqa: PLC0415  (dataset.py imports this module)
 
     return isinstance(value, (DatasetSpec, Dataset))
+
+
+def mixing_mismatch(first: Any, second: Any) -> str:
+    """Where elements of specs ``first`` and ``second`` cannot go in one dataset ("" where they can).
+
+    Such elements need the same structure and dtypes; shapes may differ (the mixed spec
+    relaxes them). ``DatasetSpec`` components (windows) mix with each other.
+    """
+    mismatch = nest.explain_mismatch(first, second)
+    if mismatch:
+        return mismatch
+    paths, leaves_a, treespec = nest.flatten_with_paths(first)
+    for path, a, b in zip(paths, leaves_a, treespec.flatten_up_to(second), strict=True):
+        if isinstance(a, TensorSpec) and isinstance(b, TensorSpec):
+            if a.dtype != b.dtype:
+                return f"at {nest.format_path(path)}: dtype {dtype_name(a.dtype)} vs {dtype_name(b.dtype)}"
+        elif type(a) is not type(b):
+            return f"at {nest.format_path(path)}: {a!r} vs {b!r}"
+    return ""
+
+
+class FirstElementCheck:
+    """Checks, while a dataset runs, that the inputs it mixes give elements of one structure and dtypes.
+
+    TensorFlow knows every input's spec when the dataset is made and refuses a mix then
+    (``TypeError``); where towerdist learns a spec only by running the input (``map``,
+    ``from_generator`` without a signature), the first element of each input is compared with
+    the first spec known, and ``describe(a, spec_a, b, spec_b, where)`` words the error, ``a``
+    and ``b`` naming the inputs. Inputs of known spec were checked when the dataset was made.
+    """
+
+    def __init__(self, describe: Any) -> None:
+        self._describe = describe
+        self._reference: tuple[Any, Any] | None = None  # (input, spec)
+        self._lock = threading.Lock()  # the inputs of a parallel interleave are checked on its threads
+
+    def known(self, key: Any, spec: Any) -> None:
+        """Records input ``key``'s static spec as the reference, if there is none yet."""
+        if spec is not None and self._reference is None:
+            self._reference = (key, spec)
+
+    def first(self, key: Any, element: Any) -> None:
+        """Checks the first element of input ``key``; raises ``TypeError`` where it cannot mix."""
+        self.spec(key, structure_of(element))
+
+    def spec(self, key: Any, spec: Any) -> None:
+        """Checks input ``key`` of static spec ``spec``; raises ``TypeError`` where it cannot mix."""
+        with self._lock:
+            if self._reference is None:
+                self._reference = (key, spec)
+                return
+            reference_key, reference = self._reference
+        where = mixing_mismatch(reference, spec)
+        if where:
+            raise TypeError(self._describe(reference_key, reference, key, spec, where))

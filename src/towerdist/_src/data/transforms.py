@@ -21,7 +21,7 @@ from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset, GatherPlan, spec_with_batch
 from towerdist._src.data.spec import TensorSpec
 from towerdist._src.data.structure import read_only_element, stack, unstack_count
-from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.errors import DataLossError, InvalidArgumentError, NotFoundError, PermissionDeniedError
 
 __all__ = [
     "batched_cardinality",
@@ -493,34 +493,64 @@ class CacheDataset(Dataset):
             if self._memory is not None or not self._filename:
                 return self._memory
             if os.path.exists(self._filename):
-                with open(self._filename, "rb") as f:
-                    self._memory = [read_only_element(element) for element in pickle.load(f)]
+                self._memory = [read_only_element(element) for element in _read_cache_file(self._filename)]
             return self._memory
 
-    def _store(self, elements: list[Any]) -> None:
+    def _reserve(self) -> tuple[int, str]:
+        """A temporary file beside the cache file, made when a pass starts (TensorFlow makes its lockfile then).
+
+        A directory that is missing or not writable thus fails at the first element, not after
+        a whole pass.
+        """
+        directory = os.path.dirname(os.path.abspath(self._filename))
+        try:
+            return tempfile.mkstemp(dir=directory, prefix=".td-cache-")
+        except FileNotFoundError:
+            raise NotFoundError(
+                f"Dataset.cache() cannot write its file {self._filename!r}: the directory {directory!r} does not "
+                f"exist. Create it first, or pass another filename ('' caches in memory).",
+                path=self._filename,
+            ) from None
+        except PermissionError as error:
+            raise PermissionDeniedError(
+                f"Dataset.cache() cannot write its file {self._filename!r} in {directory!r}: {error.strerror}.",
+                path=self._filename,
+            ) from None
+        except OSError as error:  # e.g. a path component that is a file
+            raise NotFoundError(
+                f"Dataset.cache() cannot write its file {self._filename!r}: {error.strerror} ({directory!r}).",
+                path=self._filename,
+            ) from None
+
+    def _store(self, elements: list[Any], reserved: tuple[int, str] | None) -> None:
+        """Keeps the elements of a complete pass and writes them to the file (taking over ``reserved``)."""
         with self._lock:
-            if self._memory is not None:
+            first = self._memory is None
+            if first:
+                self._memory = elements
+            if reserved is None:
                 return
-            self._memory = elements
-            if self._filename:
-                directory = os.path.dirname(os.path.abspath(self._filename))
-                fd, tmp = tempfile.mkstemp(dir=directory, prefix=".td-cache-")
-                try:
-                    with os.fdopen(fd, "wb") as f:
-                        pickle.dump(elements, f, protocol=pickle.HIGHEST_PROTOCOL)
-                        f.flush()
-                        os.fsync(f.fileno())
-                    os.replace(tmp, self._filename)
-                except BaseException:
-                    if os.path.exists(tmp):
-                        os.unlink(tmp)
-                    raise
+            fd, tmp = reserved
+            if not first:  # another pass completed first and wrote the file
+                _discard(fd, tmp)
+                return
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    pickle.dump(elements, f, protocol=pickle.HIGHEST_PROTOCOL)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self._filename)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
 
     def _iterate(self) -> Iterator[Any]:
         cached = self._load()
         if cached is not None:
             yield from cached
             return
+        reserved = self._reserve() if self._filename else None
         collected = []
         source = self._inputs[0]._iterate()
         try:
@@ -530,9 +560,42 @@ class CacheDataset(Dataset):
                 element = read_only_element(element)
                 collected.append(element)
                 yield element
+            close_iterator(source)
+            handed, reserved = reserved, None
+            self._store(collected, handed)  # reached only after a complete pass
         finally:
             close_iterator(source)
-        self._store(collected)  # reached only after a complete pass
+            if reserved is not None:  # an abandoned or failed pass
+                _discard(*reserved)
 
     def _batch_size(self) -> int | None:
         return self._inputs[0]._batch_size()
+
+
+def _read_cache_file(filename: str) -> list[Any]:
+    """The elements a complete pass of ``cache(filename)`` wrote; ``DataLossError`` if the file is not one."""
+    with open(filename, "rb") as f:
+        try:
+            elements = pickle.load(f)
+        except Exception as error:  # unpickling a damaged file raises almost anything
+            raise DataLossError(
+                f"Dataset.cache() cannot read its file {filename!r}: it is truncated or corrupt ({type(error).__name__}: "
+                f"{error}). Delete it to cache the dataset again.",
+                path=filename,
+            ) from None
+    if not isinstance(elements, list):
+        raise DataLossError(
+            f"Dataset.cache() cannot read its file {filename!r}: it holds a {type(elements).__name__}, not the "
+            f"elements of a cached pass. Delete it to cache the dataset again.",
+            path=filename,
+        )
+    return elements
+
+
+def _discard(fd: int, tmp: str) -> None:
+    """Closes and removes a temporary cache file of a pass that did not complete."""
+    os.close(fd)
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass  # already replaced or removed
