@@ -47,8 +47,12 @@ class Module:
 
     @property
     def variables(self) -> tuple[Variable, ...]:
-        """Every variable of this module and its sub-modules, in attribute-name order."""
-        return tuple(_unique(v for v in _walk(self, set()) if isinstance(v, Variable)))
+        """Every variable of this module and its sub-modules, each once, in TensorFlow's order.
+
+        The module's own variables first (attributes by name; lists in order, dicts by key),
+        then each sub-module's, sub-module by sub-module in that order, recursively.
+        """
+        return tuple(v for v in _flatten(self, {id(self)}) if isinstance(v, Variable))
 
     @property
     def trainable_variables(self) -> tuple[Variable, ...]:
@@ -62,8 +66,8 @@ class Module:
 
     @property
     def submodules(self) -> tuple[Module, ...]:
-        """Every module nested in this one (not this one itself)."""
-        return tuple(_unique(m for m in _walk(self, set()) if isinstance(m, Module) and m is not self))
+        """Every module nested in this one (not this one itself), each once, in TensorFlow's order."""
+        return tuple(m for m in _flatten(self, {id(self)}) if isinstance(m, Module))
 
     def _checkpoint_dependencies(self) -> list[tuple[str, Any]]:
         return [(name, value) for name, value in _attributes(self) if _tracks(value)]
@@ -87,31 +91,35 @@ def _tracks(value: Any) -> bool:
     return hasattr(value, "_checkpoint_dependencies")
 
 
-def _walk(value: Any, seen: set[int]) -> Iterator[Any]:
-    if id(value) in seen:
-        return
-    if isinstance(value, Variable):
+def _flatten(module: Module, seen: set[int]) -> Iterator[Any]:
+    """The variables and modules under ``module``, in TensorFlow's order, each once.
+
+    First the module's own: its attributes by name, lists and tuples in order, dicts by
+    key; then, sub-module by sub-module in that order, each sub-module's, recursively.
+    """
+    submodules = []
+    for _, attribute in _attributes(module):
+        for leaf in _leaves(attribute):
+            if id(leaf) in seen:
+                continue
+            seen.add(id(leaf))
+            yield leaf
+            if isinstance(leaf, Module):
+                submodules.append(leaf)
+    for submodule in submodules:
+        yield from _flatten(submodule, seen)
+
+
+def _leaves(value: Any) -> Iterator[Any]:
+    """The variables and modules in ``value`` (itself, or nested in lists, tuples and dicts)."""
+    if isinstance(value, (Variable, Module)):
         yield value
-        return
-    if isinstance(value, Module):
-        seen.add(id(value))
-        yield value
-        for _, attribute in _attributes(value):
-            yield from _walk(attribute, seen)
     elif isinstance(value, (list, tuple)):
         for item in value:
-            yield from _walk(item, seen)
+            yield from _leaves(item)
     elif isinstance(value, dict):
         for key in sorted(value, key=str):
-            yield from _walk(value[key], seen)
-
-
-def _unique(items: Iterator[Any]) -> Iterator[Any]:
-    seen: set[int] = set()
-    for item in items:
-        if id(item) not in seen:
-            seen.add(id(item))
-            yield item
+            yield from _leaves(value[key])
 
 
 def snake_case(name: str) -> str:
