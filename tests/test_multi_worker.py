@@ -9,6 +9,8 @@ replica each) are the special case ``workers == 2, local == 1``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -331,6 +333,46 @@ def test_different_reduce_ops_raise_on_every_worker_naming_both(multi_worker_str
     with pytest.raises(td.errors.InvalidArgumentError, match=r"rank 0 called .* MEAN .*; rank 1 called .* SUM "):
         _REDUCTIONS[api](strategy, mine)
     total = strategy.reduce("SUM", _ones(strategy), axis=None)
+    np.testing.assert_array_equal(total, [n, n])
+
+
+def _initializer_failing_on_rank_1(rank: int) -> Callable[[], np.ndarray]:
+    def initial_value() -> np.ndarray:
+        if rank == 1:
+            raise OSError("the initial weights file is missing on this host")
+        return np.zeros(2)
+
+    return initial_value
+
+
+# Each API, failing while rank 1 prepares it (before the workers meet); rank 0 is ready.
+_FAILING_ON_RANK_1 = {
+    "reduce": lambda s, rank: s.reduce("SUM", _ones(s) if rank == 0 else np.array(["x", "y"]), axis=None),
+    "batch_reduce_to": lambda s, rank: s.extended.batch_reduce_to(
+        "SUM", [(_ones(s) if rank == 0 else np.array(["x", "y"]), "CPU:0")]
+    ),
+    "gather": lambda s, rank: s.gather(np.ones(2) if rank == 0 else np.float64(1.0), axis=0),
+    "variable_creation": lambda s, rank: td.Variable(_initializer_failing_on_rank_1(rank)),
+}
+
+
+@pytest.mark.parametrize("api", sorted(_FAILING_ON_RANK_1))
+def test_a_worker_failing_before_a_collective_fails_every_worker_and_they_stay_in_step(multi_worker_strategy, api):
+    # Rank 1 raised its own error and went on; rank 0 waited in the collective for it (until
+    # the timeout, forever without one). Now rank 0 raises AbortedError naming rank 1's error.
+    strategy = multi_worker_strategy
+    rank, workers, _, n = _layout(strategy)
+    if workers == 1:
+        pytest.skip("needs several workers")
+    with strategy.scope():
+        if rank == 0:
+            with pytest.raises(td.errors.AbortedError, match=r"rank\(s\) 1 failed while preparing it \(rank 1: \w+"):
+                _FAILING_ON_RANK_1[api](strategy, rank)
+        else:
+            with pytest.raises(Exception) as raised:
+                _FAILING_ON_RANK_1[api](strategy, rank)
+            assert not isinstance(raised.value, td.errors.AbortedError)  # rank 1 gets its own error
+    total = strategy.reduce("SUM", _ones(strategy), axis=None)  # the next collective works
     np.testing.assert_array_equal(total, [n, n])
 
 

@@ -68,7 +68,7 @@ logger = logging.getLogger("towerdist")
 _MAGIC, _SEQ, _API, _OP, _DIGEST, _EXTRA, _STATUS, _NOTICE = range(8)
 _HEADER = 8
 _MAGIC_VALUE = 0x7D157_0001
-_OK, _TIMED_OUT, _ABSENT = 0, 1, 2
+_OK, _TIMED_OUT, _ABSENT, _FAILED = 0, 1, 2, 3  # _FAILED: the rank failed before it could take part
 
 _TAG_HEADER, _TAG_TABLE, _TAG_BYE = 17, 18, 19
 
@@ -221,6 +221,17 @@ class Communicator:
             table = self._handshake(call, timeout, warning)
             return [int(x) for x in table[:, _EXTRA]]
 
+    def fail(self, api: str, description: str, timeout: float | None, warning: float | None) -> None:
+        """Joins the collective the other ranks are in, to tell them this rank failed preparing it.
+
+        The other ranks raise ``AbortedError`` naming this rank and ``description``; this
+        one returns, for its caller to raise its own error. Every rank stays in step: the
+        next collective works.
+        """
+        call = Call(api, "failed before the collective", "")
+        with self._guarded(call):
+            self._handshake(call, timeout, warning, failure=description)
+
     def allreduce(
         self, buffers: Sequence[np.ndarray], call: Call, timeout: float | None, warning: float | None
     ) -> None:
@@ -259,7 +270,9 @@ class Communicator:
 
     # --- phase 1: the handshake --------------------------------------------------------------
 
-    def _handshake(self, call: Call, timeout: float | None, warning: float | None) -> np.ndarray:
+    def _handshake(
+        self, call: Call, timeout: float | None, warning: float | None, failure: str | None = None
+    ) -> np.ndarray:
         if self._broken is not None:
             raise UnavailableError(
                 f"{call.api} cannot run: the workers' communicator is broken ({self._broken}). Collectives "
@@ -270,12 +283,16 @@ class Communicator:
         self._seq += 1
         header = self._header
         header[:] = (
-            _MAGIC_VALUE, seq, _code(call.api), _code(call.op), _code(call.signature), call.extra, _OK, self.notice
+            _MAGIC_VALUE, seq, _code(call.api), _code(call.op), _code(call.signature), call.extra,
+            _OK if failure is None else _FAILED, self.notice,
         )  # fmt: skip
         if self.rank == 0:
             table = self._gather_headers(call, seq, timeout, warning)
         else:
             table = self._await_table(call, seq, timeout, warning)
+        if _count_nonzero(table[:, _STATUS] == _FAILED):
+            self._failed_elsewhere(table, call, seq, timeout, failure)
+            return table  # this rank failed: its caller raises its own error
         self._check(table, call, seq, timeout)
         if _count_nonzero(self._notices):  # ~0.2 µs; a notice is rare
             self.agreed_notice = max(self.agreed_notice, int(self._notices.max()))
@@ -358,6 +375,20 @@ class Communicator:
             f"worker, puts the workers out of step.",
             ranks=list(range(self.size)),
             descriptions=texts,
+        )
+
+    def _failed_elsewhere(self, table: np.ndarray, call: Call, seq: int, timeout: float | None, mine: str | None) -> None:
+        """Some rank failed before this collective: every rank learns who and why; the others raise."""
+        failed = [r for r in range(self.size) if table[r, _STATUS] == _FAILED]
+        texts = self._exchange_text(mine or "", call, timeout)
+        if mine is not None:
+            return
+        reasons = "; ".join(f"rank {r}: {texts[r]}" for r in failed)
+        raise AbortedError(
+            f"{call.api} (collective #{seq}) cannot run: rank(s) {', '.join(map(str, failed))} failed while preparing "
+            f"it ({reasons}), so rank {self.rank} raises too. Every worker raises at this collective and they stay "
+            f"in step: the next collective works. See the failing rank's error for the cause.",
+            ranks=failed,
         )
 
     def _exchange_text(self, text: str, call: Call, timeout: float | None) -> list[str]:

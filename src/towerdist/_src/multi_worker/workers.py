@@ -176,6 +176,29 @@ class Workers:
 
     # --- agreeing on outcomes ---------------------------------------------------------------------
 
+    @property
+    def seq(self) -> int:
+        """How many collectives the workers have begun (-1 without other workers): mark it before preparing one."""
+        communicator = self._communicator
+        return -1 if communicator is None else communicator.seq
+
+    def failed_before(self, seq: int, api: str, error: BaseException) -> None:
+        """Tells the other workers that this one failed preparing the collective it began at ``seq``.
+
+        Call it with the error, then re-raise it. If this worker has not reached the
+        collective's handshake yet (no collective began since ``seq``), it joins it as
+        failed: every other worker raises ``AbortedError`` naming it and the error, instead
+        of waiting for it, and the workers stay in step.
+        """
+        communicator = self._communicator
+        if communicator is None or communicator.seq != seq or communicator.broken is not None:
+            return
+        try:
+            text = f"{type(error).__name__}: {error}"
+        except Exception:  # an error whose __str__ fails still fails every worker
+            text = type(error).__name__
+        communicator.fail(api, text[:2000], *self.bounds(None))
+
     def settle(self, error: BaseException | None, api: str) -> None:
         """Agrees whether every worker succeeded at a step; raises on every worker if one failed.
 

@@ -277,8 +277,13 @@ class MultiWorkerExtended(MirroredExtended):
             return super()._reduce_to(reduce_op, value, destinations, options, api)
         if isinstance(value, Mirrored) or getattr(value, "_is_mirrored", False):
             return super()._reduce_to(reduce_op, value, destinations, options, api)  # MEAN: itself; SUM: refused
-        devices = Destinations(self._destinations(destinations))
-        column = self._column(value, api)
+        seq = self._workers.seq
+        try:
+            devices = Destinations(self._destinations(destinations))
+            column = self._column(value, api)
+        except Exception as error:
+            self._workers.failed_before(seq, api, error)  # the other workers raise too, not wait
+            raise
         reduced = self._reduce_columns(reduce_op, [column], options, api)[0]
         return self._cross_device_ops.broadcast(reduced, devices)
 
@@ -290,13 +295,18 @@ class MultiWorkerExtended(MirroredExtended):
         api = "StrategyExtended.batch_reduce_to()"
         results: list[Any] = [None] * len(pairs)
         columns, targets, where = [], [], []
-        for k, (value, destinations) in enumerate(pairs):
-            if isinstance(value, Mirrored) or getattr(value, "_is_mirrored", False):
-                results[k] = super()._reduce_to(reduce_op, value, destinations, options, api)
-                continue
-            columns.append(self._column(value, f"{api} (value {k})"))
-            targets.append(Destinations(self._destinations(destinations)))
-            where.append(k)
+        seq = self._workers.seq
+        try:
+            for k, (value, destinations) in enumerate(pairs):
+                if isinstance(value, Mirrored) or getattr(value, "_is_mirrored", False):
+                    results[k] = super()._reduce_to(reduce_op, value, destinations, options, api)
+                    continue
+                columns.append(self._column(value, f"{api} (value {k})"))
+                targets.append(Destinations(self._destinations(destinations)))
+                where.append(k)
+        except Exception as error:
+            self._workers.failed_before(seq, api, error)  # the other workers raise too, not wait
+            raise
         for k, reduced, devices in zip(where, self._reduce_columns(reduce_op, columns, options, api), targets):
             results[k] = self._cross_device_ops.broadcast(reduced, devices)
         return results
@@ -331,15 +341,20 @@ class MultiWorkerExtended(MirroredExtended):
         ``CrossDeviceOps._all_reduce``).
         """
         op = getattr(self._compared, "op", None) or reduce_op.value
-        if len(self._devices) > 1:
-            local = super()._all_reduce(ReduceOp.SUM, columns, options)
-            sums = [results[0] for results in local]
-        else:
-            sums = [column[0] for column in columns]
-        if self._uses_nccl(sums, options):
-            totals = self._nccl_sum(sums, api, options, op)
-        else:
-            totals = self._workers.sum([_to_host(s) for s in sums], api, options, out, op)
+        seq = self._workers.seq
+        try:
+            if len(self._devices) > 1:
+                local = super()._all_reduce(ReduceOp.SUM, columns, options)
+                sums = [results[0] for results in local]
+            else:
+                sums = [column[0] for column in columns]
+            if self._uses_nccl(sums, options):
+                totals = self._nccl_sum(sums, api, options, op)
+            else:
+                totals = self._workers.sum([_to_host(s) for s in sums], api, options, out, op)
+        except Exception as error:
+            self._workers.failed_before(seq, api, error)  # failed before the workers met: they raise too
+            raise
         if reduce_op is ReduceOp.MEAN:
             n = self._num_replicas_in_sync
             totals = [_mean(total, n) for total in totals]
@@ -396,15 +411,21 @@ class MultiWorkerExtended(MirroredExtended):
     def _gather_to(self, value: Any, destinations: Any, axis: Any, api: str = "Strategy.gather()") -> Any:
         if self._workers.size == 1:
             return super()._gather_to(value, destinations, axis, api)
-        devices = Destinations(self._destinations(destinations))
-        if isinstance(value, DistributedValues):
-            local = super()._gather_to(value, Destinations((DeviceSpec(device_type="CPU", device_index=0),)), axis, api)
-        else:
-            local = array_ops.as_array(value)
-        local = _to_host(local)
-        if local.ndim == 0:
-            raise ValidationError(f"{api} cannot gather scalars: give each replica's value at least one dimension.")
-        axis = normalize_axis(axis, local.ndim, api)
+        seq = self._workers.seq
+        try:
+            devices = Destinations(self._destinations(destinations))
+            if isinstance(value, DistributedValues):
+                host = Destinations((DeviceSpec(device_type="CPU", device_index=0),))
+                local = super()._gather_to(value, host, axis, api)
+            else:
+                local = array_ops.as_array(value)
+            local = _to_host(local)
+            if local.ndim == 0:
+                raise ValidationError(f"{api} cannot gather scalars: give each replica's value at least one dimension.")
+            axis = normalize_axis(axis, local.ndim, api)
+        except Exception as error:
+            self._workers.failed_before(seq, api, error)  # the other workers raise too, not wait
+            raise
         gathered = self._workers.gather(local, axis, api, None)
         return self._cross_device_ops.broadcast(gathered, devices)
 
@@ -417,7 +438,12 @@ class MultiWorkerExtended(MirroredExtended):
         first = super()._first_replica_value(value, api)
         if self._workers.size == 1:
             return first
-        array = _to_host(array_ops.as_array(first))
+        seq = self._workers.seq
+        try:
+            array = _to_host(array_ops.as_array(first))
+        except Exception as error:
+            self._workers.failed_before(seq, api, error)  # the other workers raise too, not wait
+            raise
         return self._workers.broadcast([array], f"{api} (global replica 0's value)", None)[0]
 
     # --- variables -------------------------------------------------------------------------------
@@ -426,7 +452,12 @@ class MultiWorkerExtended(MirroredExtended):
         if self._workers.size == 1:
             return super()._create_variable(spec)
         # Every worker computes its initial value; worker 0's is the one every worker keeps.
-        array = _to_host(creation.materialize(spec, self._devices[0]))
+        seq = self._workers.seq
+        try:
+            array = _to_host(creation.materialize(spec, self._devices[0]))
+        except Exception as error:  # e.g. the initializer failed on this worker only
+            self._workers.failed_before(seq, "td.Variable() creation", error)
+            raise
         (initial,) = self._workers.broadcast([array], "td.Variable() creation", None, detail=f"name={spec.name!r}")
         return super()._create_variable(spec._replace(initial_value=initial))
 
