@@ -121,6 +121,30 @@ def mismatched_ops(rank: int) -> None:
     report(rank=rank, outcome="summed", result=host(result), nccl=strategy.extended._nccl is not None)
 
 
+def fails_before_first_nccl(rank: int) -> None:
+    """Rank 1's copy onto its GPU fails while packing the first NCCL sum (after the NCCL set-up)."""
+    from towerdist._src import backend
+
+    strategy = td.distribute.MultiWorkerMirroredStrategy()
+    impl = backend.for_device(strategy.extended._devices[0])
+    if rank == 1:
+        original = impl.to_device
+
+        def out_of_memory(*args: object, **kwargs: object) -> object:
+            impl.to_device = original  # once
+            raise RuntimeError("simulated cudaErrorMemoryAllocation: out of memory")
+
+        impl.to_device = out_of_memory
+    value = strategy.run(lambda: td.ones([4]))
+    try:
+        result = strategy.reduce("sum", value, axis=None)
+        report(rank=rank, outcome="reduced", result=host(result))
+    except Exception as error:
+        report(rank=rank, outcome=type(error).__name__, message=str(error))
+    result = strategy.reduce("sum", value, axis=None)
+    report(rank=rank, outcome="next reduced", result=host(result))
+
+
 def stalled_nccl(rank: int) -> None:
     """Rank 1 skips its NCCL call after the MPI agreement: rank 0's watch aborts it past the timeout."""
     from towerdist._src.multi_worker import nccl_workers

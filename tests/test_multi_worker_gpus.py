@@ -93,6 +93,16 @@ def test_workers_asking_for_different_reduce_ops_raise_on_both_before_nccl_runs(
         assert summed == {"rank": rank, "outcome": "summed", "result": [2.0, 2.0], "nccl": True}, output
 
 
+def test_a_worker_failing_while_packing_the_first_nccl_sum_fails_both_and_they_stay_in_step():
+    # The first NCCL sum creates the NCCL communicator (a collective) first; a failure after that
+    # went unreported: rank 0's sum paired with rank 1's next one.
+    results, output = run("fails_before_first_nccl")
+    (failed0, next0), (failed1, next1) = results[0], results[1]
+    assert failed0["outcome"] == "AbortedError" and "rank(s) 1 failed while preparing it" in failed0["message"], output
+    assert failed1["outcome"] == "RuntimeError" and "out of memory" in failed1["message"], output
+    assert next0["result"] == next1["result"] == [2.0] * 4, output
+
+
 def test_a_stalled_nccl_collective_is_aborted_past_the_timeout_and_the_next_one_raises():
     # N5 for the workers: the wait was an unbounded busy loop; now a watch thread aborts it.
     results, output = run("stalled_nccl", timeout=120)

@@ -153,6 +153,25 @@ def test_replica_tests_get_exactly_the_cpus_they_ask_for(pytester: pytest.Pytest
     result.assert_outcomes(passed=1)
 
 
+SELECTED_BY_K = """
+import towerdist as td
+
+def test_uses_fixture(mirrored_strategy):
+    assert mirrored_strategy.num_replicas_in_sync == 2
+
+def test_user_builds_own():
+    assert td.distribute.MirroredStrategy().num_replicas_in_sync == 1
+"""
+
+
+def test_a_test_deselected_with_k_configures_nothing(pytester: pytest.Pytester):
+    # The plugin counted the tests -k left out: test_user_builds_own failed (2 == 1) when selected by -k
+    # and passed when selected by its node id.
+    pytester.makepyfile(test_selection=SELECTED_BY_K)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "user_builds_own", timeout=120)
+    result.assert_outcomes(passed=1, deselected=1)
+
+
 def test_replica_tests_on_gpus_configure_no_logical_cpus(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("TOWERDIST_SIMULATE_GPUS", "2")
     pytester.makepyfile(test_gpus=ON_GPUS)

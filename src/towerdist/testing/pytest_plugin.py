@@ -121,6 +121,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             session.config.pluginmanager.unregister(reporter)
 
 
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection: only the tests that will run count
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skips what the machine cannot run, and configures the logical CPUs ``mirrored_strategy`` tests need."""
     gpus = cupy_backend.device_count()

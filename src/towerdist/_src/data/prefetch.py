@@ -62,7 +62,7 @@ def background(make_source: Any, buffer_size: int, name: str = "towerdist-prefet
         try:
             with busy:
                 source = make_source()
-            while True:
+            while not workers.exiting.is_set():  # at exit: the element being made, not a full buffer
                 with busy:
                     element = next(source, _DONE)
                 if element is _DONE:
@@ -74,8 +74,9 @@ def background(make_source: Any, buffer_size: int, name: str = "towerdist-prefet
         except BaseException as error:  # handed to the consumer, never lost
             items.put((_ERROR, error))
         finally:
-            with busy:
-                close_iterator(source)
+            if not workers.exiting.is_set():
+                with busy:
+                    close_iterator(source)
 
     thread = threading.Thread(target=produce, name=name, daemon=True)
     thread.start()

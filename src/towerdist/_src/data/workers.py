@@ -42,6 +42,7 @@ _EXIT_SECONDS = 10.0  # the longest exit waits for busy threads to finish their 
 _POLL_SECONDS = 0.01
 
 _busy_threads: set[threading.Thread] = set()  # threads inside pipeline code now (set ops are atomic under the GIL)
+exiting = threading.Event()  # set at interpreter exit: background producers stop before their next element
 _pools: weakref.WeakSet[DaemonPool] = weakref.WeakSet()
 
 _Task = tuple["Future[Any]", Callable[..., Any], tuple[Any, ...]]
@@ -160,6 +161,7 @@ def _cpu_clock(thread: threading.Thread) -> float | None:
 @atexit.register
 def _drain_at_exit() -> None:
     """Stops the pools and waits for the busy threads (see the module docstring), at most :data:`_EXIT_SECONDS`."""
+    exiting.set()
     for pool in list(_pools):
         pool.shutdown()
     deadline = time.monotonic() + _EXIT_SECONDS

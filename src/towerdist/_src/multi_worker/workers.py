@@ -197,7 +197,12 @@ class Workers:
             text = f"{type(error).__name__}: {error}"
         except Exception:  # an error whose __str__ fails still fails every worker
             text = type(error).__name__
-        communicator.fail(api, text[:2000], *self.bounds(None))
+        try:
+            communicator.fail(api, text[:2000], *self.bounds(None))
+        except Exception as telling:  # the user's error stays the one raised; this one is noted on it
+            note = f"towerdist could not tell the other workers about it: {type(telling).__name__}: {telling}"
+            if hasattr(error, "add_note"):
+                error.add_note(note)
 
     def settle(self, error: BaseException | None, api: str) -> None:
         """Agrees whether every worker succeeded at a step; raises on every worker if one failed.

@@ -465,6 +465,8 @@ class Step:
         state.default_scopes = 0
         if state.helpers is None and others:  # the parked replicas may run parts of parallel jobs
             state.helpers = [self._mailboxes[r] for r in others]
+        extended = self.strategy.extended
+        seq = extended._collective_seq()  # other workers (MultiWorkerMirroredStrategy) meet in this round's collective
         try:
             with device_lib.activate(state.devices[-1] if state.devices else None):
                 if self.orders_streams:  # what each replica launched before it arrived
@@ -481,6 +483,8 @@ class Step:
         except BaseException as error:
             if isinstance(error, Exception):
                 _add_call_site(error)
+                # Failed before the workers met (a check, a merge_fn): the other workers raise too, not wait.
+                extended._failed_before(seq, requests[0].api, error)
             with self._lock:
                 self._merge_started = None
                 if self._failure is None:

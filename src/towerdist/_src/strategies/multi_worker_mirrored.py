@@ -255,6 +255,12 @@ class MultiWorkerExtended(MirroredExtended):
 
     # --- collectives -----------------------------------------------------------------------------
 
+    def _collective_seq(self) -> int:
+        return self._workers.seq
+
+    def _failed_before(self, seq: int, api: str, error: BaseException) -> None:
+        self._workers.failed_before(seq, api, error)
+
     @contextlib.contextmanager
     def _comparing(self, op: str) -> Iterator[None]:
         """Makes this thread's reductions tell the other workers ``op`` (what the user asked for) as their op."""
@@ -349,7 +355,10 @@ class MultiWorkerExtended(MirroredExtended):
             else:
                 sums = [column[0] for column in columns]
             if self._uses_nccl(sums, options):
-                totals = self._nccl_sum(sums, api, options, op)
+                if self._nccl is None:  # collective: every worker gets here at the same collective
+                    self._nccl = NcclWorkers(self._workers, self._devices[0].device_index)
+                    seq = self._workers.seq  # what fails from here on fails before the sum's handshake
+                totals = self._nccl_sum(self._nccl, sums, api, options, op)
             else:
                 totals = self._workers.sum([_to_host(s) for s in sums], api, options, out, op)
         except Exception as error:
@@ -368,11 +377,11 @@ class MultiWorkerExtended(MirroredExtended):
             return False
         return all(s.dtype.name in NCCL_DTYPES for s in sums)
 
-    def _nccl_sum(self, sums: list[Any], api: str, options: CommunicationOptions | None, op: str) -> list[Any]:
+    def _nccl_sum(
+        self, nccl: NcclWorkers, sums: list[Any], api: str, options: CommunicationOptions | None, op: str
+    ) -> list[Any]:
         """The workers' sums of GPU arrays, on this worker's first GPU (NCCL; unverified without GPUs)."""
         device = self._devices[0]
-        if self._nccl is None:  # collective: every worker gets here at the same collective
-            self._nccl = NcclWorkers(self._workers, device.device_index)
         impl = backend.for_device(device)
         cupy = impl.xp
         results: list[Any] = [None] * len(sums)
@@ -390,7 +399,7 @@ class MultiWorkerExtended(MirroredExtended):
                     results[k] = buffer[offset : offset + size].reshape(sums[k].shape)
                     offset += size
                 packs.append(buffer)
-        self._nccl.sum(packs, api, *self._workers.bounds(options), op=op)
+        nccl.sum(packs, api, *self._workers.bounds(options), op=op)
         return results
 
     def _column(self, value: Any, api: str) -> list[Any]:

@@ -141,8 +141,13 @@ class ReplicaContext:
         modes = thread_state.state.modes
         depth = len(modes)
         modes.append(context.cross_replica_mode(self._strategy))
+        extended = self._strategy.extended
+        seq = extended._collective_seq()
         try:
             parts = fn(self._strategy, [payload])
+        except Exception as error:
+            extended._failed_before(seq, api, error)  # before the workers met: the other workers raise too
+            raise
         finally:
             del thread_state.state.modes[depth:]
         return parts[0]

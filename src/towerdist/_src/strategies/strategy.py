@@ -328,6 +328,13 @@ class StrategyExtended:
         self._default_device: DeviceSpec | None = None
         self._require_static_shapes = False
 
+    def _collective_seq(self) -> int:
+        """Where the workers' collectives stand, before preparing one (-1: this strategy has no other workers)."""
+        return -1
+
+    def _failed_before(self, seq: int, api: str, error: BaseException) -> None:
+        """Preparing a collective begun at ``seq`` failed here: tells the other workers (none here)."""
+
     def _container_strategy(self) -> Strategy:
         strategy = self._container_strategy_weakref()
         if strategy is None:

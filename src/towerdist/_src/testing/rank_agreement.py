@@ -18,12 +18,13 @@ step): later exchanges raise at once, and the MPI job is aborted when the proces
 the ranks still stuck are torn down by the launcher instead of hanging.
 
 Messages go over a duplicate of ``COMM_WORLD`` (a user's own MPI calls never match them) as
-pickled Python objects; waits poll every millisecond (a test session's pace, not a
-training step's).
+pickled Python objects; a wait polls back to back for 2 ms (yielding the core), then every
+millisecond (a test session's pace, not a training step's).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -33,6 +34,7 @@ __all__ = ["AgreementError", "RankAgreement"]
 
 _TAG_UP, _TAG_DOWN = 41, 42
 _POLL_SECONDS = 0.001
+_YIELD_SECONDS = 0.002  # a wait first polls, yielding the core, this long (a peer about to arrive), then sleeps
 _ROOT_GRACE_SECONDS = 2.0  # the other ranks give rank 0 this much longer, since it reports first
 
 
@@ -102,7 +104,7 @@ class RankAgreement:
                         comm.isend(("timed out", missing), dest=r, tag=_TAG_DOWN)
                 raise self._timed_out(what, missing)
             if waiting:
-                time.sleep(_POLL_SECONDS)
+                _pause(start)
         requests = [comm.isend(("ok", table), dest=r, tag=_TAG_DOWN) for r in range(1, self.size)]
         self._complete(requests, what)
         return table
@@ -115,7 +117,7 @@ class RankAgreement:
         while not comm.iprobe(source=0, tag=_TAG_DOWN):
             if bound is not None and time.monotonic() - start > bound:
                 raise self._timed_out(what, [0])
-            time.sleep(_POLL_SECONDS)
+            _pause(start)
         status, content = comm.recv(source=0, tag=_TAG_DOWN)
         self._complete([sent], what)
         if status == "timed out":
@@ -129,7 +131,7 @@ class RankAgreement:
         while not all(request.Test() for request in requests):
             if self.timeout is not None and time.monotonic() - start > self.timeout:
                 raise self._timed_out(what, [])
-            time.sleep(_POLL_SECONDS)
+            _pause(start)
 
     def _timed_out(self, what: str, missing: list[int]) -> AgreementError:
         who = ", ".join(str(r) for r in missing) or "some rank"
@@ -147,3 +149,11 @@ class RankAgreement:
             f"(towerdist_mpi_agreement_timeout sets the bound).",
             missing=missing,
         )
+
+
+def _pause(start: float) -> None:
+    """Between two polls of a wait begun at ``start``: yield the core at first, then sleep."""
+    if time.monotonic() - start < _YIELD_SECONDS:
+        os.sched_yield()
+    else:
+        time.sleep(_POLL_SECONDS)
