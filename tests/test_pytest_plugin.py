@@ -126,7 +126,12 @@ import towerdist as td
 @pytest.mark.replicas(3)
 def test_three(mirrored_strategy):
     assert mirrored_strategy.num_replicas_in_sync == 3
-    assert len(td.config.list_logical_devices("CPU")) == 3
+
+
+def test_a_strategy_the_test_builds_is_what_a_script_gets():
+    # in the same session as a 3-replica fixture test
+    assert len(td.config.list_logical_devices("CPU")) == 1
+    assert td.distribute.MirroredStrategy().num_replicas_in_sync == 1
 """
 
 ON_GPUS = """
@@ -147,10 +152,11 @@ def test_without_replica_tests_the_plugin_configures_no_logical_devices(pytester
     result.assert_outcomes(passed=1)
 
 
-def test_replica_tests_get_exactly_the_cpus_they_ask_for(pytester: pytest.Pytester):
+def test_replica_tests_get_their_cpus_and_the_tests_own_strategies_are_unchanged(pytester: pytest.Pytester):
+    # The plugin split the CPU for the whole session: a MirroredStrategy() the test built got 3 replicas.
     pytester.makepyfile(test_three=THREE_REPLICAS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=2)
 
 
 SELECTED_BY_K = """

@@ -62,6 +62,7 @@ class LogicalDeviceConfiguration(NamedTuple):
 
 _lock = threading.Lock()
 _cpu_configuration: tuple[LogicalDeviceConfiguration, ...] | None = None
+_cpus_by_name = 0  # CPUs usable when named, beyond those configured (reserve_cpus_by_name)
 _initialized_by: str | None = None
 # In a multi-worker job: (job, this worker's task, every worker's (logical CPUs, GPUs) by task).
 _cluster: tuple[str, int, tuple[tuple[int, int], ...]] | None = None
@@ -191,10 +192,22 @@ def local_devices(device_type: str) -> list[device_lib.DeviceSpec]:
     return [device_lib.DeviceSpec(device_type=device_type, device_index=i) for i in range(count)]
 
 
+def reserve_cpus_by_name(count: int) -> None:
+    """Makes ``CPU:0`` ... ``CPU:<count - 1>`` usable when named, without configuring them.
+
+    For towerdist's pytest plugin: its ``mirrored_strategy`` fixture names the CPUs it runs
+    on, while what the program sees — ``list_logical_devices()``, the default devices of a
+    ``MirroredStrategy()`` built without names — stays as configured (one CPU by default).
+    """
+    global _cpus_by_name
+    with _lock:
+        _cpus_by_name = max(_cpus_by_name, int(count))
+
+
 def device_exists(spec: device_lib.DeviceSpec) -> bool:
     if not spec.is_local or spec.replica != 0 or spec.task != 0:
         return False
-    count = logical_cpu_count() if spec.device_type == "CPU" else _gpu_count()
+    count = max(logical_cpu_count(), _cpus_by_name) if spec.device_type == "CPU" else _gpu_count()
     return spec.device_index < count
 
 

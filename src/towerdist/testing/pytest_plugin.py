@@ -22,13 +22,10 @@ What it changes in the session, and nothing else:
   at most ``towerdist_replica_timeout`` seconds (an ini option; 60, or 20 under MPI) and
   warn after ``towerdist_replica_warning``, so a hang fails the test with the stall
   diagnosis naming the missing replicas instead of blocking CI;
-* the logical CPU devices, only when a collected test runs ``mirrored_strategy`` on more
-  CPU replicas than there are (no GPUs to run it on), and only if nothing configured them
-  before the tests: the CPU is then split into as many logical devices as the most any such
-  test asks for. This is process-wide, as ``td.config.set_logical_device_configuration``
-  is: a ``MirroredStrategy()`` a test builds itself without devices then spans them too
-  (give it its devices, or run it in a session without ``mirrored_strategy`` tests). With
-  no such test, nothing is configured and every strategy is what ``python script.py`` gets;
+* nothing of the devices a test sees: when a selected test runs ``mirrored_strategy`` on
+  more CPU replicas than there are GPUs, the fixture's strategy runs on ``CPU:0`` ...
+  ``CPU:<n-1>``, made usable by name only (``td.config.list_logical_devices()`` and a
+  ``MirroredStrategy()`` a test builds itself are what ``python script.py`` gets);
 * under an MPI launcher, the ranks agree on the collected tests and on the outcome of every
   phase (setup, call, teardown) of every test: a failure on any rank fails the test on every
   rank (rank 0 shows the others' failures), a skip on one rank skips it on every rank, and a
@@ -66,7 +63,9 @@ from typing import Any
 import pytest
 
 import towerdist as td
+from towerdist._src import config as config_lib
 from towerdist._src.backend import cupy_backend
+from towerdist._src.device import DeviceSpec
 from towerdist._src.multi_worker import mpi_runtime
 from towerdist._src.testing import simulation
 from towerdist._src.testing.rank_agreement import AgreementError, RankAgreement
@@ -144,9 +143,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         replicas = _replicas_wanted(item)
         if replicas > gpus:  # mirrored_strategy_for() runs it on logical CPUs
             cpus_needed = max(cpus_needed, replicas)
-    cpu = td.config.list_physical_devices("CPU")[0]
-    if cpus_needed > 1 and td.config.get_logical_device_configuration(cpu) is None:
-        td.config.set_logical_device_configuration(cpu, [td.config.LogicalDeviceConfiguration()] * cpus_needed)
+    if cpus_needed > 1:  # usable by the fixture's strategies, invisible to the tests' own (config.py)
+        config_lib.reserve_cpus_by_name(cpus_needed)
 
 
 @pytest.fixture
@@ -174,7 +172,7 @@ def mirrored_strategy_for(n: int) -> td.distribute.MirroredStrategy:
     """
     if cupy_backend.device_count() >= n:
         return td.distribute.MirroredStrategy([f"GPU:{i}" for i in range(n)])
-    cpus = len(td.config.list_logical_devices("CPU"))
+    cpus = sum(config_lib.device_exists(DeviceSpec(device_type="CPU", device_index=i)) for i in range(n))
     if cpus < n:
         raise pytest.UsageError(
             f"mirrored_strategy needs {n} replicas but there are {cpus} logical CPU devices: configure at least {n} "
