@@ -148,6 +148,7 @@ class Communicator:
         self._table = np.zeros((self.size, _HEADER), np.int64)
         self._rows = list(self._table)  # each rank's row, a view
         self._notices = self._table[:, _NOTICE]  # a view: every rank's notice in the latest handshake
+        self._statuses = self._table[:, _STATUS]  # a view: every rank's status in the latest handshake
         self.notice = 0
         self.agreed_notice = 0
         self._status = world.MPI.Status()
@@ -290,7 +291,7 @@ class Communicator:
             table = self._gather_headers(call, seq, timeout, warning)
         else:
             table = self._await_table(call, seq, timeout, warning)
-        if _count_nonzero(table[:, _STATUS] == _FAILED):
+        if _count_nonzero(self._statuses):  # past the timeout checks, a status other than _OK is _FAILED
             self._failed_elsewhere(table, call, seq, timeout, failure)
             return table  # this rank failed: its caller raises its own error
         self._check(table, call, seq, timeout)
