@@ -249,7 +249,7 @@ class PreemptionCheckpointHandler:
         else:
             logger.info(
                 "Member %s has received termination notice again, or after another worker did; it is ignored: "
-                "the workers already agreed on the step to save at.",
+                "a step to save at is already proposed or agreed.",
                 self._id,
             )
 
