@@ -27,9 +27,8 @@ import numpy as np
 
 from towerdist._src import backend, context
 from towerdist._src.checkpoint import files, graph
-from towerdist._src.device import HOST
 from towerdist._src.multi_worker import workers as workers_lib
-from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
+from towerdist._src.variable_enums import VariableAggregation
 from towerdist._src.variables import creation
 from towerdist._src.variables.aggregating_variable import AggregatingVariable
 from towerdist._src.variables.distributed_variable import DistributedVariable, SyncOnReadVariable
@@ -92,20 +91,7 @@ class Checkpoint:
     def save_counter(self) -> Variable:
         """How many times :meth:`save` has run (an int64 variable, saved with the checkpoint)."""
         if self._save_counter is None:
-            spec = creation.VariableSpec(
-                np.int64(0),
-                False,
-                _SAVE_COUNTER,
-                np.dtype(np.int64),
-                (),
-                True,
-                VariableSynchronization.AUTO,
-                VariableAggregation.ONLY_FIRST_REPLICA,
-                None,
-                None,
-            )
-            # A host variable of no strategy: it is the same in every scope.
-            self._save_counter = creation.plain_variable(spec, HOST, None)
+            self._save_counter = creation.host_counter(_SAVE_COUNTER)
         return self._save_counter
 
     def _tracked(self, name: str) -> Any:

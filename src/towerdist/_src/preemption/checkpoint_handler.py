@@ -35,12 +35,10 @@ import numpy as np
 
 from towerdist._src.checkpoint.checkpoint import Checkpoint
 from towerdist._src.checkpoint.manager import CheckpointManager
-from towerdist._src.device import HOST
 from towerdist._src.errors import InternalError, InvalidArgumentError, UnimplementedError
 from towerdist._src.multi_worker import workers as workers_lib
 from towerdist._src.preemption.step_agreement import StepAgreement
 from towerdist._src.preemption.termination_config import TerminationConfig
-from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 from towerdist._src.variables import creation
 from towerdist._src.variables.variable import Variable
 
@@ -393,19 +391,7 @@ def _runs_variable(checkpoint: Checkpoint) -> Variable:
                 f"{_RUNS_VARIABLE!r}, but the checkpoint already holds {existing!r} under that name; rename it."
             )
         return existing
-    spec = creation.VariableSpec(
-        np.int64(0),
-        False,
-        _RUNS_VARIABLE,
-        np.dtype(np.int64),
-        (),
-        True,
-        VariableSynchronization.AUTO,
-        VariableAggregation.ONLY_FIRST_REPLICA,
-        None,
-        None,
-    )
-    variable = creation.plain_variable(spec, HOST, None)  # the same on every worker: no strategy needed
+    variable = creation.host_counter(_RUNS_VARIABLE)  # the same on every worker: no strategy needed
     checkpoint._track(_RUNS_VARIABLE, variable)
     return variable
 

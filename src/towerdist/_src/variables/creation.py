@@ -174,6 +174,26 @@ def declared_shape(spec: VariableSpec, array: Any) -> tuple[int | None, ...] | N
     return spec.shape if spec.shape is not None else tuple(array.shape)
 
 
+def host_counter(name: str) -> ResourceVariable:
+    """An untrainable int64 scalar variable, 0, on the host and of no strategy: the same in every scope.
+
+    For the counters checkpoints keep (``save_counter``, ``checkpointed_runs``).
+    """
+    spec = VariableSpec(
+        np.int64(0),
+        False,
+        name,
+        np.dtype(np.int64),
+        (),
+        True,
+        VariableSynchronization.AUTO,
+        VariableAggregation.ONLY_FIRST_REPLICA,
+        None,
+        None,
+    )
+    return plain_variable(spec, device_lib.HOST, None)
+
+
 def plain_variable(spec: VariableSpec, device: DeviceSpec, strategy: Any) -> ResourceVariable:
     """A single-device variable on ``device`` created from ``spec``."""
     array = materialize(spec, device)
