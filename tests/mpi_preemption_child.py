@@ -11,7 +11,7 @@ end bit-identical to an uninterrupted one. Config keys:
 * ``grace_period``, ``exit_status`` (a custom ``exit_fn``), ``save_fn`` (use one);
 * ``no_collective``: the step trains nothing and the workers exchange nothing in it;
 * ``two_handlers``: handler A saves once (its exit_fn returns), then handler B trains unsignalled;
-* ``pid_after``: after this step, write ``pid-<rank>`` into ``dir`` (the test signals from outside).
+* ``pid_after``: after this step, print ``pid of rank <rank>: <pid>.`` (the test signals from outside).
 
 Each rank writes ``report-<rank>.json`` into ``dir`` before it exits, however it exits.
 """
@@ -130,8 +130,7 @@ try:
         handler.run(train_step, step)
         signal_self("between", step)
         if config.get("pid_after") == step:
-            with open(os.path.join(directory, f"pid-{rank}"), "w") as f:
-                f.write(str(os.getpid()))
+            print(f"pid of rank {rank}: {os.getpid()}.", flush=True)
 except SystemExit as exiting:
     report(exiting.code)
     raise

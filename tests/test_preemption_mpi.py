@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -187,15 +187,20 @@ def test_a_sigterm_sent_from_outside_saves_once_on_both_at_the_same_step(tmp_pat
     # As a scheduler does it (Slurm and Kubernetes signal every process of the job): the job
     # trains on until it is told, at whatever step that lands.
     job = Job(tmp_path, steps=10**7, pid_after=5)
-    pids = [tmp_path / f"pid-{rank}" for rank in ranks]
-    deadline = time.monotonic() + 60
-    while not all(p.exists() and p.read_text() for p in pids):
-        assert job.process.poll() is None, job.process.communicate()[0]
-        assert time.monotonic() < deadline, "the job never reached step 5"
-        time.sleep(0.05)  # polling for the files a running job writes, bounded above
-    for path in pids:
-        os.kill(int(path.read_text()), signal.SIGTERM)
+    pids: dict[int, int] = {}
+    seen = []
+    assert job.process.stdout is not None
+    for line in job.process.stdout:  # each rank prints its pid after step 5 (the timeout mark bounds this)
+        seen.append(line)
+        # the launcher may join the two ranks' lines: read every "pid of rank r: p." in the output so far
+        pids = {int(r): int(p) for r, p in re.findall(r"pid of rank (\d+): (\d+)\.", "".join(seen))}
+        if len(pids) == 2:
+            break
+    assert len(pids) == 2, "".join(seen)  # the output ended first: the job died
+    for rank in ranks:
+        os.kill(pids[rank], signal.SIGTERM)
     job.wait()
+    job.output = "".join(seen) + job.output
     assert job.status == 42, job.output
     step = job.report(0)["runs"]
     assert step > 5
