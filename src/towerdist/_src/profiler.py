@@ -43,6 +43,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from towerdist._src import mpi_runtime
 from towerdist._src.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
@@ -285,8 +286,6 @@ class Trace(Span):
 
 def _rank() -> int | None:
     """This process's MPI rank when it runs in an MPI job of several processes."""
-    from towerdist._src.multi_worker import mpi_runtime
-
     try:
         world = mpi_runtime.world()
     except Exception:  # a broken launcher setup must not lose the trace

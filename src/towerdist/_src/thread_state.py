@@ -9,8 +9,6 @@ when ``run`` starts and installs that snapshot around ``merge_fn``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -78,20 +76,3 @@ state = _State()
 def snapshot() -> Snapshot:
     """Returns a copy of the calling thread's state."""
     return Snapshot(tuple(state.modes), tuple(state.devices), tuple(state.updates), tuple(state.sync_on_read))
-
-
-@contextmanager
-def installed(snap: Snapshot, *extra_modes: Mode) -> Iterator[None]:
-    """Replaces this thread's state by ``snap`` (plus ``extra_modes``) for the block."""
-    saved = (state.modes, state.devices, state.updates, state.sync_on_read)
-    state.modes = [*snap.modes, *extra_modes]
-    state.devices = list(snap.devices)
-    state.updates = list(snap.updates)
-    state.sync_on_read = list(snap.sync_on_read)
-    try:
-        from towerdist._src.device import activate  # noqa: PLC0415  (device names import this module)
-
-        with activate(state.devices[-1] if state.devices else None):
-            yield
-    finally:
-        state.modes, state.devices, state.updates, state.sync_on_read = saved

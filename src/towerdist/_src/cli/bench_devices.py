@@ -15,12 +15,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from towerdist._src import config
+from towerdist._src import config, mpi_runtime
 from towerdist._src.backend import cupy_backend
 from towerdist._src.cli.command_error import CommandError
 from towerdist._src.cross_device_ops.nccl_all_reduce import nccl_unavailable_reason
 from towerdist._src.device import DeviceSpec
-from towerdist._src.multi_worker import mpi_runtime
 from towerdist._src.strategies.mirrored import MirroredStrategy
 from towerdist._src.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from towerdist._src.strategies.strategy import Strategy

@@ -206,16 +206,16 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> None:
 
         print_info(args.json)
         return
-    from towerdist._src.cli.mpi_launch import run_under_mpiexec  # noqa: PLC0415
-    from towerdist._src.cli.progress import resolve_progress  # noqa: PLC0415
-    from towerdist._src.multi_worker.mpi_runtime import launcher_size  # noqa: PLC0415
+    from towerdist._src.cli.mpi_launch import run_under_mpiexec  # noqa: PLC0415  (one subcommand's imports at a time)
+    from towerdist._src.cli.progress import resolve_progress  # noqa: PLC0415  (one subcommand's imports at a time)
+    from towerdist._src.mpi_runtime import launcher_size  # noqa: PLC0415  (one subcommand's imports at a time)
 
     progress = resolve_progress(args.progress) if args.bench == "allreduce" else None
     if args.mpi and launcher_size() <= 1:
         run_under_mpiexec(args.ranks, _relaunch_arguments(argv, progress), args.timeout)
         return
     if args.bench == "allreduce":
-        from towerdist._src.cli.bench_allreduce import bench_allreduce  # noqa: PLC0415
+        from towerdist._src.cli.bench_allreduce import bench_allreduce  # noqa: PLC0415  (one subcommand's imports at a time)
 
         try:
             sizes = parse_sizes(args.sizes, _itemsize(args.dtype))
@@ -231,13 +231,13 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> None:
             progress=bool(progress),
         )
         return
-    from towerdist._src.cli.bench_run import bench_run  # noqa: PLC0415
+    from towerdist._src.cli.bench_run import bench_run  # noqa: PLC0415  (one subcommand's imports at a time)
 
     bench_run(replicas=args.replicas, gpus=args.gpus, repeats=args.repeats, sample_ms=args.sample_ms)
 
 
 def _itemsize(dtype: str) -> int:
-    import numpy as np  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415  (numpy only when benchmarking)
 
     return int(np.dtype(dtype).itemsize)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from towerdist._src import mpi_runtime
 from towerdist._src.cluster_resolver.cluster_resolver import ClusterResolver
 from towerdist._src.cluster_resolver.cluster_spec import ClusterSpec
 
@@ -39,8 +40,6 @@ class MPIClusterResolver(ClusterResolver):
 
     def __init__(self, rank: int | None = None, size: int | None = None) -> None:
         if rank is None or size is None:
-            from towerdist._src.multi_worker import mpi_runtime  # noqa: PLC0415  (starts MPI: only when asked)
-
             world = mpi_runtime.world()
             rank = (0 if world is None else world.rank) if rank is None else rank
             size = (1 if world is None else world.size) if size is None else size

@@ -154,7 +154,7 @@ class TFDataset(Dataset):
     def _batch_size(self) -> int | None:
         compute: Callable[[Any], Any] | None = None
         try:
-            from tensorflow.python.data.experimental.ops.distribute import (  # type: ignore[import-untyped]
+            from tensorflow.python.data.experimental.ops.distribute import (  # type: ignore[import-untyped]  # noqa: PLC0415  (TensorFlow is optional)
                 compute_batch_size,
             )
 

@@ -55,7 +55,7 @@ from towerdist._src.errors import (
     ReplicaStallWarning,
     UnavailableError,
 )
-from towerdist._src.multi_worker.mpi_runtime import World
+from towerdist._src.mpi_runtime import World
 
 __all__ = ["Call", "Communicator"]
 

@@ -29,11 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from towerdist._src import errors
-from towerdist._src.multi_worker import mpi_runtime
+from towerdist._src import errors, mpi_runtime, replica_timeouts
 from towerdist._src.multi_worker.communicator import Call, Communicator
 from towerdist._src.options import CommunicationOptions
-from towerdist._src.strategies import watchdog
 
 __all__ = ["Workers", "current"]
 
@@ -70,7 +68,7 @@ class Workers:
         The timeout is ``CommunicationOptions.timeout_seconds`` (per call, else the
         strategy's), else the replica timeout of ``td.config.set_replica_timeouts``.
         """
-        replica = watchdog.get_replica_timeouts()
+        replica = replica_timeouts.get_replica_timeouts()
         timeout = (self._options if options is None else self._options.merge(options)).timeout_seconds
         return (timeout if timeout is not None else replica["timeout_seconds"]), replica["warning_seconds"]
 
@@ -280,7 +278,7 @@ def _shared_communicator(
 
 def _close(communicator: Communicator) -> None:
     """At exit: every rank leaves together (a rank still in a collective learns this one left)."""
-    replica = watchdog.get_replica_timeouts()
+    replica = replica_timeouts.get_replica_timeouts()
     communicator.close(replica["timeout_seconds"], replica["warning_seconds"])
 
 

@@ -1,4 +1,4 @@
-"""The watch over a step: stall warnings, hard timeouts, and the replica timeouts.
+"""The watch over a step: stall warnings and hard timeouts (the bounds live in ``replica_timeouts.py``).
 
 Every thread that waits in a ``strategy.run`` step — a replica parked at the barrier or
 waiting for its turn, the caller waiting for the replica threads to finish — wakes at
@@ -32,8 +32,6 @@ The bounds are set with :func:`set_replica_timeouts` or the environment variable
 from __future__ import annotations
 
 import logging
-import math
-import numbers
 import os
 import queue
 import sys
@@ -44,8 +42,9 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from towerdist._src import waiting
+from towerdist._src import replica_timeouts, waiting
 from towerdist._src.errors import DeadlineExceededError, ReplicaStallWarning
+from towerdist._src.replica_timeouts import get_replica_timeouts, set_replica_timeouts
 
 if TYPE_CHECKING:
     from towerdist._src.strategies.barrier import Step
@@ -58,84 +57,6 @@ logger = logging.getLogger("towerdist")
 # thread (SIGINT to a replica thread) only runs its Python handler when the main thread
 # next runs bytecode, so this bounds how late a KeyboardInterrupt can surface.
 _MAX_POLL_SECONDS = 0.1
-
-
-# --- the bounds -----------------------------------------------------------------------------
-
-
-def _seconds(value: Any, name: str, where: str) -> float | None:
-    """A bound in seconds: a number > 0; None or infinity mean "never"."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
-            f"{where} takes {name} as a number of seconds, or None (never). Got {name}={value!r} of type "
-            f"{type(value).__name__}."
-        )
-    seconds = float(value)
-    if math.isnan(seconds) or seconds <= 0:
-        raise ValueError(f"{where} needs {name} > 0, or None (never). Got {name}={value!r}.")
-    return None if math.isinf(seconds) else seconds
-
-
-def _env_seconds(name: str, default: float | None) -> float | None:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    text = raw.strip().lower()
-    if text in ("none", "off", "never", "0"):
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if math.isnan(value) or value < 0:
-        raise ValueError(
-            f"The environment variable {name}={raw!r} is not a number of seconds. Set it to a number > 0, "
-            f"or to 'none', 'off', 'never', 'inf' or 0 to disable the bound (or unset it for the default)."
-        )
-    return _seconds(value, name, f"The environment variable {name}")
-
-
-_timeouts = {
-    "warning_seconds": _env_seconds("TOWERDIST_REPLICA_WARNING_SECONDS", 60.0),
-    "timeout_seconds": _env_seconds("TOWERDIST_REPLICA_TIMEOUT_SECONDS", None),
-}
-
-
-def set_replica_timeouts(warning_seconds: float | None = 60.0, timeout_seconds: float | None = None) -> None:
-    """Bounds how long replicas wait for each other at a ``merge_call`` barrier.
-
-    Only replicas that wait are timed: a replica computing longer than the others while
-    nobody waits for it at a barrier (they returned, or it runs alone) is never timed.
-
-    Args:
-      warning_seconds: after this long, warn (``td.errors.ReplicaStallWarning`` and a
-        ``towerdist`` log record) naming the replicas that have not arrived. None (or
-        ``float("inf")``) disables it.
-      timeout_seconds: after this long, stop the step and raise
-        ``td.errors.DeadlineExceededError`` naming the missing replicas. None (the default,
-        also ``float("inf")``) waits forever, since user code may legitimately be slow;
-        test suites should set it.
-
-    The defaults can also come from the environment variables
-    ``TOWERDIST_REPLICA_WARNING_SECONDS`` and ``TOWERDIST_REPLICA_TIMEOUT_SECONDS`` (a
-    number of seconds; ``none``, ``off``, ``never``, ``inf`` or ``0`` disable the bound);
-    an invalid value fails the import with a ``ValueError`` naming the variable.
-
-    Raises:
-      TypeError: a bound is not a number (numpy scalars are numbers).
-      ValueError: a bound is NaN, zero or negative.
-    """
-    warning = _seconds(warning_seconds, "warning_seconds", "set_replica_timeouts()")
-    timeout = _seconds(timeout_seconds, "timeout_seconds", "set_replica_timeouts()")
-    _timeouts["warning_seconds"] = warning
-    _timeouts["timeout_seconds"] = timeout
-
-
-def get_replica_timeouts() -> dict[str, float | None]:
-    """The current ``{"warning_seconds": ..., "timeout_seconds": ...}``."""
-    return dict(_timeouts)
 
 
 # --- watching a step -------------------------------------------------------------------------
@@ -178,7 +99,7 @@ class Watch:
     @staticmethod
     def poll_seconds() -> float:
         """How long a waiting thread may block before it looks at the step again."""
-        return _poll_interval(_timeouts["warning_seconds"], _timeouts["timeout_seconds"])
+        return _poll_interval(replica_timeouts.bounds["warning_seconds"], replica_timeouts.bounds["timeout_seconds"])
 
     def check(self, step: Step) -> None:
         """Warns about a stalled round, a slow request or a stuck turn; fails the step past the timeout.
@@ -196,8 +117,8 @@ class Watch:
     def _check(self, step: Step) -> None:
         if not self._threads_alive(step):
             return
-        warning_s = _timeouts["warning_seconds"]
-        timeout_s = _timeouts["timeout_seconds"]
+        warning_s = replica_timeouts.bounds["warning_seconds"]
+        timeout_s = replica_timeouts.bounds["timeout_seconds"]
         now = time.monotonic()
         status = step.status()
         if status.failure_time is not None:
@@ -235,8 +156,8 @@ class Watch:
         status = step.status()
         if status.failure_time is None:
             return False
-        warning_s = _timeouts["warning_seconds"]
-        timeout_s = _timeouts["timeout_seconds"]
+        warning_s = replica_timeouts.bounds["warning_seconds"]
+        timeout_s = replica_timeouts.bounds["timeout_seconds"]
         now = time.monotonic()
         waited = now - status.failure_time
         if warning_s is not None and waited >= warning_s and now - self.drain_warned >= warning_s:

@@ -28,7 +28,7 @@ import os
 import time
 from typing import Any
 
-from towerdist._src.multi_worker.mpi_runtime import World
+from towerdist._src.mpi_runtime import World
 
 __all__ = ["AgreementError", "RankAgreement"]
 

@@ -115,7 +115,7 @@ def world() -> World | None:
 
 def _start(expected: int) -> World:
     try:
-        from mpi4py import MPI
+        from mpi4py import MPI  # noqa: PLC0415  (mpi4py is optional; importing it starts MPI)
     except ImportError as error:
         raise MissingDependencyError(
             f"MultiWorkerMirroredStrategy runs over MPI, and this process was started by an MPI launcher "
