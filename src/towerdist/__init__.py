@@ -65,8 +65,7 @@ from towerdist._src.name_scope import name_scope as name_scope
 from towerdist._src.variable_enums import VariableAggregation as VariableAggregation
 from towerdist._src.variable_enums import VariableSynchronization as VariableSynchronization
 from towerdist._src.variables.variable import Variable as Variable
-
-__version__ = "0.1.0.dev0"
+from towerdist._src.version import __version__ as __version__
 
 __all__ = [
     "Module",

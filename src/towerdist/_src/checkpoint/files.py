@@ -52,6 +52,7 @@ from typing import IO, Any
 import numpy as np
 
 from towerdist._src.errors import DataLossError, NotFoundError
+from towerdist._src.version import __version__
 
 __all__ = [
     "FORMAT",
@@ -190,8 +191,6 @@ def write_checkpoint(prefix: str, arrays: Mapping[str, np.ndarray], entries: Map
     ``entries[key]`` is the metadata recorded for ``arrays[key]``. Every array's dtype must
     be storable (:func:`unstorable_reason`); the caller checks, naming the variable.
     """
-    from towerdist import __version__  # noqa: PLC0415  (the package imports this module)
-
     directory = os.path.dirname(prefix) or "."
     os.makedirs(directory, exist_ok=True)
     try:

@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from towerdist import __version__
 from towerdist._src.backend import cupy_backend
 from towerdist._src.cli.bench_devices import BenchTarget, make_target
 from towerdist._src.cli.command_error import CommandError
@@ -39,6 +38,7 @@ from towerdist._src.cli.progress import Progress
 from towerdist._src.cli.sizes import format_size
 from towerdist._src.cli.timing import Sampler, Summary
 from towerdist._src.context import get_replica_context
+from towerdist._src.version import __version__
 
 __all__ = ["DTYPES", "AllReduceCase", "bench_allreduce"]
 

@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from towerdist import __version__
 from towerdist._src.backend import cupy_backend
 from towerdist._src.cli.bench_allreduce import AllReduceCase
 from towerdist._src.cli.bench_devices import make_target
 from towerdist._src.cli.command_error import CommandError
 from towerdist._src.cli.timing import Sampler
+from towerdist._src.version import __version__
 
 __all__ = ["bench_run"]
 
