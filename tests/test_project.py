@@ -71,3 +71,12 @@ def test_importing_towerdist_does_not_import_cupy():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_the_package_version_is_the_one_pyproject_declares():
+    import tomllib
+
+    import towerdist
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert towerdist.__version__ == declared
