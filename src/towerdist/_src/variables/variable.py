@@ -462,6 +462,46 @@ class ResourceVariable(Variable):
                 self._buffers = UpdateBuffers()
             self._buffers.retire("value", old if old.base is None else old.base)
 
+    # --- the storage API (for the optimizer's fused update) --------------------------------
+    #
+    # ``_array`` is the stored value: read it freely (no lock; a write swaps it whole), never
+    # assign it or write into it from outside this class. Writes that bypass ``_write``
+    # (a value computed elsewhere for this variable) go through the three methods below,
+    # each under this variable's write lock, so they serialise with ``assign`` and friends.
+
+    def _adopt(self, array: Any) -> None:
+        """Makes ``array`` the value as it is: no copy, no move, no freeze.
+
+        ``array`` must already be what a write would store: read-only (host), on this
+        variable's device, of its dtype and an allowed shape, and never written again. Host
+        components of one group adopt the one array, so they keep sharing one buffer (and
+        the next step's check that they do is an identity check).
+        """
+        with self._write_lock:
+            self._array = array
+
+    def _adopt_moved(self, array: Any) -> None:
+        """Adopts ``array`` (private to this variable), moved to this device first and frozen.
+
+        For a value computed on another device (a GPU component of a group updated once);
+        the previous host buffer is kept for reuse, as a write does.
+        """
+        with self._write_lock:
+            self._store(array)
+
+    def _share(self, array: Any, replacing: Any) -> bool:
+        """Holds ``array`` instead of ``replacing``, which views the same memory the same way.
+
+        The caller has checked that the two arrays are views of one buffer (so the value does
+        not change); this makes the components of one group hold the very same object. Does
+        nothing (and returns False) if a write swapped the value since ``replacing`` was read.
+        """
+        with self._write_lock:
+            if self._array is not replacing:
+                return False
+            self._array = array
+            return True
+
     def _drop_spare(self) -> None:
         """Forgets the reusable buffer (another component of the same group keeps it)."""
         self._buffers = None
