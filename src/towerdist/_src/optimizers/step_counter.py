@@ -24,19 +24,19 @@ _HOST = backend.host()
 class HostStep:
     """The number of steps applied, on the host, and the array it was last written as."""
 
-    __slots__ = ("_array", "_count")
+    __slots__ = ("_count", "_written")
 
     def __init__(self) -> None:
         self._count = 0
-        self._array: Any = None  # the array of ``iterations``'s first component last written here
+        self._written: Any = None  # the array of ``iterations``'s first component last written here
 
     def read(self, iterations: Variable | None) -> int:
         """The number of steps applied so far, without reading a device (unless another wrote it)."""
         if iterations is None:
             return 0
-        if self._array is None or components(iterations)[0]._array is not self._array:
+        if self._written is None or components(iterations)[0]._array is not self._written:
             self._count = int(np.asarray(_HOST.to_device(iterations.numpy(), None)))
-            self._array = None
+            self._written = None
         return self._count
 
     def advance(self, iterations: Variable, step: int) -> None:
@@ -53,4 +53,4 @@ class HostStep:
                 array = component._impl.freeze(component._impl.asarray(np.int64(step), device=component._device))
             component._adopt(array)
         self._count = step
-        self._array = members[0]._array
+        self._written = members[0]._array

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from towerdist._src import backend, context, nest
+from towerdist._src.array_ops import constant, from_python
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.operators import ArrayOperators, binary
@@ -56,7 +57,7 @@ class _VariableMeta(type):
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is Variable:
             # creation.py builds on this module, so it can only be imported here.
-            from towerdist._src.variables.creation import create_variable  # noqa: PLC0415
+            from towerdist._src.variables.creation import create_variable  # noqa: PLC0415  (creation imports this module)
 
             return create_variable(*args, **kwargs)
         return super().__call__(*args, **kwargs)
@@ -660,8 +661,6 @@ def to_array(value: Any, dtype: Any, what: str) -> Any:
                 f"without losing information; cast it explicitly with td.cast(value, {target.name})."
             )
         return value.astype(target)
-    from towerdist._src.array_ops import constant, from_python  # noqa: PLC0415  (array_ops reads variables)
-
     raw = from_python(value, what)
     if _is_string(raw.dtype) or (target is not None and _is_string(target)):
         return raw if target is None else _as_strings(raw, target, what, TypeError)
