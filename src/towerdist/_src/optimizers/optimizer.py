@@ -46,7 +46,15 @@ from towerdist._src.optimizers.gradient_checks import (
     variable_ref,
 )
 from towerdist._src.optimizers.step_counter import HostStep
-from towerdist._src.optimizers.update_plan import Group, PlanCache, Sharing, VariablePlan, components, publish
+from towerdist._src.optimizers.update_plan import (
+    ONE_BUFFER,
+    SEPARATE,
+    Group,
+    PlanCache,
+    VariablePlan,
+    components,
+    publish,
+)
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.variable_enums import VariableAggregation
 from towerdist._src.variables import creation
@@ -421,9 +429,9 @@ class Optimizer:
             equal = column is not None or len(columns[k]) == 1
             if column is None:
                 column = columns[k]
-            sharing = plan.sharing() if equal else Sharing.SEPARATE
-            if sharing is not Sharing.SEPARATE:  # the common case: one buffer for every copy of the variable and slots
-                if sharing is Sharing.ONE_BUFFER:
+            sharing = plan.sharing() if equal else SEPARATE
+            if sharing is not SEPARATE:  # the common case: one buffer for every copy of the variable and slots
+                if sharing is ONE_BUFFER:
                     plan.unify()  # one array object from now on: the next step's check is an identity check
                 self._update_group(plan.component_list, column, plan.slot_lists, coefficients[k], plan.buffers(0))
             else:

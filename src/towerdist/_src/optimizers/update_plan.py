@@ -21,22 +21,20 @@ import numpy as np
 from towerdist._src.variables.aggregating_variable import AggregatingVariable
 from towerdist._src.variables.distributed_variable import DistributedVariable
 from towerdist._src.variables.update_buffers import UpdateBuffers
-from towerdist._src.variables.variable import ResourceVariable, Variable
+from towerdist._src.variables.variable import ResourceVariable, Variable, adopt_shared
 
-__all__ = ["Group", "PlanCache", "Sharing", "VariablePlan", "components", "publish"]
+__all__ = ["ONE_ARRAY", "ONE_BUFFER", "SEPARATE", "Group", "PlanCache", "VariablePlan", "components", "publish"]
 
 # One group of a variable's components that share their buffers: the components, their
 # gradients, their slots' components by slot name, the rule's coefficients, the buffers.
 Group = tuple[list[ResourceVariable], list[Any], dict[str, list[ResourceVariable]], dict[str, Any], UpdateBuffers]
 
 
-class Sharing:
-    """How the components of a variable (and of each slot) hold their values: the answers of
-    :meth:`VariablePlan.sharing`, compared by identity."""
-
-    ONE_ARRAY = "one array"  # every component holds the very same array object
-    ONE_BUFFER = "one buffer"  # views of one buffer, not all the same object (see ``unify``)
-    SEPARATE = "separate"  # some component holds a value of its own
+# How the components of a variable (and of each slot) hold their values: the answers of
+# :meth:`VariablePlan.sharing`, compared by identity.
+ONE_ARRAY = "one array"  # every component holds the very same array object
+ONE_BUFFER = "one buffer"  # views of one buffer, not all the same object (see ``unify``)
+SEPARATE = "separate"  # some component holds a value of its own
 
 
 class VariablePlan:
@@ -55,21 +53,22 @@ class VariablePlan:
         self.sum_buffers = UpdateBuffers()  # where the variable's summed gradient goes
 
     def sharing(self) -> str:
-        """Whether every component (of the variable, and of each slot) holds one buffer (a :class:`Sharing`).
+        """How the components (of the variable, and of each slot) hold their values: ``ONE_ARRAY``,
+        ``ONE_BUFFER`` or ``SEPARATE``. Changes nothing.
 
         Copies made by variable creation or by a write hold views of one buffer; once
         :meth:`unify` (or an update) has made them hold the very same array, this is an
         identity check.
         """
-        answer = Sharing.ONE_ARRAY
+        answer = ONE_ARRAY
         for members in self._all:
             first = members[0]._array
             for component in members:
                 array = component._array
                 if array is not first:
                     if data_key(array) != data_key(first):
-                        return Sharing.SEPARATE
-                    answer = Sharing.ONE_BUFFER
+                        return SEPARATE
+                    answer = ONE_BUFFER
         return answer
 
     def unify(self) -> None:
@@ -191,8 +190,7 @@ def publish(members: list[ResourceVariable], array: Any) -> None:
     """
     if type(array) is np.ndarray:
         array.flags.writeable = False
-        for component in members:
-            component._adopt(array)
+        adopt_shared(members, array)
         return
     for component in members:
         component._adopt_moved(array)

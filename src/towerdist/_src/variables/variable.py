@@ -43,7 +43,7 @@ from towerdist._src.variables.update_buffers import UpdateBuffers
 if TYPE_CHECKING:
     from towerdist._src.strategies.strategy import Strategy
 
-__all__ = ["ResourceVariable", "UnreadVariable", "Variable", "VariableRef", "to_array"]
+__all__ = ["ResourceVariable", "UnreadVariable", "Variable", "VariableRef", "adopt_shared", "to_array"]
 
 # The write operations every variable supports, by method name.
 ASSIGN = "assign"
@@ -468,15 +468,15 @@ class ResourceVariable(Variable):
     # ``_array`` is the stored value: read it freely (no lock; a write swaps it whole), never
     # assign it or write into it from outside this class. Writes that bypass ``_write``
     # (a value computed elsewhere for this variable) go through the three methods below,
-    # each under this variable's write lock, so they serialise with ``assign`` and friends.
+    # each under this variable's write lock, so they serialise with ``assign`` and friends
+    # (and :func:`adopt_shared`, below the class, for one array shared by several).
 
     def _adopt(self, array: Any) -> None:
         """Makes ``array`` the value as it is: no copy, no move, no freeze.
 
         ``array`` must already be what a write would store: read-only (host), on this
-        variable's device, of its dtype and an allowed shape, and never written again. Host
-        components of one group adopt the one array, so they keep sharing one buffer (and
-        the next step's check that they do is an identity check).
+        variable's device, of its dtype and an allowed shape, and never written again.
+        (:func:`adopt_shared` does this for several variables that share one array.)
         """
         with self._write_lock:
             self._array = array
@@ -609,6 +609,19 @@ class UnreadVariable(Variable):
 
     def __repr__(self) -> str:
         return format_variable(self.name, self._target._array)
+
+
+def adopt_shared(variables: Sequence[ResourceVariable], array: Any) -> None:
+    """Makes one ``array`` the value of every variable in ``variables``, as :meth:`ResourceVariable._adopt` does.
+
+    For the host components of one group (copies of a variable on logical CPUs): they hold
+    the very same read-only array, so they keep sharing one buffer, and the next step's
+    check that they do is an identity check. One call for the group (this is every
+    training step's path), each variable written under its own write lock.
+    """
+    for variable in variables:
+        with variable._write_lock:
+            variable._array = array
 
 
 def read_unread(result: Any) -> Any:
