@@ -23,6 +23,12 @@ step counter ``iterations`` is a non-slot variable created under
 
 Subclasses name their slots (``_slot_names``) and implement ``_compute`` (the rule on
 arrays); see ``sgd.py`` and ``adam.py``.
+
+The parts, one concept each: ``gradient_checks.py`` (the checks on the pairs, before any
+update), ``update_plan.py`` (what one variable's update needs, found once; the identity
+caches apart in ``PlanCache``), ``step_counter.py`` (the host step count). New values reach
+the variables through their storage API (``ResourceVariable._adopt`` and friends in
+``variables/variable.py``), never by writing ``_array``.
 """
 
 from __future__ import annotations
