@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from towerdist._src import backend, context
+from towerdist._src.array_ops import as_array
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.variables.variable import Variable
 
@@ -104,8 +105,6 @@ def _as_array(value: Any) -> Any:
         return value.value()
     if backend.is_array(value):
         return value
-    from towerdist._src.array_ops import as_array  # noqa: PLC0415  (array_ops imports variables)
-
     return as_array(value)
 
 

@@ -23,34 +23,53 @@ step counter ``iterations`` is a non-slot variable created under
 
 Subclasses name their slots (``_slot_names``) and implement ``_compute`` (the rule on
 arrays); see ``sgd.py`` and ``adam.py``.
+
+The parts, one concept each: ``gradient_checks.py`` (the checks on the pairs, before any
+update), ``update_plan.py`` (what one variable's update needs, found once; the identity
+caches apart in ``PlanCache``), ``step_counter.py`` (the host step count). New values reach
+the variables through their storage API (``ResourceVariable._adopt`` and friends in
+``variables/variable.py``), never by writing ``_array``.
 """
 
 from __future__ import annotations
 
 import numbers
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 from towerdist._src import backend, context, parallel
-from towerdist._src.errors import InvalidArgumentError, ValidationError
+from towerdist._src.errors import ValidationError
+from towerdist._src.failures import name_api, unworded, worded_at
+from towerdist._src.optimizers.gradient_checks import (
+    NOTHING_TO_SUM,
+    check_gradient,
+    check_pairs,
+    columns_of,
+    gradient_columns,
+    to_sum,
+    variable_ref,
+)
+from towerdist._src.optimizers.step_counter import HostStep
+from towerdist._src.optimizers.update_plan import (
+    ONE_BUFFER,
+    SEPARATE,
+    Group,
+    PlanCache,
+    VariablePlan,
+    components,
+    publish,
+)
 from towerdist._src.reduce_op import ReduceOp
-from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.variable_enums import VariableAggregation
 from towerdist._src.variables import creation
-from towerdist._src.variables.aggregating_variable import AggregatingVariable
-from towerdist._src.variables.distributed_variable import DistributedVariable
 from towerdist._src.variables.update_buffers import UpdateBuffers
 from towerdist._src.variables.variable import ResourceVariable, Variable, VariableRef
 
 __all__ = ["Optimizer"]
 
 LearningRate = float | Callable[[int], Any]
-# One group of a variable's components that share their buffers: the components, their
-# gradients, their slots' components by slot name, the rule's coefficients, the buffers.
-_Group = tuple[list[ResourceVariable], list[Any], dict[str, list[ResourceVariable]], dict[str, Any], UpdateBuffers]
 
 
 class Optimizer:
@@ -77,19 +96,10 @@ class Optimizer:
         self._slots: dict[VariableRef, dict[str, Variable]] = {}
         # Checkpointed slot values restored before their slot existed: (variable ref, slot name) -> array.
         self._deferred_slots: dict[tuple[VariableRef, str], Any] = {}
-        # The step count on the host, and the array it was last written as: a write to
-        # ``iterations`` by anyone else (assign, checkpoint restore) replaces that array.
-        self._host_step = 0
-        self._step_array: Any = None
-        # Per variable (by id; the plan keeps the variable alive): its components, its slots'
-        # components and the reusable buffers of its update; the buffers of its gradient sum.
-        self._plans: dict[int, _Plan] = {}
-        self._sum_buffers: dict[int, UpdateBuffers] = {}
-        self._coefficient_cache: dict[tuple[float, np.dtype[Any]], dict[str, Any]] = {}
-        # The variables of the last apply_gradients call, and its pairs when they took the short way.
-        self._last_variables: tuple[Variable, ...] = ()
-        self._last_pairs_checked: Any = None
-        self._last_plans: list[_Plan] | None = None
+        # The step count on the host (a write to ``iterations`` by anyone else is noticed).
+        self._host_step = HostStep()
+        # Per variable: its update plan (update_plan.py); the previous call's variables and plans.
+        self._cache = PlanCache()
         self._api = f"{type(self).__name__}.apply_gradients()"
 
     # --- properties ----------------------------------------------------------------------
@@ -117,7 +127,7 @@ class Optimizer:
 
         Assign a float or a schedule to change it.
         """
-        return self._current_learning_rate(self._step())
+        return self._current_learning_rate(self._host_step.read(self._iterations))
 
     @learning_rate.setter
     def learning_rate(self, value: LearningRate) -> None:
@@ -141,7 +151,8 @@ class Optimizer:
         Raises:
           KeyError: ``var`` has no such slot (not optimized yet, or an unknown name).
         """
-        slots = self._slots.get(_ref(var, "get_slot()"))
+        with worded_at(f"{type(self).__name__}.get_slot()"):
+            slots = self._slots.get(variable_ref(var))
         if slots is None or slot_name not in slots:
             known = ", ".join(repr(n) for n in self._slot_names) or "none"
             state = "has not been optimized yet" if slots is None else "has no such slot"
@@ -167,15 +178,18 @@ class Optimizer:
 
         Call it outside ``strategy.run`` (cross-replica context or no strategy).
         """
+        api = f"{type(self).__name__}.build()"
         variables = list(var_list)
-        for var in variables:
-            _ref(var, "build()")
-        strategy = self._bind(variables, "build()")
-        context.require_cross_replica_or_default(strategy, f"{type(self).__name__}.build()")
+        with worded_at(api):
+            for var in variables:
+                variable_ref(var)
+            strategy = self._bind(variables, api)
+        context.require_cross_replica_or_default(strategy, api)
         self._build(strategy, variables)
 
     def _build(self, strategy: Any, variables: Sequence[Variable]) -> None:
-        if self._iterations is not None and all(id(var) in self._plans for var in variables):
+        plans = self._cache.plans
+        if self._iterations is not None and all(id(var) in plans for var in variables):
             return  # every variable has its slots (and an update plan) already
         with strategy.scope():
             if self._iterations is None:
@@ -184,8 +198,8 @@ class Optimizer:
                 ref = var.ref()
                 if ref not in self._slots:
                     self._slots[ref] = {name: self._create_slot(strategy, var, name) for name in self._slot_names}
-                if id(var) not in self._plans:
-                    self._plans[id(var)] = _Plan(var, self._slots[ref])
+                if id(var) not in plans:
+                    plans[id(var)] = VariablePlan(var, self._slots[ref])
 
     def _create_iterations(self, strategy: Any, variables: Sequence[Variable]) -> None:
         with strategy.scope():
@@ -254,15 +268,23 @@ class Optimizer:
         """
         del name
         api = self._api
-        pairs = self._checked_pairs(grads_and_vars)
-        strategy = self._strategy if pairs is self._last_pairs_checked else None
-        if strategy is None or (context.has_strategy() and context.get_strategy() is not strategy):
-            strategy = self._bind([var for _, var in pairs], "apply_gradients()")
+        try:
+            pairs = self._checked_pairs(grads_and_vars)
+            strategy = self._strategy if pairs is self._cache.last_pairs_checked else None
+            if strategy is None or (context.has_strategy() and context.get_strategy() is not strategy):
+                strategy = self._bind([var for _, var in pairs], api)
+        except BaseException as error:  # (free until raised: this is every training step's path)
+            name_api(error, api)
+            raise
         replica_context = context.replica_context_in_run()
         if replica_context is not None:
             # Every replica brings its pairs; one function applies them all (no regrouping).
             def settle(merge_strategy: Any, per_replica: list[list[tuple[Any, Variable]]]) -> list[Any]:
-                columns = _gradient_columns(per_replica, type(self).__name__)
+                try:
+                    columns = gradient_columns(per_replica)
+                except BaseException as error:
+                    name_api(error, api)
+                    raise
                 deferred = _replica_gpus(merge_strategy, len(per_replica))
                 self._apply(merge_strategy, per_replica[0], columns, experimental_aggregate_gradients, True, deferred)
                 if deferred is None:
@@ -277,7 +299,7 @@ class Optimizer:
             return self._iterations
         context.require_cross_replica_or_default(strategy, api)
         with strategy.scope():
-            columns = [_columns_of(grad) for grad, _ in pairs]
+            columns = [columns_of(grad) for grad, _ in pairs]
             self._apply(strategy, pairs, columns, experimental_aggregate_gradients, False)
         assert self._iterations is not None
         return self._iterations
@@ -289,22 +311,23 @@ class Optimizer:
         in order, every check on them passed before (they are variables, of one strategy,
         none twice): only the gradients are new, and ``_apply`` checks those.
         """
+        cache = self._cache
         try:
             pairs = grads_and_vars if type(grads_and_vars) is list else list(grads_and_vars)
         except TypeError:
-            pairs = grads_and_vars  # type: ignore[assignment]  # not iterable: _check_pairs says so
-            return _check_pairs(pairs, type(self).__name__)
-        last = self._last_variables
+            pairs = grads_and_vars  # type: ignore[assignment]  # not iterable: check_pairs says so
+            return check_pairs(pairs, self._api)
+        last = cache.last_variables
         if pairs and len(pairs) == len(last):
             for pair, var in zip(pairs, last):
                 if not (type(pair) is tuple and len(pair) == 2 and pair[1] is var and type(pair[0]) is np.ndarray):
                     break
             else:
-                self._last_pairs_checked = pairs
+                cache.last_pairs_checked = pairs
                 return pairs
-        checked = _check_pairs(pairs, type(self).__name__)
-        self._last_variables = tuple(var for _, var in checked)
-        self._last_pairs_checked = None
+        checked = check_pairs(pairs, self._api)
+        cache.last_variables = tuple(var for _, var in checked)
+        cache.last_pairs_checked = None
         return checked
 
     def _apply(
@@ -314,7 +337,7 @@ class Optimizer:
         columns: list[list[Any]],
         aggregate: bool,
         from_replicas: bool,
-        deferred: dict[int, list[_Group]] | None = None,
+        deferred: dict[int, list[Group]] | None = None,
     ) -> None:
         """Cross-replica half of ``apply_gradients``: sum, update each variable, count the step.
 
@@ -323,21 +346,21 @@ class Optimizer:
         replicas, each GPU one replica's), the updates of the copies on those GPUs are not
         applied here but collected there, for each replica to apply on its own thread.
         """
-        optimizer = type(self).__name__
+        api = self._api
         variables = [var for _, var in pairs]
-        known = self._plans_of(variables)
+        known = self._cache.plans_of(variables) if self._iterations is not None else None
         for k, var in enumerate(variables):
-            current = (known[k].components if known is not None else _components(var))[0]._array
+            current = (known[k].components if known is not None else components(var))[0]._array
             column = columns[k]
             if len(column) == 1:
                 grad = column[0]
                 if type(grad) is np.ndarray and grad.shape == current.shape and grad.dtype == current.dtype:
                     continue  # the common case, checked inline
-            _check_gradient(column, var, current, optimizer, from_replicas)
+            check_gradient(column, var, current, api, from_replicas)
         plans = known if known is not None else self._build_plans(strategy, variables)
         workers = strategy.extended._num_workers
-        to_sum = self._to_sum(columns, variables, from_replicas, workers) if aggregate else _NOTHING_TO_SUM
-        step = self._step()
+        summed = to_sum(columns, variables, from_replicas, workers, api) if aggregate else NOTHING_TO_SUM
+        step = self._host_step.read(self._iterations)
         learning_rate = self._learning_rate if type(self._learning_rate) is float else self._current_learning_rate(step)
         coefficients_by_dtype: dict[np.dtype[Any], dict[str, Any]] = {}
         coefficients = []
@@ -350,45 +373,18 @@ class Optimizer:
         # Several workers: one share, so that every worker issues its collectives in one order.
         shares = self._shares(plans) if workers == 1 else [list(range(len(plans)))]
         if len(shares) == 1:
-            self._sum_and_update(strategy, shares[0], columns, to_sum, plans, coefficients, deferred)
+            self._sum_and_update(strategy, shares[0], columns, summed, plans, coefficients, deferred)
         else:
 
             def run_share(part: int) -> None:
                 with parallel.no_helpers():  # a share runs on one thread
-                    self._sum_and_update(strategy, shares[part], columns, to_sum, plans, coefficients)
+                    self._sum_and_update(strategy, shares[part], columns, summed, plans, coefficients)
 
             parallel.run_parts(run_share, len(shares))
-        self._advance_step(step + 1)
+        assert self._iterations is not None
+        self._host_step.advance(self._iterations, step + 1)
 
-    def _to_sum(
-        self, columns: list[list[Any]], variables: list[Variable], from_replicas: bool, workers: int = 1
-    ) -> list[bool]:
-        """Which gradients are given per replica and must be summed (checked before any update).
-
-        With several workers (MultiWorkerMirroredStrategy) every gradient is summed across them.
-        """
-        replicas = len(columns[0]) if columns else 1
-        if replicas == 1:  # several workers: a replica's own gradient; in cross-replica context, applied as given
-            return [True] * len(columns) if workers > 1 and from_replicas else _NOTHING_TO_SUM
-        to_sum = [False] * len(columns)
-        for k, column in enumerate(columns):
-            if len(column) > 1:
-                if from_replicas:
-                    first = column[0]
-                    for grad in column:
-                        if grad is not first:
-                            break
-                    else:
-                        raise ValueError(
-                            f"{type(self).__name__}.apply_gradients(): the gradient of {variables[k].name} is the "
-                            f"same object in all {replicas} replicas, so summing it across replicas would count it "
-                            f"{replicas} times. Compute gradients per replica, or pass "
-                            f"experimental_aggregate_gradients=False if they are already summed."
-                        )
-                to_sum[k] = True
-        return [True] * len(columns) if workers > 1 else to_sum
-
-    def _shares(self, plans: list[_Plan]) -> list[list[int]]:
+    def _shares(self, plans: list[VariablePlan]) -> list[list[int]]:
         """The variables (indices) each thread sums and updates: one share unless splitting pays.
 
         Inside a ``merge_fn`` the replicas parked at the barrier can take shares; the work
@@ -419,21 +415,19 @@ class Optimizer:
         indices: list[int],
         columns: list[list[Any]],
         to_sum: list[bool],
-        plans: list[_Plan],
+        plans: list[VariablePlan],
         coefficients: list[dict[str, Any]],
-        deferred: dict[int, list[_Group]] | None = None,
+        deferred: dict[int, list[Group]] | None = None,
     ) -> None:
         """Sums the gradients of the variables ``indices`` (one collective call), then updates them.
 
         The updates of copies on a GPU of ``deferred`` are collected there instead (see ``_apply``).
         """
-        summing = [k for k in indices if to_sum[k]] if to_sum is not _NOTHING_TO_SUM else []
+        summing = [k for k in indices if to_sum[k]] if to_sum is not NOTHING_TO_SUM else []
         summed: dict[int, list[Any]] = {}
         if summing:
-            out = [self._sum_buffers_for(plans[k]).scratch("sum", columns[k][0]) for k in summing]
-            reduced = strategy.extended._all_reduce(
-                ReduceOp.SUM, [columns[k] for k in summing], None, out, f"{type(self).__name__}.apply_gradients()"
-            )
+            out = [plans[k].sum_buffers.scratch("sum", columns[k][0]) for k in summing]
+            reduced = strategy.extended._all_reduce(ReduceOp.SUM, [columns[k] for k in summing], None, out, self._api)
             summed = dict(zip(summing, reduced))
         for k in indices:
             plan = plans[k]
@@ -441,10 +435,13 @@ class Optimizer:
             equal = column is not None or len(columns[k]) == 1
             if column is None:
                 column = columns[k]
-            if equal and plan.shared():  # the common case: one buffer for every copy of the variable and slots
+            sharing = plan.sharing() if equal else SEPARATE
+            if sharing is not SEPARATE:  # the common case: one buffer for every copy of the variable and slots
+                if sharing is ONE_BUFFER:
+                    plan.unify()  # one array object from now on: the next step's check is an identity check
                 self._update_group(plan.component_list, column, plan.slot_lists, coefficients[k], plan.buffers(0))
             else:
-                for group in self._groups(plan, column, equal, coefficients[k]):
+                for group in plan.groups(column, equal, coefficients[k]):
                     device = group[0][0]._device
                     own = None if deferred is None or device.device_type != "GPU" else deferred.get(device.device_index)
                     if own is None:
@@ -452,85 +449,34 @@ class Optimizer:
                     else:
                         own.append(group)
 
-    def _plans_of(self, variables: list[Variable]) -> list[_Plan] | None:
-        """The update plans of ``variables`` if every one exists (None: build them first)."""
-        if self._last_plans is not None and len(variables) == len(self._last_plans):
-            for var, plan in zip(variables, self._last_plans):
-                if plan.variable is not var:
-                    break
-            else:
-                return self._last_plans
-        plans = self._plans
-        found = [plans.get(id(var)) for var in variables]
-        if any(plan is None for plan in found) or self._iterations is None:
-            return None
-        self._last_plans = found  # type: ignore[assignment]
-        return self._last_plans
-
-    def _build_plans(self, strategy: Any, variables: list[Variable]) -> list[_Plan]:
+    def _build_plans(self, strategy: Any, variables: list[Variable]) -> list[VariablePlan]:
         self._build(strategy, variables)
-        self._last_plans = [self._plans[id(var)] for var in variables]
-        return self._last_plans
+        return self._cache.remember_plans(variables)
 
     def _coefficients_for(self, learning_rate: float, step: int, dtype: np.dtype[Any]) -> dict[str, Any]:
         """``_coefficients``, computed once per value when the rule does not depend on the step."""
         if self._coefficients_depend_on_step:
             return self._coefficients(learning_rate, step, dtype)
-        key = (learning_rate, dtype)
-        coefficients = self._coefficient_cache.get(key)
+        coefficients = self._cache.coefficients_of(learning_rate, dtype)
         if coefficients is None:
-            if len(self._coefficient_cache) > 64:  # a schedule: keep the cache small
-                self._coefficient_cache.clear()
-            coefficients = self._coefficient_cache[key] = self._coefficients(learning_rate, step, dtype)
-        return coefficients
-
-    def _sum_buffers_for(self, plan: _Plan) -> UpdateBuffers:
-        buffers = self._sum_buffers.get(id(plan))
-        if buffers is None:
-            buffers = self._sum_buffers[id(plan)] = UpdateBuffers()
-        return buffers
-
-    def _groups(self, plan: _Plan, grads: list[Any], equal: bool, coefficients: dict[str, Any]) -> list[_Group]:
-        """The components of ``var`` grouped by the buffers they share, each with its work.
-
-        Components on logical CPUs hold one buffer (and so do their slots): the rule runs
-        once for the group. A component written on its own (a replica-local write) forms
-        its own group, as every device component does. ``equal`` says the gradients are
-        equal on every component (an all-reduce's result, or one value for all).
-        """
-        components, slots = plan.components, plan.slots
-        groups: dict[tuple[Any, ...], int] = {}
-        work: list[_Group] = []
-        for j, component in enumerate(components):
-            grad = grads[j] if len(grads) == len(components) else grads[0]
-            key: tuple[Any, ...] = (_data_key(component._array), *(_data_key(s[j]._array) for s in slots.values()))
-            if not equal:
-                key += (_data_key(grad),)
-            index = groups.get(key)
-            if index is not None:
-                work[index][0].append(component)
-                for name, members in work[index][2].items():
-                    members.append(slots[name][j])
-                continue
-            groups[key] = len(work)
-            work.append(
-                ([component], [grad], {name: [s[j]] for name, s in slots.items()}, coefficients, plan.buffers(j))
+            coefficients = self._cache.keep_coefficients(
+                learning_rate, dtype, self._coefficients(learning_rate, step, dtype)
             )
-        return work
+        return coefficients
 
     def _update_group(
         self,
-        components: list[ResourceVariable],
+        members: list[ResourceVariable],
         grads: list[Any],
         slots: dict[str, list[ResourceVariable]],
         coefficients: dict[str, Any],
         buffers: UpdateBuffers,
     ) -> None:
         """Applies the rule once and publishes the new values to every component of the group."""
-        first = components[0]
+        first = members[0]
         impl = first._impl
         old_value = first._array
-        old_slots = {name: members[0]._array for name, members in slots.items()} if slots else _NO_SLOTS
+        old_slots = {name: slot[0]._array for name, slot in slots.items()} if slots else _NO_SLOTS
         grad = grads[0]
         if impl is _HOST and type(grad) is np.ndarray:
             if grad.dtype != old_value.dtype:
@@ -542,47 +488,12 @@ class Optimizer:
                 if grad.dtype != old_value.dtype:
                     grad = grad.astype(old_value.dtype)
                 new_value, new_slots = self._compute(impl.xp, old_value, grad, old_slots, coefficients, buffers)
-        _publish(components, new_value)
+        publish(members, new_value)
         buffers.retire("var", old_value)
         if new_slots:
             for name, array in new_slots.items():
-                _publish(slots[name], array)
+                publish(slots[name], array)
                 buffers.retire(name, old_slots[name])
-
-    # --- the step counter -----------------------------------------------------------------
-
-    def _step(self) -> int:
-        """The number of steps applied so far, without reading a device.
-
-        The host count is trusted while ``iterations`` still holds the array this optimizer
-        wrote last; after any other write (``assign``, a checkpoint restore) it is read once.
-        """
-        iterations = self._iterations
-        if iterations is None:
-            return 0
-        if self._step_array is None or _components(iterations)[0]._array is not self._step_array:
-            self._host_step = int(np.asarray(backend.host().to_device(iterations.numpy(), None)))
-            self._step_array = None
-        return self._host_step
-
-    def _advance_step(self, step: int) -> None:
-        """Sets ``iterations`` to ``step`` on every device it lives on (no read-back)."""
-        iterations = self._iterations
-        assert iterations is not None
-        components = _components(iterations)
-        host: Any = None
-        for component in components:
-            if component._impl is _HOST:  # host copies share one read-only array
-                if host is None:
-                    host = np.array(step, np.int64)
-                    host.flags.writeable = False
-                array = host
-            else:
-                array = component._impl.freeze(component._impl.asarray(np.int64(step), device=component._device))
-            with component._write_lock:
-                component._array = array
-        self._host_step = step
-        self._step_array = components[0]._array
 
     # --- the update rule (subclasses) -----------------------------------------------------
 
@@ -619,20 +530,24 @@ class Optimizer:
     # --- helpers -------------------------------------------------------------------------
 
     def _bind(self, variables: Sequence[Variable], api: str) -> Any:
-        """The strategy the variables belong to; the optimizer keeps to one strategy."""
+        """The strategy the variables belong to; the optimizer keeps to one strategy.
+
+        ``api`` names the public method in the errors that put a colon after it; the
+        caller words the others (:func:`~towerdist._src.failures.unworded`).
+        """
         strategies = {id(_strategy_of(v)): _strategy_of(v) for v in variables}
         if len(strategies) > 1:
             names = ", ".join(f"{v.name} ({_strategy_of(v)!r})" for v in variables)
             raise ValueError(
-                f"{type(self).__name__}.{api}: the variables belong to different strategies: {names}. An "
+                f"{api}: the variables belong to different strategies: {names}. An "
                 f"optimizer updates the variables of one strategy; create them all in one strategy's scope."
             )
         strategy = next(iter(strategies.values())) if strategies else context.get_strategy()
         if variables and strategy is context.default_strategy():
-            self._check_not_created_outside_scope(variables, api)
+            self._check_not_created_outside_scope(variables)
         if self._strategy is None and self._iterations is not None and _strategy_of(self._iterations) is not strategy:
             raise ValueError(
-                f"{type(self).__name__}.{api}: the optimizer's step counter was created under "
+                f"{api}: the optimizer's step counter was created under "
                 f"{_strategy_of(self._iterations)!r}, but the variables belong to {strategy!r}. Create the optimizer "
                 f"in the same strategy scope as the variables."
             )
@@ -640,18 +555,19 @@ class Optimizer:
             self._strategy = strategy
         elif strategy is not self._strategy:
             raise ValueError(
-                f"{type(self).__name__}.{api}: this optimizer already optimizes variables of {self._strategy!r}; "
+                f"{api}: this optimizer already optimizes variables of {self._strategy!r}; "
                 f"got variables of {strategy!r}. Use one optimizer per strategy."
             )
         if context.has_strategy() and context.get_strategy() is not strategy:
-            raise context.wrong_strategy_scope(strategy, f"{type(self).__name__}.{api}")
+            raise context.wrong_strategy_scope(strategy, api)
         return strategy
 
-    def _check_not_created_outside_scope(self, variables: Sequence[Variable], api: str) -> None:
+    def _check_not_created_outside_scope(self, variables: Sequence[Variable]) -> None:
         """Raises if plain variables (of no strategy) are used where a strategy is in force.
 
         A variable created outside ``strategy.scope()`` has one copy, which no replica owns;
-        the error names the variables rather than the optimizer, which is not at fault.
+        the error names the variables rather than the optimizer, which is not at fault
+        (unworded: the public method puts its name in front).
         """
         default = context.default_strategy()
         if context.has_strategy():
@@ -664,11 +580,13 @@ class Optimizer:
             return  # no strategy anywhere: plain variables are right
         listed = ", ".join(f"{_base_name(v)!r} (shape {tuple(v.shape)})" for v in variables)
         plural = len(variables) > 1
-        raise ValidationError(
-            f"{type(self).__name__}.{api} got {'variables' if plural else 'a variable'} created outside "
-            f"strategy.scope(): {listed} {'are plain variables' if plural else 'is a plain variable'} of no "
-            f"strategy, but the optimizer {where}. Create {'them' if plural else 'it'} inside "
-            f"`with strategy.scope():` so that every replica has a copy to update."
+        raise unworded(
+            ValidationError(
+                f"got {'variables' if plural else 'a variable'} created outside strategy.scope(): {listed} "
+                f"{'are plain variables' if plural else 'is a plain variable'} of no strategy, but the optimizer "
+                f"{where}. Create {'them' if plural else 'it'} inside `with strategy.scope():` so that every "
+                f"replica has a copy to update."
+            )
         )
 
     def _current_learning_rate(self, step: int) -> float:
@@ -709,154 +627,8 @@ def check_unit_interval(name: str, value: Any, *, closed: bool) -> float:
     return float(value)
 
 
-def _check_pairs(grads_and_vars: Iterable[tuple[Any, Variable]], optimizer: str) -> list[tuple[Any, Variable]]:
-    api = f"{optimizer}.apply_gradients()"
-    try:
-        pairs = [tuple(pair) for pair in grads_and_vars]
-    except TypeError:
-        raise TypeError(
-            f"{api} takes an iterable of (gradient, variable) pairs, e.g. zip(grads, model.trainable_variables). "
-            f"Got {grads_and_vars!r}."
-        ) from None
-    kept: list[tuple[Any, Variable]] = []
-    skipped: list[str] = []
-    seen: set[int] = set()
-    for k, pair in enumerate(pairs):
-        if len(pair) != 2:
-            raise ValueError(f"{api}: entry {k} of grads_and_vars is not a (gradient, variable) pair. Got {pair!r}.")
-        grad, var = pair
-        if not isinstance(var, Variable):
-            _ref(var, "apply_gradients()", index=k)  # raises the TypeError naming the entry
-        if id(var) in seen:
-            raise ValueError(
-                f"{api}: variable {var.name} appears more than once in grads_and_vars; sum its gradients and pass "
-                f"it once."
-            )
-        seen.add(id(var))
-        if grad is None:
-            skipped.append(var.name)
-        elif type(grad) is np.ndarray:  # the common case
-            kept.append((grad, var))
-        else:
-            kept.append((_as_gradient(grad, var, api), var))
-    if not kept:
-        names = ", ".join(skipped) or "(no variables)"
-        raise ValueError(f"No gradients provided for any variable: {names}. {api} needs at least one gradient.")
-    if skipped:
-        warnings.warn(
-            f"Gradients do not exist for variables {skipped} when calling {api}; they are left unchanged.",
-            UserWarning,
-            stacklevel=4,
-        )
-    return kept
-
-
-def _as_gradient(grad: Any, var: Variable, api: str) -> Any:
-    """``grad`` as an array (or distributed value): lists and numbers become one array, so
-    that ``merge_call`` treats them as one value per replica, not as nested structures."""
-    if isinstance(grad, (Variable, DistributedValues)) or backend.is_array(grad):
-        return grad
-    array = np.asarray(grad)
-    if array.dtype.kind not in "biufc":
-        raise TypeError(
-            f"{api}: the gradient of {var.name} must be an array of numbers. Got {grad!r} of type "
-            f"{type(grad).__name__}."
-        )
-    return array
-
-
 _HOST = backend.host()
-_NOTHING_TO_SUM: list[bool] = []
 _NO_SLOTS: dict[str, Any] = {}
-
-
-def _columns_of(grad: Any) -> list[Any]:
-    """A gradient given in cross-replica context as a column: a ``PerReplica``'s components,
-    else the one value (it stands for every replica)."""
-    if isinstance(grad, PerReplica):
-        return list(grad._values)
-    return [grad]
-
-
-def _gradient_columns(per_replica: list[list[tuple[Any, Variable]]], optimizer: str) -> list[list[Any]]:
-    """Each variable's gradients from every replica, after checking the replicas agree on the variables."""
-    first = per_replica[0]
-    if len(per_replica) == 1:
-        return [[grad] for grad, _ in first]
-    for replica, pairs in enumerate(per_replica[1:], start=1):
-        same = len(pairs) == len(first)
-        if same:
-            for (_, var), (_, var0) in zip(pairs, first):
-                if var is not var0:
-                    same = False
-                    break
-        if not same:
-            mine = ", ".join(var.name for _, var in first)
-            theirs = ", ".join(var.name for _, var in pairs)
-            raise ValueError(
-                f"{optimizer}.apply_gradients() was called by the replicas with different variables: replica 0 "
-                f"passed [{mine}] and replica {replica} passed [{theirs}]. Every replica must apply gradients to "
-                f"the same variables, in the same order."
-            )
-    return [list(column) for column in zip(*[[grad for grad, _ in pairs] for pairs in per_replica])]
-
-
-_CONVERTS: dict[tuple[np.dtype[Any], np.dtype[Any]], bool] = {}
-
-
-def _check_gradient(column: list[Any], var: Variable, current: Any, optimizer: str, from_replicas: bool) -> None:
-    """Checks each replica's gradient of ``var``: the variable's shape, a dtype that converts.
-
-    A gradient converts when numpy's ``same_kind`` rule allows it (an int or float64
-    gradient of a float32 variable); a complex gradient of a real variable (its imaginary
-    part would be dropped) and non-numeric (object, string) gradients are refused.
-    """
-    var_shape = current.shape  # the variable's current value (``current``) says its shape and dtype
-    var_dtype = current.dtype
-    for part in column:  # the common case: arrays of the variable's shape and dtype
-        if type(part) is not np.ndarray or part.shape != var_shape or part.dtype != var_dtype:
-            break
-    else:
-        return
-    for replica, part in enumerate(column):
-        if isinstance(part, Variable):
-            part = part.value()
-        shape = part.shape if type(part) is np.ndarray else tuple(np.shape(part))
-        if shape != var_shape:
-            where = f" from replica {replica}" if from_replicas or len(column) > 1 else ""
-            raise ValueError(
-                f"{optimizer}.apply_gradients(): the gradient of {var.name}{where} has shape {tuple(shape)}, but the "
-                f"variable has shape {tuple(var_shape)}. Pass a gradient of the variable's shape."
-            )
-        dtype = (
-            part.dtype if type(part) is np.ndarray else np.dtype(getattr(part, "dtype", None) or np.asarray(part).dtype)
-        )
-        key = (dtype, var_dtype)
-        converts = _CONVERTS.get(key)
-        if converts is None:
-            converts = _CONVERTS[key] = dtype.kind in "biufc" and bool(np.can_cast(dtype, var_dtype, "same_kind"))
-        if not converts:
-            where = f" from replica {replica}" if from_replicas or len(column) > 1 else ""
-            if dtype.kind == "c":
-                why = "its imaginary part would be dropped; pass grad.real if that is what you mean"
-            elif dtype.kind not in "biuf":
-                why = "it is not an array of numbers; compute the gradient as a numeric array"
-            else:
-                why = f"it does not convert without losing information; cast it with td.cast(grad, {var_dtype.name})"
-            raise InvalidArgumentError(
-                f"{optimizer}.apply_gradients(): the gradient of {var.name}{where} has dtype {dtype}, but the "
-                f"variable has dtype {var_dtype}: {why}."
-            )
-
-
-def _ref(var: Any, api: str, index: int | None = None) -> VariableRef:
-    if not isinstance(var, Variable):
-        where = f" at entry {index}" if index is not None else ""
-        raise TypeError(
-            f"Optimizer.{api} needs td.Variable objects{where}; got {var!r} of type {type(var).__name__}. Create "
-            f"model parameters with td.Variable(...)."
-        )
-    return var.ref()
 
 
 def _strategy_of(var: Variable) -> Any:
@@ -883,7 +655,7 @@ def _replica_devices(strategy: Any) -> tuple[Any, ...]:
     return devices
 
 
-def _replica_gpus(strategy: Any, replicas: int) -> dict[int, list[_Group]] | None:
+def _replica_gpus(strategy: Any, replicas: int) -> dict[int, list[Group]] | None:
     """An empty list of updates for each replica's GPU, when every replica has a GPU of its own.
 
     Then each replica updates the copies of the variables on its GPU itself, on its own
@@ -901,81 +673,8 @@ def _replica_gpus(strategy: Any, replicas: int) -> dict[int, list[_Group]] | Non
     return {index: [] for index in indices}
 
 
-def _components(var: Any) -> tuple[ResourceVariable, ...]:
-    """The single-device variables ``var`` is made of (itself for a plain variable)."""
-    if isinstance(var, DistributedVariable):
-        return var._components
-    if isinstance(var, AggregatingVariable):
-        return (var.get(),)
-    return (var,)
-
-
-def _publish(components: list[ResourceVariable], array: Any) -> None:
-    """Makes ``array`` (freshly computed, right shape and dtype) the value of every component.
-
-    Host components of one group share the one read-only array (reads hand out views of
-    it); a device component adopts its own array.
-    """
-    if type(array) is np.ndarray:
-        array.flags.writeable = False
-        for component in components:
-            with component._write_lock:
-                component._array = array
-        return
-    for component in components:
-        with component._write_lock:
-            component._store(array)
-
-
 # Below this many bytes of memory traffic (parameter bytes x the rule's ``_cost_per_byte``),
 # summing and updating on one thread is cheaper than waking a parked replica thread for a
 # share. Measured with SGD on 2 replicas, 2-core VM: 1 MiB of parameters 0.81 ms serial vs
 # 0.87 ms split; 4 MiB 1.73 vs 1.26 ms; 16 MiB 6.8 vs 4.6 ms; 64 MiB 72 vs 29 ms.
 _PARALLEL_MIN_BYTES = 6 << 20
-
-
-class _Plan:
-    """What the update of one variable needs every step, found once."""
-
-    __slots__ = ("_all", "_buffers", "component_list", "components", "slot_lists", "slots", "variable")
-
-    def __init__(self, variable: Variable, slots: dict[str, Variable]) -> None:
-        self.variable = variable  # keeps the id the plan is filed under in use
-        self.components = _components(variable)
-        self.slots = {name: _components(slot) for name, slot in slots.items()}
-        self.component_list = list(self.components)
-        self.slot_lists = {name: list(members) for name, members in self.slots.items()}
-        self._all = [self.components, *self.slots.values()]
-        self._buffers: dict[int, UpdateBuffers] = {}
-
-    def shared(self) -> bool:
-        """True if every component (of the variable, and of each slot) holds one array.
-
-        Copies made by variable creation or by a write hold views of one buffer: they are
-        made to hold the very same array, so the check is an identity check from then on.
-        """
-        for members in self._all:
-            first = members[0]._array
-            for component in members:
-                array = component._array
-                if array is not first:
-                    if _data_key(array) != _data_key(first):
-                        return False
-                    with component._write_lock:
-                        if component._array is array:  # (unless a write swapped it meanwhile)
-                            component._array = first
-        return True
-
-    def buffers(self, group: int) -> UpdateBuffers:
-        """The reusable buffers of the group led by component ``group``."""
-        buffers = self._buffers.get(group)
-        if buffers is None:
-            buffers = self._buffers[group] = UpdateBuffers()
-        return buffers
-
-
-def _data_key(array: Any) -> Any:
-    """Equal keys mean the same memory viewed the same way (host arrays); else the object."""
-    if type(array) is np.ndarray:
-        return (array.__array_interface__["data"][0], array.shape, array.strides, array.dtype.str)
-    return id(array)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from towerdist._src import backend, context, nest
+from towerdist._src.array_ops import constant, from_python
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.operators import ArrayOperators, binary
@@ -42,7 +43,7 @@ from towerdist._src.variables.update_buffers import UpdateBuffers
 if TYPE_CHECKING:
     from towerdist._src.strategies.strategy import Strategy
 
-__all__ = ["ResourceVariable", "UnreadVariable", "Variable", "VariableRef", "to_array"]
+__all__ = ["ResourceVariable", "UnreadVariable", "Variable", "VariableRef", "adopt_shared", "to_array"]
 
 # The write operations every variable supports, by method name.
 ASSIGN = "assign"
@@ -56,7 +57,7 @@ class _VariableMeta(type):
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is Variable:
             # creation.py builds on this module, so it can only be imported here.
-            from towerdist._src.variables.creation import create_variable  # noqa: PLC0415
+            from towerdist._src.variables.creation import create_variable  # noqa: PLC0415  (creation imports this module)
 
             return create_variable(*args, **kwargs)
         return super().__call__(*args, **kwargs)
@@ -462,6 +463,46 @@ class ResourceVariable(Variable):
                 self._buffers = UpdateBuffers()
             self._buffers.retire("value", old if old.base is None else old.base)
 
+    # --- the storage API (for the optimizer's fused update) --------------------------------
+    #
+    # ``_array`` is the stored value: read it freely (no lock; a write swaps it whole), never
+    # assign it or write into it from outside this class. Writes that bypass ``_write``
+    # (a value computed elsewhere for this variable) go through the three methods below,
+    # each under this variable's write lock, so they serialise with ``assign`` and friends
+    # (and :func:`adopt_shared`, below the class, for one array shared by several).
+
+    def _adopt(self, array: Any) -> None:
+        """Makes ``array`` the value as it is: no copy, no move, no freeze.
+
+        ``array`` must already be what a write would store: read-only (host), on this
+        variable's device, of its dtype and an allowed shape, and never written again.
+        (:func:`adopt_shared` does this for several variables that share one array.)
+        """
+        with self._write_lock:
+            self._array = array
+
+    def _adopt_moved(self, array: Any) -> None:
+        """Adopts ``array`` (private to this variable), moved to this device first and frozen.
+
+        For a value computed on another device (a GPU component of a group updated once);
+        the previous host buffer is kept for reuse, as a write does.
+        """
+        with self._write_lock:
+            self._store(array)
+
+    def _share(self, array: Any, replacing: Any) -> bool:
+        """Holds ``array`` instead of ``replacing``, which views the same memory the same way.
+
+        The caller has checked that the two arrays are views of one buffer (so the value does
+        not change); this makes the components of one group hold the very same object. Does
+        nothing (and returns False) if a write swapped the value since ``replacing`` was read.
+        """
+        with self._write_lock:
+            if self._array is not replacing:
+                return False
+            self._array = array
+            return True
+
     def _drop_spare(self) -> None:
         """Forgets the reusable buffer (another component of the same group keeps it)."""
         self._buffers = None
@@ -570,6 +611,19 @@ class UnreadVariable(Variable):
         return format_variable(self.name, self._target._array)
 
 
+def adopt_shared(variables: Sequence[ResourceVariable], array: Any) -> None:
+    """Makes one ``array`` the value of every variable in ``variables``, as :meth:`ResourceVariable._adopt` does.
+
+    For the host components of one group (copies of a variable on logical CPUs): they hold
+    the very same read-only array, so they keep sharing one buffer, and the next step's
+    check that they do is an identity check. One call for the group (this is every
+    training step's path), each variable written under its own write lock.
+    """
+    for variable in variables:
+        with variable._write_lock:
+            variable._array = array
+
+
 def read_unread(result: Any) -> Any:
     """``result`` with each :class:`UnreadVariable` leaf read into an array (a snapshot)."""
     if type(result) is UnreadVariable:
@@ -620,8 +674,6 @@ def to_array(value: Any, dtype: Any, what: str) -> Any:
                 f"without losing information; cast it explicitly with td.cast(value, {target.name})."
             )
         return value.astype(target)
-    from towerdist._src.array_ops import constant, from_python  # noqa: PLC0415  (array_ops reads variables)
-
     raw = from_python(value, what)
     if _is_string(raw.dtype) or (target is not None and _is_string(target)):
         return raw if target is None else _as_strings(raw, target, what, TypeError)

@@ -1,0 +1,224 @@
+"""The checks ``apply_gradients`` makes on its (gradient, variable) pairs before any update.
+
+Every check runs before the first variable changes, so a bad step changes nothing. The
+common case (numpy gradients of the variables' shape and dtype, the variables of the
+previous step) is checked inline by the optimizer and never reaches the slow paths here.
+
+Errors whose message reads on after the public method's name are raised
+:func:`~towerdist._src.failures.unworded` and worded by ``apply_gradients`` (or
+``build``/``get_slot``). The others name the API in a form the mechanism cannot put in
+front (``"SGD.apply_gradients(): ..."``, with a colon; the API in mid-sentence), so their
+checks take the API's name as ``api``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from towerdist._src import backend
+from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.failures import unworded
+from towerdist._src.values.distributed_values import DistributedValues, PerReplica
+from towerdist._src.variables.variable import Variable, VariableRef
+
+__all__ = ["check_gradient", "check_pairs", "columns_of", "gradient_columns", "to_sum", "variable_ref"]
+
+# ``to_sum``'s answer when no gradient is summed (compared by identity).
+NOTHING_TO_SUM: list[bool] = []
+
+
+def check_pairs(grads_and_vars: Iterable[tuple[Any, Variable]], api: str) -> list[tuple[Any, Variable]]:
+    """The pairs with a gradient, as a list; warns about the pairs without one.
+
+    Raises:
+      TypeError: not an iterable of pairs (unworded), or an entry's variable is not a
+        ``td.Variable`` (unworded).
+      ValueError: an entry is not a pair, a variable is listed twice, no gradient at all.
+    """
+    try:
+        pairs = [tuple(pair) for pair in grads_and_vars]
+    except TypeError:
+        raise unworded(
+            TypeError(
+                f"takes an iterable of (gradient, variable) pairs, e.g. zip(grads, model.trainable_variables). "
+                f"Got {grads_and_vars!r}."
+            )
+        ) from None
+    kept: list[tuple[Any, Variable]] = []
+    skipped: list[str] = []
+    seen: set[int] = set()
+    for k, pair in enumerate(pairs):
+        if len(pair) != 2:
+            raise ValueError(f"{api}: entry {k} of grads_and_vars is not a (gradient, variable) pair. Got {pair!r}.")
+        grad, var = pair
+        if not isinstance(var, Variable):
+            variable_ref(var, index=k)  # raises the TypeError naming the entry
+        if id(var) in seen:
+            raise ValueError(
+                f"{api}: variable {var.name} appears more than once in grads_and_vars; sum its gradients and pass "
+                f"it once."
+            )
+        seen.add(id(var))
+        if grad is None:
+            skipped.append(var.name)
+        elif type(grad) is np.ndarray:  # the common case
+            kept.append((grad, var))
+        else:
+            kept.append((_as_gradient(grad, var, api), var))
+    if not kept:
+        names = ", ".join(skipped) or "(no variables)"
+        raise ValueError(f"No gradients provided for any variable: {names}. {api} needs at least one gradient.")
+    if skipped:
+        warnings.warn(
+            f"Gradients do not exist for variables {skipped} when calling {api}; they are left unchanged.",
+            UserWarning,
+            stacklevel=4,
+        )
+    return kept
+
+
+def _as_gradient(grad: Any, var: Variable, api: str) -> Any:
+    """``grad`` as an array (or distributed value): lists and numbers become one array, so
+    that ``merge_call`` treats them as one value per replica, not as nested structures."""
+    if isinstance(grad, (Variable, DistributedValues)) or backend.is_array(grad):
+        return grad
+    array = np.asarray(grad)
+    if array.dtype.kind not in "biufc":
+        raise TypeError(
+            f"{api}: the gradient of {var.name} must be an array of numbers. Got {grad!r} of type "
+            f"{type(grad).__name__}."
+        )
+    return array
+
+
+def variable_ref(var: Any, index: int | None = None) -> VariableRef:
+    """``var.ref()``; raises an unworded TypeError if ``var`` is not a variable (naming entry ``index``)."""
+    if not isinstance(var, Variable):
+        where = f" at entry {index}" if index is not None else ""
+        raise unworded(
+            TypeError(
+                f"needs td.Variable objects{where}; got {var!r} of type {type(var).__name__}. Create "
+                f"model parameters with td.Variable(...)."
+            )
+        )
+    return var.ref()
+
+
+def columns_of(grad: Any) -> list[Any]:
+    """A gradient given in cross-replica context as a column: a ``PerReplica``'s components,
+    else the one value (it stands for every replica)."""
+    if isinstance(grad, PerReplica):
+        return list(grad._values)
+    return [grad]
+
+
+def gradient_columns(per_replica: list[list[tuple[Any, Variable]]]) -> list[list[Any]]:
+    """Each variable's gradients from every replica, after checking the replicas agree on the variables.
+
+    Raises:
+      ValueError: (unworded) the replicas passed different variables.
+    """
+    first = per_replica[0]
+    if len(per_replica) == 1:
+        return [[grad] for grad, _ in first]
+    for replica, pairs in enumerate(per_replica[1:], start=1):
+        same = len(pairs) == len(first)
+        if same:
+            for (_, var), (_, var0) in zip(pairs, first):
+                if var is not var0:
+                    same = False
+                    break
+        if not same:
+            mine = ", ".join(var.name for _, var in first)
+            theirs = ", ".join(var.name for _, var in pairs)
+            raise unworded(
+                ValueError(
+                    f"was called by the replicas with different variables: replica 0 passed [{mine}] and replica "
+                    f"{replica} passed [{theirs}]. Every replica must apply gradients to the same variables, in the "
+                    f"same order."
+                )
+            )
+    return [list(column) for column in zip(*[[grad for grad, _ in pairs] for pairs in per_replica])]
+
+
+def to_sum(
+    columns: list[list[Any]], variables: list[Variable], from_replicas: bool, workers: int, api: str
+) -> list[bool]:
+    """Which gradients are given per replica and must be summed (checked before any update).
+
+    With several workers (MultiWorkerMirroredStrategy) every gradient is summed across them.
+
+    Raises:
+      ValueError: in replica context, one gradient object stands for every replica.
+    """
+    replicas = len(columns[0]) if columns else 1
+    if replicas == 1:  # several workers: a replica's own gradient; in cross-replica context, applied as given
+        return [True] * len(columns) if workers > 1 and from_replicas else NOTHING_TO_SUM
+    summed = [False] * len(columns)
+    for k, column in enumerate(columns):
+        if len(column) > 1:
+            if from_replicas:
+                first = column[0]
+                for grad in column:
+                    if grad is not first:
+                        break
+                else:
+                    raise ValueError(
+                        f"{api}: the gradient of {variables[k].name} is the same object in all {replicas} replicas, "
+                        f"so summing it across replicas would count it {replicas} times. Compute gradients per "
+                        f"replica, or pass experimental_aggregate_gradients=False if they are already summed."
+                    )
+            summed[k] = True
+    return [True] * len(columns) if workers > 1 else summed
+
+
+_CONVERTS: dict[tuple[np.dtype[Any], np.dtype[Any]], bool] = {}
+
+
+def check_gradient(column: list[Any], var: Variable, current: Any, api: str, from_replicas: bool) -> None:
+    """Checks each replica's gradient of ``var``: the variable's shape, a dtype that converts.
+
+    A gradient converts when numpy's ``same_kind`` rule allows it (an int or float64
+    gradient of a float32 variable); a complex gradient of a real variable (its imaginary
+    part would be dropped) and non-numeric (object, string) gradients are refused.
+    """
+    var_shape = current.shape  # the variable's current value (``current``) says its shape and dtype
+    var_dtype = current.dtype
+    for part in column:  # the common case: arrays of the variable's shape and dtype
+        if type(part) is not np.ndarray or part.shape != var_shape or part.dtype != var_dtype:
+            break
+    else:
+        return
+    for replica, part in enumerate(column):
+        if isinstance(part, Variable):
+            part = part.value()
+        shape = part.shape if type(part) is np.ndarray else tuple(np.shape(part))
+        if shape != var_shape:
+            where = f" from replica {replica}" if from_replicas or len(column) > 1 else ""
+            raise ValueError(
+                f"{api}: the gradient of {var.name}{where} has shape {tuple(shape)}, but the variable has shape "
+                f"{tuple(var_shape)}. Pass a gradient of the variable's shape."
+            )
+        dtype = (
+            part.dtype if type(part) is np.ndarray else np.dtype(getattr(part, "dtype", None) or np.asarray(part).dtype)
+        )
+        key = (dtype, var_dtype)
+        converts = _CONVERTS.get(key)
+        if converts is None:
+            converts = _CONVERTS[key] = dtype.kind in "biufc" and bool(np.can_cast(dtype, var_dtype, "same_kind"))
+        if not converts:
+            where = f" from replica {replica}" if from_replicas or len(column) > 1 else ""
+            if dtype.kind == "c":
+                why = "its imaginary part would be dropped; pass grad.real if that is what you mean"
+            elif dtype.kind not in "biuf":
+                why = "it is not an array of numbers; compute the gradient as a numeric array"
+            else:
+                why = f"it does not convert without losing information; cast it with td.cast(grad, {var_dtype.name})"
+            raise InvalidArgumentError(
+                f"{api}: the gradient of {var.name}{where} has dtype {dtype}, but the variable has dtype "
+                f"{var_dtype}: {why}."
+            )

@@ -1,0 +1,56 @@
+"""The optimizer's step count, kept on the host and mirrored into ``iterations``.
+
+Reading ``iterations`` every step would copy a scalar back from a device; instead the
+count is an integer on the host, trusted while ``iterations`` still holds the array the
+optimizer wrote last. Any other write (``assign``, a checkpoint restore) replaces that
+array, and the next read takes the count from the variable once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from towerdist._src import backend
+from towerdist._src.optimizers.update_plan import components
+from towerdist._src.variables.variable import Variable
+
+__all__ = ["HostStep"]
+
+_HOST = backend.host()
+
+
+class HostStep:
+    """The number of steps applied, on the host, and the array it was last written as."""
+
+    __slots__ = ("_count", "_written")
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._written: Any = None  # the array of ``iterations``'s first component last written here
+
+    def read(self, iterations: Variable | None) -> int:
+        """The number of steps applied so far, without reading a device (unless another wrote it)."""
+        if iterations is None:
+            return 0
+        if self._written is None or components(iterations)[0]._array is not self._written:
+            self._count = int(np.asarray(_HOST.to_device(iterations.numpy(), None)))
+            self._written = None
+        return self._count
+
+    def advance(self, iterations: Variable, step: int) -> None:
+        """Sets ``iterations`` to ``step`` on every device it lives on (no read-back)."""
+        members = components(iterations)
+        host: Any = None
+        for component in members:
+            if component._impl is _HOST:  # host copies share one read-only array
+                if host is None:
+                    host = np.array(step, np.int64)
+                    host.flags.writeable = False
+                array = host
+            else:
+                array = component._impl.freeze(component._impl.asarray(np.int64(step), device=component._device))
+            component._adopt(array)
+        self._count = step
+        self._written = members[0]._array
