@@ -14,6 +14,8 @@ Hooks a node implements:
 * ``_cardinality()``: the number of elements, or ``INFINITE``/``UNKNOWN``;
 * ``_batch_size()``: the global batch size this node's elements come in, when known
   statically (what TensorFlow's ``compute_batch_size`` finds);
+* ``_reads_files()``: whether the node reads the files named by its first input (what
+  FILE auto-sharding shards);
 * ``_gather_plan()``: for nodes that only select and reorder elements, a faster plan that
   runs the node on element *indices* and gathers whole batches at once.
 """
@@ -870,6 +872,10 @@ class Dataset:
 
     def _batch_size(self) -> int | None:
         return None
+
+    def _reads_files(self) -> bool:
+        """True if this node reads the files named by its first input (what FILE auto-sharding shards)."""
+        return False
 
     def _gather_plan(self) -> GatherPlan | None:
         return None

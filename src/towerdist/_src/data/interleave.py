@@ -330,8 +330,6 @@ class InterleaveDataset(Dataset):
     def _reads_files(self) -> bool:
         """True if ``map_func`` makes datasets that read files (FILE auto-sharding shards the input then)."""
         if self._reads_files_cache is None:
-            from towerdist._src.input.auto_shard import is_file_reader
-
             source = self._inputs[0]._iterate()
             try:
                 element = next(source, _EXHAUSTED)
@@ -341,13 +339,8 @@ class InterleaveDataset(Dataset):
                 self._reads_files_cache = False
             else:
                 made = self._open(element, 0)
-                self._reads_files_cache = any(is_file_reader(node) for node in made._walk())
+                self._reads_files_cache = any(node._reads_files() for node in made._walk())
         return self._reads_files_cache
-
-    @property
-    def _file_source(self) -> Dataset:
-        """The dataset of inputs (file names) that FILE sharding shards when this reads files."""
-        return self._inputs[0]
 
 
 class _Slot:

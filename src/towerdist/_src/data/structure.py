@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from towerdist._src import backend, nest
-from towerdist._src.array_ops import _python_dtype
+from towerdist._src.dtypes import python_dtype
 from towerdist._src.errors import InvalidArgumentError
 
 __all__ = ["normalize_output", "read_only", "read_only_element", "stack", "to_component", "to_element", "unstack_count"]
@@ -78,7 +78,7 @@ def to_component(value: Any) -> Any:
             f"Cannot convert {_preview(value)} to an array: its items are not numbers or strings "
             f"of one shape. Give each component as an array or a list of numbers."
         )
-    return raw.astype(_python_dtype(raw), copy=False)
+    return raw.astype(python_dtype(raw), copy=False)
 
 
 def _bytes_array(array: np.ndarray) -> np.ndarray:
@@ -129,7 +129,7 @@ class _ListLeaf:
             return raw  # a list of arrays stacks with their dtype
         if raw.dtype.kind in "US":
             return _bytes_array(raw)
-        return raw.astype(_python_dtype(raw), copy=False)
+        return raw.astype(python_dtype(raw), copy=False)
 
 
 def normalize_output(value: Any) -> Any:
