@@ -17,7 +17,7 @@ from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.sources import TensorSliceDataset
 from towerdist._src.data.spec import TensorSpec
-from towerdist._src.data.transforms import close_iterator
+from towerdist._src.data.structure import close_iterator
 from towerdist._src.errors import (
     DataLossError,
     FailedPreconditionError,

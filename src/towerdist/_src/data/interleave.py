@@ -32,16 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from towerdist._src import nest
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
-from towerdist._src.data.spec import FirstElementCheck, TensorSpec
-from towerdist._src.data.structure import call_with_element
-from towerdist._src.data.transforms import close_iterator
+from towerdist._src.data.spec import FirstElementCheck
+from towerdist._src.data.structure import call_with_element, close_iterator, sample_element
 from towerdist._src.data.workers import DaemonPool, wait_or_warn
 from towerdist._src.errors import InvalidArgumentError
 
-__all__ = ["ErrorHandler", "InterleaveDataset", "default_cycle_length", "placeholder_element", "sample_element"]
+__all__ = ["ErrorHandler", "InterleaveDataset", "default_cycle_length"]
 
 ErrorHandler = Callable[[BaseException], None]
 """Receives an error that ``ignore_errors`` drops (see ``combinators.IgnoreErrorsDataset``)."""
@@ -447,40 +445,3 @@ def _first_ready(slots: list[_Slot | None], start: int) -> int | None:
         if slot is not None and slot.ready():
             return (start + k) % n
     return None
-
-
-def sample_element(dataset: Dataset, api: str) -> Any:
-    """What a user function is traced with: ``dataset``'s first element, else zeros of its spec.
-
-    TensorFlow learns a function's output structure by tracing it symbolically; towerdist
-    calls it on a real element, or on :func:`placeholder_element` when there is none.
-    """
-    source = dataset._iterate()
-    try:
-        return next(source)
-    except StopIteration:
-        return placeholder_element(dataset._spec(probe=True), api)
-    finally:
-        close_iterator(source)
-
-
-def placeholder_element(spec: Any, api: str) -> Any:
-    """A zero-valued element of ``spec``: what ``map_func`` is traced with when the input is empty."""
-    if spec is None:
-        raise ValueError(
-            f"Cannot determine the element_spec of Dataset.{api}(): its input is empty and its structure is "
-            f"decided by user code. Give from_generator an output_signature."
-        )
-
-    def zeros(s: TensorSpec) -> Any:
-        if s.shape is None:
-            raise ValueError(
-                f"Cannot determine the element_spec of Dataset.{api}(): its input is empty and has a "
-                f"component of unknown rank ({s!r})."
-            )
-        if s.dtype == np.object_:
-            return b"" if not s.shape else np.full([d or 0 for d in s.shape], b"", dtype=object)
-        value = np.zeros([d or 0 for d in s.shape], dtype=s.dtype)
-        return value[()] if not s.shape else value
-
-    return nest.map_structure(zeros, spec)

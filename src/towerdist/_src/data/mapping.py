@@ -10,12 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from towerdist._src import nest
 from towerdist._src.data import options as options_lib
-from towerdist._src.data.dataset import Dataset, EmptyDatasetError
-from towerdist._src.data.spec import TensorSpec, structure_of
-from towerdist._src.data.structure import call_with_element, normalize_output
-from towerdist._src.data.transforms import close_iterator
+from towerdist._src.data.dataset import Dataset
+from towerdist._src.data.spec import EmptyDatasetError, relax_batch, structure_of
+from towerdist._src.data.structure import call_with_element, close_iterator, normalize_output, placeholder_element
 from towerdist._src.data.workers import DaemonPool, wait_or_warn
 
 __all__ = ["FilterDataset", "MapDataset"]
@@ -100,23 +98,8 @@ class MapDataset(Dataset):
         except EmptyDatasetError:
             # No element to learn from: call map_func on zeros of the input's spec, as
             # TensorFlow traces it symbolically.
-            from towerdist._src.data.interleave import placeholder_element
-
             exact = structure_of(self._apply(placeholder_element(input_spec, "map"), 0))
-        return _relax_batch(exact, input_spec)
-
-
-def _relax_batch(exact: Any, input_spec: Any) -> Any:
-    """The probed spec with the batch dimension unknown where the input's batch dimension is.
-
-    ``map`` is learnt by calling the function on the first element; a leading dimension
-    equal to the input's unknown batch dimension is taken to be that batch dimension.
-    """
-    leaves, _ = nest.flatten(input_spec)
-    unknown_batch = any(s.shape and s.shape[0] is None for s in leaves)
-    if not unknown_batch:
-        return exact
-    return nest.map_structure(lambda s: TensorSpec((None, *s.shape[1:]) if s.shape else s.shape, s.dtype), exact)
+        return relax_batch(exact, input_spec)
 
 
 class FilterDataset(Dataset):

@@ -23,8 +23,8 @@ import numpy as np
 from towerdist._src import backend, nest
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.spec import TensorSpec, dtype_name
-from towerdist._src.data.structure import to_component
-from towerdist._src.data.transforms import batched_cardinality, close_iterator
+from towerdist._src.data.structure import close_iterator, to_component
+from towerdist._src.data.transforms import batched_cardinality
 from towerdist._src.errors import DataLossError, InvalidArgumentError
 
 __all__ = [

@@ -68,8 +68,7 @@ from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.interleave import default_cycle_length
 from towerdist._src.data.padding import refuse_unrepresentable
 from towerdist._src.data.spec import DatasetSpec, TensorSpec, dtype_name, shapes_compatible
-from towerdist._src.data.structure import call_with_element
-from towerdist._src.data.transforms import close_iterator
+from towerdist._src.data.structure import call_with_element, close_iterator
 from towerdist._src.data.windowing import ElementsDataset
 from towerdist._src.errors import DataLossError, InvalidArgumentError, NotFoundError, UnimplementedError
 

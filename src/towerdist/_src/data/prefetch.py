@@ -13,7 +13,8 @@ from towerdist._src import waiting
 from towerdist._src.data import options as options_lib
 from towerdist._src.data import workers
 from towerdist._src.data.dataset import Dataset
-from towerdist._src.data.transforms import _int_arg, _Transparent, close_iterator
+from towerdist._src.data.structure import close_iterator
+from towerdist._src.data.transforms import _int_arg, _Transparent
 from towerdist._src.errors import InternalError, InvalidArgumentError
 
 __all__ = ["PrefetchDataset", "background"]

@@ -34,24 +34,23 @@ import numpy as np
 from towerdist._src import nest
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
-from towerdist._src.data.spec import FirstElementCheck, TensorSpec, dtype_name
-from towerdist._src.data.transforms import close_iterator
+from towerdist._src.data.spec import FirstElementCheck, TensorSpec, common_spec, dtype_name
+from towerdist._src.data.structure import close_iterator
 from towerdist._src.errors import InvalidArgumentError
 
-__all__ = ["ChooseFromDatasets", "SampleFromDatasets", "choose_from_datasets", "common_spec", "sample_from_datasets"]
+__all__ = ["ChooseFromDatasets", "SampleFromDatasets", "choose_from_datasets", "sample_from_datasets"]
 
 INFINITE, UNKNOWN = options_lib.INFINITE, options_lib.UNKNOWN
 _END = object()
 
 
-def common_spec(specs: Sequence[Any], api: str, name: str = "datasets") -> Any:
-    """The most specific spec every one of ``specs`` fits: sizes that differ become ``None``.
+def _mixed_spec(specs: Sequence[Any], api: str, name: str = "datasets") -> Any:
+    """The spec of elements drawn from datasets of ``specs`` (:func:`spec.common_spec`).
 
     Raises:
       TypeError: the structures or dtypes differ.
     """
     first_leaves, treespec = nest.flatten(specs[0])
-    columns: list[list[Any]] = [[leaf] for leaf in first_leaves]
     for index, spec in enumerate(specs[1:], start=1):
         leaves, other = nest.flatten(spec)
         if other != treespec or not all(
@@ -62,19 +61,7 @@ def common_spec(specs: Sequence[Any], api: str, name: str = "datasets") -> Any:
                 f"{api} {name} must have compatible element specs (the same structure and dtypes). "
                 f"Dataset 0 element_spec={specs[0]!r}; dataset {index} element_spec={spec!r}."
             )
-        for column, leaf in zip(columns, leaves, strict=True):
-            column.append(leaf)
-    return treespec.unflatten([_common_leaf(column) for column in columns])
-
-
-def _common_leaf(specs: list[TensorSpec]) -> TensorSpec:
-    shapes = [s.shape for s in specs]
-    if any(shape is None for shape in shapes) or len({len(shape) for shape in shapes if shape is not None}) > 1:
-        return TensorSpec(None, specs[0].dtype)
-    first = shapes[0]
-    assert first is not None  # checked above
-    dims = [d if all(shape is not None and shape[i] == d for shape in shapes) else None for i, d in enumerate(first)]
-    return TensorSpec(dims, specs[0].dtype)
+    return common_spec(specs)
 
 
 def _check_datasets(datasets: Any, api: str) -> list[Dataset]:
@@ -90,7 +77,7 @@ def _check_datasets(datasets: Any, api: str) -> list[Dataset]:
             )
     specs = [d._spec(probe=False) for d in datasets]
     if all(spec is not None for spec in specs):
-        common_spec(specs, api)  # incompatible inputs fail now, as in TensorFlow
+        _mixed_spec(specs, api)  # incompatible inputs fail now, as in TensorFlow
     return list(datasets)
 
 
@@ -113,7 +100,7 @@ class _DirectedInterleave(Dataset):
         specs = [d._spec(probe) for d in self._inputs[: self._num]]
         if any(spec is None for spec in specs):
             return None
-        return common_spec(specs, self._api)
+        return _mixed_spec(specs, self._api)
 
     def _cardinality(self) -> int:
         counts = [d._cardinality() for d in self._inputs[: self._num]]

@@ -18,9 +18,10 @@ import numpy as np
 
 from towerdist._src import backend, nest
 from towerdist._src.data import options as options_lib
-from towerdist._src.data.dataset import Dataset, GatherPlan, spec_with_batch
-from towerdist._src.data.spec import TensorSpec
-from towerdist._src.data.structure import read_only_element, stack, unstack_count
+from towerdist._src.data.dataset import Dataset
+from towerdist._src.data.node import GatherPlan
+from towerdist._src.data.spec import TensorSpec, spec_with_batch
+from towerdist._src.data.structure import close_iterator, read_only_element, stack, unstack_count
 from towerdist._src.errors import DataLossError, InvalidArgumentError, NotFoundError, PermissionDeniedError
 
 __all__ = [
@@ -41,13 +42,6 @@ __all__ = [
 ]
 
 INFINITE, UNKNOWN = options_lib.INFINITE, options_lib.UNKNOWN
-
-
-def close_iterator(iterator: Any) -> None:
-    """Closes a generator early, so that nodes upstream release threads and files."""
-    close = getattr(iterator, "close", None)
-    if close is not None:
-        close()
 
 
 def batched_cardinality(n: int, size: int, drop_remainder: bool) -> int:

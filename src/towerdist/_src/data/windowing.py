@@ -23,9 +23,9 @@ from towerdist._src import nest
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.padding import int_argument, pad_batch, padded_spec, plan_padding, up_to
-from towerdist._src.data.spec import DatasetSpec, TensorSpec, dtype_name, structure_of
-from towerdist._src.data.structure import call_with_element
-from towerdist._src.data.transforms import close_iterator, stack_elements
+from towerdist._src.data.spec import DatasetSpec, TensorSpec, dtype_name, structure_of, unknown_sizes
+from towerdist._src.data.structure import call_with_element, close_iterator
+from towerdist._src.data.transforms import stack_elements
 from towerdist._src.errors import InternalError, InvalidArgumentError
 
 __all__ = [
@@ -53,11 +53,6 @@ class ElementsDataset(Dataset):
 
     def _cardinality(self) -> int:
         return len(self._elements)
-
-
-def _relaxed(spec: Any) -> Any:
-    """``spec`` with every dimension unknown (for specs learnt from one element)."""
-    return nest.map_structure(lambda s: TensorSpec(None if s.shape is None else (None,) * len(s.shape), s.dtype), spec)
 
 
 # --- window ----------------------------------------------------------------------------------
@@ -105,7 +100,7 @@ class WindowDataset(Dataset):
             close_iterator(source)
 
     def _window(self, elements: list[Any], static: Any) -> Any:
-        spec = static if static is not None else _relaxed(structure_of(elements[0]))
+        spec = static if static is not None else unknown_sizes(structure_of(elements[0]))
         first = elements[0]
         if not nest.is_nested(first):
             return ElementsDataset(elements, spec)
@@ -118,7 +113,7 @@ class WindowDataset(Dataset):
         if spec is None:
             return None
         if self._inputs[0]._spec(probe=False) is None:
-            spec = _relaxed(spec)
+            spec = unknown_sizes(spec)
         return nest.map_structure(DatasetSpec, spec)
 
     def _cardinality(self) -> int:
@@ -197,7 +192,7 @@ class _Grouping(Dataset):
 
 def _window_spec(static: Any, window: list[Any]) -> Any:
     """The element spec of a window: the input's, or (unknown statically) the ranks and dtypes of its elements."""
-    return static if static is not None else _relaxed(structure_of(window[0]))
+    return static if static is not None else unknown_sizes(structure_of(window[0]))
 
 
 class GroupByWindowDataset(_Grouping):
@@ -260,7 +255,7 @@ class GroupByWindowDataset(_Grouping):
                     return known
         if not probe:
             return None
-        return _relaxed(self._probe_spec())
+        return unknown_sizes(self._probe_spec())
 
 
 # --- bucket_by_sequence_length ---------------------------------------------------------------
@@ -388,7 +383,7 @@ class BucketBySequenceLengthDataset(_Grouping):
         if spec is None:
             return None
         if static is None:
-            spec = _relaxed(spec)
+            spec = unknown_sizes(spec)
         specs, treespec = nest.flatten(spec)
         if self._no_padding:
             return treespec.unflatten([TensorSpec((None, *(s.shape or ())), s.dtype) for s in specs])
