@@ -26,8 +26,7 @@ import numpy as np
 from towerdist._src import nest
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
-from towerdist._src.data.interleave import ErrorHandler, InterleaveDataset
-from towerdist._src.data.mapping import FilterDataset, MapDataset
+from towerdist._src.data.node import ErrorHandler, tolerant
 from towerdist._src.data.spec import (
     FirstElementCheck,
     common_spec,
@@ -57,7 +56,6 @@ __all__ = [
     "experimental_take_while",
     "experimental_unique",
     "get_single_element",
-    "tolerant",
 ]
 
 INFINITE, UNKNOWN = options_lib.INFINITE, options_lib.UNKNOWN
@@ -230,6 +228,9 @@ class ScanDataset(Dataset):
         again_spec = structure_of(again)
         return spec if nest.explain_mismatch(spec, again_spec) else common_spec([spec, again_spec])
 
+    def _tolerant(self) -> Dataset | None:
+        return copy.copy(self)
+
     def _cardinality(self) -> int:
         return self._inputs[0]._cardinality()
 
@@ -338,6 +339,9 @@ class TakeWhileDataset(Dataset):
         finally:
             close_iterator(source)
 
+    def _tolerant(self) -> Dataset | None:
+        return copy.copy(self)
+
     def _cardinality(self) -> int:
         return UNKNOWN  # as in TensorFlow, even for an infinite input
 
@@ -348,51 +352,6 @@ class TakeWhileDataset(Dataset):
 # --- ignore_errors -----------------------------------------------------------------------------
 
 
-class _TolerantMap(MapDataset):
-    """``map`` that drops an element whose function raised (inside ``ignore_errors``)."""
-
-    _on_error: ErrorHandler
-
-    def _apply(self, element: Any, index: int) -> Any:
-        try:
-            return super()._apply(element, index)
-        except Exception as error:
-            self._on_error(error)
-            return _DROPPED
-
-    def _iterate(self) -> Iterator[Any]:
-        source = super()._iterate()
-        try:
-            for value in source:
-                if value is not _DROPPED:
-                    yield value
-        finally:
-            close_iterator(source)
-
-
-_DROPPED = object()  # what a tolerant map yields for an element it dropped
-_NOTHING = object()
-
-
-def tolerant(dataset: Dataset, on_error: ErrorHandler) -> Dataset:
-    """A copy of ``dataset`` whose per-element user code drops failing elements (see the module docstring)."""
-
-    def rewrite(node: Dataset) -> Dataset:
-        inputs = tuple(rewrite(i) for i in node._inputs)
-        if type(node) is MapDataset:
-            clone: Dataset = copy.copy(node)
-            clone.__class__ = _TolerantMap
-        elif isinstance(node, (FilterDataset, InterleaveDataset, ScanDataset, TakeWhileDataset)):
-            clone = copy.copy(node)
-        elif all(a is b for a, b in zip(inputs, node._inputs, strict=True)):
-            return node
-        else:
-            return node._clone(inputs)
-        clone._inputs = inputs
-        clone._on_error = on_error  # type: ignore[attr-defined]
-        return clone
-
-    return rewrite(dataset)
 
 
 class IgnoreErrorsDataset(Dataset):

@@ -23,6 +23,7 @@ next element would have been, after every element produced before it.
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 import os
 import threading
@@ -34,14 +35,13 @@ import numpy as np
 
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
+from towerdist._src.data.node import ErrorHandler, tolerant
 from towerdist._src.data.spec import FirstElementCheck
 from towerdist._src.data.structure import call_with_element, close_iterator, sample_element
 from towerdist._src.data.workers import DaemonPool, wait_or_warn
 from towerdist._src.errors import InvalidArgumentError
 
-__all__ = ["ErrorHandler", "InterleaveDataset", "default_cycle_length"]
-
-ErrorHandler = Callable[[BaseException], None]
+__all__ = ["InterleaveDataset", "default_cycle_length"]
 """Receives an error that ``ignore_errors`` drops (see ``combinators.IgnoreErrorsDataset``)."""
 
 logger = logging.getLogger("towerdist")
@@ -161,8 +161,6 @@ class InterleaveDataset(Dataset):
                 f"or from_tensor_slices()."
             )
         if self._on_error is not None:
-            from towerdist._src.data.combinators import tolerant
-
             made = tolerant(made, self._on_error)
         return made
 
@@ -321,6 +319,9 @@ class InterleaveDataset(Dataset):
         if not probe:
             return None
         return self._open(sample_element(self._inputs[0], self._api), 0).element_spec
+
+    def _tolerant(self) -> Dataset | None:
+        return copy.copy(self)
 
     def _cardinality(self) -> int:
         return options_lib.UNKNOWN  # as in TensorFlow, even for an infinite input

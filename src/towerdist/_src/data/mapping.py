@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import copy
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -12,6 +13,7 @@ import numpy as np
 
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
+from towerdist._src.data.node import ErrorHandler
 from towerdist._src.data.spec import EmptyDatasetError, relax_batch, structure_of
 from towerdist._src.data.structure import call_with_element, close_iterator, normalize_output, placeholder_element
 from towerdist._src.data.workers import DaemonPool, wait_or_warn
@@ -53,6 +55,11 @@ class MapDataset(Dataset):
         except Exception as error:
             _annotate(error, "map", index)
             raise
+
+    def _tolerant(self) -> Dataset | None:
+        clone = copy.copy(self)
+        clone.__class__ = _TolerantMap
+        return clone
 
     def _iterate(self) -> Iterator[Any]:
         source = self._inputs[0]._iterate()
@@ -102,13 +109,41 @@ class MapDataset(Dataset):
         return relax_batch(exact, input_spec)
 
 
+class _TolerantMap(MapDataset):
+    """``map`` that drops an element whose function raised (inside ``ignore_errors``)."""
+
+    _on_error: ErrorHandler
+
+    def _apply(self, element: Any, index: int) -> Any:
+        try:
+            return super()._apply(element, index)
+        except Exception as error:
+            self._on_error(error)
+            return _DROPPED
+
+    def _iterate(self) -> Iterator[Any]:
+        source = super()._iterate()
+        try:
+            for value in source:
+                if value is not _DROPPED:
+                    yield value
+        finally:
+            close_iterator(source)
+
+    def _tolerant(self) -> Dataset | None:
+        return None  # already tolerant: ignore_errors only rewires its inputs
+
+
+_DROPPED = object()  # what a tolerant map yields for an element it dropped
+
+
 class FilterDataset(Dataset):
     def __init__(self, input_dataset: Dataset, predicate: Callable[..., Any]) -> None:
         if not callable(predicate):
             raise TypeError(f"filter() takes a callable predicate. Got predicate={predicate!r}.")
         self._inputs = (input_dataset,)
         self._predicate = predicate
-        self._on_error: Callable[[BaseException], None] | None = None  # set on the copies ignore_errors() makes
+        self._on_error: ErrorHandler | None = None  # set on the copies ignore_errors() makes
 
     def _iterate(self) -> Iterator[Any]:
         source = self._inputs[0]._iterate()
@@ -131,6 +166,9 @@ class FilterDataset(Dataset):
                     yield element
         finally:
             close_iterator(source)
+
+    def _tolerant(self) -> Dataset | None:
+        return copy.copy(self)
 
     def _cardinality(self) -> int:
         return options_lib.UNKNOWN

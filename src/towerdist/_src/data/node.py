@@ -13,6 +13,8 @@ implementing a few hooks:
   statically (what TensorFlow's ``compute_batch_size`` finds);
 * ``_reads_files()``: whether the node reads the files named by its first input (what
   FILE auto-sharding shards);
+* ``_tolerant()``: for nodes that run user code on every element, a copy that drops an
+  element whose code raised (what ``ignore_errors`` rewrites the pipeline with);
 * ``_gather_plan()``: for nodes that only select and reorder elements, a faster plan that
   runs the node on element *indices* and gathers whole batches at once.
 """
@@ -30,7 +32,9 @@ from towerdist._src.data.spec import EmptyDatasetError, structure_of
 if TYPE_CHECKING:
     from towerdist._src.data.dataset import Dataset
 
-__all__ = ["GatherPlan", "Node"]
+__all__ = ["ErrorHandler", "GatherPlan", "Node", "tolerant"]
+
+ErrorHandler = Callable[[BaseException], None]
 
 
 class GatherPlan(NamedTuple):
@@ -60,6 +64,13 @@ class Node:
     def _reads_files(self) -> bool:
         """True if this node reads the files named by its first input (what FILE auto-sharding shards)."""
         return False
+
+    def _tolerant(self) -> Dataset | None:
+        """A copy of this node that drops an element whose user code raised; None if it runs none.
+
+        ``tolerant`` sets the copy's inputs and its ``_on_error``, which is called with the error.
+        """
+        return None
 
     def _gather_plan(self) -> GatherPlan | None:
         return None
@@ -91,3 +102,18 @@ class Node:
             if close is not None:
                 close()
         return structure_of(first)
+
+
+def tolerant(dataset: Dataset, on_error: ErrorHandler) -> Dataset:
+    """A copy of ``dataset`` whose per-element user code drops failing elements (``ignore_errors``)."""
+
+    def rewrite(node: Dataset) -> Dataset:
+        inputs = tuple(rewrite(i) for i in node._inputs)
+        clone = node._tolerant()
+        if clone is None:
+            return node if all(a is b for a, b in zip(inputs, node._inputs, strict=True)) else node._clone(inputs)
+        clone._inputs = inputs
+        clone._on_error = on_error  # type: ignore[attr-defined]
+        return clone
+
+    return rewrite(dataset)
