@@ -42,6 +42,7 @@ from towerdist._src.data.structure import (
     to_element,
 )
 from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.failures import unworded, worded_at
 
 __all__ = [
     "ConcatenateDataset",
@@ -63,19 +64,15 @@ INFINITE, UNKNOWN = options_lib.INFINITE, options_lib.UNKNOWN
 logger = logging.getLogger("towerdist")
 
 
-def _check_dataset(value: Any, api: str, name: str) -> Dataset:
+def _check_dataset(value: Any, name: str) -> Dataset:
     if not isinstance(value, Dataset):
-        raise TypeError(f"{api} takes a td.data.Dataset as {name}. Got {name}={_preview(value)} ({type(value)}).")
+        raise unworded(TypeError(f"takes a td.data.Dataset as {name}. Got {name}={_preview(value)} ({type(value)})."))
     return value
 
 
 def _preview(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _annotate(error: BaseException, api: str, index: int) -> None:
-    error.add_note(f"td.data.Dataset.{api}(): raised by the user function on element {index} of its input.")
 
 
 # --- concatenate -------------------------------------------------------------------------------
@@ -106,7 +103,7 @@ def _concatenate_mismatch(a: int, spec_a: Any, b: int, spec_b: Any, where: str) 
 
 class ConcatenateDataset(Dataset):
     def __init__(self, input_dataset: Dataset, dataset: Any) -> None:
-        other = _check_dataset(dataset, "Dataset.concatenate()", "dataset")
+        other = _check_dataset(dataset, "dataset")
         self._inputs = (input_dataset, other)
         first, second = input_dataset._spec(probe=False), other._spec(probe=False)
         if first is not None and second is not None:
@@ -155,6 +152,8 @@ class ConcatenateDataset(Dataset):
 
 
 class ScanDataset(Dataset):
+    _op = "scan"
+
     def __init__(self, input_dataset: Dataset, initial_state: Any, scan_func: Callable[..., Any]) -> None:
         if not callable(scan_func):
             raise TypeError(f"Dataset.scan() takes a callable scan_func. Got scan_func={scan_func!r}.")
@@ -168,7 +167,7 @@ class ScanDataset(Dataset):
         try:
             result = self._fn(state, element)  # a tuple element is ONE argument here, as in TensorFlow
         except Exception as error:
-            _annotate(error, "scan", index)
+            self._note_failed_element(error, index)
             raise
         if not isinstance(result, (tuple, list)) or len(result) != 2:
             shown = structure_of(normalize_output(result)) if not isinstance(result, Dataset) else result
@@ -302,6 +301,8 @@ def _is_bool_scalar(value: Any) -> bool:
 
 
 class TakeWhileDataset(Dataset):
+    _op = "take_while"
+
     def __init__(self, input_dataset: Dataset, predicate: Callable[..., Any]) -> None:
         if not callable(predicate):
             raise TypeError(f"Dataset.take_while() takes a callable predicate. Got predicate={predicate!r}.")
@@ -313,7 +314,7 @@ class TakeWhileDataset(Dataset):
         try:
             keep = call_with_element(self._predicate, element)
         except Exception as error:
-            _annotate(error, "take_while", index)
+            self._note_failed_element(error, index)
             raise
         if not _is_bool_scalar(keep):
             raise ValueError(
@@ -350,8 +351,6 @@ class TakeWhileDataset(Dataset):
 
 
 # --- ignore_errors -----------------------------------------------------------------------------
-
-
 
 
 class IgnoreErrorsDataset(Dataset):
@@ -479,4 +478,5 @@ def experimental_get_single_element(dataset: Any) -> Any:
       TypeError: ``dataset`` is not a ``td.data.Dataset``.
       InvalidArgumentError: the dataset has no element, or more than one.
     """
-    return get_single_element(_check_dataset(dataset, "td.data.experimental.get_single_element()", "dataset"))
+    with worded_at("td.data.experimental.get_single_element()"):
+        return get_single_element(_check_dataset(dataset, "dataset"))

@@ -19,6 +19,7 @@ from towerdist._src.data import options as options_lib
 from towerdist._src.data.iterator import DatasetIterator
 from towerdist._src.data.node import Node
 from towerdist._src.errors import UnimplementedError
+from towerdist._src.failures import worded_at
 
 __all__ = ["Dataset", "DatasetIterator"]
 
@@ -86,15 +87,7 @@ class Dataset(Node):
 
         Stops at the end of the shortest input.
         """
-        if datasets is not None:
-            if args:
-                raise TypeError("zip() takes the datasets either positionally or as datasets=, not both.")
-            structure = datasets
-        else:
-            if not args:
-                raise TypeError("zip() needs at least one dataset.")
-            structure = args[0] if len(args) == 1 else tuple(args)
-        return sources.ZipDataset(structure)
+        return sources.zip_datasets(args, datasets)
 
     @staticmethod
     def list_files(
@@ -113,6 +106,7 @@ class Dataset(Node):
 
     # --- transformations -------------------------------------------------------------------
 
+    @worded_at("batch()")
     def batch(
         self,
         batch_size: int,
@@ -130,6 +124,7 @@ class Dataset(Node):
 
     # --- padding, windows, sampling, grouping and saving -----------------------------------
 
+    @worded_at("Dataset.padded_batch()")
     def padded_batch(
         self,
         batch_size: int,
@@ -161,6 +156,7 @@ class Dataset(Node):
         """
         return padding.PaddedBatchDataset(self, batch_size, padded_shapes, padding_values, drop_remainder)
 
+    @worded_at("Dataset.window()")
     def window(
         self,
         size: int,
@@ -186,6 +182,7 @@ class Dataset(Node):
         return windowing.WindowDataset(self, size, shift, stride, drop_remainder)
 
     @staticmethod
+    @worded_at("Dataset.sample_from_datasets()")
     def sample_from_datasets(
         datasets: Any,
         weights: Any = None,
@@ -213,6 +210,7 @@ class Dataset(Node):
         return sampling.sample_from_datasets(datasets, weights, seed, stop_on_empty_dataset, rerandomize_each_iteration)
 
     @staticmethod
+    @worded_at("Dataset.choose_from_datasets()")
     def choose_from_datasets(datasets: Any, choice_dataset: Dataset, stop_on_empty_dataset: bool = True) -> Dataset:
         """Takes every element from ``datasets[i]`` for the next ``i`` of ``choice_dataset`` (int64 scalars).
 
@@ -233,6 +231,7 @@ class Dataset(Node):
         """
         return sampling.choose_from_datasets(datasets, choice_dataset, stop_on_empty_dataset)
 
+    @worded_at("Dataset.group_by_window()")
     def group_by_window(
         self,
         key_func: Callable[..., Any],
@@ -259,6 +258,7 @@ class Dataset(Node):
         """
         return windowing.GroupByWindowDataset(self, key_func, reduce_func, window_size, window_size_func)
 
+    @worded_at("Dataset.bucket_by_sequence_length()")
     def bucket_by_sequence_length(
         self,
         element_length_func: Callable[..., Any],
@@ -299,6 +299,7 @@ class Dataset(Node):
             drop_remainder,
         )
 
+    @worded_at("Dataset.save()")
     def save(
         self,
         path: str,
@@ -322,6 +323,7 @@ class Dataset(Node):
         persistence.save(self, path, compression, shard_func, checkpoint_args)
 
     @staticmethod
+    @worded_at("Dataset.load()")
     def load(
         path: str,
         element_spec: Any = None,
@@ -350,6 +352,7 @@ class Dataset(Node):
         """Splits every element along dimension 0 into its rows (the inverse of ``batch``)."""
         return transforms.UnbatchDataset(self)
 
+    @worded_at("rebatch()")
     def rebatch(self, batch_size: Any, drop_remainder: bool = False, name: str | None = None) -> Dataset:
         """Re-cuts the rows of the elements into batches of ``batch_size`` (an int or a list of sizes, cycled)."""
         return transforms.RebatchDataset(self, batch_size, drop_remainder)
@@ -379,17 +382,13 @@ class Dataset(Node):
         Raises:
           ValueError: ``synchronous=True`` with ``num_parallel_calls``.
         """
-        if synchronous and num_parallel_calls is not None:
-            raise ValueError(
-                f"Dataset.map(): `synchronous` is not supported with `num_parallel_calls`, but `num_parallel_calls` "
-                f"was set to {num_parallel_calls!r}. Drop one of them."
-            )
-        return mapping.MapDataset(self, map_func, num_parallel_calls)
+        return mapping.MapDataset(self, map_func, num_parallel_calls, synchronous)
 
     def filter(self, predicate: Callable[..., Any], name: str | None = None) -> Dataset:
         """Keeps the elements for which ``predicate`` returns a scalar ``True``."""
         return mapping.FilterDataset(self, predicate)
 
+    @worded_at("shuffle()")
     def shuffle(
         self, buffer_size: int, seed: int | None = None, reshuffle_each_iteration: bool = True, name: str | None = None
     ) -> Dataset:
@@ -412,18 +411,22 @@ class Dataset(Node):
         """
         return transforms.ShuffleDataset(self, buffer_size, seed, reshuffle_each_iteration)
 
+    @worded_at("repeat()")
     def repeat(self, count: int | None = None, name: str | None = None) -> Dataset:
         """Repeats the dataset ``count`` times (forever for ``None`` or -1); each repetition is a new pass."""
         return transforms.RepeatDataset(self, count)
 
+    @worded_at("take()")
     def take(self, count: int, name: str | None = None) -> Dataset:
         """The first ``count`` elements (all of them for -1)."""
         return transforms.TakeDataset(self, count)
 
+    @worded_at("skip()")
     def skip(self, count: int, name: str | None = None) -> Dataset:
         """All but the first ``count`` elements (none for -1)."""
         return transforms.SkipDataset(self, count)
 
+    @worded_at("shard()")
     def shard(self, num_shards: int, index: int, name: str | None = None) -> Dataset:
         """Every ``num_shards``-th element, starting at ``index``.
 
@@ -432,6 +435,7 @@ class Dataset(Node):
         """
         return transforms.ShardDataset(self, num_shards, index)
 
+    @worded_at("prefetch()")
     def prefetch(self, buffer_size: int, name: str | None = None) -> Dataset:
         """Produces up to ``buffer_size`` elements ahead on a background thread.
 
@@ -457,6 +461,7 @@ class Dataset(Node):
         """
         return transforms.CacheDataset(self, filename)
 
+    @worded_at("enumerate()")
     def enumerate(self, start: int = 0, name: str | None = None) -> Dataset:
         """Pairs every element with its int64 position: ``(start + i, element)``.
 
@@ -469,6 +474,7 @@ class Dataset(Node):
 
     # --- interleaving, combining and folding (interleave.py, combinators.py) ---------------
 
+    @worded_at("Dataset.interleave()")
     def interleave(
         self,
         map_func: Callable[..., Any],
@@ -515,6 +521,7 @@ class Dataset(Node):
             self, map_func, cycle_length, block_length, num_parallel_calls, deterministic
         )
 
+    @worded_at("Dataset.flat_map()")
     def flat_map(self, map_func: Callable[..., Any], name: str | None = None) -> Dataset:
         """Maps every element to a dataset with ``map_func`` and chains those datasets in order.
 
@@ -525,8 +532,9 @@ class Dataset(Node):
           >>> [int(v) for v in td.data.Dataset.range(4).flat_map(lambda n: td.data.Dataset.range(n))]
           [0, 0, 1, 0, 1, 2]
         """
-        return interleave.InterleaveDataset(self, map_func, 1, 1, api="flat_map")
+        return interleave.FlatMapDataset(self, map_func)
 
+    @worded_at("Dataset.concatenate()")
     def concatenate(self, dataset: Dataset, name: str | None = None) -> Dataset:
         """The elements of this dataset, then those of ``dataset``.
 
@@ -605,6 +613,7 @@ class Dataset(Node):
         return combinators.IgnoreErrorsDataset(self, log_warning)
 
     @staticmethod
+    @worded_at("Dataset.counter()")
     def counter(start: Any = 0, step: Any = 1, dtype: Any = np.int64, name: str | None = None) -> Dataset:
         """``start, start + step, start + 2 * step, ...`` forever, as scalars of ``dtype``.
 
@@ -629,8 +638,6 @@ class Dataset(Node):
 
     def with_options(self, options: options_lib.Options, name: str | None = None) -> Dataset:
         """This dataset with ``options`` merged into its options."""
-        if not isinstance(options, options_lib.Options):
-            raise TypeError(f"with_options() takes a td.data.Options. Got options={options!r}.")
         return transforms.OptionsDataset(self, options)
 
     # --- inspecting ------------------------------------------------------------------------

@@ -40,8 +40,9 @@ from towerdist._src.data.spec import FirstElementCheck
 from towerdist._src.data.structure import call_with_element, close_iterator, sample_element
 from towerdist._src.data.workers import DaemonPool, wait_or_warn
 from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.failures import unworded
 
-__all__ = ["InterleaveDataset", "default_cycle_length"]
+__all__ = ["FlatMapDataset", "InterleaveDataset", "default_cycle_length"]
 """Receives an error that ``ignore_errors`` drops (see ``combinators.IgnoreErrorsDataset``)."""
 
 logger = logging.getLogger("towerdist")
@@ -75,14 +76,16 @@ def default_parallel_cycle_length(num_parallel_calls: int) -> int:
     return max(1, min(num_parallel_calls, cores))
 
 
-def _positive(value: Any, name: str, api: str) -> int:
+def _positive(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"Dataset.{api}() takes an integer {name}. Got {name}={value!r}.")
+        raise unworded(TypeError(f"takes an integer {name}. Got {name}={value!r}."))
     return int(value)
 
 
 class InterleaveDataset(Dataset):
     """``interleave`` (and ``flat_map``, with one slot): see the module docstring."""
+
+    _api = "interleave"  # the operation's name, in its messages and its threads' names
 
     def __init__(
         self,
@@ -92,13 +95,11 @@ class InterleaveDataset(Dataset):
         block_length: Any = None,
         num_parallel_calls: Any = None,
         deterministic: bool | None = None,
-        api: str = "interleave",
     ) -> None:
         if not callable(map_func):
-            raise TypeError(f"Dataset.{api}() takes a callable map_func. Got map_func={map_func!r}.")
+            raise unworded(TypeError(f"takes a callable map_func. Got map_func={map_func!r}."))
         self._inputs = (input_dataset,)
         self._fn = map_func
-        self._api = api
         if cycle_length is None or (
             not isinstance(cycle_length, bool)
             and isinstance(cycle_length, (int, np.integer))
@@ -107,34 +108,38 @@ class InterleaveDataset(Dataset):
             self._cycle = default_cycle_length()
             fixed_cycle = False
         else:
-            self._cycle = _positive(cycle_length, "cycle_length", api)
+            self._cycle = _positive(cycle_length, "cycle_length")
             fixed_cycle = True
             if self._cycle <= 0:
-                raise InvalidArgumentError(
-                    f"Dataset.{api}() cycle_length must be greater than zero (or None / td.data.AUTOTUNE for the "
-                    f"number of CPU cores). Got cycle_length={self._cycle}."
+                raise unworded(
+                    InvalidArgumentError(
+                        f"cycle_length must be greater than zero (or None / td.data.AUTOTUNE for the "
+                        f"number of CPU cores). Got cycle_length={self._cycle}."
+                    )
                 )
-        self._block = 1 if block_length is None else _positive(block_length, "block_length", api)
+        self._block = 1 if block_length is None else _positive(block_length, "block_length")
         if self._block <= 0:
-            raise InvalidArgumentError(
-                f"Dataset.{api}() block_length must be greater than zero. Got block_length={self._block}."
+            raise unworded(
+                InvalidArgumentError(f"block_length must be greater than zero. Got block_length={self._block}.")
             )
         self._workers = 0
         if num_parallel_calls is not None:
-            calls = _positive(num_parallel_calls, "num_parallel_calls", api)
+            calls = _positive(num_parallel_calls, "num_parallel_calls")
             if not fixed_cycle:
                 self._cycle = default_parallel_cycle_length(calls)
             if calls == options_lib.AUTOTUNE:
                 self._workers = self._cycle
             elif calls <= 0:
-                raise InvalidArgumentError(
-                    f"Dataset.{api}() num_parallel_calls must be greater than zero or td.data.AUTOTUNE. "
-                    f"Got num_parallel_calls={calls}."
+                raise unworded(
+                    InvalidArgumentError(
+                        f"num_parallel_calls must be greater than zero or td.data.AUTOTUNE. "
+                        f"Got num_parallel_calls={calls}."
+                    )
                 )
             elif calls > self._cycle:
                 shown = f"{self._cycle}" if fixed_cycle else f"None, which resolves to {self._cycle} CPU cores here"
                 raise InvalidArgumentError(
-                    f"Dataset.{api}(): if `cycle_length` is set, `num_parallel_calls` must be either "
+                    f"Dataset.{self._api}(): if `cycle_length` is set, `num_parallel_calls` must be either "
                     f"td.data.AUTOTUNE or a value less than or equal to `cycle_length`. Got "
                     f"num_parallel_calls={calls} and cycle_length={shown}; lower num_parallel_calls or pass "
                     f"td.data.AUTOTUNE."
@@ -340,6 +345,15 @@ class InterleaveDataset(Dataset):
                 made = self._open(element, 0)
                 self._reads_files_cache = any(node._reads_files() for node in made._walk())
         return self._reads_files_cache
+
+
+class FlatMapDataset(InterleaveDataset):
+    """``flat_map``: an interleave of one input at a time."""
+
+    _api = "flat_map"
+
+    def __init__(self, input_dataset: Dataset, map_func: Callable[..., Any]) -> None:
+        super().__init__(input_dataset, map_func, 1, 1)
 
 
 class _Slot:

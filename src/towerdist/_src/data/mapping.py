@@ -23,10 +23,6 @@ __all__ = ["FilterDataset", "MapDataset"]
 _STOP_SECONDS = 10.0  # how long closing waits for map_func calls running in user code
 
 
-def _annotate(error: BaseException, api: str, index: int) -> None:
-    error.add_note(f"td.data.Dataset.{api}(): raised by the user function on element {index} of its input.")
-
-
 def _workers(num_parallel_calls: Any) -> int:
     if num_parallel_calls is None:
         return 0
@@ -42,7 +38,16 @@ def _workers(num_parallel_calls: Any) -> int:
 
 
 class MapDataset(Dataset):
-    def __init__(self, input_dataset: Dataset, map_func: Callable[..., Any], num_parallel_calls: Any) -> None:
+    _op = "map"
+
+    def __init__(
+        self, input_dataset: Dataset, map_func: Callable[..., Any], num_parallel_calls: Any, synchronous: Any = None
+    ) -> None:
+        if synchronous and num_parallel_calls is not None:
+            raise ValueError(
+                f"Dataset.map(): `synchronous` is not supported with `num_parallel_calls`, but `num_parallel_calls` "
+                f"was set to {num_parallel_calls!r}. Drop one of them."
+            )
         if not callable(map_func):
             raise TypeError(f"map() takes a callable map_func. Got map_func={map_func!r}.")
         self._inputs = (input_dataset,)
@@ -53,7 +58,7 @@ class MapDataset(Dataset):
         try:
             return normalize_output(call_with_element(self._fn, element))
         except Exception as error:
-            _annotate(error, "map", index)
+            self._note_failed_element(error, index)
             raise
 
     def _tolerant(self) -> Dataset | None:
@@ -138,6 +143,8 @@ _DROPPED = object()  # what a tolerant map yields for an element it dropped
 
 
 class FilterDataset(Dataset):
+    _op = "filter"
+
     def __init__(self, input_dataset: Dataset, predicate: Callable[..., Any]) -> None:
         if not callable(predicate):
             raise TypeError(f"filter() takes a callable predicate. Got predicate={predicate!r}.")
@@ -152,7 +159,7 @@ class FilterDataset(Dataset):
                 try:
                     keep = call_with_element(self._predicate, element)
                 except Exception as error:
-                    _annotate(error, "filter", index)
+                    self._note_failed_element(error, index)
                     if self._on_error is None:
                         raise
                     self._on_error(error)  # inside ignore_errors(): the element is dropped

@@ -48,6 +48,7 @@ class Node:
     """A node of a pipeline: its inputs and the hooks (every ``Dataset`` is one)."""
 
     _inputs: tuple[Dataset, ...] = ()
+    _op = ""  # the Dataset method that makes this node, for a node that calls user code per element
 
     def _iterate(self) -> Iterator[Any]:
         raise NotImplementedError
@@ -86,6 +87,10 @@ class Node:
         yield cast("Dataset", self)
         for node in self._inputs:
             yield from node._walk()
+
+    def _note_failed_element(self, error: BaseException, index: int) -> None:
+        """Notes on ``error``, raised by the user function on input element ``index``, where it was raised."""
+        error.add_note(f"td.data.Dataset.{self._op}(): raised by the user function on element {index} of its input.")
 
     def _probe_spec(self) -> Any:
         """The exact spec of the first element (runs the pipeline up to it)."""

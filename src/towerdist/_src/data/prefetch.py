@@ -30,7 +30,7 @@ _DONE = object()
 class PrefetchDataset(_Transparent):
     def __init__(self, input_dataset: Dataset, buffer_size: Any) -> None:
         self._inputs = (input_dataset,)
-        size = _int_arg(buffer_size, "buffer_size", "prefetch()")
+        size = _int_arg(buffer_size, "buffer_size")
         if size < 0 and size != options_lib.AUTOTUNE:
             raise InvalidArgumentError(
                 f"buffer_size must be >= 0 or set buffer_size to be -1 for auto-tuning. Got buffer_size={size}."

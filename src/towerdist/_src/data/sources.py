@@ -16,6 +16,7 @@ from towerdist._src.data.node import GatherPlan
 from towerdist._src.data.spec import TensorSpec, dtype_name, shapes_compatible, structure_of
 from towerdist._src.data.structure import read_only, read_only_element, to_component, to_element
 from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.failures import unworded, worded_at
 
 __all__ = [
     "CounterDataset",
@@ -25,6 +26,7 @@ __all__ = [
     "TensorDataset",
     "TensorSliceDataset",
     "ZipDataset",
+    "zip_datasets",
     "experimental_counter",
 ]
 
@@ -319,7 +321,7 @@ class ZipDataset(Dataset):
 # --- counter and random ------------------------------------------------------------------------
 
 
-def _scalar_of(value: Any, dtype: np.dtype[Any], name: str, api: str) -> Any:
+def _scalar_of(value: Any, dtype: np.dtype[Any], name: str) -> Any:
     """``value`` as a numpy scalar of ``dtype``; TypeError where it does not convert exactly."""
     problem = None
     if dtype == np.object_ or dtype.kind not in "iuf":
@@ -331,15 +333,15 @@ def _scalar_of(value: Any, dtype: np.dtype[Any], name: str, api: str) -> Any:
     elif dtype.kind in "iu" and not np.iinfo(dtype).min <= int(value) <= np.iinfo(dtype).max:
         problem = f"{name} does not fit in {dtype_name(dtype)}"
     if problem is not None:
-        raise TypeError(f"{api} cannot convert {name}={value!r} to dtype {dtype_name(dtype)}: {problem}.")
+        raise unworded(TypeError(f"cannot convert {name}={value!r} to dtype {dtype_name(dtype)}: {problem}."))
     return dtype.type(int(value) if dtype.kind in "iu" else value)
 
 
 class CounterDataset(Dataset):
     def __init__(self, start: Any, step: Any, dtype: Any) -> None:
         self._dtype = np.dtype(dtype)
-        self._start = _scalar_of(start, self._dtype, "start", "Dataset.counter()")
-        self._step = _scalar_of(step, self._dtype, "step", "Dataset.counter()")
+        self._start = _scalar_of(start, self._dtype, "start")
+        self._step = _scalar_of(step, self._dtype, "step")
 
     def _iterate(self) -> Iterator[Any]:
         if self._dtype.kind in "iu":
@@ -396,4 +398,18 @@ class RandomDataset(Dataset):
 
 def experimental_counter(start: Any = 0, step: Any = 1, dtype: Any = np.int64) -> Dataset:
     """``start, start + step, ...`` forever (``tf.data.experimental.Counter``; see ``Dataset.counter``)."""
-    return CounterDataset(start, step, dtype)
+    with worded_at("Dataset.counter()"):
+        return CounterDataset(start, step, dtype)
+
+
+def zip_datasets(args: tuple[Any, ...], datasets: Any) -> Dataset:
+    """``Dataset.zip(*args, datasets=datasets)``: ``zip(a, b)``, ``zip((a, b))`` or ``zip(datasets={"x": a})``."""
+    if datasets is not None:
+        if args:
+            raise TypeError("zip() takes the datasets either positionally or as datasets=, not both.")
+        structure = datasets
+    else:
+        if not args:
+            raise TypeError("zip() needs at least one dataset.")
+        structure = args[0] if len(args) == 1 else tuple(args)
+    return ZipDataset(structure)
