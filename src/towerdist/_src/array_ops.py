@@ -20,6 +20,7 @@ import numpy as np
 
 from towerdist._src import backend
 from towerdist._src import device as device_lib
+from towerdist._src.dtypes import python_dtype as _python_dtype
 from towerdist._src.errors import OutOfRangeError, OutOfRangeStopIteration
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 
@@ -38,18 +39,7 @@ __all__ = [
     "zeros",
 ]
 
-_INT32 = np.iinfo(np.int32)
 _HOST_ONLY_KINDS = "OSUVMm"  # objects, strings, bytes, void, datetimes: cupy holds numbers only
-
-
-def _python_dtype(array: np.ndarray) -> Any:
-    """TensorFlow's dtype for an array built from Python values (float64 -> float32, ...)."""
-    if array.dtype == np.float64:
-        return np.float32
-    if array.dtype == np.int64:
-        if array.size == 0 or (array.min() >= _INT32.min and array.max() <= _INT32.max):
-            return np.int32
-    return array.dtype
 
 
 def from_python(value: Any, api: str) -> np.ndarray:

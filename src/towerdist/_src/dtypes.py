@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 bool = np.dtype(np.bool_)  # noqa: A001  (TensorFlow's name)
@@ -21,3 +23,15 @@ double = float64
 complex64 = np.dtype(np.complex64)
 complex128 = np.dtype(np.complex128)
 string = np.dtype(np.object_)
+
+_INT32 = np.iinfo(np.int32)
+
+
+def python_dtype(array: np.ndarray) -> Any:
+    """TensorFlow's dtype for an array built from Python values (float64 -> float32, ...)."""
+    if array.dtype == np.float64:
+        return np.float32
+    if array.dtype == np.int64:
+        if array.size == 0 or (array.min() >= _INT32.min and array.max() <= _INT32.max):
+            return np.int32
+    return array.dtype

@@ -15,7 +15,6 @@ generator, a file reader, a ``batch`` of unequal shapes) ends the pass, with a w
 from __future__ import annotations
 
 import copy
-import itertools
 import logging
 import threading
 import warnings
@@ -27,30 +26,37 @@ import numpy as np
 from towerdist._src import nest
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
-from towerdist._src.data.interleave import ErrorHandler, InterleaveDataset, sample_element
-from towerdist._src.data.mapping import FilterDataset, MapDataset
-from towerdist._src.data.spec import FirstElementCheck, TensorSpec, dtype_name, structure_of
-from towerdist._src.data.structure import call_with_element, normalize_output, to_element
-from towerdist._src.data.transforms import close_iterator
+from towerdist._src.data.node import ErrorHandler, tolerant
+from towerdist._src.data.spec import (
+    FirstElementCheck,
+    common_spec,
+    dtype_name,
+    mixing_mismatch,
+    structure_of,
+)
+from towerdist._src.data.structure import (
+    call_with_element,
+    close_iterator,
+    normalize_output,
+    sample_element,
+    to_element,
+)
 from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.failures import unworded, worded_at
 
 __all__ = [
     "ConcatenateDataset",
-    "CounterDataset",
     "IgnoreErrorsDataset",
-    "RandomDataset",
     "ScanDataset",
     "TakeWhileDataset",
     "UniqueDataset",
     "apply",
-    "experimental_counter",
     "experimental_get_single_element",
     "experimental_ignore_errors",
     "experimental_scan",
     "experimental_take_while",
     "experimental_unique",
     "get_single_element",
-    "tolerant",
 ]
 
 INFINITE, UNKNOWN = options_lib.INFINITE, options_lib.UNKNOWN
@@ -58,9 +64,9 @@ INFINITE, UNKNOWN = options_lib.INFINITE, options_lib.UNKNOWN
 logger = logging.getLogger("towerdist")
 
 
-def _check_dataset(value: Any, api: str, name: str) -> Dataset:
+def _check_dataset(value: Any, name: str) -> Dataset:
     if not isinstance(value, Dataset):
-        raise TypeError(f"{api} takes a td.data.Dataset as {name}. Got {name}={_preview(value)} ({type(value)}).")
+        raise unworded(TypeError(f"takes a td.data.Dataset as {name}. Got {name}={_preview(value)} ({type(value)})."))
     return value
 
 
@@ -69,36 +75,18 @@ def _preview(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _annotate(error: BaseException, api: str, index: int) -> None:
-    error.add_note(f"td.data.Dataset.{api}(): raised by the user function on element {index} of its input.")
-
-
 # --- concatenate -------------------------------------------------------------------------------
 
 
-def _relaxed(a: TensorSpec, b: TensorSpec) -> TensorSpec:
-    """The most specific spec that both ``a`` and ``b`` fit (same dtype)."""
-    if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
-        return TensorSpec(None, a.dtype)
-    return TensorSpec(tuple(x if x == y else None for x, y in zip(a.shape, b.shape, strict=True)), a.dtype)
-
-
-def _common_spec(first: Any, second: Any) -> Any:
+def _concatenated_spec(first: Any, second: Any) -> Any:
     """The element spec of ``first`` followed by ``second``; TypeError where they cannot mix."""
-    mismatch = nest.explain_mismatch(first, second)
-    if not mismatch:
-        paths, leaves_a, treespec = nest.flatten_with_paths(first)
-        leaves_b: list[Any] = list(treespec.flatten_up_to(second))
-        for path, a, b in zip(paths, leaves_a, leaves_b, strict=True):
-            if a.dtype != b.dtype:
-                mismatch = f"at {nest.format_path(path)}: dtype {dtype_name(a.dtype)} vs {dtype_name(b.dtype)}"
-                break
-        else:
-            return treespec.unflatten([_relaxed(a, b) for a, b in zip(leaves_a, leaves_b, strict=True)])
-    raise TypeError(
-        f"Dataset.concatenate() needs elements of the same structure and dtypes. Incompatible dataset elements "
-        f"{mismatch}. Got {first!r} vs. {second!r}; cast or restructure one dataset with map() first."
-    )
+    mismatch = mixing_mismatch(first, second)
+    if mismatch:
+        raise TypeError(
+            f"Dataset.concatenate() needs elements of the same structure and dtypes. Incompatible dataset elements "
+            f"{mismatch}. Got {first!r} vs. {second!r}; cast or restructure one dataset with map() first."
+        )
+    return common_spec([first, second])
 
 
 _NOTHING = object()
@@ -115,11 +103,11 @@ def _concatenate_mismatch(a: int, spec_a: Any, b: int, spec_b: Any, where: str) 
 
 class ConcatenateDataset(Dataset):
     def __init__(self, input_dataset: Dataset, dataset: Any) -> None:
-        other = _check_dataset(dataset, "Dataset.concatenate()", "dataset")
+        other = _check_dataset(dataset, "dataset")
         self._inputs = (input_dataset, other)
         first, second = input_dataset._spec(probe=False), other._spec(probe=False)
         if first is not None and second is not None:
-            _common_spec(first, second)  # TensorFlow checks at construction
+            _concatenated_spec(first, second)  # TensorFlow checks at construction
 
     def _iterate(self) -> Iterator[Any]:
         specs = [node._spec(probe=False) for node in self._inputs]
@@ -145,7 +133,7 @@ class ConcatenateDataset(Dataset):
         first, second = (node._spec(probe) for node in self._inputs)
         if first is None or second is None:
             return None
-        return _common_spec(first, second)
+        return _concatenated_spec(first, second)
 
     def _cardinality(self) -> int:
         counts = [node._cardinality() for node in self._inputs]
@@ -163,20 +151,9 @@ class ConcatenateDataset(Dataset):
 # --- scan --------------------------------------------------------------------------------------
 
 
-def _relaxed_nest(first: Any, second: Any) -> Any:
-    """``first`` with each array spec relaxed to fit ``second``'s too; ``first`` where they cannot mix."""
-    if nest.explain_mismatch(first, second):
-        return first
-    leaves_a, treespec = nest.flatten(first)
-    leaves_b: list[Any] = list(treespec.flatten_up_to(second))
-    relaxed = [
-        _relaxed(a, b) if isinstance(a, TensorSpec) and isinstance(b, TensorSpec) and a.dtype == b.dtype else a
-        for a, b in zip(leaves_a, leaves_b, strict=True)
-    ]
-    return treespec.unflatten(relaxed)
-
-
 class ScanDataset(Dataset):
+    _op = "scan"
+
     def __init__(self, input_dataset: Dataset, initial_state: Any, scan_func: Callable[..., Any]) -> None:
         if not callable(scan_func):
             raise TypeError(f"Dataset.scan() takes a callable scan_func. Got scan_func={scan_func!r}.")
@@ -190,7 +167,7 @@ class ScanDataset(Dataset):
         try:
             result = self._fn(state, element)  # a tuple element is ONE argument here, as in TensorFlow
         except Exception as error:
-            _annotate(error, "scan", index)
+            self._note_failed_element(error, index)
             raise
         if not isinstance(result, (tuple, list)) or len(result) != 2:
             shown = structure_of(normalize_output(result)) if not isinstance(result, Dataset) else result
@@ -247,7 +224,11 @@ class ScanDataset(Dataset):
             _, again = self._step(state, element, 0)
         except Exception:  # noqa: BLE001 - a probe only: the pass itself reports the function's errors
             return spec
-        return _relaxed_nest(spec, structure_of(again))
+        again_spec = structure_of(again)
+        return spec if nest.explain_mismatch(spec, again_spec) else common_spec([spec, again_spec])
+
+    def _tolerant(self) -> Dataset | None:
+        return copy.copy(self)
 
     def _cardinality(self) -> int:
         return self._inputs[0]._cardinality()
@@ -320,6 +301,8 @@ def _is_bool_scalar(value: Any) -> bool:
 
 
 class TakeWhileDataset(Dataset):
+    _op = "take_while"
+
     def __init__(self, input_dataset: Dataset, predicate: Callable[..., Any]) -> None:
         if not callable(predicate):
             raise TypeError(f"Dataset.take_while() takes a callable predicate. Got predicate={predicate!r}.")
@@ -331,7 +314,7 @@ class TakeWhileDataset(Dataset):
         try:
             keep = call_with_element(self._predicate, element)
         except Exception as error:
-            _annotate(error, "take_while", index)
+            self._note_failed_element(error, index)
             raise
         if not _is_bool_scalar(keep):
             raise ValueError(
@@ -357,6 +340,9 @@ class TakeWhileDataset(Dataset):
         finally:
             close_iterator(source)
 
+    def _tolerant(self) -> Dataset | None:
+        return copy.copy(self)
+
     def _cardinality(self) -> int:
         return UNKNOWN  # as in TensorFlow, even for an infinite input
 
@@ -365,53 +351,6 @@ class TakeWhileDataset(Dataset):
 
 
 # --- ignore_errors -----------------------------------------------------------------------------
-
-
-class _TolerantMap(MapDataset):
-    """``map`` that drops an element whose function raised (inside ``ignore_errors``)."""
-
-    _on_error: ErrorHandler
-
-    def _apply(self, element: Any, index: int) -> Any:
-        try:
-            return super()._apply(element, index)
-        except Exception as error:
-            self._on_error(error)
-            return _DROPPED
-
-    def _iterate(self) -> Iterator[Any]:
-        source = super()._iterate()
-        try:
-            for value in source:
-                if value is not _DROPPED:
-                    yield value
-        finally:
-            close_iterator(source)
-
-
-_DROPPED = object()  # what a tolerant map yields for an element it dropped
-_NOTHING = object()
-
-
-def tolerant(dataset: Dataset, on_error: ErrorHandler) -> Dataset:
-    """A copy of ``dataset`` whose per-element user code drops failing elements (see the module docstring)."""
-
-    def rewrite(node: Dataset) -> Dataset:
-        inputs = tuple(rewrite(i) for i in node._inputs)
-        if type(node) is MapDataset:
-            clone: Dataset = copy.copy(node)
-            clone.__class__ = _TolerantMap
-        elif isinstance(node, (FilterDataset, InterleaveDataset, ScanDataset, TakeWhileDataset)):
-            clone = copy.copy(node)
-        elif all(a is b for a, b in zip(inputs, node._inputs, strict=True)):
-            return node
-        else:
-            return node._clone(inputs)
-        clone._inputs = inputs
-        clone._on_error = on_error  # type: ignore[attr-defined]
-        return clone
-
-    return rewrite(dataset)
 
 
 class IgnoreErrorsDataset(Dataset):
@@ -461,84 +400,6 @@ class IgnoreErrorsDataset(Dataset):
 
     def _batch_size(self) -> int | None:
         return self._inputs[0]._batch_size()
-
-
-# --- counter and random ------------------------------------------------------------------------
-
-
-def _scalar_of(value: Any, dtype: np.dtype[Any], name: str, api: str) -> Any:
-    """``value`` as a numpy scalar of ``dtype``; TypeError where it does not convert exactly."""
-    problem = None
-    if dtype == np.object_ or dtype.kind not in "iuf":
-        problem = f"dtype {dtype_name(dtype)} is not a number type"
-    elif isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        problem = f"{name} is not a number"
-    elif dtype.kind in "iu" and isinstance(value, (float, np.floating)) and not float(value).is_integer():
-        problem = f"{name} is not a whole number"
-    elif dtype.kind in "iu" and not np.iinfo(dtype).min <= int(value) <= np.iinfo(dtype).max:
-        problem = f"{name} does not fit in {dtype_name(dtype)}"
-    if problem is not None:
-        raise TypeError(f"{api} cannot convert {name}={value!r} to dtype {dtype_name(dtype)}: {problem}.")
-    return dtype.type(int(value) if dtype.kind in "iu" else value)
-
-
-class CounterDataset(Dataset):
-    def __init__(self, start: Any, step: Any, dtype: Any) -> None:
-        self._dtype = np.dtype(dtype)
-        self._start = _scalar_of(start, self._dtype, "start", "Dataset.counter()")
-        self._step = _scalar_of(step, self._dtype, "step", "Dataset.counter()")
-
-    def _iterate(self) -> Iterator[Any]:
-        if self._dtype.kind in "iu":
-            # Python ints, wrapped into the dtype's range: TensorFlow's counter overflows silently.
-            info = np.iinfo(self._dtype)
-            span, low = int(info.max) - int(info.min) + 1, int(info.min)
-            value, step, scalar = int(self._start), int(self._step), self._dtype.type
-            while True:
-                yield scalar(value)
-                value = (value + step - low) % span + low
-        else:
-            value = self._start
-            with np.errstate(over="ignore"):
-                while True:
-                    yield value
-                    value = self._dtype.type(value + self._step)
-
-    def _spec(self, probe: bool) -> Any:
-        return TensorSpec((), self._dtype)
-
-    def _cardinality(self) -> int:
-        return INFINITE
-
-
-class RandomDataset(Dataset):
-    """Uniform int64 values in ``[0, 2**32)`` from numpy's generator (not TensorFlow's stream)."""
-
-    _CHUNK = 1024
-
-    def __init__(self, seed: Any, rerandomize_each_iteration: bool | None) -> None:
-        if seed is None:
-            self._seed = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
-        elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise TypeError(f"Dataset.random() takes an integer seed or None. Got seed={seed!r}.")
-        else:
-            self._seed = int(seed) & (2**64 - 1)
-        self._rerandomize = bool(rerandomize_each_iteration)
-        self._epochs = itertools.count()
-        self._epoch_lock = threading.Lock()
-
-    def _iterate(self) -> Iterator[Any]:
-        with self._epoch_lock:
-            epoch = next(self._epochs) if self._rerandomize else 0
-        rng = np.random.default_rng([self._seed, epoch])
-        while True:
-            yield from rng.integers(0, 2**32, size=self._CHUNK, dtype=np.int64)
-
-    def _spec(self, probe: bool) -> Any:
-        return TensorSpec((), np.int64)
-
-    def _cardinality(self) -> int:
-        return INFINITE
 
 
 # --- whole-dataset helpers and td.data.experimental ------------------------------------------
@@ -617,9 +478,5 @@ def experimental_get_single_element(dataset: Any) -> Any:
       TypeError: ``dataset`` is not a ``td.data.Dataset``.
       InvalidArgumentError: the dataset has no element, or more than one.
     """
-    return get_single_element(_check_dataset(dataset, "td.data.experimental.get_single_element()", "dataset"))
-
-
-def experimental_counter(start: Any = 0, step: Any = 1, dtype: Any = np.int64) -> Dataset:
-    """``start, start + step, ...`` forever (``tf.data.experimental.Counter``; see ``Dataset.counter``)."""
-    return CounterDataset(start, step, dtype)
+    with worded_at("td.data.experimental.get_single_element()"):
+        return get_single_element(_check_dataset(dataset, "dataset"))

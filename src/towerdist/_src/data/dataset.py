@@ -5,46 +5,26 @@ transformations (``batch``, ``map``, ``shuffle``, ...), each a subclass of :clas
 implementing a few hooks. Nothing runs until the dataset is iterated; every ``iter()``
 starts a new pass (a new *epoch*: ``shuffle`` reshuffles).
 
-Hooks a node implements:
-
-* ``_iterate()``: a generator of elements for one pass;
-* ``_spec(probe)``: the element spec, derived from the inputs' specs; ``probe=True`` allows
-  running the pipeline up to its first element where user code decides the structure
-  (``map``, ``from_generator`` without a signature);
-* ``_cardinality()``: the number of elements, or ``INFINITE``/``UNKNOWN``;
-* ``_batch_size()``: the global batch size this node's elements come in, when known
-  statically (what TensorFlow's ``compute_batch_size`` finds);
-* ``_gather_plan()``: for nodes that only select and reorder elements, a faster plan that
-  runs the node on element *indices* and gathers whole batches at once.
+The hooks a node implements are described in :mod:`~towerdist._src.data.node`.
 """
 
 from __future__ import annotations
 
-import copy
-import itertools
-import threading
-from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from towerdist._src import nest
 from towerdist._src.data import options as options_lib
-from towerdist._src.data.optional import Optional
-from towerdist._src.data.spec import TensorSpec
-from towerdist._src.errors import OutOfRangeError, UnimplementedError
+from towerdist._src.data.iterator import DatasetIterator
+from towerdist._src.data.node import Node
+from towerdist._src.errors import UnimplementedError
+from towerdist._src.failures import worded_at
 
-__all__ = ["Dataset", "DatasetIterator", "GatherPlan"]
-
-
-class GatherPlan(NamedTuple):
-    """Run ``indices`` (a dataset of int indices) and gather batches with ``gather(index_array)``."""
-
-    indices: Dataset
-    gather: Callable[[np.ndarray], Any]
+__all__ = ["Dataset", "DatasetIterator"]
 
 
-class Dataset:
+class Dataset(Node):
     """A pipeline of elements, each a nested structure (tuple, namedtuple, dict) of arrays.
 
     Build one from a source and chain transformations; iterate it with ``for``::
@@ -56,8 +36,6 @@ class Dataset:
     To run a dataset on several replicas, pass it to
     ``strategy.experimental_distribute_dataset``, which splits each global batch.
     """
-
-    _inputs: tuple[Dataset, ...] = ()
 
     # --- sources ----------------------------------------------------------------------------
 
@@ -72,22 +50,16 @@ class Dataset:
           >>> list(td.data.Dataset.from_tensor_slices(([1, 2], [3.0, 4.0])).as_numpy_iterator())
           [(np.int32(1), np.float32(3.0)), (np.int32(2), np.float32(4.0))]
         """
-        from towerdist._src.data import sources
-
         return sources.TensorSliceDataset(tensors)
 
     @staticmethod
     def from_tensors(tensors: Any, name: str | None = None) -> Dataset:
         """A dataset of exactly one element, ``tensors`` (copied; its arrays are read-only)."""
-        from towerdist._src.data import sources
-
         return sources.TensorDataset(tensors)
 
     @staticmethod
     def range(*args: int, output_type: Any = np.int64, name: str | None = None) -> Dataset:
         """``start, start + step, ...`` below ``stop``, like Python's ``range`` (int64 by default)."""
-        from towerdist._src.data import sources
-
         return sources.RangeDataset(*args, output_type=output_type)
 
     @staticmethod
@@ -107,8 +79,6 @@ class Dataset:
         dimension sizes are left unknown. ``output_types``/``output_shapes`` (TensorFlow's
         older spelling) are accepted too.
         """
-        from towerdist._src.data import sources
-
         return sources.GeneratorDataset(generator, output_types, output_shapes, args, output_signature)
 
     @staticmethod
@@ -117,17 +87,7 @@ class Dataset:
 
         Stops at the end of the shortest input.
         """
-        from towerdist._src.data import sources
-
-        if datasets is not None:
-            if args:
-                raise TypeError("zip() takes the datasets either positionally or as datasets=, not both.")
-            structure = datasets
-        else:
-            if not args:
-                raise TypeError("zip() needs at least one dataset.")
-            structure = args[0] if len(args) == 1 else tuple(args)
-        return sources.ZipDataset(structure)
+        return sources.zip_datasets(args, datasets)
 
     @staticmethod
     def list_files(
@@ -142,12 +102,11 @@ class Dataset:
         Raises:
           InvalidArgumentError: no file matches.
         """
-        from towerdist._src.data import files
-
         return files.list_files(file_pattern, shuffle, seed)
 
     # --- transformations -------------------------------------------------------------------
 
+    @worded_at("batch()")
     def batch(
         self,
         batch_size: int,
@@ -161,12 +120,11 @@ class Dataset:
         With ``drop_remainder=True`` a last, smaller batch is dropped and the batch
         dimension of ``element_spec`` is static.
         """
-        from towerdist._src.data import transforms
-
         return transforms.BatchDataset(self, batch_size, drop_remainder)
 
     # --- padding, windows, sampling, grouping and saving -----------------------------------
 
+    @worded_at("Dataset.padded_batch()")
     def padded_batch(
         self,
         batch_size: int,
@@ -196,10 +154,9 @@ class Dataset:
             ragged or sparse (numpy has no such arrays).
           DataLossError: (while iterating) an element is larger than its fixed padded shape.
         """
-        from towerdist._src.data import padding
-
         return padding.PaddedBatchDataset(self, batch_size, padded_shapes, padding_values, drop_remainder)
 
+    @worded_at("Dataset.window()")
     def window(
         self,
         size: int,
@@ -222,11 +179,10 @@ class Dataset:
         Raises:
           InvalidArgumentError: ``size``, ``shift`` or ``stride`` < 1.
         """
-        from towerdist._src.data import windowing
-
         return windowing.WindowDataset(self, size, shift, stride, drop_remainder)
 
     @staticmethod
+    @worded_at("Dataset.sample_from_datasets()")
     def sample_from_datasets(
         datasets: Any,
         weights: Any = None,
@@ -251,11 +207,10 @@ class Dataset:
           InvalidArgumentError: an infinite weight, or (when iterating) a vector of a weights
             dataset without a positive weight.
         """
-        from towerdist._src.data import sampling
-
         return sampling.sample_from_datasets(datasets, weights, seed, stop_on_empty_dataset, rerandomize_each_iteration)
 
     @staticmethod
+    @worded_at("Dataset.choose_from_datasets()")
     def choose_from_datasets(datasets: Any, choice_dataset: Dataset, stop_on_empty_dataset: bool = True) -> Dataset:
         """Takes every element from ``datasets[i]`` for the next ``i`` of ``choice_dataset`` (int64 scalars).
 
@@ -274,10 +229,9 @@ class Dataset:
             structures or dtypes differ.
           InvalidArgumentError: (while iterating) a choice is not an index of ``datasets``.
         """
-        from towerdist._src.data import sampling
-
         return sampling.choose_from_datasets(datasets, choice_dataset, stop_on_empty_dataset)
 
+    @worded_at("Dataset.group_by_window()")
     def group_by_window(
         self,
         key_func: Callable[..., Any],
@@ -302,10 +256,9 @@ class Dataset:
             (while iterating) a key or window size that is not an int64 scalar.
           TypeError: (while iterating) ``reduce_func`` does not return a dataset.
         """
-        from towerdist._src.data import windowing
-
         return windowing.GroupByWindowDataset(self, key_func, reduce_func, window_size, window_size_func)
 
+    @worded_at("Dataset.bucket_by_sequence_length()")
     def bucket_by_sequence_length(
         self,
         element_length_func: Callable[..., Any],
@@ -334,8 +287,6 @@ class Dataset:
           InternalError: (while iterating) with ``pad_to_bucket_boundary``, a length at or
             beyond the last boundary.
         """
-        from towerdist._src.data import windowing
-
         return windowing.BucketBySequenceLengthDataset(
             self,
             element_length_func,
@@ -348,6 +299,7 @@ class Dataset:
             drop_remainder,
         )
 
+    @worded_at("Dataset.save()")
     def save(
         self,
         path: str,
@@ -368,11 +320,10 @@ class Dataset:
           TypeError: a component cannot be saved (not numbers, booleans or strings).
           UnimplementedError: ``checkpoint_args`` is given.
         """
-        from towerdist._src.data import persistence
-
         persistence.save(self, path, compression, shard_func, checkpoint_args)
 
     @staticmethod
+    @worded_at("Dataset.load()")
     def load(
         path: str,
         element_spec: Any = None,
@@ -395,20 +346,15 @@ class Dataset:
             records are checked as they are read).
           InvalidArgumentError: ``element_spec`` does not match the saved one.
         """
-        from towerdist._src.data import persistence
-
         return persistence.load(path, element_spec, compression, reader_func)
 
     def unbatch(self, name: str | None = None) -> Dataset:
         """Splits every element along dimension 0 into its rows (the inverse of ``batch``)."""
-        from towerdist._src.data import transforms
-
         return transforms.UnbatchDataset(self)
 
+    @worded_at("rebatch()")
     def rebatch(self, batch_size: Any, drop_remainder: bool = False, name: str | None = None) -> Dataset:
         """Re-cuts the rows of the elements into batches of ``batch_size`` (an int or a list of sizes, cycled)."""
-        from towerdist._src.data import transforms
-
         return transforms.RebatchDataset(self, batch_size, drop_remainder)
 
     def map(
@@ -436,21 +382,13 @@ class Dataset:
         Raises:
           ValueError: ``synchronous=True`` with ``num_parallel_calls``.
         """
-        from towerdist._src.data import mapping
-
-        if synchronous and num_parallel_calls is not None:
-            raise ValueError(
-                f"Dataset.map(): `synchronous` is not supported with `num_parallel_calls`, but `num_parallel_calls` "
-                f"was set to {num_parallel_calls!r}. Drop one of them."
-            )
-        return mapping.MapDataset(self, map_func, num_parallel_calls)
+        return mapping.MapDataset(self, map_func, num_parallel_calls, synchronous)
 
     def filter(self, predicate: Callable[..., Any], name: str | None = None) -> Dataset:
         """Keeps the elements for which ``predicate`` returns a scalar ``True``."""
-        from towerdist._src.data import mapping
-
         return mapping.FilterDataset(self, predicate)
 
+    @worded_at("shuffle()")
     def shuffle(
         self, buffer_size: int, seed: int | None = None, reshuffle_each_iteration: bool = True, name: str | None = None
     ) -> Dataset:
@@ -471,46 +409,39 @@ class Dataset:
         Raises:
           InvalidArgumentError: ``buffer_size`` is 0, or negative other than -2.
         """
-        from towerdist._src.data import transforms
-
         return transforms.ShuffleDataset(self, buffer_size, seed, reshuffle_each_iteration)
 
+    @worded_at("repeat()")
     def repeat(self, count: int | None = None, name: str | None = None) -> Dataset:
         """Repeats the dataset ``count`` times (forever for ``None`` or -1); each repetition is a new pass."""
-        from towerdist._src.data import transforms
-
         return transforms.RepeatDataset(self, count)
 
+    @worded_at("take()")
     def take(self, count: int, name: str | None = None) -> Dataset:
         """The first ``count`` elements (all of them for -1)."""
-        from towerdist._src.data import transforms
-
         return transforms.TakeDataset(self, count)
 
+    @worded_at("skip()")
     def skip(self, count: int, name: str | None = None) -> Dataset:
         """All but the first ``count`` elements (none for -1)."""
-        from towerdist._src.data import transforms
-
         return transforms.SkipDataset(self, count)
 
+    @worded_at("shard()")
     def shard(self, num_shards: int, index: int, name: str | None = None) -> Dataset:
         """Every ``num_shards``-th element, starting at ``index``.
 
         Raises:
           InvalidArgumentError: ``num_shards`` < 1 or ``index`` outside ``[0, num_shards)``.
         """
-        from towerdist._src.data import transforms
-
         return transforms.ShardDataset(self, num_shards, index)
 
+    @worded_at("prefetch()")
     def prefetch(self, buffer_size: int, name: str | None = None) -> Dataset:
         """Produces up to ``buffer_size`` elements ahead on a background thread.
 
         The thread stops when the iterator is exhausted, closed, or garbage collected, and
         an exception raised upstream comes out of ``next()``. ``td.data.AUTOTUNE`` picks 2.
         """
-        from towerdist._src.data import prefetch
-
         return prefetch.PrefetchDataset(self, buffer_size)
 
     def cache(self, filename: str = "", name: str | None = None) -> Dataset:
@@ -528,10 +459,9 @@ class Dataset:
           NotFoundError: (at the first element) the directory of ``filename`` does not exist.
           DataLossError: (at the first element) ``filename`` is not a complete cache file.
         """
-        from towerdist._src.data import transforms
-
         return transforms.CacheDataset(self, filename)
 
+    @worded_at("enumerate()")
     def enumerate(self, start: int = 0, name: str | None = None) -> Dataset:
         """Pairs every element with its int64 position: ``(start + i, element)``.
 
@@ -540,12 +470,11 @@ class Dataset:
         Raises:
           InvalidArgumentError: ``start`` does not fit in int64.
         """
-        from towerdist._src.data import transforms
-
         return transforms.EnumerateDataset(self, start)
 
     # --- interleaving, combining and folding (interleave.py, combinators.py) ---------------
 
+    @worded_at("Dataset.interleave()")
     def interleave(
         self,
         map_func: Callable[..., Any],
@@ -588,12 +517,11 @@ class Dataset:
             above ``cycle_length`` (other than ``td.data.AUTOTUNE``).
           TypeError: (while iterating) ``map_func`` does not return a dataset.
         """
-        from towerdist._src.data import interleave
-
         return interleave.InterleaveDataset(
             self, map_func, cycle_length, block_length, num_parallel_calls, deterministic
         )
 
+    @worded_at("Dataset.flat_map()")
     def flat_map(self, map_func: Callable[..., Any], name: str | None = None) -> Dataset:
         """Maps every element to a dataset with ``map_func`` and chains those datasets in order.
 
@@ -604,10 +532,9 @@ class Dataset:
           >>> [int(v) for v in td.data.Dataset.range(4).flat_map(lambda n: td.data.Dataset.range(n))]
           [0, 0, 1, 0, 1, 2]
         """
-        from towerdist._src.data import interleave
+        return interleave.FlatMapDataset(self, map_func)
 
-        return interleave.InterleaveDataset(self, map_func, 1, 1, api="flat_map")
-
+    @worded_at("Dataset.concatenate()")
     def concatenate(self, dataset: Dataset, name: str | None = None) -> Dataset:
         """The elements of this dataset, then those of ``dataset``.
 
@@ -617,8 +544,6 @@ class Dataset:
         Raises:
           TypeError: ``dataset`` is not a dataset, or its elements have another structure or dtype.
         """
-        from towerdist._src.data import combinators
-
         return combinators.ConcatenateDataset(self, dataset)
 
     def apply(self, transformation_func: Callable[[Dataset], Dataset]) -> Dataset:
@@ -627,8 +552,6 @@ class Dataset:
         Raises:
           TypeError: ``transformation_func`` does not return a ``td.data.Dataset``.
         """
-        from towerdist._src.data import combinators
-
         return combinators.apply(self, transformation_func)
 
     def scan(self, initial_state: Any, scan_func: Callable[[Any, Any], Any], name: str | None = None) -> Dataset:
@@ -647,8 +570,6 @@ class Dataset:
           TypeError: (while iterating) ``scan_func`` does not return a pair, or changes the
             state's structure or dtypes.
         """
-        from towerdist._src.data import combinators
-
         return combinators.ScanDataset(self, initial_state, scan_func)
 
     def unique(self, name: str | None = None) -> Dataset:
@@ -658,8 +579,6 @@ class Dataset:
           TypeError: the element has another dtype.
           InvalidArgumentError: the element has more than one component.
         """
-        from towerdist._src.data import combinators
-
         return combinators.UniqueDataset(self)
 
     def take_while(self, predicate: Callable[..., Any], name: str | None = None) -> Dataset:
@@ -668,8 +587,6 @@ class Dataset:
         Raises:
           ValueError: (while iterating) ``predicate`` returns something else than a boolean scalar.
         """
-        from towerdist._src.data import combinators
-
         return combinators.TakeWhileDataset(self, predicate)
 
     def get_single_element(self, name: str | None = None) -> Any:
@@ -678,8 +595,6 @@ class Dataset:
         Raises:
           InvalidArgumentError: the dataset has no element, or more than one.
         """
-        from towerdist._src.data import combinators
-
         return combinators.get_single_element(self)
 
     def ignore_errors(self, log_warning: bool = False, name: str | None = None) -> Dataset:
@@ -695,11 +610,10 @@ class Dataset:
           log_warning: log every dropped error on the ``towerdist`` logger.
           name: accepted for compatibility; unused.
         """
-        from towerdist._src.data import combinators
-
         return combinators.IgnoreErrorsDataset(self, log_warning)
 
     @staticmethod
+    @worded_at("Dataset.counter()")
     def counter(start: Any = 0, step: Any = 1, dtype: Any = np.int64, name: str | None = None) -> Dataset:
         """``start, start + step, start + 2 * step, ...`` forever, as scalars of ``dtype``.
 
@@ -708,9 +622,7 @@ class Dataset:
         Raises:
           TypeError: ``start`` or ``step`` does not convert exactly to ``dtype``.
         """
-        from towerdist._src.data import combinators
-
-        return combinators.CounterDataset(start, step, dtype)
+        return sources.CounterDataset(start, step, dtype)
 
     @staticmethod
     def random(
@@ -722,16 +634,10 @@ class Dataset:
         values unless ``rerandomize_each_iteration=True``. The numbers come from numpy's
         generator, so they differ from TensorFlow's for the same seed.
         """
-        from towerdist._src.data import combinators
-
-        return combinators.RandomDataset(seed, rerandomize_each_iteration)
+        return sources.RandomDataset(seed, rerandomize_each_iteration)
 
     def with_options(self, options: options_lib.Options, name: str | None = None) -> Dataset:
         """This dataset with ``options`` merged into its options."""
-        from towerdist._src.data import transforms
-
-        if not isinstance(options, options_lib.Options):
-            raise TypeError(f"with_options() takes a td.data.Options. Got options={options!r}.")
         return transforms.OptionsDataset(self, options)
 
     # --- inspecting ------------------------------------------------------------------------
@@ -853,155 +759,23 @@ class Dataset:
             ``[0, len(target_dist))`` or not a scalar.
           TypeError: (when iterating) a class of another dtype.
         """
-        from towerdist._src.data import resampling
-
         return resampling.RejectionResampleDataset(self, class_func, target_dist, initial_dist, seed)
 
-    # --- hooks (see the module docstring) --------------------------------------------------
 
-    def _iterate(self) -> Iterator[Any]:
-        raise NotImplementedError
-
-    def _spec(self, probe: bool) -> Any:
-        return self._inputs[0]._spec(probe)
-
-    def _cardinality(self) -> int:
-        return self._inputs[0]._cardinality()
-
-    def _batch_size(self) -> int | None:
-        return None
-
-    def _gather_plan(self) -> GatherPlan | None:
-        return None
-
-    def _clone(self, inputs: tuple[Dataset, ...]) -> Dataset:
-        """This node over other inputs (used to rewrite pipelines for sharding)."""
-        clone = copy.copy(self)
-        clone._inputs = inputs
-        return clone
-
-    def _walk(self) -> Iterator[Dataset]:
-        """This node and every node upstream of it."""
-        yield self
-        for node in self._inputs:
-            yield from node._walk()
-
-    def _probe_spec(self) -> Any:
-        """The exact spec of the first element (runs the pipeline up to it)."""
-        iterator = self._iterate()
-        try:
-            first = next(iterator)
-        except StopIteration:
-            raise EmptyDatasetError(
-                f"Cannot determine the element_spec of {type(self).__name__}: the dataset is empty and "
-                f"its structure is decided by user code. Give from_generator an output_signature."
-            ) from None
-        finally:
-            close = getattr(iterator, "close", None)
-            if close is not None:
-                close()
-        from towerdist._src.data.spec import structure_of
-
-        return structure_of(first)
-
-
-class EmptyDatasetError(ValueError):
-    """The element spec was to be learnt from the first element, and there is none."""
-
-
-class DatasetIterator:
-    """An iterator over one pass of a dataset (``iter(dataset)``).
-
-    ``next()`` raises ``StopIteration`` at the end; ``get_next()`` raises
-    ``td.errors.OutOfRangeError``; ``get_next_as_optional()`` returns an empty
-    ``td.experimental.Optional``. ``close()`` stops background threads early (dropping the
-    iterator does too).
-
-    An exception raised in the pipeline (by a ``map`` function, a generator, ...) comes out
-    of the call that would have returned that element; the pass then ends, and later calls
-    report the end of the data.
-
-    Like a ``tf.data`` iterator, one iterator may be shared by several threads: each
-    element goes to exactly one of them.
-    """
-
-    def __init__(self, dataset: Dataset) -> None:
-        self._dataset = dataset
-        self._iterator: Iterator[Any] | None = dataset._iterate()
-        # Serialises the steps of the pipeline's generators, which cannot run in two threads
-        # at once. Re-entrant, so that pipeline code touching its own iterator fails with
-        # Python's "generator already executing" instead of a deadlock.
-        self._lock = threading.RLock()
-
-    @property
-    def element_spec(self) -> Any:
-        """The structure of ``td.TensorSpec`` of the elements this iterator yields."""
-        return self._dataset.element_spec
-
-    def __iter__(self) -> DatasetIterator:
-        return self
-
-    def __next__(self) -> Any:
-        lock = self._lock
-        lock.acquire()  # (measured: acquire/try/finally costs about half of a ``with`` block here)
-        try:
-            iterator = self._iterator
-            if iterator is None:
-                raise StopIteration
-            try:
-                return next(iterator)
-            except StopIteration:
-                self._iterator = None
-                raise
-        finally:
-            lock.release()
-
-    def get_next(self) -> Any:
-        """The next element; raises ``td.errors.OutOfRangeError`` at the end."""
-        try:
-            return next(self)
-        except StopIteration:
-            raise OutOfRangeError("End of sequence") from None
-
-    def get_next_as_optional(self) -> Optional:
-        """The next element as an ``Optional`` that is empty at the end.
-
-        Example:
-          >>> iterator = iter(td.data.Dataset.range(3))
-          >>> optional = iterator.get_next_as_optional()
-          >>> while optional.has_value():
-          ...     element = optional.get_value()
-          ...     optional = iterator.get_next_as_optional()
-        """
-        spec = self._dataset._spec(probe=False)
-        try:
-            return Optional(next(self), spec)
-        except StopIteration:
-            return Optional.empty(spec)
-
-    def close(self) -> None:
-        """Ends the pass now and stops any background threads it started.
-
-        A ``next()`` running in another thread finishes first.
-        """
-        with self._lock:
-            iterator, self._iterator = self._iterator, None
-            close = getattr(iterator, "close", None)
-            if close is not None:
-                close()
-
-    def _restart(self) -> None:
-        """Ends the pass now, as ``close``, and starts a new one from the first element."""
-        with self._lock:
-            self.close()
-            self._iterator = self._dataset._iterate()
-
-
-def count_from(start: int = 0) -> Iterator[int]:
-    """``start, start + 1, ...`` (a thread-safe counter of passes)."""
-    return itertools.count(start)
-
-
-def spec_with_batch(spec: Any, batch: int | None) -> Any:
-    """``spec`` with a leading batch dimension added to every component."""
-    return nest.map_structure(lambda s: TensorSpec(None if s.shape is None else (batch, *s.shape), s.dtype), spec)
+# The operations subclass Dataset, so they are imported once it is defined. The package's
+# __init__ imports this module first, so whichever module of the package is imported first,
+# Dataset is defined before any operation module runs.
+from towerdist._src.data import (  # noqa: E402
+    combinators,
+    files,
+    interleave,
+    mapping,
+    padding,
+    persistence,
+    prefetch,
+    resampling,
+    sampling,
+    sources,
+    transforms,
+    windowing,
+)

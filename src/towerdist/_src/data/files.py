@@ -17,7 +17,7 @@ from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.sources import TensorSliceDataset
 from towerdist._src.data.spec import TensorSpec
-from towerdist._src.data.transforms import close_iterator
+from towerdist._src.data.structure import close_iterator
 from towerdist._src.errors import (
     DataLossError,
     FailedPreconditionError,
@@ -90,10 +90,8 @@ class TextLineDataset(Dataset):
         self._compression = kind
         self._buffer_size = buffer_size or 256 * 1024
 
-    @property
-    def _file_source(self) -> Dataset:
-        """The dataset of file names this reader reads (what FILE sharding shards)."""
-        return self._inputs[0]
+    def _reads_files(self) -> bool:
+        return True
 
     def _iterate(self) -> Iterator[Any]:
         names = self._inputs[0]._iterate()

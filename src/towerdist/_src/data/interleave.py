@@ -23,6 +23,7 @@ next element would have been, after every element produced before it.
 from __future__ import annotations
 
 import collections
+import copy
 import logging
 import os
 import threading
@@ -32,18 +33,16 @@ from typing import Any
 
 import numpy as np
 
-from towerdist._src import nest
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
-from towerdist._src.data.spec import FirstElementCheck, TensorSpec
-from towerdist._src.data.structure import call_with_element
-from towerdist._src.data.transforms import close_iterator
+from towerdist._src.data.node import ErrorHandler, tolerant
+from towerdist._src.data.spec import FirstElementCheck
+from towerdist._src.data.structure import call_with_element, close_iterator, sample_element
 from towerdist._src.data.workers import DaemonPool, wait_or_warn
 from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.failures import unworded
 
-__all__ = ["ErrorHandler", "InterleaveDataset", "default_cycle_length", "placeholder_element", "sample_element"]
-
-ErrorHandler = Callable[[BaseException], None]
+__all__ = ["FlatMapDataset", "InterleaveDataset", "default_cycle_length"]
 """Receives an error that ``ignore_errors`` drops (see ``combinators.IgnoreErrorsDataset``)."""
 
 logger = logging.getLogger("towerdist")
@@ -77,14 +76,16 @@ def default_parallel_cycle_length(num_parallel_calls: int) -> int:
     return max(1, min(num_parallel_calls, cores))
 
 
-def _positive(value: Any, name: str, api: str) -> int:
+def _positive(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"Dataset.{api}() takes an integer {name}. Got {name}={value!r}.")
+        raise unworded(TypeError(f"takes an integer {name}. Got {name}={value!r}."))
     return int(value)
 
 
 class InterleaveDataset(Dataset):
     """``interleave`` (and ``flat_map``, with one slot): see the module docstring."""
+
+    _api = "interleave"  # the operation's name, in its messages and its threads' names
 
     def __init__(
         self,
@@ -94,13 +95,11 @@ class InterleaveDataset(Dataset):
         block_length: Any = None,
         num_parallel_calls: Any = None,
         deterministic: bool | None = None,
-        api: str = "interleave",
     ) -> None:
         if not callable(map_func):
-            raise TypeError(f"Dataset.{api}() takes a callable map_func. Got map_func={map_func!r}.")
+            raise unworded(TypeError(f"takes a callable map_func. Got map_func={map_func!r}."))
         self._inputs = (input_dataset,)
         self._fn = map_func
-        self._api = api
         if cycle_length is None or (
             not isinstance(cycle_length, bool)
             and isinstance(cycle_length, (int, np.integer))
@@ -109,34 +108,38 @@ class InterleaveDataset(Dataset):
             self._cycle = default_cycle_length()
             fixed_cycle = False
         else:
-            self._cycle = _positive(cycle_length, "cycle_length", api)
+            self._cycle = _positive(cycle_length, "cycle_length")
             fixed_cycle = True
             if self._cycle <= 0:
-                raise InvalidArgumentError(
-                    f"Dataset.{api}() cycle_length must be greater than zero (or None / td.data.AUTOTUNE for the "
-                    f"number of CPU cores). Got cycle_length={self._cycle}."
+                raise unworded(
+                    InvalidArgumentError(
+                        f"cycle_length must be greater than zero (or None / td.data.AUTOTUNE for the "
+                        f"number of CPU cores). Got cycle_length={self._cycle}."
+                    )
                 )
-        self._block = 1 if block_length is None else _positive(block_length, "block_length", api)
+        self._block = 1 if block_length is None else _positive(block_length, "block_length")
         if self._block <= 0:
-            raise InvalidArgumentError(
-                f"Dataset.{api}() block_length must be greater than zero. Got block_length={self._block}."
+            raise unworded(
+                InvalidArgumentError(f"block_length must be greater than zero. Got block_length={self._block}.")
             )
         self._workers = 0
         if num_parallel_calls is not None:
-            calls = _positive(num_parallel_calls, "num_parallel_calls", api)
+            calls = _positive(num_parallel_calls, "num_parallel_calls")
             if not fixed_cycle:
                 self._cycle = default_parallel_cycle_length(calls)
             if calls == options_lib.AUTOTUNE:
                 self._workers = self._cycle
             elif calls <= 0:
-                raise InvalidArgumentError(
-                    f"Dataset.{api}() num_parallel_calls must be greater than zero or td.data.AUTOTUNE. "
-                    f"Got num_parallel_calls={calls}."
+                raise unworded(
+                    InvalidArgumentError(
+                        f"num_parallel_calls must be greater than zero or td.data.AUTOTUNE. "
+                        f"Got num_parallel_calls={calls}."
+                    )
                 )
             elif calls > self._cycle:
                 shown = f"{self._cycle}" if fixed_cycle else f"None, which resolves to {self._cycle} CPU cores here"
                 raise InvalidArgumentError(
-                    f"Dataset.{api}(): if `cycle_length` is set, `num_parallel_calls` must be either "
+                    f"Dataset.{self._api}(): if `cycle_length` is set, `num_parallel_calls` must be either "
                     f"td.data.AUTOTUNE or a value less than or equal to `cycle_length`. Got "
                     f"num_parallel_calls={calls} and cycle_length={shown}; lower num_parallel_calls or pass "
                     f"td.data.AUTOTUNE."
@@ -163,8 +166,6 @@ class InterleaveDataset(Dataset):
                 f"or from_tensor_slices()."
             )
         if self._on_error is not None:
-            from towerdist._src.data.combinators import tolerant
-
             made = tolerant(made, self._on_error)
         return made
 
@@ -324,14 +325,15 @@ class InterleaveDataset(Dataset):
             return None
         return self._open(sample_element(self._inputs[0], self._api), 0).element_spec
 
+    def _tolerant(self) -> Dataset | None:
+        return copy.copy(self)
+
     def _cardinality(self) -> int:
         return options_lib.UNKNOWN  # as in TensorFlow, even for an infinite input
 
     def _reads_files(self) -> bool:
         """True if ``map_func`` makes datasets that read files (FILE auto-sharding shards the input then)."""
         if self._reads_files_cache is None:
-            from towerdist._src.input.auto_shard import is_file_reader
-
             source = self._inputs[0]._iterate()
             try:
                 element = next(source, _EXHAUSTED)
@@ -341,13 +343,17 @@ class InterleaveDataset(Dataset):
                 self._reads_files_cache = False
             else:
                 made = self._open(element, 0)
-                self._reads_files_cache = any(is_file_reader(node) for node in made._walk())
+                self._reads_files_cache = any(node._reads_files() for node in made._walk())
         return self._reads_files_cache
 
-    @property
-    def _file_source(self) -> Dataset:
-        """The dataset of inputs (file names) that FILE sharding shards when this reads files."""
-        return self._inputs[0]
+
+class FlatMapDataset(InterleaveDataset):
+    """``flat_map``: an interleave of one input at a time."""
+
+    _api = "flat_map"
+
+    def __init__(self, input_dataset: Dataset, map_func: Callable[..., Any]) -> None:
+        super().__init__(input_dataset, map_func, 1, 1)
 
 
 class _Slot:
@@ -454,40 +460,3 @@ def _first_ready(slots: list[_Slot | None], start: int) -> int | None:
         if slot is not None and slot.ready():
             return (start + k) % n
     return None
-
-
-def sample_element(dataset: Dataset, api: str) -> Any:
-    """What a user function is traced with: ``dataset``'s first element, else zeros of its spec.
-
-    TensorFlow learns a function's output structure by tracing it symbolically; towerdist
-    calls it on a real element, or on :func:`placeholder_element` when there is none.
-    """
-    source = dataset._iterate()
-    try:
-        return next(source)
-    except StopIteration:
-        return placeholder_element(dataset._spec(probe=True), api)
-    finally:
-        close_iterator(source)
-
-
-def placeholder_element(spec: Any, api: str) -> Any:
-    """A zero-valued element of ``spec``: what ``map_func`` is traced with when the input is empty."""
-    if spec is None:
-        raise ValueError(
-            f"Cannot determine the element_spec of Dataset.{api}(): its input is empty and its structure is "
-            f"decided by user code. Give from_generator an output_signature."
-        )
-
-    def zeros(s: TensorSpec) -> Any:
-        if s.shape is None:
-            raise ValueError(
-                f"Cannot determine the element_spec of Dataset.{api}(): its input is empty and has a "
-                f"component of unknown rank ({s!r})."
-            )
-        if s.dtype == np.object_:
-            return b"" if not s.shape else np.full([d or 0 for d in s.shape], b"", dtype=object)
-        value = np.zeros([d or 0 for d in s.shape], dtype=s.dtype)
-        return value[()] if not s.shape else value
-
-    return nest.map_structure(zeros, spec)

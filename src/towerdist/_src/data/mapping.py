@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import copy
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -10,21 +11,16 @@ from typing import Any
 
 import numpy as np
 
-from towerdist._src import nest
 from towerdist._src.data import options as options_lib
-from towerdist._src.data.dataset import Dataset, EmptyDatasetError
-from towerdist._src.data.spec import TensorSpec, structure_of
-from towerdist._src.data.structure import call_with_element, normalize_output
-from towerdist._src.data.transforms import close_iterator
+from towerdist._src.data.dataset import Dataset
+from towerdist._src.data.node import ErrorHandler
+from towerdist._src.data.spec import EmptyDatasetError, relax_batch, structure_of
+from towerdist._src.data.structure import call_with_element, close_iterator, normalize_output, placeholder_element
 from towerdist._src.data.workers import DaemonPool, wait_or_warn
 
 __all__ = ["FilterDataset", "MapDataset"]
 
 _STOP_SECONDS = 10.0  # how long closing waits for map_func calls running in user code
-
-
-def _annotate(error: BaseException, api: str, index: int) -> None:
-    error.add_note(f"td.data.Dataset.{api}(): raised by the user function on element {index} of its input.")
 
 
 def _workers(num_parallel_calls: Any) -> int:
@@ -42,7 +38,16 @@ def _workers(num_parallel_calls: Any) -> int:
 
 
 class MapDataset(Dataset):
-    def __init__(self, input_dataset: Dataset, map_func: Callable[..., Any], num_parallel_calls: Any) -> None:
+    _op = "map"
+
+    def __init__(
+        self, input_dataset: Dataset, map_func: Callable[..., Any], num_parallel_calls: Any, synchronous: Any = None
+    ) -> None:
+        if synchronous and num_parallel_calls is not None:
+            raise ValueError(
+                f"Dataset.map(): `synchronous` is not supported with `num_parallel_calls`, but `num_parallel_calls` "
+                f"was set to {num_parallel_calls!r}. Drop one of them."
+            )
         if not callable(map_func):
             raise TypeError(f"map() takes a callable map_func. Got map_func={map_func!r}.")
         self._inputs = (input_dataset,)
@@ -53,8 +58,13 @@ class MapDataset(Dataset):
         try:
             return normalize_output(call_with_element(self._fn, element))
         except Exception as error:
-            _annotate(error, "map", index)
+            self._note_failed_element(error, index)
             raise
+
+    def _tolerant(self) -> Dataset | None:
+        clone = copy.copy(self)
+        clone.__class__ = _TolerantMap
+        return clone
 
     def _iterate(self) -> Iterator[Any]:
         source = self._inputs[0]._iterate()
@@ -100,32 +110,47 @@ class MapDataset(Dataset):
         except EmptyDatasetError:
             # No element to learn from: call map_func on zeros of the input's spec, as
             # TensorFlow traces it symbolically.
-            from towerdist._src.data.interleave import placeholder_element
-
             exact = structure_of(self._apply(placeholder_element(input_spec, "map"), 0))
-        return _relax_batch(exact, input_spec)
+        return relax_batch(exact, input_spec)
 
 
-def _relax_batch(exact: Any, input_spec: Any) -> Any:
-    """The probed spec with the batch dimension unknown where the input's batch dimension is.
+class _TolerantMap(MapDataset):
+    """``map`` that drops an element whose function raised (inside ``ignore_errors``)."""
 
-    ``map`` is learnt by calling the function on the first element; a leading dimension
-    equal to the input's unknown batch dimension is taken to be that batch dimension.
-    """
-    leaves, _ = nest.flatten(input_spec)
-    unknown_batch = any(s.shape and s.shape[0] is None for s in leaves)
-    if not unknown_batch:
-        return exact
-    return nest.map_structure(lambda s: TensorSpec((None, *s.shape[1:]) if s.shape else s.shape, s.dtype), exact)
+    _on_error: ErrorHandler
+
+    def _apply(self, element: Any, index: int) -> Any:
+        try:
+            return super()._apply(element, index)
+        except Exception as error:
+            self._on_error(error)
+            return _DROPPED
+
+    def _iterate(self) -> Iterator[Any]:
+        source = super()._iterate()
+        try:
+            for value in source:
+                if value is not _DROPPED:
+                    yield value
+        finally:
+            close_iterator(source)
+
+    def _tolerant(self) -> Dataset | None:
+        return None  # already tolerant: ignore_errors only rewires its inputs
+
+
+_DROPPED = object()  # what a tolerant map yields for an element it dropped
 
 
 class FilterDataset(Dataset):
+    _op = "filter"
+
     def __init__(self, input_dataset: Dataset, predicate: Callable[..., Any]) -> None:
         if not callable(predicate):
             raise TypeError(f"filter() takes a callable predicate. Got predicate={predicate!r}.")
         self._inputs = (input_dataset,)
         self._predicate = predicate
-        self._on_error: Callable[[BaseException], None] | None = None  # set on the copies ignore_errors() makes
+        self._on_error: ErrorHandler | None = None  # set on the copies ignore_errors() makes
 
     def _iterate(self) -> Iterator[Any]:
         source = self._inputs[0]._iterate()
@@ -134,7 +159,7 @@ class FilterDataset(Dataset):
                 try:
                     keep = call_with_element(self._predicate, element)
                 except Exception as error:
-                    _annotate(error, "filter", index)
+                    self._note_failed_element(error, index)
                     if self._on_error is None:
                         raise
                     self._on_error(error)  # inside ignore_errors(): the element is dropped
@@ -148,6 +173,9 @@ class FilterDataset(Dataset):
                     yield element
         finally:
             close_iterator(source)
+
+    def _tolerant(self) -> Dataset | None:
+        return copy.copy(self)
 
     def _cardinality(self) -> int:
         return options_lib.UNKNOWN

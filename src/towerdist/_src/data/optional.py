@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from towerdist._src.data.spec import structure_of
+from towerdist._src.data.structure import to_element
 from towerdist._src.errors import InvalidArgumentError
 
 __all__ = ["Optional"]
@@ -54,9 +56,6 @@ class Optional:
     @staticmethod
     def from_value(value: Any) -> Optional:
         """An Optional holding ``value`` (its ``element_spec`` is that of ``value``, when it is arrays)."""
-        from towerdist._src.data.spec import structure_of
-        from towerdist._src.data.structure import to_element
-
         try:
             spec = structure_of(to_element(value))
         except (TypeError, ValueError):

@@ -23,9 +23,10 @@ import numpy as np
 from towerdist._src import backend, nest
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.spec import TensorSpec, dtype_name
-from towerdist._src.data.structure import to_component
-from towerdist._src.data.transforms import batched_cardinality, close_iterator
+from towerdist._src.data.structure import close_iterator, to_component
+from towerdist._src.data.transforms import batched_cardinality
 from towerdist._src.errors import DataLossError, InvalidArgumentError
+from towerdist._src.failures import name_api, unworded, worded_at
 
 __all__ = [
     "ComponentPlan",
@@ -48,16 +49,16 @@ class ComponentPlan(NamedTuple):
     value: Any
 
 
-def int_argument(value: Any, name: str, api: str) -> int:
-    """``value`` as a Python int; ``TypeError`` naming ``api`` and ``name`` for anything else."""
+def int_argument(value: Any, name: str) -> int:
+    """``value`` as a Python int; an unworded ``TypeError`` naming ``name`` for anything else."""
     if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu":
         return int(value)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{api} takes an integer {name}. Got {name}={value!r}.")
+        raise unworded(TypeError(f"takes an integer {name}. Got {name}={value!r}."))
     return int(value)
 
 
-def up_to(treespec: Any, value: Any, name: str, api: str) -> list[Any]:
+def up_to(treespec: Any, value: Any, name: str) -> list[Any]:
     """The parts of ``value`` at the leaves of the element structure ``treespec``.
 
     As in ``tf.data``, a list is a leaf (a shape, a value), not a structure.
@@ -72,55 +73,65 @@ def up_to(treespec: Any, value: Any, name: str, api: str) -> list[Any]:
     except (ValueError, TypeError) as error:
         text = str(error)
         kind = TypeError if "Expected an instance" in text else ValueError
-        raise kind(
-            f"{api} {name} must have the structure of the dataset's elements, {treespec}. Got {name}={value!r} ({text})"
+        raise unworded(
+            kind(f"{name} must have the structure of the dataset's elements, {treespec}. Got {name}={value!r} ({text})")
         ) from None
 
 
-def _padded_shape(value: Any, index: int, api: str) -> Shape:
+def _padded_shape(value: Any, index: int) -> Shape:
     """One component's ``padded_shapes`` entry as a shape (an int means a vector of that size)."""
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         value = [value]
     if hasattr(value, "as_list") and callable(value.as_list):  # a TensorShape-like object
         value = value.as_list()
     if value is None or isinstance(value, (str, bytes, dict)):
-        raise ValueError(
-            f"{api} padded_shapes entry for component {index} must be a shape (a list of sizes, None or -1 for "
-            f"the batch's largest size). Got {value!r}."
+        raise unworded(
+            ValueError(
+                f"padded_shapes entry for component {index} must be a shape (a list of sizes, None or -1 for "
+                f"the batch's largest size). Got {value!r}."
+            )
         )
     try:
         entries = list(value)
     except TypeError:
-        raise TypeError(f"{api} padded_shapes entry for component {index} must be a shape. Got {value!r}.") from None
+        raise unworded(
+            TypeError(f"padded_shapes entry for component {index} must be a shape. Got {value!r}.")
+        ) from None
     dims: list[int | None] = []
     for entry in entries:
         if entry is None:
             dims.append(None)
             continue
         if isinstance(entry, bool) or not isinstance(entry, (int, np.integer)):
-            raise TypeError(
-                f"{api} padded shape must be an int64 vector: component {index} has the entry {entry!r} "
-                f"(a {type(entry).__name__}). Got padded shape {value!r}."
+            raise unworded(
+                TypeError(
+                    f"padded shape must be an int64 vector: component {index} has the entry {entry!r} "
+                    f"(a {type(entry).__name__}). Got padded shape {value!r}."
+                )
             )
         size = int(entry)
         if size < -1:
-            raise ValueError(
-                f"{api} padded shape dimension {size} of component {index} must be >= 0, or None / -1 for the "
-                f"batch's largest size. Got padded shape {value!r}."
+            raise unworded(
+                ValueError(
+                    f"padded shape dimension {size} of component {index} must be >= 0, or None / -1 for the "
+                    f"batch's largest size. Got padded shape {value!r}."
+                )
             )
         dims.append(None if size == -1 else size)
     return tuple(dims)
 
 
-def _padding_value(value: Any, spec: TensorSpec, index: int, api: str) -> Any:
+def _padding_value(value: Any, spec: TensorSpec, index: int) -> Any:
     """One component's padding value, converted as TensorFlow converts it and checked against ``spec``."""
     if value is None:
         return b"" if spec.dtype == np.object_ else spec.dtype.type(0)
     converted = to_component(value)
     if np.ndim(converted) != 0:
-        raise ValueError(
-            f"{api} padding_values must be scalars, but the value for component {index} has shape "
-            f"{np.shape(converted)}. Got {value!r}."
+        raise unworded(
+            ValueError(
+                f"padding_values must be scalars, but the value for component {index} has shape "
+                f"{np.shape(converted)}. Got {value!r}."
+            )
         )
     dtype = np.dtype(np.object_) if isinstance(converted, bytes) else np.asarray(converted).dtype
     if dtype != spec.dtype:
@@ -130,15 +141,17 @@ def _padding_value(value: Any, spec: TensorSpec, index: int, api: str) -> Any:
                 f" (a Python {type(value).__name__} is {dtype_name(dtype)}, as in TensorFlow; pass "
                 f"np.{dtype_name(spec.dtype)}({value!r}))"
             )
-        raise TypeError(
-            f"{api} padding_values must have the dtype of their component: the value for component {index} is "
-            f"{dtype_name(dtype)}{hint}, the component is {dtype_name(spec.dtype)}. Got {value!r}."
+        raise unworded(
+            TypeError(
+                f"padding_values must have the dtype of their component: the value for component {index} is "
+                f"{dtype_name(dtype)}{hint}, the component is {dtype_name(spec.dtype)}. Got {value!r}."
+            )
         )
     return converted if isinstance(converted, bytes) else np.asarray(converted)[()]
 
 
 def plan_padding(
-    spec: Any, padded_shapes: Any, padding_values: Any, api: str, *, rank_only: bool = False
+    spec: Any, padded_shapes: Any, padding_values: Any, *, rank_only: bool = False
 ) -> tuple[list[ComponentPlan], Any]:
     """The padding plan of every component of elements of ``spec``, and their structure.
 
@@ -152,29 +165,33 @@ def plan_padding(
         does not match the elements'.
     """
     specs, treespec = nest.flatten(spec)
-    shapes = [None] * len(specs) if padded_shapes is None else up_to(treespec, padded_shapes, "padded_shapes", api)
-    values = [None] * len(specs) if padding_values is None else up_to(treespec, padding_values, "padding_values", api)
+    shapes = [None] * len(specs) if padded_shapes is None else up_to(treespec, padded_shapes, "padded_shapes")
+    values = [None] * len(specs) if padding_values is None else up_to(treespec, padding_values, "padding_values")
     plans = []
     for index, (component, shape, value) in enumerate(zip(specs, shapes, values, strict=True)):
-        refuse_spec(component, index, api)
+        refuse_spec(component, index)
         if padded_shapes is None:
             if component.shape is None:
-                raise ValueError(
-                    f"{api} needs padded_shapes: component {index} has an unknown rank, so its padded shape "
-                    f"cannot be inferred. Give padded_shapes (e.g. [None] for a vector)."
+                raise unworded(
+                    ValueError(
+                        f"needs padded_shapes: component {index} has an unknown rank, so its padded shape "
+                        f"cannot be inferred. Give padded_shapes (e.g. [None] for a vector)."
+                    )
                 )
             padded: Shape = tuple(None for _ in component.shape) if rank_only else component.shape
         else:
-            padded = _padded_shape(shape, index, api)
+            padded = _padded_shape(shape, index)
             known = component.shape
             if known is not None and rank_only:
                 known = tuple(None for _ in known)
             if not _fits(padded, known):
-                raise ValueError(
-                    f"{api} padded shape {padded} is not compatible with the shape {component.shape} of component "
-                    f"{index} of the elements (same rank, and a fixed size no smaller than a known one)."
+                raise unworded(
+                    ValueError(
+                        f"padded shape {padded} is not compatible with the shape {component.shape} of component "
+                        f"{index} of the elements (same rank, and a fixed size no smaller than a known one)."
+                    )
                 )
-        plans.append(ComponentPlan(padded, _padding_value(value, component, index, api)))
+        plans.append(ComponentPlan(padded, _padding_value(value, component, index)))
     return plans, treespec
 
 
@@ -187,16 +204,18 @@ def _fits(padded: Shape, known: Shape | None) -> bool:
     )
 
 
-def refuse_spec(component: Any, index: int, api: str) -> None:
+def refuse_spec(component: Any, index: int) -> None:
     """Refuses a component that is not a dense array (a dataset, ...) by its spec."""
     if not isinstance(component, TensorSpec):
-        raise TypeError(
-            f"{api} pads dense array components only, but component {index} of the elements is "
-            f"{component!r}. Ragged and sparse tensors and datasets have no numpy form to pad."
+        raise unworded(
+            TypeError(
+                f"pads dense array components only, but component {index} of the elements is "
+                f"{component!r}. Ragged and sparse tensors and datasets have no numpy form to pad."
+            )
         )
 
 
-def refuse_unrepresentable(leaf: Any, index: int, api: str) -> Any:
+def refuse_unrepresentable(leaf: Any, index: int) -> Any:
     """``leaf`` as an array, or a ``TypeError`` for values numpy cannot hold densely.
 
     TensorFlow's ragged and sparse tensors have no numpy representation; their stand-ins
@@ -209,22 +228,26 @@ def refuse_unrepresentable(leaf: Any, index: int, api: str) -> Any:
         return np.asarray(leaf)
     if isinstance(leaf, np.ndarray):
         if leaf.dtype == np.object_ and not all(isinstance(item, bytes) for item in leaf.reshape(-1).tolist()):
-            raise TypeError(
-                f"{api} cannot pad component {index}: it is an object array holding non-string items, the numpy "
-                f"stand-in for a ragged tensor. numpy has no ragged or sparse tensors; give every element as a "
-                f"dense array (one per row) instead."
+            raise unworded(
+                TypeError(
+                    f"cannot pad component {index}: it is an object array holding non-string items, the numpy "
+                    f"stand-in for a ragged tensor. numpy has no ragged or sparse tensors; give every element as a "
+                    f"dense array (one per row) instead."
+                )
             )
         return leaf
     if backend.is_array(leaf):
         return leaf  # a cupy array
-    raise TypeError(
-        f"{api} pads dense arrays only, but component {index} is a {type(leaf).__module__}.{type(leaf).__name__}. "
-        f"Ragged and sparse tensors have no numpy representation; convert it to a dense array first "
-        f"(e.g. RaggedTensor.to_tensor() or a sparse matrix's toarray())."
+    raise unworded(
+        TypeError(
+            f"pads dense arrays only, but component {index} is a {type(leaf).__module__}.{type(leaf).__name__}. "
+            f"Ragged and sparse tensors have no numpy representation; convert it to a dense array first "
+            f"(e.g. RaggedTensor.to_tensor() or a sparse matrix's toarray())."
+        )
     )
 
 
-def pad_batch(elements: Sequence[Any], plans: Sequence[ComponentPlan], treespec: Any, api: str) -> Any:
+def pad_batch(elements: Sequence[Any], plans: Sequence[ComponentPlan], treespec: Any) -> Any:
     """Pads the components of ``elements`` to their plans' shapes and stacks them.
 
     Raises:
@@ -235,41 +258,49 @@ def pad_batch(elements: Sequence[Any], plans: Sequence[ComponentPlan], treespec:
     for position, element in enumerate(elements):
         leaves, spec = nest.flatten(element)
         if spec != treespec:
-            raise InvalidArgumentError(
-                f"{api} cannot batch elements of different structures: {treespec} and {spec} (element {position})."
+            raise unworded(
+                InvalidArgumentError(
+                    f"cannot batch elements of different structures: {treespec} and {spec} (element {position})."
+                )
             )
         for index, leaf in enumerate(leaves):
-            columns[index].append(refuse_unrepresentable(leaf, index, api))
+            columns[index].append(refuse_unrepresentable(leaf, index))
     return treespec.unflatten(
-        [_pad_component(column, plan, k, api) for k, (column, plan) in enumerate(zip(columns, plans, strict=True))]
+        [_pad_component(column, plan, k) for k, (column, plan) in enumerate(zip(columns, plans, strict=True))]
     )
 
 
-def _pad_component(column: list[Any], plan: ComponentPlan, index: int, api: str) -> Any:
+def _pad_component(column: list[Any], plan: ComponentPlan, index: int) -> Any:
     rank = len(plan.shape)
     for position, array in enumerate(column):
         if isinstance(plan.value, bytes) and array.dtype != np.object_:
-            raise TypeError(
-                f"{api} cannot pad component {index}: its spec says strings (an object array), but element "
-                f"{position} is a {dtype_name(array.dtype)} array of shape {tuple(array.shape)}. An object array of "
-                f"arrays is numpy's stand-in for a ragged tensor, and numpy has no ragged or sparse tensors; give "
-                f"every element as a dense array (one per row) instead."
+            raise unworded(
+                TypeError(
+                    f"cannot pad component {index}: its spec says strings (an object array), but element "
+                    f"{position} is a {dtype_name(array.dtype)} array of shape {tuple(array.shape)}. An object array of "
+                    f"arrays is numpy's stand-in for a ragged tensor, and numpy has no ragged or sparse tensors; give "
+                    f"every element as a dense array (one per row) instead."
+                )
             )
         if array.ndim != rank:
-            raise InvalidArgumentError(
-                f"{api} component {index} must have rank {rank} (its padded shape is {plan.shape}), but element "
-                f"{position} of the batch has shape {tuple(array.shape)}."
+            raise unworded(
+                InvalidArgumentError(
+                    f"component {index} must have rank {rank} (its padded shape is {plan.shape}), but element "
+                    f"{position} of the batch has shape {tuple(array.shape)}."
+                )
             )
     target = []
     for dim, fixed in enumerate(plan.shape):
         largest = max(int(array.shape[dim]) for array in column)
         if fixed is not None and largest > fixed:
             position = next(p for p, array in enumerate(column) if array.shape[dim] > fixed)
-            raise DataLossError(
-                f"{api} attempted to pad to a smaller size than the input element: component {index} of element "
-                f"{position} of the batch has shape {tuple(column[position].shape)}, larger than its padded shape "
-                f"{plan.shape} in dimension {dim}. Make the padded shape large enough, or use None for the batch's "
-                f"largest size."
+            raise unworded(
+                DataLossError(
+                    f"attempted to pad to a smaller size than the input element: component {index} of element "
+                    f"{position} of the batch has shape {tuple(column[position].shape)}, larger than its padded shape "
+                    f"{plan.shape} in dimension {dim}. Make the padded shape large enough, or use None for the batch's "
+                    f"largest size."
+                )
             )
         target.append(largest if fixed is None else fixed)
     first = column[0]
@@ -296,28 +327,24 @@ class PaddedBatchDataset(Dataset):
     ) -> None:
         self._inputs = (input_dataset,)
         self._api = "Dataset.padded_batch()"
-        self._size = int_argument(batch_size, "batch_size", self._api)
+        self._size = int_argument(batch_size, "batch_size")
         if self._size <= 0:
-            raise InvalidArgumentError(
-                f"{self._api} batch size must be greater than zero. Got batch_size={self._size}."
-            )
+            raise unworded(InvalidArgumentError(f"batch size must be greater than zero. Got batch_size={self._size}."))
         self._drop = bool(drop_remainder)
         self._padded_shapes = padded_shapes
         self._padding_values = padding_values
         # TensorFlow checks the arguments against the element spec when the dataset is made;
         # so do we where the spec is known without running the pipeline.
         spec = input_dataset._spec(probe=False)
-        self._static_plan = None if spec is None else plan_padding(spec, padded_shapes, padding_values, self._api)
+        self._static_plan = None if spec is None else plan_padding(spec, padded_shapes, padding_values)
 
     def _plan_from(self, element: Any) -> tuple[list[ComponentPlan], Any]:
         leaves, treespec = nest.flatten(element)
         specs = []
         for index, leaf in enumerate(leaves):
-            array = refuse_unrepresentable(leaf, index, self._api)
+            array = refuse_unrepresentable(leaf, index)
             specs.append(TensorSpec(array.shape, array.dtype))
-        return plan_padding(
-            treespec.unflatten(specs), self._padded_shapes, self._padding_values, self._api, rank_only=True
-        )
+        return plan_padding(treespec.unflatten(specs), self._padded_shapes, self._padding_values, rank_only=True)
 
     def _iterate(self) -> Iterator[Any]:
         source = self._inputs[0]._iterate()
@@ -327,9 +354,14 @@ class PaddedBatchDataset(Dataset):
                 chunk = list(itertools.islice(source, self._size))
                 if not chunk or (self._drop and len(chunk) < self._size):
                     return
-                if plan is None:
-                    plan = self._plan_from(chunk[0])
-                yield pad_batch(chunk, plan[0], plan[1], self._api)
+                try:
+                    if plan is None:
+                        plan = self._plan_from(chunk[0])
+                    batch = pad_batch(chunk, plan[0], plan[1])
+                except BaseException as error:
+                    name_api(error, self._api)
+                    raise
+                yield batch
         finally:
             close_iterator(source)
 
@@ -341,7 +373,8 @@ class PaddedBatchDataset(Dataset):
             spec, rank_only = self._inputs[0]._spec(probe), True  # learnt from one element: sizes vary
             if spec is None:
                 return None
-        plans, treespec = plan_padding(spec, self._padded_shapes, self._padding_values, self._api, rank_only=rank_only)
+        with worded_at(self._api):
+            plans, treespec = plan_padding(spec, self._padded_shapes, self._padding_values, rank_only=rank_only)
         specs, _ = nest.flatten(spec)
         return treespec.unflatten(padded_spec(plans, specs, self._size if self._drop else None))
 

@@ -49,16 +49,12 @@ them sorted: shard 10 comes before shard 9, and negative indices after the posit
 from __future__ import annotations
 
 import collections
-import gzip
 import json
-import math
 import os
 import re
-import struct
 import uuid
-import zlib
 from collections.abc import Callable, Iterator
-from typing import IO, Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -67,21 +63,18 @@ from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.interleave import default_cycle_length
 from towerdist._src.data.padding import refuse_unrepresentable
+from towerdist._src.data.records import ShardWriter, encode, read_shard
 from towerdist._src.data.spec import DatasetSpec, TensorSpec, dtype_name, shapes_compatible
-from towerdist._src.data.structure import call_with_element
-from towerdist._src.data.transforms import close_iterator
+from towerdist._src.data.structure import call_with_element, close_iterator
 from towerdist._src.data.windowing import ElementsDataset
 from towerdist._src.errors import DataLossError, InvalidArgumentError, NotFoundError, UnimplementedError
+from towerdist._src.failures import unworded, worded_at
 
 __all__ = ["FORMAT", "MANIFEST", "VERSION", "LoadDataset", "ShardDataset", "load", "save"]
 
 FORMAT = "towerdist.data.Dataset.save"
 VERSION = 1
 MANIFEST = "towerdist_dataset.json"
-_MAGIC = b"TDSHARD1"
-_RECORD_HEAD = struct.Struct("<QI")  # payload length, payload CRC-32
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 # The dtypes the format holds, by the names the manifest uses (TensorFlow's names). Only these
 # exact names are read back: numpy would also accept "O", ">i8", "int" or "float128".
@@ -99,12 +92,12 @@ _SHARD_FILE = re.compile(r"shard-[0-9a-f]{12}-(0|-?[1-9][0-9]*)\.tdrec(\.gz)?")
 # --- arguments ---------------------------------------------------------------------------------
 
 
-def _compression(value: Any, api: str) -> str | None:
+def _compression(value: Any) -> str | None:
     if value is None or value == "":
         return None
     if isinstance(value, str) and value.upper() == "GZIP":
         return "GZIP"
-    raise InvalidArgumentError(f"{api} supports compression=None or 'GZIP'. Got compression={value!r}.")
+    raise unworded(InvalidArgumentError(f"supports compression=None or 'GZIP'. Got compression={value!r}."))
 
 
 def _savable_dtype(dtype: np.dtype[Any]) -> bool:
@@ -114,32 +107,34 @@ def _savable_dtype(dtype: np.dtype[Any]) -> bool:
 # --- element specs as JSON -----------------------------------------------------------------------
 
 
-def _spec_to_json(spec: Any, api: str) -> Any:
+def _spec_to_json(spec: Any) -> Any:
     if isinstance(spec, TensorSpec):
         if not _savable_dtype(spec.dtype):
-            raise TypeError(
-                f"{api} saves numbers, booleans and strings ({', '.join(_DTYPES)}). Got a component of dtype "
-                f"{spec.dtype}."
+            raise unworded(
+                TypeError(
+                    f"saves numbers, booleans and strings ({', '.join(_DTYPES)}). Got a component of dtype "
+                    f"{spec.dtype}."
+                )
             )
         return {"tensor": {"shape": None if spec.shape is None else list(spec.shape), "dtype": dtype_name(spec.dtype)}}
     if isinstance(spec, DatasetSpec):
-        raise TypeError(f"{api} cannot save a dataset whose elements are datasets (such as windows). Got {spec!r}.")
+        raise unworded(TypeError(f"cannot save a dataset whose elements are datasets (such as windows). Got {spec!r}."))
     if isinstance(spec, tuple) and hasattr(spec, "_fields"):
         return {
             "namedtuple": {
                 "name": type(spec).__name__,
                 "fields": list(spec._fields),
-                "items": [_spec_to_json(s, api) for s in spec],
+                "items": [_spec_to_json(s) for s in spec],
             }
         }
     if isinstance(spec, tuple):
-        return {"tuple": [_spec_to_json(s, api) for s in spec]}
+        return {"tuple": [_spec_to_json(s) for s in spec]}
     if isinstance(spec, dict):
         for key in spec:
             if not isinstance(key, (str, int)) or isinstance(key, bool):
-                raise TypeError(f"{api} saves dict elements with str or int keys. Got the key {key!r}.")
-        return {"dict": [[key, _spec_to_json(value, api)] for key, value in spec.items()]}
-    raise TypeError(f"{api} cannot save an element component described by {spec!r}.")
+                raise unworded(TypeError(f"saves dict elements with str or int keys. Got the key {key!r}."))
+        return {"dict": [[key, _spec_to_json(value)] for key, value in spec.items()]}
+    raise unworded(TypeError(f"cannot save an element component described by {spec!r}."))
 
 
 def _spec_from_json(value: Any) -> Any:
@@ -177,198 +172,7 @@ def _dimension(value: Any) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _INT64_MAX)
 
 
-# --- records ------------------------------------------------------------------------------------
-
-
-def _encode(leaves: list[Any]) -> bytes:
-    parts: list[bytes] = []
-    for leaf in leaves:
-        array = leaf
-        parts.append(_U32.pack(array.ndim))
-        parts.extend(_U64.pack(int(d)) for d in array.shape)
-        if array.dtype == np.object_:
-            for item in array.reshape(-1).tolist():
-                parts.append(_U64.pack(len(item)))
-                parts.append(item)
-        else:
-            parts.append(np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes())
-    return b"".join(parts)
-
-
-class _Payload:
-    """Reads the components of one record's payload."""
-
-    def __init__(self, data: bytes, where: str) -> None:
-        self._data = data
-        self._offset = 0
-        self._where = where
-
-    def take(self, count: int) -> memoryview:
-        end = self._offset + count
-        if end > len(self._data):
-            raise DataLossError(f"{self._where}: a record ends in the middle of a component.", path=self._where)
-        view = memoryview(self._data)[self._offset : end]
-        self._offset = end
-        return view
-
-    def component(self, spec: TensorSpec) -> Any:
-        (ndim,) = _U32.unpack(self.take(4))
-        if ndim > 64 or (spec.shape is not None and ndim != len(spec.shape)):
-            raise DataLossError(f"{self._where}: a component has rank {ndim}, its spec {spec!r}.", path=self._where)
-        shape = tuple(_U64.unpack(self.take(8))[0] for _ in range(ndim))
-        if any(d > _INT64_MAX for d in shape) or not shapes_compatible(spec.shape, shape):
-            raise DataLossError(f"{self._where}: a component has shape {shape}, its spec {spec!r}.", path=self._where)
-        count = math.prod(shape)  # a Python int: a corrupt shape must not wrap around
-        strings = spec.dtype == np.object_
-        # Check the size before allocating: a string takes at least its 8-byte length.
-        least = count * (8 if strings else spec.dtype.itemsize)
-        if least > len(self._data) - self._offset:
-            raise DataLossError(
-                f"{self._where}: a component of shape {shape} needs at least {least} bytes, its record has "
-                f"{len(self._data) - self._offset} left.",
-                path=self._where,
-            )
-        try:
-            if strings:
-                out = np.empty(count, dtype=object)
-                for i in range(count):
-                    (length,) = _U64.unpack(self.take(8))
-                    out[i] = bytes(self.take(length))
-                array = out.reshape(shape)
-                array.flags.writeable = False
-            else:
-                little = spec.dtype.newbyteorder("<")
-                array = np.frombuffer(self.take(count * little.itemsize), dtype=little).reshape(shape)
-                if little != spec.dtype:
-                    array = array.astype(spec.dtype)
-                    array.flags.writeable = False
-        except ValueError as error:  # a shape numpy cannot hold (e.g. (2**62, 0)): save() never writes one
-            raise DataLossError(f"{self._where}: a component has shape {shape} ({error}).", path=self._where) from None
-        return array[()] if ndim == 0 else array
-
-    def finish(self) -> None:
-        if self._offset != len(self._data):
-            raise DataLossError(
-                f"{self._where}: a record has {len(self._data) - self._offset} bytes too many.", path=self._where
-            )
-
-
-class _CrcReader:
-    """A binary file that keeps the CRC-32 of the bytes read from it."""
-
-    def __init__(self, raw: IO[bytes]) -> None:
-        self._raw = raw
-        self.crc = 0
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._raw.read(size)
-        self.crc = zlib.crc32(data, self.crc)
-        return data
-
-    def readable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        self._raw.close()
-
-
-def _read_exact(stream: Any, count: int, where: str) -> bytes:
-    try:
-        data: bytes = stream.read(count)
-    except (EOFError, OSError, zlib.error) as error:  # gzip reports truncated or corrupt data so
-        raise DataLossError(f"{where} is truncated or corrupt ({error}).", path=where) from None
-    if len(data) != count:
-        raise DataLossError(f"{where} is truncated: it ends in the middle of a record.", path=where)
-    return data
-
-
-def _read_shard(
-    file: str, shard: dict[str, Any], saved: Any, compression: str | None, structure: nest.PyTreeSpec
-) -> Iterator[Any]:
-    """The elements of one shard file: decoded by the ``saved`` spec, built as ``structure``."""
-    specs, _ = nest.flatten(saved)
-    try:
-        raw = _CrcReader(open(file, "rb"))  # noqa: SIM115 - closed in finally, across yields
-    except FileNotFoundError:
-        raise DataLossError(
-            f"Dataset.load(): the shard file {file} is gone. A later save() to the same path replaces the shard files "
-            f"of the dataset that was loaded from it; call Dataset.load() again to read the new one.",
-            path=file,
-        ) from None
-    except OSError as error:
-        raise DataLossError(f"Dataset.load(): cannot open the shard file {file} ({error}).", path=file) from None
-    stream: Any = gzip.GzipFile(fileobj=cast(Any, raw), mode="rb") if compression == "GZIP" else raw
-    try:
-        if _read_exact(stream, len(_MAGIC), file) != _MAGIC:
-            raise DataLossError(f"{file} is not a towerdist dataset shard (wrong magic bytes).", path=file)
-        for _ in range(shard["elements"]):
-            length, crc = _RECORD_HEAD.unpack(_read_exact(stream, _RECORD_HEAD.size, file))
-            # Deflate expands at most 1032-fold, so a longer record is a corrupt length field (and
-            # must not be allocated).
-            if length > (shard["bytes"] * 1032 if compression == "GZIP" else shard["bytes"]):
-                raise DataLossError(f"{file} is corrupt: a record claims {length} bytes.", path=file)
-            data = _read_exact(stream, length, file)
-            if zlib.crc32(data) != crc:
-                raise DataLossError(f"{file} is corrupt: a record fails its CRC-32 check.", path=file)
-            payload = _Payload(data, file)
-            element = structure.unflatten([payload.component(s) for s in specs])
-            payload.finish()
-            yield element
-        try:
-            rest = stream.read(1)
-        except (EOFError, OSError, zlib.error) as error:
-            raise DataLossError(f"{file} is truncated or corrupt ({error}).", path=file) from None
-        if rest:
-            raise DataLossError(f"{file} has data after its {shard['elements']} records.", path=file)
-        if stream is not raw:
-            raw.read()  # the rest of the compressed stream, for the CRC
-        if raw.crc != shard["crc32"]:
-            raise DataLossError(f"{file} is corrupt: its CRC-32 does not match the manifest.", path=file)
-    finally:
-        stream.close()
-        raw.close()
-
-
 # --- save --------------------------------------------------------------------------------------
-
-
-class _ShardWriter:
-    def __init__(self, directory: str, name: str, compression: str | None) -> None:
-        self.name = name
-        self.path = os.path.join(directory, name)
-        self._raw = open(self.path, "xb")  # noqa: SIM115 - closed by close()
-        self._stream: IO[bytes] = (
-            gzip.GzipFile(fileobj=self._raw, mode="wb", mtime=0) if compression == "GZIP" else self._raw  # type: ignore[assignment]
-        )
-        self._stream.write(_MAGIC)
-        self.elements = 0
-
-    def write(self, payload: bytes) -> None:
-        self._stream.write(_RECORD_HEAD.pack(len(payload), zlib.crc32(payload)))
-        self._stream.write(payload)
-        self.elements += 1
-
-    def close(self) -> tuple[int, int]:
-        """Flushes the file to disk; returns its size and CRC-32."""
-        if self._stream is not self._raw:
-            self._stream.close()
-        self._raw.flush()
-        os.fsync(self._raw.fileno())
-        self._raw.close()
-        crc = 0
-        with open(self.path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                crc = zlib.crc32(block, crc)
-        return os.path.getsize(self.path), crc
-
-    def abandon(self) -> None:
-        try:
-            if self._stream is not self._raw:
-                self._stream.close()
-            self._raw.close()
-        finally:
-            if os.path.exists(self.path):
-                os.unlink(self.path)
 
 
 class _SpecTracker:
@@ -379,23 +183,27 @@ class _SpecTracker:
         self.dtypes: list[np.dtype[Any]] = []
         self.shapes: list[list[int | None]] = []
 
-    def add(self, leaves: list[Any], treespec: Any, position: int, api: str) -> None:
+    def add(self, leaves: list[Any], treespec: Any, position: int) -> None:
         if self.treespec is None:
             self.treespec = treespec
             self.dtypes = [leaf.dtype for leaf in leaves]
             self.shapes = [list(leaf.shape) for leaf in leaves]
             return
         if treespec != self.treespec:
-            raise InvalidArgumentError(
-                f"{api} needs every element to have one structure; element {position} is {treespec}, the first "
-                f"{self.treespec}."
+            raise unworded(
+                InvalidArgumentError(
+                    f"needs every element to have one structure; element {position} is {treespec}, the first "
+                    f"{self.treespec}."
+                )
             )
         for index, leaf in enumerate(leaves):
             if leaf.dtype != self.dtypes[index] or leaf.ndim != len(self.shapes[index]):
-                raise InvalidArgumentError(
-                    f"{api} needs every element to have one dtype and rank per component; component {index} of "
-                    f"element {position} is {dtype_name(leaf.dtype)} of shape {leaf.shape}, of the first element "
-                    f"{dtype_name(self.dtypes[index])} of rank {len(self.shapes[index])}."
+                raise unworded(
+                    InvalidArgumentError(
+                        f"needs every element to have one dtype and rank per component; component {index} of "
+                        f"element {position} is {dtype_name(leaf.dtype)} of shape {leaf.shape}, of the first element "
+                        f"{dtype_name(self.dtypes[index])} of rank {len(self.shapes[index])}."
+                    )
                 )
             known = self.shapes[index]
             for dim, size in enumerate(leaf.shape):
@@ -408,12 +216,14 @@ class _SpecTracker:
         )
 
 
-def _shard_index(value: Any, position: int, api: str) -> int:
+def _shard_index(value: Any, position: int) -> int:
     array = np.asarray(value) if isinstance(value, (np.ndarray, np.generic)) else None
     if array is None or array.dtype != np.int64 or array.ndim != 0:
-        raise InvalidArgumentError(
-            f"{api} shard_func must return a scalar int64 (as in TensorFlow, where a Python int is an int32), but "
-            f"for element {position} it returned {value!r}. Return np.int64(...)."
+        raise unworded(
+            InvalidArgumentError(
+                f"shard_func must return a scalar int64 (as in TensorFlow, where a Python int is an int32), but "
+                f"for element {position} it returned {value!r}. Return np.int64(...)."
+            )
         )
     return int(array)
 
@@ -426,50 +236,55 @@ def save(
     checkpoint_args: Any = None,
 ) -> None:
     """See ``Dataset.save``."""
-    api = "Dataset.save()"
     if not isinstance(dataset, Dataset):
-        raise TypeError(f"{api} saves a td.data.Dataset. Got {dataset!r}.")
+        raise unworded(TypeError(f"saves a td.data.Dataset. Got {dataset!r}."))
     directory = os.fspath(path)
-    codec = _compression(compression, api)
+    codec = _compression(compression)
     if shard_func is not None and not callable(shard_func):
-        raise TypeError(f"{api} takes a callable shard_func. Got shard_func={shard_func!r}.")
+        raise unworded(TypeError(f"takes a callable shard_func. Got shard_func={shard_func!r}."))
     if checkpoint_args is not None:
-        raise UnimplementedError(
-            f"{api} does not support checkpoint_args (saving in checkpointed steps); a save that fails leaves the "
-            f"previous save in place. Got checkpoint_args={checkpoint_args!r}."
+        raise unworded(
+            UnimplementedError(
+                f"does not support checkpoint_args (saving in checkpointed steps); a save that fails leaves the "
+                f"previous save in place. Got checkpoint_args={checkpoint_args!r}."
+            )
         )
     if dataset._cardinality() == options_lib.INFINITE:
-        raise InvalidArgumentError(f"{api} cannot save an infinite dataset; take() a finite part of it first.")
+        raise unworded(InvalidArgumentError("cannot save an infinite dataset; take() a finite part of it first."))
     static = dataset._spec(probe=False)
-    static_json = None if static is None else _spec_to_json(static, api)
+    static_json = None if static is None else _spec_to_json(static)
     if os.path.exists(directory) and not os.path.isdir(directory):
-        raise InvalidArgumentError(f"{api} saves into a directory, but {directory!r} is a file. Choose another path.")
+        raise unworded(
+            InvalidArgumentError(f"saves into a directory, but {directory!r} is a file. Choose another path.")
+        )
     os.makedirs(directory, exist_ok=True)
     old = _previous_files(directory)
     run = uuid.uuid4().hex[:12]
     suffix = ".tdrec.gz" if codec == "GZIP" else ".tdrec"
-    writers: dict[int, _ShardWriter] = {}
+    writers: dict[int, ShardWriter] = {}
     tracker = _SpecTracker()
     shards: list[dict[str, Any]] = []
     source = dataset._iterate()
     try:
         for position, element in enumerate(source):
-            index = 0 if shard_func is None else _shard_index(call_with_element(shard_func, element), position, api)
+            index = 0 if shard_func is None else _shard_index(call_with_element(shard_func, element), position)
             leaves, treespec = nest.flatten(element)
-            arrays = [refuse_unrepresentable(leaf, k, api) for k, leaf in enumerate(leaves)]
+            arrays = [refuse_unrepresentable(leaf, k) for k, leaf in enumerate(leaves)]
             for k, array in enumerate(arrays):
                 if not _savable_dtype(array.dtype):
-                    raise TypeError(
-                        f"{api} saves numbers, booleans and strings ({', '.join(_DTYPES)}). Component {k} is "
-                        f"{array.dtype}."
+                    raise unworded(
+                        TypeError(
+                            f"saves numbers, booleans and strings ({', '.join(_DTYPES)}). Component {k} is "
+                            f"{array.dtype}."
+                        )
                     )
             if static is None:
-                tracker.add(arrays, treespec, position, api)
+                tracker.add(arrays, treespec, position)
             writer = writers.get(index)
             if writer is None:
                 name = f"shard-{run}-{index}{suffix}"
-                writer = writers[index] = _ShardWriter(directory, name, codec)
-            writer.write(_encode(arrays))
+                writer = writers[index] = ShardWriter(directory, name, codec)
+            writer.write(encode(arrays))
         for index in sorted(writers):
             writer = writers[index]
             size, crc = writer.close()
@@ -477,7 +292,7 @@ def save(
                 {"index": index, "file": writer.name, "elements": writer.elements, "bytes": size, "crc32": crc}
             )
         if static_json is None:
-            static_json = _spec_to_json(_probed_spec(dataset, api) if tracker.treespec is None else tracker.spec(), api)
+            static_json = _spec_to_json(_probed_spec(dataset) if tracker.treespec is None else tracker.spec())
         manifest = {
             "format": FORMAT,
             "version": VERSION,
@@ -501,7 +316,7 @@ def save(
             pass  # a file of the previous save that is already gone or locked: the new manifest does not list it
 
 
-def _probed_spec(dataset: Dataset, api: str) -> Any:
+def _probed_spec(dataset: Dataset) -> Any:
     """The spec of an empty dataset whose spec is known only by running it (as ``element_spec`` finds it).
 
     TensorFlow saves such a dataset with its traced spec (observed in TensorFlow 2.21:
@@ -510,9 +325,11 @@ def _probed_spec(dataset: Dataset, api: str) -> Any:
     try:
         return dataset._spec(probe=True)
     except ValueError as error:
-        raise ValueError(
-            f"{api} cannot save this empty dataset: its element_spec is known only by running it, and it has no "
-            f"elements to learn it from ({error})"
+        raise unworded(
+            ValueError(
+                f"cannot save this empty dataset: its element_spec is known only by running it, and it has no "
+                f"elements to learn it from ({error})"
+            )
         ) from error
 
 
@@ -682,7 +499,7 @@ class ShardDataset(Dataset):
 
     def _iterate(self) -> Iterator[Any]:
         _, structure = nest.flatten(self._element_spec)
-        reader = _read_shard(
+        reader = read_shard(
             os.path.join(self._directory, self._shard["file"]),
             self._shard,
             self._manifest["element_spec"],
@@ -735,29 +552,34 @@ def _tensorflow_shard_order(index: int) -> str:
 
 def load(path: Any, element_spec: Any = None, compression: Any = None, reader_func: Any = None) -> Dataset:
     """See ``Dataset.load``."""
-    api = "Dataset.load()"
     directory = os.fspath(path)
-    codec = _compression(compression, api)
+    codec = _compression(compression)
     if reader_func is not None and not callable(reader_func):
-        raise TypeError(f"{api} takes a callable reader_func. Got reader_func={reader_func!r}.")
+        raise unworded(TypeError(f"takes a callable reader_func. Got reader_func={reader_func!r}."))
     manifest = _read_manifest(directory)
     if manifest["compression"] != codec:
-        raise DataLossError(
-            f"{api} the dataset at {directory!r} was saved with compression={manifest['compression']!r}, but "
-            f"load() was given compression={compression!r}; pass the compression it was saved with.",
-            path=directory,
+        raise unworded(
+            DataLossError(
+                f"the dataset at {directory!r} was saved with compression={manifest['compression']!r}, but "
+                f"load() was given compression={compression!r}; pass the compression it was saved with.",
+                path=directory,
+            )
         )
     for shard in manifest["shards"]:
         file = os.path.join(directory, shard["file"])
         try:
             size = os.path.getsize(file)
         except OSError:
-            raise DataLossError(f"{api} the shard file {file} listed in the manifest is missing.", path=file) from None
+            raise unworded(
+                DataLossError(f"the shard file {file} listed in the manifest is missing.", path=file)
+            ) from None
         if size != shard["bytes"]:
-            raise DataLossError(
-                f"{api} the shard file {file} has {size} bytes, the manifest says {shard['bytes']}: it is truncated "
-                f"or was changed after saving.",
-                path=file,
+            raise unworded(
+                DataLossError(
+                    f"the shard file {file} has {size} bytes, the manifest says {shard['bytes']}: it is truncated "
+                    f"or was changed after saving.",
+                    path=file,
+                )
             )
     spec = manifest["element_spec"]
     if element_spec is not None:
@@ -772,7 +594,7 @@ def load(path: Any, element_spec: Any = None, compression: Any = None, reader_fu
         return LoadDataset(reader, spec, int(manifest["cardinality"]))
     result = reader_func(shards)
     if not isinstance(result, Dataset):
-        raise TypeError(f"{api} reader_func must return a td.data.Dataset. It returned a {type(result).__name__}.")
+        raise unworded(TypeError(f"reader_func must return a td.data.Dataset. It returned a {type(result).__name__}."))
     return result
 
 
@@ -784,9 +606,11 @@ def experimental_save(
     checkpoint_args: Any = None,
 ) -> None:
     """``tf.data.experimental.save``: ``dataset.save(path, ...)``."""
-    save(dataset, path, compression, shard_func, checkpoint_args)
+    with worded_at("Dataset.save()"):
+        save(dataset, path, compression, shard_func, checkpoint_args)
 
 
 def experimental_load(path: Any, element_spec: Any = None, compression: Any = None, reader_func: Any = None) -> Dataset:
     """``tf.data.experimental.load``: ``Dataset.load(path, ...)``."""
-    return load(path, element_spec, compression, reader_func)
+    with worded_at("Dataset.load()"):
+        return load(path, element_spec, compression, reader_func)

@@ -13,7 +13,8 @@ from towerdist._src import waiting
 from towerdist._src.data import options as options_lib
 from towerdist._src.data import workers
 from towerdist._src.data.dataset import Dataset
-from towerdist._src.data.transforms import _int_arg, _Transparent, close_iterator
+from towerdist._src.data.structure import close_iterator
+from towerdist._src.data.transforms import _int_arg, _Transparent
 from towerdist._src.errors import InternalError, InvalidArgumentError
 
 __all__ = ["PrefetchDataset", "background"]
@@ -29,7 +30,7 @@ _DONE = object()
 class PrefetchDataset(_Transparent):
     def __init__(self, input_dataset: Dataset, buffer_size: Any) -> None:
         self._inputs = (input_dataset,)
-        size = _int_arg(buffer_size, "buffer_size", "prefetch()")
+        size = _int_arg(buffer_size, "buffer_size")
         if size < 0 and size != options_lib.AUTOTUNE:
             raise InvalidArgumentError(
                 f"buffer_size must be >= 0 or set buffer_size to be -1 for auto-tuning. Got buffer_size={size}."

@@ -39,10 +39,8 @@ import numpy as np
 
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
-from towerdist._src.data.interleave import sample_element
 from towerdist._src.data.spec import TensorSpec
-from towerdist._src.data.structure import call_with_element
-from towerdist._src.data.transforms import close_iterator
+from towerdist._src.data.structure import call_with_element, close_iterator, sample_element
 from towerdist._src.errors import InvalidArgumentError
 
 __all__ = ["RejectionResampleDataset", "experimental_rejection_resample"]

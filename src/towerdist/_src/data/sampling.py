@@ -34,71 +34,63 @@ import numpy as np
 from towerdist._src import nest
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
-from towerdist._src.data.spec import FirstElementCheck, TensorSpec, dtype_name
-from towerdist._src.data.transforms import close_iterator
+from towerdist._src.data.spec import FirstElementCheck, TensorSpec, common_spec, dtype_name
+from towerdist._src.data.structure import close_iterator
 from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.failures import name_api, unworded, worded_at
 
-__all__ = ["ChooseFromDatasets", "SampleFromDatasets", "choose_from_datasets", "common_spec", "sample_from_datasets"]
+__all__ = ["ChooseFromDatasets", "SampleFromDatasets", "choose_from_datasets", "sample_from_datasets"]
 
 INFINITE, UNKNOWN = options_lib.INFINITE, options_lib.UNKNOWN
 _END = object()
 
 
-def common_spec(specs: Sequence[Any], api: str, name: str = "datasets") -> Any:
-    """The most specific spec every one of ``specs`` fits: sizes that differ become ``None``.
+def _mixed_spec(specs: Sequence[Any], name: str = "datasets") -> Any:
+    """The spec of elements drawn from datasets of ``specs`` (:func:`spec.common_spec`).
 
     Raises:
       TypeError: the structures or dtypes differ.
     """
     first_leaves, treespec = nest.flatten(specs[0])
-    columns: list[list[Any]] = [[leaf] for leaf in first_leaves]
     for index, spec in enumerate(specs[1:], start=1):
         leaves, other = nest.flatten(spec)
         if other != treespec or not all(
             isinstance(a, TensorSpec) and isinstance(b, TensorSpec) and a.dtype == b.dtype
             for a, b in zip(first_leaves, leaves, strict=True)
         ):
-            raise TypeError(
-                f"{api} {name} must have compatible element specs (the same structure and dtypes). "
-                f"Dataset 0 element_spec={specs[0]!r}; dataset {index} element_spec={spec!r}."
+            raise unworded(
+                TypeError(
+                    f"{name} must have compatible element specs (the same structure and dtypes). "
+                    f"Dataset 0 element_spec={specs[0]!r}; dataset {index} element_spec={spec!r}."
+                )
             )
-        for column, leaf in zip(columns, leaves, strict=True):
-            column.append(leaf)
-    return treespec.unflatten([_common_leaf(column) for column in columns])
+    return common_spec(specs)
 
 
-def _common_leaf(specs: list[TensorSpec]) -> TensorSpec:
-    shapes = [s.shape for s in specs]
-    if any(shape is None for shape in shapes) or len({len(shape) for shape in shapes if shape is not None}) > 1:
-        return TensorSpec(None, specs[0].dtype)
-    first = shapes[0]
-    assert first is not None  # checked above
-    dims = [d if all(shape is not None and shape[i] == d for shape in shapes) else None for i, d in enumerate(first)]
-    return TensorSpec(dims, specs[0].dtype)
-
-
-def _check_datasets(datasets: Any, api: str) -> list[Dataset]:
+def _check_datasets(datasets: Any) -> list[Dataset]:
     if isinstance(datasets, Dataset) or not isinstance(datasets, (list, tuple)):
-        raise TypeError(f"{api} takes a list of td.data.Dataset. Got datasets={datasets!r}.")
+        raise unworded(TypeError(f"takes a list of td.data.Dataset. Got datasets={datasets!r}."))
     if not datasets:
-        raise ValueError(f"{api} datasets should not be empty. Got datasets={datasets!r}.")
+        raise unworded(ValueError(f"datasets should not be empty. Got datasets={datasets!r}."))
     for index, dataset in enumerate(datasets):
         if not isinstance(dataset, Dataset):
-            raise TypeError(
-                f"{api} takes a list of td.data.Dataset, but datasets[{index}] is a {type(dataset).__name__}: "
-                f"{dataset!r}."
+            raise unworded(
+                TypeError(
+                    f"takes a list of td.data.Dataset, but datasets[{index}] is a {type(dataset).__name__}: "
+                    f"{dataset!r}."
+                )
             )
     specs = [d._spec(probe=False) for d in datasets]
     if all(spec is not None for spec in specs):
-        common_spec(specs, api)  # incompatible inputs fail now, as in TensorFlow
+        _mixed_spec(specs)  # incompatible inputs fail now, as in TensorFlow
     return list(datasets)
 
 
-def _seed(seed: Any, api: str) -> int:
+def _seed(seed: Any) -> int:
     if seed is None:
         return int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"{api} takes an integer seed. Got seed={seed!r}.")
+        raise unworded(TypeError(f"takes an integer seed. Got seed={seed!r}."))
     return int(seed) & (2**64 - 1)
 
 
@@ -113,7 +105,8 @@ class _DirectedInterleave(Dataset):
         specs = [d._spec(probe) for d in self._inputs[: self._num]]
         if any(spec is None for spec in specs):
             return None
-        return common_spec(specs, self._api)
+        with worded_at(self._api):
+            return _mixed_spec(specs)
 
     def _cardinality(self) -> int:
         counts = [d._cardinality() for d in self._inputs[: self._num]]
@@ -158,6 +151,9 @@ class _DirectedInterleave(Dataset):
                         return
                     continue
                 yield element
+        except BaseException as error:
+            name_api(error, self._api)
+            raise
         finally:
             close_iterator(picks)
             for iterator in iterators:
@@ -223,27 +219,35 @@ class SampleFromDatasets(_DirectedInterleave):
     def _weight_vector(self, vector: Any, position: int) -> np.ndarray:
         array = np.asarray(vector)
         if array.dtype not in (np.float32, np.float64):
-            raise TypeError(
-                f"{self._api} weights must be float32 or float64, but element {position} of the weights dataset is "
-                f"{dtype_name(array.dtype)}."
+            raise unworded(
+                TypeError(
+                    f"weights must be float32 or float64, but element {position} of the weights dataset is "
+                    f"{dtype_name(array.dtype)}."
+                )
             )
         if array.shape != (self._num,):
-            raise InvalidArgumentError(
-                f"{self._api} every element of the weights dataset must be a vector of {self._num} weights (one per "
-                f"dataset), but element {position} has shape {array.shape}."
+            raise unworded(
+                InvalidArgumentError(
+                    f"every element of the weights dataset must be a vector of {self._num} weights (one per "
+                    f"dataset), but element {position} has shape {array.shape}."
+                )
             )
         weights = array.astype(np.float64)
         if np.isposinf(weights).any():
-            raise InvalidArgumentError(
-                f"{self._api} weights must be finite, but element {position} of the weights dataset is "
-                f"{weights.tolist()}; scale the weights down (only their ratios matter)."
+            raise unworded(
+                InvalidArgumentError(
+                    f"weights must be finite, but element {position} of the weights dataset is "
+                    f"{weights.tolist()}; scale the weights down (only their ratios matter)."
+                )
             )
         # As in TensorFlow, a NaN or negative weight gives its dataset no chance in that draw.
         weights[~(weights > 0)] = 0.0
         if not weights.any():
-            raise InvalidArgumentError(
-                f"{self._api} every element of the weights dataset needs a positive weight, but element {position} "
-                f"is {array.tolist()}. (TensorFlow raises 'Selector index out of range' here.)"
+            raise unworded(
+                InvalidArgumentError(
+                    f"every element of the weights dataset needs a positive weight, but element {position} "
+                    f"is {array.tolist()}. (TensorFlow raises 'Selector index out of range' here.)"
+                )
             )
         return weights
 
@@ -265,9 +269,8 @@ def sample_from_datasets(
     rerandomize_each_iteration: bool | None = None,
 ) -> Dataset:
     """See ``Dataset.sample_from_datasets``."""
-    api = "Dataset.sample_from_datasets()"
-    inputs = _check_datasets(datasets, api)
-    seed_value = _seed(seed, api)
+    inputs = _check_datasets(datasets)
+    seed_value = _seed(seed)
     if weights is None:
         constant: np.ndarray | None = np.full(len(inputs), 1.0 / len(inputs))
     elif isinstance(weights, Dataset):
@@ -280,12 +283,14 @@ def sample_from_datasets(
                 or not isinstance(leaves[0], TensorSpec)
                 or leaves[0].dtype not in (np.float32, np.float64)
             ):
-                raise TypeError(
-                    f"{api} weights must be float32 or float64 vectors, but the weights dataset has element_spec "
-                    f"{spec!r}."
+                raise unworded(
+                    TypeError(
+                        f"weights must be float32 or float64 vectors, but the weights dataset has element_spec "
+                        f"{spec!r}."
+                    )
                 )
     else:
-        constant = _constant_weights(weights, len(inputs), api)
+        constant = _constant_weights(weights, len(inputs))
         # TensorFlow drops the datasets of constant weight <= 0 before sampling.
         kept = [i for i, w in enumerate(constant.tolist()) if w > 0]
         if not kept:
@@ -303,26 +308,32 @@ def sample_from_datasets(
     )
 
 
-def _constant_weights(weights: Any, count: int, api: str) -> np.ndarray:
+def _constant_weights(weights: Any, count: int) -> np.ndarray:
     values = list(weights) if isinstance(weights, (list, tuple)) else weights
     array = np.asarray(values)
     if isinstance(weights, (list, tuple)) and all(isinstance(w, float) for w in weights):
         array = array.astype(np.float32)  # Python floats are float32 in TensorFlow
     if array.ndim != 1 or array.shape[0] != count:
-        raise ValueError(
-            f"{api} weights should have the same length as datasets, but got len(weights)="
-            f"{array.shape[0] if array.ndim else 'a scalar'} vs. len(datasets)={count}."
+        raise unworded(
+            ValueError(
+                f"weights should have the same length as datasets, but got len(weights)="
+                f"{array.shape[0] if array.ndim else 'a scalar'} vs. len(datasets)={count}."
+            )
         )
     if array.dtype not in (np.float32, np.float64):
-        raise TypeError(
-            f"{api} weights must be float32 or float64, but they are {dtype_name(array.dtype)}: {weights!r}. Give "
-            f"floats (e.g. [0.5, 0.5])."
+        raise unworded(
+            TypeError(
+                f"weights must be float32 or float64, but they are {dtype_name(array.dtype)}: {weights!r}. Give "
+                f"floats (e.g. [0.5, 0.5])."
+            )
         )
     infinite = [index for index, w in enumerate(array.tolist()) if w == math.inf]
     if infinite:
-        raise InvalidArgumentError(
-            f"{api} weights must be finite, but weights[{infinite[0]}] is inf: weights={weights!r}. Give finite "
-            f"weights (only their ratios matter; a weight of 0 never picks its dataset)."
+        raise unworded(
+            InvalidArgumentError(
+                f"weights must be finite, but weights[{infinite[0]}] is inf: weights={weights!r}. Give finite "
+                f"weights (only their ratios matter; a weight of 0 never picks its dataset)."
+            )
         )
     return array.astype(np.float64)
 
@@ -340,15 +351,19 @@ class ChooseFromDatasets(_DirectedInterleave):
             for position, choice in enumerate(source):
                 array = np.asarray(choice) if isinstance(choice, (np.ndarray, np.generic)) else None
                 if array is None or array.dtype != np.int64 or array.ndim != 0:
-                    raise TypeError(
-                        f"{self._api} the elements of choice_dataset must be int64 scalars, but element {position} is "
-                        f"{choice!r}."
+                    raise unworded(
+                        TypeError(
+                            f"the elements of choice_dataset must be int64 scalars, but element {position} is "
+                            f"{choice!r}."
+                        )
                     )
                 index = int(array)
                 if not 0 <= index < self._num:
-                    raise InvalidArgumentError(
-                        f"{self._api} selector index out of range: element {position} of choice_dataset is {index}, "
-                        f"but there are {self._num} datasets (indices 0 to {self._num - 1})."
+                    raise unworded(
+                        InvalidArgumentError(
+                            f"selector index out of range: element {position} of choice_dataset is {index}, "
+                            f"but there are {self._num} datasets (indices 0 to {self._num - 1})."
+                        )
                     )
                 yield index
         finally:
@@ -357,13 +372,14 @@ class ChooseFromDatasets(_DirectedInterleave):
 
 def choose_from_datasets(datasets: Any, choice_dataset: Any, stop_on_empty_dataset: bool = True) -> Dataset:
     """See ``Dataset.choose_from_datasets``."""
-    api = "Dataset.choose_from_datasets()"
-    inputs = _check_datasets(datasets, api)
+    inputs = _check_datasets(datasets)
     if not isinstance(choice_dataset, Dataset):
-        raise TypeError(f"{api} choice_dataset should be a td.data.Dataset, but is a {type(choice_dataset).__name__}.")
+        raise unworded(
+            TypeError(f"choice_dataset should be a td.data.Dataset, but is a {type(choice_dataset).__name__}.")
+        )
     spec = choice_dataset._spec(probe=False)
     if spec is not None and spec != TensorSpec((), np.int64):
-        raise TypeError(f"{api} the elements of choice_dataset must be int64 scalars, but are {spec!r}.")
+        raise unworded(TypeError(f"the elements of choice_dataset must be int64 scalars, but are {spec!r}."))
     return ChooseFromDatasets(inputs, choice_dataset, stop_on_empty_dataset)
 
 
@@ -371,7 +387,8 @@ def experimental_sample_from_datasets(
     datasets: Any, weights: Any = None, seed: Any = None, stop_on_empty_dataset: bool = False
 ) -> Dataset:
     """``tf.data.experimental.sample_from_datasets``: the same as ``Dataset.sample_from_datasets``."""
-    return sample_from_datasets(datasets, weights, seed, stop_on_empty_dataset)
+    with worded_at("Dataset.sample_from_datasets()"):
+        return sample_from_datasets(datasets, weights, seed, stop_on_empty_dataset)
 
 
 def experimental_choose_from_datasets(
@@ -379,4 +396,5 @@ def experimental_choose_from_datasets(
 ) -> Dataset:
     """``tf.data.experimental.choose_from_datasets``: ``Dataset.choose_from_datasets``, but as in
     TensorFlow, ``stop_on_empty_dataset`` defaults to False here (choices of an ended dataset are skipped)."""
-    return choose_from_datasets(datasets, choice_dataset, stop_on_empty_dataset)
+    with worded_at("Dataset.choose_from_datasets()"):
+        return choose_from_datasets(datasets, choice_dataset, stop_on_empty_dataset)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -10,12 +11,24 @@ import numpy as np
 
 from towerdist._src import nest
 from towerdist._src.data import options as options_lib
-from towerdist._src.data.dataset import Dataset, GatherPlan
-from towerdist._src.data.spec import TensorSpec, shapes_compatible, structure_of
+from towerdist._src.data.dataset import Dataset
+from towerdist._src.data.node import GatherPlan
+from towerdist._src.data.spec import TensorSpec, dtype_name, shapes_compatible, structure_of
 from towerdist._src.data.structure import read_only, read_only_element, to_component, to_element
 from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.failures import unworded, worded_at
 
-__all__ = ["GeneratorDataset", "RangeDataset", "TensorDataset", "TensorSliceDataset", "ZipDataset"]
+__all__ = [
+    "CounterDataset",
+    "GeneratorDataset",
+    "RandomDataset",
+    "RangeDataset",
+    "TensorDataset",
+    "TensorSliceDataset",
+    "ZipDataset",
+    "zip_datasets",
+    "experimental_counter",
+]
 
 
 def _frozen(component: Any) -> Any:
@@ -303,3 +316,100 @@ class ZipDataset(Dataset):
 
     def _gather_plan(self) -> GatherPlan | None:
         return None
+
+
+# --- counter and random ------------------------------------------------------------------------
+
+
+def _scalar_of(value: Any, dtype: np.dtype[Any], name: str) -> Any:
+    """``value`` as a numpy scalar of ``dtype``; TypeError where it does not convert exactly."""
+    problem = None
+    if dtype == np.object_ or dtype.kind not in "iuf":
+        problem = f"dtype {dtype_name(dtype)} is not a number type"
+    elif isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        problem = f"{name} is not a number"
+    elif dtype.kind in "iu" and isinstance(value, (float, np.floating)) and not float(value).is_integer():
+        problem = f"{name} is not a whole number"
+    elif dtype.kind in "iu" and not np.iinfo(dtype).min <= int(value) <= np.iinfo(dtype).max:
+        problem = f"{name} does not fit in {dtype_name(dtype)}"
+    if problem is not None:
+        raise unworded(TypeError(f"cannot convert {name}={value!r} to dtype {dtype_name(dtype)}: {problem}."))
+    return dtype.type(int(value) if dtype.kind in "iu" else value)
+
+
+class CounterDataset(Dataset):
+    def __init__(self, start: Any, step: Any, dtype: Any) -> None:
+        self._dtype = np.dtype(dtype)
+        self._start = _scalar_of(start, self._dtype, "start")
+        self._step = _scalar_of(step, self._dtype, "step")
+
+    def _iterate(self) -> Iterator[Any]:
+        if self._dtype.kind in "iu":
+            # Python ints, wrapped into the dtype's range: TensorFlow's counter overflows silently.
+            info = np.iinfo(self._dtype)
+            span, low = int(info.max) - int(info.min) + 1, int(info.min)
+            value, step, scalar = int(self._start), int(self._step), self._dtype.type
+            while True:
+                yield scalar(value)
+                value = (value + step - low) % span + low
+        else:
+            value = self._start
+            with np.errstate(over="ignore"):
+                while True:
+                    yield value
+                    value = self._dtype.type(value + self._step)
+
+    def _spec(self, probe: bool) -> Any:
+        return TensorSpec((), self._dtype)
+
+    def _cardinality(self) -> int:
+        return options_lib.INFINITE
+
+
+class RandomDataset(Dataset):
+    """Uniform int64 values in ``[0, 2**32)`` from numpy's generator (not TensorFlow's stream)."""
+
+    _CHUNK = 1024
+
+    def __init__(self, seed: Any, rerandomize_each_iteration: bool | None) -> None:
+        if seed is None:
+            self._seed = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
+        elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"Dataset.random() takes an integer seed or None. Got seed={seed!r}.")
+        else:
+            self._seed = int(seed) & (2**64 - 1)
+        self._rerandomize = bool(rerandomize_each_iteration)
+        self._epochs = itertools.count()
+        self._epoch_lock = threading.Lock()
+
+    def _iterate(self) -> Iterator[Any]:
+        with self._epoch_lock:
+            epoch = next(self._epochs) if self._rerandomize else 0
+        rng = np.random.default_rng([self._seed, epoch])
+        while True:
+            yield from rng.integers(0, 2**32, size=self._CHUNK, dtype=np.int64)
+
+    def _spec(self, probe: bool) -> Any:
+        return TensorSpec((), np.int64)
+
+    def _cardinality(self) -> int:
+        return options_lib.INFINITE
+
+
+def experimental_counter(start: Any = 0, step: Any = 1, dtype: Any = np.int64) -> Dataset:
+    """``start, start + step, ...`` forever (``tf.data.experimental.Counter``; see ``Dataset.counter``)."""
+    with worded_at("Dataset.counter()"):
+        return CounterDataset(start, step, dtype)
+
+
+def zip_datasets(args: tuple[Any, ...], datasets: Any) -> Dataset:
+    """``Dataset.zip(*args, datasets=datasets)``: ``zip(a, b)``, ``zip((a, b))`` or ``zip(datasets={"x": a})``."""
+    if datasets is not None:
+        if args:
+            raise TypeError("zip() takes the datasets either positionally or as datasets=, not both.")
+        structure = datasets
+    else:
+        if not args:
+            raise TypeError("zip() needs at least one dataset.")
+        structure = args[0] if len(args) == 1 else tuple(args)
+    return ZipDataset(structure)

@@ -17,13 +17,18 @@ from towerdist._src import nest
 
 __all__ = [
     "DatasetSpec",
+    "EmptyDatasetError",
     "FirstElementCheck",
     "TensorSpec",
+    "common_spec",
     "dtype_name",
     "is_fully_defined",
     "mixing_mismatch",
+    "relax_batch",
     "spec_of",
+    "spec_with_batch",
     "structure_of",
+    "unknown_sizes",
 ]
 
 
@@ -191,6 +196,60 @@ def mixing_mismatch(first: Any, second: Any) -> str:
         elif type(a) is not type(b):
             return f"at {nest.format_path(path)}: {a!r} vs {b!r}"
     return ""
+
+
+# --- the spec algebra: what a transformation's element spec is, from its inputs' ---------------
+
+
+def _relaxed(a: TensorSpec, b: TensorSpec) -> TensorSpec:
+    """The most specific spec that both ``a`` and ``b`` fit (``a``'s dtype)."""
+    if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
+        return TensorSpec(None, a.dtype)
+    return TensorSpec(tuple(x if x == y else None for x, y in zip(a.shape, b.shape, strict=True)), a.dtype)
+
+
+def common_spec(specs: Sequence[Any]) -> Any:
+    """The most specific spec that every one of ``specs`` fits: sizes (or ranks) that differ become ``None``.
+
+    The specs have one structure (check with :func:`mixing_mismatch` first). Where their
+    leaves are ``TensorSpec`` of one dtype they are relaxed; elsewhere (``DatasetSpec``
+    windows, differing dtypes) the first spec's leaf stays.
+    """
+    leaves, treespec = nest.flatten(specs[0])
+    for spec in specs[1:]:
+        others: list[Any] = list(treespec.flatten_up_to(spec))
+        leaves = [
+            _relaxed(a, b) if isinstance(a, TensorSpec) and isinstance(b, TensorSpec) and a.dtype == b.dtype else a
+            for a, b in zip(leaves, others, strict=True)
+        ]
+    return treespec.unflatten(leaves)
+
+
+def unknown_sizes(spec: Any) -> Any:
+    """``spec`` with every dimension unknown (for specs learnt from one element)."""
+    return nest.map_structure(lambda s: TensorSpec(None if s.shape is None else (None,) * len(s.shape), s.dtype), spec)
+
+
+def spec_with_batch(spec: Any, batch: int | None) -> Any:
+    """``spec`` with a leading batch dimension added to every component."""
+    return nest.map_structure(lambda s: TensorSpec(None if s.shape is None else (batch, *s.shape), s.dtype), spec)
+
+
+def relax_batch(exact: Any, input_spec: Any) -> Any:
+    """A probed spec with the batch dimension unknown where the input's batch dimension is.
+
+    ``map`` is learnt by calling the function on the first element; a leading dimension
+    equal to the input's unknown batch dimension is taken to be that batch dimension.
+    """
+    leaves, _ = nest.flatten(input_spec)
+    unknown_batch = any(s.shape and s.shape[0] is None for s in leaves)
+    if not unknown_batch:
+        return exact
+    return nest.map_structure(lambda s: TensorSpec((None, *s.shape[1:]) if s.shape else s.shape, s.dtype), exact)
+
+
+class EmptyDatasetError(ValueError):
+    """The element spec was to be learnt from the first element, and there is none."""
 
 
 class FirstElementCheck:

@@ -10,15 +10,31 @@ Python ints int32 (int64 when they do not fit), strings ``bytes`` in object arra
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from towerdist._src import backend, nest
-from towerdist._src.array_ops import _python_dtype
+from towerdist._src.data.spec import TensorSpec
+from towerdist._src.dtypes import python_dtype
 from towerdist._src.errors import InvalidArgumentError
 
-__all__ = ["normalize_output", "read_only", "read_only_element", "stack", "to_component", "to_element", "unstack_count"]
+if TYPE_CHECKING:
+    from towerdist._src.data.dataset import Dataset
+
+__all__ = [
+    "call_with_element",
+    "close_iterator",
+    "normalize_output",
+    "placeholder_element",
+    "read_only",
+    "read_only_element",
+    "sample_element",
+    "stack",
+    "to_component",
+    "to_element",
+    "unstack_count",
+]
 
 
 def call_with_element(fn: Callable[..., Any], element: Any) -> Any:
@@ -78,7 +94,7 @@ def to_component(value: Any) -> Any:
             f"Cannot convert {_preview(value)} to an array: its items are not numbers or strings "
             f"of one shape. Give each component as an array or a list of numbers."
         )
-    return raw.astype(_python_dtype(raw), copy=False)
+    return raw.astype(python_dtype(raw), copy=False)
 
 
 def _bytes_array(array: np.ndarray) -> np.ndarray:
@@ -129,7 +145,7 @@ class _ListLeaf:
             return raw  # a list of arrays stacks with their dtype
         if raw.dtype.kind in "US":
             return _bytes_array(raw)
-        return raw.astype(_python_dtype(raw), copy=False)
+        return raw.astype(python_dtype(raw), copy=False)
 
 
 def normalize_output(value: Any) -> Any:
@@ -173,3 +189,47 @@ def unstack_count(element_leaves: Sequence[Any], what: str) -> int:
             f"component must have the same size along dimension 0."
         )
     return sizes[0] if sizes else 0
+
+
+def close_iterator(iterator: Any) -> None:
+    """Closes a generator early, so that nodes upstream release threads and files."""
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        close()
+
+
+def sample_element(dataset: Dataset, api: str) -> Any:
+    """What a user function is traced with: ``dataset``'s first element, else zeros of its spec.
+
+    TensorFlow learns a function's output structure by tracing it symbolically; towerdist
+    calls it on a real element, or on :func:`placeholder_element` when there is none.
+    """
+    source = dataset._iterate()
+    try:
+        return next(source)
+    except StopIteration:
+        return placeholder_element(dataset._spec(probe=True), api)
+    finally:
+        close_iterator(source)
+
+
+def placeholder_element(spec: Any, api: str) -> Any:
+    """A zero-valued element of ``spec``: what ``map_func`` is traced with when the input is empty."""
+    if spec is None:
+        raise ValueError(
+            f"Cannot determine the element_spec of Dataset.{api}(): its input is empty and its structure is "
+            f"decided by user code. Give from_generator an output_signature."
+        )
+
+    def zeros(s: TensorSpec) -> Any:
+        if s.shape is None:
+            raise ValueError(
+                f"Cannot determine the element_spec of Dataset.{api}(): its input is empty and has a "
+                f"component of unknown rank ({s!r})."
+            )
+        if s.dtype == np.object_:
+            return b"" if not s.shape else np.full([d or 0 for d in s.shape], b"", dtype=object)
+        value = np.zeros([d or 0 for d in s.shape], dtype=s.dtype)
+        return value[()] if not s.shape else value
+
+    return nest.map_structure(zeros, spec)

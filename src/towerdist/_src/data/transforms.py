@@ -18,10 +18,12 @@ import numpy as np
 
 from towerdist._src import backend, nest
 from towerdist._src.data import options as options_lib
-from towerdist._src.data.dataset import Dataset, GatherPlan, spec_with_batch
-from towerdist._src.data.spec import TensorSpec
-from towerdist._src.data.structure import read_only_element, stack, unstack_count
+from towerdist._src.data.dataset import Dataset
+from towerdist._src.data.node import GatherPlan
+from towerdist._src.data.spec import TensorSpec, spec_with_batch
+from towerdist._src.data.structure import close_iterator, read_only_element, stack, unstack_count
 from towerdist._src.errors import DataLossError, InvalidArgumentError, NotFoundError, PermissionDeniedError
+from towerdist._src.failures import unworded
 
 __all__ = [
     "batched_cardinality",
@@ -43,13 +45,6 @@ __all__ = [
 INFINITE, UNKNOWN = options_lib.INFINITE, options_lib.UNKNOWN
 
 
-def close_iterator(iterator: Any) -> None:
-    """Closes a generator early, so that nodes upstream release threads and files."""
-    close = getattr(iterator, "close", None)
-    if close is not None:
-        close()
-
-
 def batched_cardinality(n: int, size: int, drop_remainder: bool) -> int:
     """How many batches of ``size`` a dataset of ``n`` elements gives (INFINITE/UNKNOWN stay)."""
     if n < 0:
@@ -57,11 +52,11 @@ def batched_cardinality(n: int, size: int, drop_remainder: bool) -> int:
     return n // size if drop_remainder else -(-n // size)
 
 
-def _int_arg(value: Any, name: str, api: str) -> int:
+def _int_arg(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu":
             return int(value)
-        raise TypeError(f"{api} takes an integer {name}. Got {name}={value!r}.")
+        raise unworded(TypeError(f"takes an integer {name}. Got {name}={value!r}."))
     return int(value)
 
 
@@ -102,7 +97,7 @@ def stack_elements(elements: Sequence[Any], what: str = "batch") -> Any:
 class BatchDataset(Dataset):
     def __init__(self, input_dataset: Dataset, batch_size: Any, drop_remainder: bool) -> None:
         self._inputs = (input_dataset,)
-        self._size = _int_arg(batch_size, "batch_size", "batch()")
+        self._size = _int_arg(batch_size, "batch_size")
         if self._size <= 0:
             raise InvalidArgumentError(f"Batch size must be greater than zero. Got batch_size={self._size}.")
         self._drop = bool(drop_remainder)
@@ -229,7 +224,7 @@ class RebatchDataset(Dataset):
     def __init__(self, input_dataset: Dataset, batch_size: Any, drop_remainder: bool) -> None:
         self._inputs = (input_dataset,)
         raw = list(batch_size) if isinstance(batch_size, (list, tuple, np.ndarray)) else [batch_size]
-        self._sizes = [_int_arg(s, "batch_size", "rebatch()") for s in raw]
+        self._sizes = [_int_arg(s, "batch_size") for s in raw]
         if not self._sizes or any(s < 0 for s in self._sizes) or not any(self._sizes):
             raise InvalidArgumentError(
                 f"rebatch() needs non-negative batch sizes, at least one of them positive. Got {batch_size!r}."
@@ -268,7 +263,7 @@ class RebatchDataset(Dataset):
 class ShuffleDataset(_Transparent):
     def __init__(self, input_dataset: Dataset, buffer_size: Any, seed: Any, reshuffle_each_iteration: bool) -> None:
         self._inputs = (input_dataset,)
-        self._buffer_size = _int_arg(buffer_size, "buffer_size", "shuffle()")
+        self._buffer_size = _int_arg(buffer_size, "buffer_size")
         # TensorFlow accepts UNKNOWN_CARDINALITY (-2) too: the buffer then holds every element.
         if self._buffer_size <= 0 and self._buffer_size != UNKNOWN:
             raise InvalidArgumentError(
@@ -279,7 +274,7 @@ class ShuffleDataset(_Transparent):
         if seed is None:
             self._seed = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
         else:
-            self._seed = _int_arg(seed, "seed", "shuffle()") & (2**64 - 1)
+            self._seed = _int_arg(seed, "seed") & (2**64 - 1)
         self._reshuffle = bool(reshuffle_each_iteration)
         self._epochs = itertools.count()
         self._epoch_lock = threading.Lock()
@@ -315,7 +310,7 @@ class ShuffleDataset(_Transparent):
 class RepeatDataset(_Transparent):
     def __init__(self, input_dataset: Dataset, count: Any) -> None:
         self._inputs = (input_dataset,)
-        self._count = -1 if count is None else _int_arg(count, "count", "repeat()")
+        self._count = -1 if count is None else _int_arg(count, "count")
         if self._count < -1:
             raise InvalidArgumentError(f"repeat() count must be >= 0, or -1/None for forever. Got count={count}.")
 
@@ -345,7 +340,7 @@ class RepeatDataset(_Transparent):
 class TakeDataset(_Transparent):
     def __init__(self, input_dataset: Dataset, count: Any) -> None:
         self._inputs = (input_dataset,)
-        self._count = _int_arg(count, "count", "take()")
+        self._count = _int_arg(count, "count")
         if self._count < -1:
             raise InvalidArgumentError(f"take() count must be >= 0, or -1 for all. Got count={count}.")
 
@@ -368,7 +363,7 @@ class TakeDataset(_Transparent):
 class SkipDataset(_Transparent):
     def __init__(self, input_dataset: Dataset, count: Any) -> None:
         self._inputs = (input_dataset,)
-        self._count = _int_arg(count, "count", "skip()")
+        self._count = _int_arg(count, "count")
         if self._count < -1:
             raise InvalidArgumentError(f"skip() count must be >= 0, or -1 for all. Got count={count}.")
 
@@ -393,8 +388,8 @@ class SkipDataset(_Transparent):
 class ShardDataset(_Transparent):
     def __init__(self, input_dataset: Dataset, num_shards: Any, index: Any) -> None:
         self._inputs = (input_dataset,)
-        self._num_shards = _int_arg(num_shards, "num_shards", "shard()")
-        self._index = _int_arg(index, "index", "shard()")
+        self._num_shards = _int_arg(num_shards, "num_shards")
+        self._index = _int_arg(index, "index")
         self._is_hint = self._num_shards == options_lib.SHARD_HINT
         if self._is_hint:
             return
@@ -433,6 +428,8 @@ class ShardDataset(_Transparent):
 
 class OptionsDataset(_Transparent):
     def __init__(self, input_dataset: Dataset, options: options_lib.Options) -> None:
+        if not isinstance(options, options_lib.Options):
+            raise TypeError(f"with_options() takes a td.data.Options. Got options={options!r}.")
         self._inputs = (input_dataset,)
         self._own_options = options
 
@@ -446,7 +443,7 @@ _INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max
 class EnumerateDataset(Dataset):
     def __init__(self, input_dataset: Dataset, start: Any) -> None:
         self._inputs = (input_dataset,)
-        self._start = _int_arg(start, "start", "enumerate()")
+        self._start = _int_arg(start, "start")
         if not _INT64_MIN <= self._start <= _INT64_MAX:
             raise InvalidArgumentError(
                 f"Dataset.enumerate() counts in int64, so start must lie in [-2**63, 2**63 - 1]. "

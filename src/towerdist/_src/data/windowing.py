@@ -23,10 +23,11 @@ from towerdist._src import nest
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.padding import int_argument, pad_batch, padded_spec, plan_padding, up_to
-from towerdist._src.data.spec import DatasetSpec, TensorSpec, dtype_name, structure_of
-from towerdist._src.data.structure import call_with_element
-from towerdist._src.data.transforms import close_iterator, stack_elements
+from towerdist._src.data.spec import DatasetSpec, TensorSpec, dtype_name, structure_of, unknown_sizes
+from towerdist._src.data.structure import call_with_element, close_iterator
+from towerdist._src.data.transforms import stack_elements
 from towerdist._src.errors import InternalError, InvalidArgumentError
+from towerdist._src.failures import name_api, unworded, worded_at
 
 __all__ = [
     "BucketBySequenceLengthDataset",
@@ -55,24 +56,18 @@ class ElementsDataset(Dataset):
         return len(self._elements)
 
 
-def _relaxed(spec: Any) -> Any:
-    """``spec`` with every dimension unknown (for specs learnt from one element)."""
-    return nest.map_structure(lambda s: TensorSpec(None if s.shape is None else (None,) * len(s.shape), s.dtype), spec)
-
-
 # --- window ----------------------------------------------------------------------------------
 
 
 class WindowDataset(Dataset):
     def __init__(self, input_dataset: Dataset, size: Any, shift: Any, stride: Any, drop_remainder: bool) -> None:
-        api = "Dataset.window()"
         self._inputs = (input_dataset,)
-        self._size = int_argument(size, "size", api)
-        self._shift = self._size if shift is None else int_argument(shift, "shift", api)
-        self._stride = int_argument(stride, "stride", api)
+        self._size = int_argument(size, "size")
+        self._shift = self._size if shift is None else int_argument(shift, "shift")
+        self._stride = int_argument(stride, "stride")
         for name, value in (("size", self._size), ("shift", self._shift), ("stride", self._stride)):
             if value <= 0:
-                raise InvalidArgumentError(f"{api} window {name} must be greater than zero. Got {name}={value}.")
+                raise unworded(InvalidArgumentError(f"window {name} must be greater than zero. Got {name}={value}."))
         self._drop = bool(drop_remainder)
 
     @property
@@ -105,7 +100,7 @@ class WindowDataset(Dataset):
             close_iterator(source)
 
     def _window(self, elements: list[Any], static: Any) -> Any:
-        spec = static if static is not None else _relaxed(structure_of(elements[0]))
+        spec = static if static is not None else unknown_sizes(structure_of(elements[0]))
         first = elements[0]
         if not nest.is_nested(first):
             return ElementsDataset(elements, spec)
@@ -118,7 +113,7 @@ class WindowDataset(Dataset):
         if spec is None:
             return None
         if self._inputs[0]._spec(probe=False) is None:
-            spec = _relaxed(spec)
+            spec = unknown_sizes(spec)
         return nest.map_structure(DatasetSpec, spec)
 
     def _cardinality(self) -> int:
@@ -133,16 +128,18 @@ class WindowDataset(Dataset):
 # --- group_by_window -------------------------------------------------------------------------
 
 
-def _int64_scalar(value: Any, what: str, api: str) -> int:
+def _int64_scalar(value: Any, what: str) -> int:
     """An int64 scalar result of a user function (a Python int converts, as in TensorFlow)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     array = np.asarray(value) if isinstance(value, (np.ndarray, np.generic)) else None
     if array is None or array.ndim != 0 or array.dtype != np.int64:
         got = f"a {type(value).__name__}" if array is None else f"{dtype_name(array.dtype)} of shape {array.shape}"
-        raise ValueError(
-            f"{api} {what} must return a single int64 scalar, but it returned {got} ({value!r}). Cast it with "
-            f"np.int64(...)."
+        raise unworded(
+            ValueError(
+                f"{what} must return a single int64 scalar, but it returned {got} ({value!r}). Cast it with "
+                f"np.int64(...)."
+            )
         )
     return int(array)
 
@@ -176,8 +173,10 @@ class _Grouping(Dataset):
                 if key not in windows:
                     size = self._size_for(key)
                     if size <= 0:
-                        raise InvalidArgumentError(
-                            f"{self._api} window size must be greater than zero, but got {size} for key {key}."
+                        raise unworded(
+                            InvalidArgumentError(
+                                f"window size must be greater than zero, but got {size} for key {key}."
+                            )
                         )
                     sizes[key], windows[key] = size, []
                 window = windows[key]
@@ -188,6 +187,9 @@ class _Grouping(Dataset):
             for key in sorted(windows):  # windows still open at the end, in ascending key order
                 window = windows.pop(key)
                 yield from self._reduce(key, window, _window_spec(static, window))
+        except BaseException as error:
+            name_api(error, self._api)
+            raise
         finally:
             close_iterator(source)
 
@@ -197,7 +199,7 @@ class _Grouping(Dataset):
 
 def _window_spec(static: Any, window: list[Any]) -> Any:
     """The element spec of a window: the input's, or (unknown statically) the ranks and dtypes of its elements."""
-    return static if static is not None else _relaxed(structure_of(window[0]))
+    return static if static is not None else unknown_sizes(structure_of(window[0]))
 
 
 class GroupByWindowDataset(_Grouping):
@@ -209,35 +211,39 @@ class GroupByWindowDataset(_Grouping):
         window_size: Any,
         window_size_func: Callable[[Any], Any] | None,
     ) -> None:
-        api = self._api = "Dataset.group_by_window()"
+        self._api = "Dataset.group_by_window()"
         if (window_size is None) == (window_size_func is None):
-            raise ValueError(
-                f"{api} takes exactly one of window_size and window_size_func. Got window_size={window_size!r}, "
-                f"window_size_func={window_size_func!r}."
+            raise unworded(
+                ValueError(
+                    f"takes exactly one of window_size and window_size_func. Got window_size={window_size!r}, "
+                    f"window_size_func={window_size_func!r}."
+                )
             )
         for name, fn in (("key_func", key_func), ("reduce_func", reduce_func), ("window_size_func", window_size_func)):
             if fn is not None and not callable(fn):
-                raise TypeError(f"{api} takes a callable {name}. Got {name}={fn!r}.")
+                raise unworded(TypeError(f"takes a callable {name}. Got {name}={fn!r}."))
         self._inputs = (input_dataset,)
         self._key_func = key_func
         self._reduce_func = reduce_func
-        self._window_size = None if window_size is None else int_argument(window_size, "window_size", api)
+        self._window_size = None if window_size is None else int_argument(window_size, "window_size")
         self._window_size_func = window_size_func
 
     def _key(self, element: Any) -> int:
-        return _int64_scalar(call_with_element(self._key_func, element), "key_func", self._api)
+        return _int64_scalar(call_with_element(self._key_func, element), "key_func")
 
     def _size_for(self, key: int) -> int:
         if self._window_size_func is None:
             return self._window_size  # type: ignore[return-value]  # set when the function is not (__init__)
-        return _int64_scalar(self._window_size_func(np.int64(key)), "window_size_func", self._api)
+        return _int64_scalar(self._window_size_func(np.int64(key)), "window_size_func")
 
     def _reduce(self, key: int, elements: list[Any], spec: Any) -> Iterator[Any]:
         result = self._reduce_func(np.int64(key), ElementsDataset(elements, spec))
         if not isinstance(result, Dataset):
-            raise TypeError(
-                f"{self._api} reduce_func must return a single td.data.Dataset, but it returned a "
-                f"{type(result).__name__} for key {key}."
+            raise unworded(
+                TypeError(
+                    f"reduce_func must return a single td.data.Dataset, but it returned a "
+                    f"{type(result).__name__} for key {key}."
+                )
             )
         source = result._iterate()
         try:
@@ -260,27 +266,31 @@ class GroupByWindowDataset(_Grouping):
                     return known
         if not probe:
             return None
-        return _relaxed(self._probe_spec())
+        return unknown_sizes(self._probe_spec())
 
 
 # --- bucket_by_sequence_length ---------------------------------------------------------------
 
 
-def _length_of(value: Any, api: str) -> int:
+def _length_of(value: Any) -> int:
     """The int32 length an element_length_func returned (a Python int converts to int32)."""
     if isinstance(value, int) and not isinstance(value, bool):
         if not -(2**31) <= value < 2**31:
-            raise TypeError(f"{api} element_length_func returned {value}, which does not fit in int32.")
+            raise unworded(TypeError(f"element_length_func returned {value}, which does not fit in int32."))
         return value
     array = np.asarray(value) if isinstance(value, (np.ndarray, np.generic)) else None
     if array is None or array.dtype != np.int32:
         got = f"a {type(value).__name__}" if array is None else dtype_name(array.dtype)
-        raise TypeError(
-            f"{api} element_length_func must return an int32 length (as TensorFlow requires), but it returned "
-            f"{got}: {value!r}. Cast it with np.int32(...)."
+        raise unworded(
+            TypeError(
+                f"element_length_func must return an int32 length (as TensorFlow requires), but it returned "
+                f"{got}: {value!r}. Cast it with np.int32(...)."
+            )
         )
     if array.size != 1 or array.ndim > 1:
-        raise ValueError(f"{api} element_length_func must return a scalar length, but it returned shape {array.shape}.")
+        raise unworded(
+            ValueError(f"element_length_func must return a scalar length, but it returned shape {array.shape}.")
+        )
     return int(array.reshape(-1)[0])
 
 
@@ -297,16 +307,18 @@ class BucketBySequenceLengthDataset(_Grouping):
         no_padding: bool,
         drop_remainder: bool,
     ) -> None:
-        api = self._api = "Dataset.bucket_by_sequence_length()"
+        self._api = "Dataset.bucket_by_sequence_length()"
         if not callable(element_length_func):
-            raise TypeError(f"{api} takes a callable element_length_func. Got {element_length_func!r}.")
-        self._boundaries = [int_argument(b, "bucket_boundaries", api) for b in bucket_boundaries]
-        self._batch_sizes = [int_argument(b, "bucket_batch_sizes", api) for b in bucket_batch_sizes]
+            raise unworded(TypeError(f"takes a callable element_length_func. Got {element_length_func!r}."))
+        self._boundaries = [int_argument(b, "bucket_boundaries") for b in bucket_boundaries]
+        self._batch_sizes = [int_argument(b, "bucket_batch_sizes") for b in bucket_batch_sizes]
         if len(self._batch_sizes) != len(self._boundaries) + 1:
-            raise ValueError(
-                f"{api} needs one more batch size than boundaries (len(bucket_batch_sizes) == "
-                f"len(bucket_boundaries) + 1), but len(bucket_batch_sizes)={len(self._batch_sizes)} and "
-                f"len(bucket_boundaries)={len(self._boundaries)}."
+            raise unworded(
+                ValueError(
+                    f"needs one more batch size than boundaries (len(bucket_batch_sizes) == "
+                    f"len(bucket_boundaries) + 1), but len(bucket_batch_sizes)={len(self._batch_sizes)} and "
+                    f"len(bucket_boundaries)={len(self._boundaries)}."
+                )
             )
         self._inputs = (input_dataset,)
         self._length_func = element_length_func
@@ -317,10 +329,10 @@ class BucketBySequenceLengthDataset(_Grouping):
         self._drop = bool(drop_remainder)
         spec = input_dataset._spec(probe=False)
         if spec is not None and not self._no_padding:
-            plan_padding(spec, padded_shapes, padding_values, api)  # bad arguments fail now, as in TensorFlow
+            plan_padding(spec, padded_shapes, padding_values)  # bad arguments fail now, as in TensorFlow
 
     def _key(self, element: Any) -> int:
-        length = _length_of(call_with_element(self._length_func, element), self._api)
+        length = _length_of(call_with_element(self._length_func, element))
         # TensorFlow's rule: the first bucket i with lower[i] <= length < upper[i], the lower
         # bounds being (-inf, *boundaries) and the upper ones (*boundaries, +inf). For sorted
         # boundaries that is a bisection; unsorted ones are searched in order.
@@ -342,15 +354,19 @@ class BucketBySequenceLengthDataset(_Grouping):
         if self._pad_to_boundary and not self._no_padding:
             if key >= len(self._boundaries):
                 if not self._boundaries:
-                    raise InternalError(
-                        f"{self._api} with pad_to_bucket_boundary=True needs bucket boundaries to pad to, but "
-                        f"bucket_boundaries is empty, so the {len(elements)} element(s) of its only bucket have no "
-                        f"boundary. Add a boundary above the longest length, or set pad_to_bucket_boundary=False."
+                    raise unworded(
+                        InternalError(
+                            f"with pad_to_bucket_boundary=True needs bucket boundaries to pad to, but "
+                            f"bucket_boundaries is empty, so the {len(elements)} element(s) of its only bucket have no "
+                            f"boundary. Add a boundary above the longest length, or set pad_to_bucket_boundary=False."
+                        )
                     )
-                raise InternalError(
-                    f"{self._api} with pad_to_bucket_boundary=True needs every element length < "
-                    f"max(bucket_boundaries) (boundaries {self._boundaries}), but {len(elements)} element(s) had a "
-                    f"length >= {max(self._boundaries)}. Add a boundary above the longest length."
+                raise unworded(
+                    InternalError(
+                        f"with pad_to_bucket_boundary=True needs every element length < "
+                        f"max(bucket_boundaries) (boundaries {self._boundaries}), but {len(elements)} element(s) had a "
+                        f"length >= {max(self._boundaries)}. Add a boundary above the longest length."
+                    )
                 )
             filler = self._boundaries[key] - 1
         if self._drop and len(elements) < self._batch_sizes[key]:
@@ -358,8 +374,8 @@ class BucketBySequenceLengthDataset(_Grouping):
         if self._no_padding:
             yield stack_elements(elements)
             return
-        plans, treespec = plan_padding(spec, self._shapes_for(spec, filler), self._padding_values, self._api)
-        yield pad_batch(elements, plans, treespec, self._api)
+        plans, treespec = plan_padding(spec, self._shapes_for(spec, filler), self._padding_values)
+        yield pad_batch(elements, plans, treespec)
 
     def _shapes_for(self, spec: Any, filler: int | None) -> Any:
         """The padded shapes of one bucket: with pad_to_bucket_boundary, unknown sizes become ``filler``."""
@@ -369,7 +385,7 @@ class BucketBySequenceLengthDataset(_Grouping):
         if self._padded_shapes is None:
             entries: list[Any] = [None if s.shape is None else list(s.shape) for s in specs]
         else:
-            entries = up_to(treespec, self._padded_shapes, "padded_shapes", self._api)
+            entries = up_to(treespec, self._padded_shapes, "padded_shapes")
         filled: list[Any] = []
         for entry in entries:
             if entry is None:
@@ -388,11 +404,12 @@ class BucketBySequenceLengthDataset(_Grouping):
         if spec is None:
             return None
         if static is None:
-            spec = _relaxed(spec)
+            spec = unknown_sizes(spec)
         specs, treespec = nest.flatten(spec)
         if self._no_padding:
             return treespec.unflatten([TensorSpec((None, *(s.shape or ())), s.dtype) for s in specs])
-        plans, _ = plan_padding(spec, self._padded_shapes, self._padding_values, self._api)
+        with worded_at(self._api):
+            plans, _ = plan_padding(spec, self._padded_shapes, self._padding_values)
         return treespec.unflatten(padded_spec(plans, specs, None))
 
 
@@ -406,7 +423,8 @@ def experimental_group_by_window(
 
     ``dataset.apply(group_by_window(...))`` is ``dataset.group_by_window(...)``.
     """
-    GroupByWindowDataset(_ArgumentCheck(), key_func, reduce_func, window_size, window_size_func)  # fail now
+    with worded_at("Dataset.group_by_window()"):
+        GroupByWindowDataset(_ArgumentCheck(), key_func, reduce_func, window_size, window_size_func)  # fail now
     return lambda dataset: dataset.group_by_window(key_func, reduce_func, window_size, window_size_func)
 
 
@@ -434,8 +452,9 @@ def experimental_bucket_by_sequence_length(
         no_padding,
         drop_remainder,
     )
-    BucketBySequenceLengthDataset(_ArgumentCheck(), *arguments)  # fail now on bad arguments
-    return lambda dataset: BucketBySequenceLengthDataset(dataset, *arguments)
+    with worded_at("Dataset.bucket_by_sequence_length()"):
+        BucketBySequenceLengthDataset(_ArgumentCheck(), *arguments)  # fail now on bad arguments
+    return lambda dataset: dataset.bucket_by_sequence_length(*arguments)
 
 
 class _ArgumentCheck(Dataset):

@@ -28,13 +28,11 @@ import enum
 from collections.abc import Callable
 
 from towerdist._src.data.dataset import Dataset
-from towerdist._src.data.files import TextLineDataset
-from towerdist._src.data.interleave import InterleaveDataset
 from towerdist._src.data.options import AutoShardPolicy
 from towerdist._src.data.transforms import ShardDataset
 from towerdist._src.errors import InvalidArgumentError, NotFoundError
 
-__all__ = ["ShardMode", "auto_shard", "is_file_reader"]
+__all__ = ["ShardMode", "auto_shard"]
 
 
 class ShardMode(enum.Enum):
@@ -58,16 +56,9 @@ def _rewrite(node: Dataset, change: Callable[[Dataset, tuple[Dataset, ...]], Dat
     return node._clone(inputs)
 
 
-def is_file_reader(node: Dataset) -> bool:
-    """True if ``node`` reads the files named by its first input (what FILE sharding shards)."""
-    if isinstance(node, TextLineDataset):
-        return True
-    return isinstance(node, InterleaveDataset) and node._reads_files()
-
-
-def _readers(dataset: Dataset) -> list[TextLineDataset | InterleaveDataset]:
-    """The file readers of the pipeline, the first found on each path from the output."""
-    if isinstance(dataset, (TextLineDataset, InterleaveDataset)) and is_file_reader(dataset):
+def _readers(dataset: Dataset) -> list[Dataset]:
+    """The file readers of the pipeline (``Dataset._reads_files``), the first found on each path from the output."""
+    if dataset._reads_files():
         return [dataset]
     return [reader for node in dataset._inputs for reader in _readers(node)]
 
@@ -78,7 +69,7 @@ def _read_from_files(dataset: Dataset) -> bool:
     TensorFlow finds a source that reads no files (a ``range`` zipped with the lines, say)
     unshardable by file: AUTO then shards by data, and FILE raises.
     """
-    if is_file_reader(dataset):
+    if dataset._reads_files():
         return True
     return bool(dataset._inputs) and all(_read_from_files(node) for node in dataset._inputs)
 
@@ -96,7 +87,7 @@ def _shard_at_sources(names: Dataset, num_workers: int, worker_index: int) -> Da
 
 
 def _shard_files(dataset: Dataset, num_workers: int, worker_index: int) -> Dataset:
-    if is_file_reader(dataset):
+    if dataset._reads_files():
         names = _shard_at_sources(dataset._inputs[0], num_workers, worker_index)
         return dataset._clone((names, *dataset._inputs[1:]))
     inputs = tuple(_shard_files(node, num_workers, worker_index) for node in dataset._inputs)
@@ -137,7 +128,7 @@ def auto_shard(
             return dataset, ShardMode.OWN
         return dataset, ShardMode.DATA
     by_file = _read_from_files(dataset)
-    file_counts = [reader._file_source._cardinality() for reader in _readers(dataset)] if by_file else []
+    file_counts = [reader._inputs[0]._cardinality() for reader in _readers(dataset)] if by_file else []
     if policy == AutoShardPolicy.FILE:
         if not by_file:
             raise NotFoundError(

@@ -1,6 +1,5 @@
 """``tf.data.experimental``: the auto-shard policy and the distribute options."""
 
-from towerdist._src.data.combinators import experimental_counter as Counter
 from towerdist._src.data.combinators import experimental_get_single_element as get_single_element
 from towerdist._src.data.combinators import experimental_ignore_errors as ignore_errors
 from towerdist._src.data.combinators import experimental_scan as scan
@@ -17,6 +16,7 @@ from towerdist._src.data.persistence import experimental_save as save
 from towerdist._src.data.resampling import experimental_rejection_resample as rejection_resample
 from towerdist._src.data.sampling import experimental_choose_from_datasets as choose_from_datasets
 from towerdist._src.data.sampling import experimental_sample_from_datasets as sample_from_datasets
+from towerdist._src.data.sources import experimental_counter as Counter
 from towerdist._src.data.windowing import experimental_bucket_by_sequence_length as bucket_by_sequence_length
 from towerdist._src.data.windowing import experimental_group_by_window as group_by_window
 
