@@ -46,3 +46,9 @@ def test_a_worded_or_unmarked_error_passes_through_untouched() -> None:
         with worded_at("Dataset.map()"):
             raise KeyError("x")
     assert caught.value.args == ("x",)
+
+
+def test_a_failure_may_ask_for_a_colon_after_the_api() -> None:
+    with pytest.raises(ValueError, match=r"^SGD\.apply_gradients\(\): the gradient of v has shape \(2,\)\.$"):
+        with worded_at("SGD.apply_gradients()"):
+            raise unworded(ValueError("the gradient of v has shape (2,)."), separator=": ")

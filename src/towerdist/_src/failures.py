@@ -37,12 +37,13 @@ _UNWORDED = "_towerdist_unworded"
 E = TypeVar("E", bound=BaseException)
 
 
-def unworded(error: E) -> E:
+def unworded(error: E, separator: str = " ") -> E:
     """Marks ``error`` to be named by the public method that was called, and returns it.
 
-    Its message must read on after the API's name (``"takes an integer count. ..."``).
+    Its message must read on after the API's name and ``separator`` (``"takes an integer
+    count. ..."``; with ``separator=": "``, ``"the gradient of v has shape ..."``).
     """
-    setattr(error, _UNWORDED, True)
+    setattr(error, _UNWORDED, separator)
     return error
 
 
@@ -52,14 +53,15 @@ def name_api(error: BaseException, api: str) -> None:
     Call it in an ``except`` clause of a public method, then re-raise with a bare ``raise``.
     A worded error is left as it is.
     """
-    if not getattr(error, _UNWORDED, False):
+    separator = getattr(error, _UNWORDED, None)
+    if not separator:
         return
-    setattr(error, _UNWORDED, False)
+    setattr(error, _UNWORDED, None)
     if isinstance(error, OpError):
-        error._message = f"{api} {error._message}"
+        error._message = f"{api}{separator}{error._message}"
         error.args = (error._message,)
     elif error.args and isinstance(error.args[0], str):
-        error.args = (f"{api} {error.args[0]}", *error.args[1:])
+        error.args = (f"{api}{separator}{error.args[0]}", *error.args[1:])
     else:
         error.args = (api, *error.args)
     if isinstance(error, ContextError) and error.api is None:
