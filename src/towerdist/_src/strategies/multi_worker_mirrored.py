@@ -291,7 +291,7 @@ class MultiWorkerExtended(MirroredExtended):
             self._workers.failed_before(seq, api, error)  # the other workers raise too, not wait
             raise
         reduced = self._reduce_columns(reduce_op, [column], options, api)[0]
-        return self._cross_device_ops.broadcast(reduced, devices)
+        return self._collectives._broadcast_to(reduced, devices)
 
     def _batch_reduce_to(
         self, reduce_op: ReduceOp, pairs: list[tuple[Any, Any]], options: CommunicationOptions | None
@@ -314,7 +314,7 @@ class MultiWorkerExtended(MirroredExtended):
             self._workers.failed_before(seq, api, error)  # the other workers raise too, not wait
             raise
         for k, reduced, devices in zip(where, self._reduce_columns(reduce_op, columns, options, api), targets):
-            results[k] = self._cross_device_ops.broadcast(reduced, devices)
+            results[k] = self._collectives._broadcast_to(reduced, devices)
         return results
 
     def _all_reduce(
@@ -436,7 +436,7 @@ class MultiWorkerExtended(MirroredExtended):
             self._workers.failed_before(seq, api, error)  # the other workers raise too, not wait
             raise
         gathered = self._workers.gather(local, axis, api, None)
-        return self._cross_device_ops.broadcast(gathered, devices)
+        return self._collectives._broadcast_to(gathered, devices)
 
     def _sum_counts(self, count: int, api: str) -> int:
         if self._workers.size == 1:

@@ -49,11 +49,10 @@ import os
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from towerdist._src import intra_op_threads, parallel, waiting
+from towerdist._src import intra_op_threads, waiting
 from towerdist._src import profiler as _profiler
 from towerdist._src.backend import cupy_streams
 from towerdist._src.device import DeviceSpec
@@ -204,6 +203,29 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):  # POSIX
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class HelperLease:
+    """An idle pool's threads lent for one collective (``parallel.Helpers``): taken on first ask."""
+
+    __slots__ = ("_pool", "_scheduler")
+
+    def __init__(self, scheduler: ReplicaScheduler) -> None:
+        self._scheduler = scheduler
+        self._pool: _Pool | None = None
+
+    def __call__(self) -> Sequence[Any]:
+        if self._pool is None:
+            self._pool = self._scheduler._take_idle_pool()
+            if self._pool is None:
+                return ()
+        return self._pool.mailboxes
+
+    def release(self) -> None:
+        """Gives the pool back (if it was taken)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            self._scheduler._release(pool)
 
 
 class ReplicaScheduler:
@@ -359,27 +381,19 @@ class ReplicaScheduler:
         step.raise_failure()
         return step.results
 
-    @contextmanager
-    def idle_helpers(self) -> Iterator[None]:
-        """Lets this (cross-replica) thread use an idle pool's threads for parallel parts."""
-        lease: list[_Pool] = []
+    def lend_idle_helpers(self) -> HelperLease:
+        """An idle pool's threads for this (cross-replica) thread's parallel parts: taken on first ask.
 
-        def provide() -> Sequence[Any]:
-            if not lease:
-                with self._lock:
-                    pool = next((p for p in self._pools if not p.busy), None)
-                    if pool is None and not self._pools:
-                        pool = _Pool(len(self._devices), len(self._devices) * self._local_workers)
-                        self._pools.append(pool)
-                    if pool is None:
-                        return ()
-                    pool.busy = True
-                lease.append(pool)
-            return lease[0].mailboxes
+        Pass it as the ``helpers`` of a collective, then call its ``release()`` (in a ``finally``).
+        """
+        return HelperLease(self)
 
-        with parallel.helpers_installed(provide):
-            try:
-                yield
-            finally:
-                if lease:
-                    self._release(lease[0])
+    def _take_idle_pool(self) -> _Pool | None:
+        with self._lock:
+            pool = next((p for p in self._pools if not p.busy), None)
+            if pool is None and not self._pools:
+                pool = _Pool(len(self._devices), len(self._devices) * self._local_workers)
+                self._pools.append(pool)
+            if pool is not None:
+                pool.busy = True
+        return pool
