@@ -30,6 +30,7 @@ from towerdist._src.cross_device_ops.placement import (
     validate_components,
 )
 from towerdist._src.device import DeviceSpec
+from towerdist._src.failures import worded_at
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
@@ -190,7 +191,8 @@ class CrossDeviceOps:
         self, per_replica_value: Any, destinations: Any, axis: int, options: CommunicationOptions | None = None
     ) -> Any:
         """Concatenates the components along ``axis`` onto ``destinations``."""
-        return gather_to(as_per_replica(per_replica_value), resolve_destinations(destinations), axis)
+        with worded_at("gather()"):
+            return gather_to(as_per_replica(per_replica_value), resolve_destinations(destinations), axis)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -81,6 +81,7 @@ from towerdist._src import profiler as _profiler
 from towerdist._src.backend import cupy_streams
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import MergeCallCountError
+from towerdist._src.failures import name_api
 from towerdist._src.mailbox import INTERRUPTED, RESUME, SHUTDOWN, STOP, TASK
 from towerdist._src.strategies.watchdog import Status, Watch, name_of
 from towerdist._src.thread_state import Mode
@@ -136,8 +137,17 @@ class CollectiveRequest:
 
     @staticmethod
     def settle(step: Step, requests: list[Any]) -> list[Any]:
-        """Runs replica 0's function once on every replica's payload, in replica order."""
-        parts: list[Any] = requests[0].fn(step.strategy, [r.payload for r in requests])
+        """Runs replica 0's function once on every replica's payload, in replica order.
+
+        A failure the function raised :func:`~towerdist._src.failures.unworded` is named by
+        the collective's API (``ReplicaContext.all_reduce()``...).
+        """
+        first = requests[0]
+        try:
+            parts: list[Any] = first.fn(step.strategy, [r.payload for r in requests])
+        except BaseException as error:
+            name_api(error, first.api)
+            raise
         return parts
 
 

@@ -20,6 +20,7 @@ from towerdist._src.cross_device_ops.placement import (
 from towerdist._src.cross_device_ops.select import select_cross_device_ops
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
+from towerdist._src.failures import name_api
 from towerdist._src.options import CommunicationOptions, ValueContext
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.barrier import CollectiveRequest, MergeRequest, StopReplica
@@ -313,7 +314,11 @@ class MirroredExtended(StrategyExtended):
         if not isinstance(value, DistributedValues):
             return value
         value = self._as_value(value, api)
-        return gather_to(value, Destinations(self._destinations(destinations)), axis, api)
+        try:
+            return gather_to(value, Destinations(self._destinations(destinations)), axis)
+        except BaseException as error:
+            name_api(error, api)
+            raise
 
     # --- variables ------------------------------------------------------------------------
 

@@ -20,11 +20,12 @@ from towerdist._src import array_ops, backend, config
 from towerdist._src import device as device_lib
 from towerdist._src.cluster_resolver.cluster_resolver import ClusterResolver
 from towerdist._src.cluster_resolver.mpi import resolve_for_mpi
-from towerdist._src.cross_device_ops.gather import normalize_axis
+from towerdist._src.cross_device_ops.gather import axis_index
 from towerdist._src.cross_device_ops.nccl_all_reduce import nccl_unavailable_reason
 from towerdist._src.cross_device_ops.placement import Destinations, mirror, validate_components
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
+from towerdist._src.failures import name_api
 from towerdist._src.input.distributed_dataset import InputWorker
 from towerdist._src.multi_worker import gpu_assignment
 from towerdist._src.multi_worker.nccl_workers import NCCL_DTYPES, NcclWorkers
@@ -431,8 +432,9 @@ class MultiWorkerExtended(MirroredExtended):
             local = _to_host(local)
             if local.ndim == 0:
                 raise ValidationError(f"{api} cannot gather scalars: give each replica's value at least one dimension.")
-            axis = normalize_axis(axis, local.ndim, api)
+            axis = axis_index(axis, local.ndim)
         except Exception as error:
+            name_api(error, api)
             self._workers.failed_before(seq, api, error)  # the other workers raise too, not wait
             raise
         gathered = self._workers.gather(local, axis, api, None)
