@@ -87,8 +87,8 @@ def run_parts(fn: Callable[[int], None], num_parts: int, helpers: Helpers = THIS
     ``helpers``: by default this thread's. Returns when every part is done. An exception in
     any part is re-raised here.
     """
-    helpers = _helpers(helpers)
-    if num_parts <= 1 or not helpers:
+    helpers = _helpers(helpers) if num_parts > 1 else ()  # (asked only for a job in parts)
+    if not helpers:
         for part in range(num_parts):
             fn(part)
         return
