@@ -137,17 +137,8 @@ class CollectiveRequest:
 
     @staticmethod
     def settle(step: Step, requests: list[Any]) -> list[Any]:
-        """Runs replica 0's function once on every replica's payload, in replica order.
-
-        A failure the function raised :func:`~towerdist._src.failures.unworded` is named by
-        the collective's API (``ReplicaContext.all_reduce()``...).
-        """
-        first = requests[0]
-        try:
-            parts: list[Any] = first.fn(step.strategy, [r.payload for r in requests])
-        except BaseException as error:
-            name_api(error, first.api)
-            raise
+        """Runs replica 0's function once on every replica's payload, in replica order."""
+        parts: list[Any] = requests[0].fn(step.strategy, [r.payload for r in requests])
         return parts
 
 
@@ -491,6 +482,7 @@ class Step:
                 if self.orders_streams:  # read by the parked replicas once released (``meet``)
                     self._round_marks = cupy_streams.mark(self.gpu_ids)
         except BaseException as error:
+            name_api(error, requests[0].api)  # a failure raised unworded (e.g. a collective's check): named by its API
             if isinstance(error, Exception):
                 _add_call_site(error)
                 # Failed before the workers met (a check, a merge_fn): the other workers raise too, not wait.
