@@ -6,8 +6,10 @@ the barrier while this thread runs a ``merge_fn`` — :func:`run_parts` hands th
 the job and does one part itself. Without helpers every part runs on the calling thread.
 
 Helpers are threads with a mailbox (a ``queue.SimpleQueue``) that understand
-``(TASK, job, part)`` messages; the replica scheduler installs them with
-:func:`helpers_installed`.
+``(TASK, job, part)`` messages. A caller passes them explicitly (``helpers=``: the
+mailboxes, or a callable that lends them on first use, as the strategies' collectives do);
+without it, :func:`run_parts` uses this thread's, which the barrier sets for a ``merge_fn``
+and :func:`helpers_installed` for a block.
 """
 
 from __future__ import annotations
@@ -17,14 +19,26 @@ import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeAlias
 
 from towerdist._src import thread_state
 from towerdist._src.mailbox import TASK
 
-__all__ = ["TASK", "Job", "helpers_installed", "max_parts", "no_helpers", "run_parts"]
+__all__ = ["TASK", "THIS_THREAD", "Helpers", "Job", "helpers_installed", "max_parts", "no_helpers", "run_parts"]
 
 _CPU_COUNT = os.cpu_count() or 1
+
+Helpers: TypeAlias = Sequence[Any] | Callable[[], Sequence[Any]] | None
+"""Threads to lend parts to: their mailboxes, a callable returning them (asked on first use), or None."""
+
+
+class _ThisThread:
+    def __repr__(self) -> str:
+        return "THIS_THREAD"
+
+
+THIS_THREAD: Any = _ThisThread()
+"""``helpers=`` default: this thread's helpers (``thread_state``), e.g. those of a ``merge_fn``."""
 
 
 class Job:
@@ -61,19 +75,20 @@ class Job:
             raise self._errors[0]
 
 
-def max_parts() -> int:
-    """How many parts :func:`run_parts` can run at once on this thread."""
-    helpers = _helpers()
+def max_parts(helpers: Helpers = THIS_THREAD) -> int:
+    """How many parts :func:`run_parts` can run at once with ``helpers`` (by default this thread's)."""
+    helpers = _helpers(helpers)
     return min(len(helpers) + 1, _CPU_COUNT) if helpers else 1
 
 
-def run_parts(fn: Callable[[int], None], num_parts: int) -> None:
-    """Runs ``fn(part)`` for ``part in range(num_parts)``, in parallel where helpers allow.
+def run_parts(fn: Callable[[int], None], num_parts: int, helpers: Helpers = THIS_THREAD) -> None:
+    """Runs ``fn(part)`` for ``part in range(num_parts)``, in parallel where ``helpers`` allow.
 
-    Returns when every part is done. An exception in any part is re-raised here.
+    ``helpers``: by default this thread's. Returns when every part is done. An exception in
+    any part is re-raised here.
     """
-    helpers = _helpers()
-    if num_parts <= 1 or not helpers:
+    helpers = _helpers(helpers) if num_parts > 1 else ()  # (asked only for a job in parts)
+    if not helpers:
         for part in range(num_parts):
             fn(part)
         return
@@ -91,8 +106,9 @@ def run_parts(fn: Callable[[int], None], num_parts: int) -> None:
     job.wait()
 
 
-def _helpers() -> Sequence[Any]:
-    provider = thread_state.state.helpers
+def _helpers(provider: Helpers) -> Sequence[Any]:
+    if provider is THIS_THREAD:
+        provider = thread_state.state.helpers
     if provider is None:
         return ()
     helpers: Sequence[Any] = provider() if callable(provider) else provider
@@ -100,7 +116,7 @@ def _helpers() -> Sequence[Any]:
 
 
 @contextmanager
-def helpers_installed(helpers: Sequence[Any] | Callable[[], Sequence[Any]] | None) -> Iterator[None]:
+def helpers_installed(helpers: Helpers) -> Iterator[None]:
     """Lets this thread use ``helpers`` (mailboxes, or a callable returning them) in the block.
 
     Helpers already installed on this thread take precedence: a ``merge_fn`` that calls

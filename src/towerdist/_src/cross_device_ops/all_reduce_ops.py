@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from towerdist._src import array_ops, backend
+from towerdist._src import array_ops, backend, parallel
 from towerdist._src.cross_device_ops import packing
 from towerdist._src.cross_device_ops.base import CrossDeviceOps
 from towerdist._src.cross_device_ops.placement import mirror
@@ -72,9 +72,10 @@ class AllReduceCrossDeviceOps(CrossDeviceOps):
         columns: Sequence[Sequence[Any]],
         devices: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
-        out: Sequence[Any] | None = None,
+        out: Sequence[Any] | None,
+        helpers: parallel.Helpers,
     ) -> list[list[Any]]:
-        del options, out
+        del options, out, helpers
         # mirror() hands host buffers shared by several replicas out as read-only views.
         return [list(mirror(result, devices)._values) for result in self._batch_all_reduce(reduce_op, columns, devices)]
 

@@ -6,15 +6,13 @@ A ``CrossDeviceOps`` turns a ``PerReplica`` (one array per device) into a ``Mirr
 (TensorFlow's), which receive validated values and destinations resolved to a tuple of
 devices.
 
-Two ways in:
-
-* the **public methods** (``reduce``, ``batch_reduce``, ``broadcast``) check their
-  arguments (every component must have the same shape and dtype) and call the hooks;
-* the **internal entry points** (``_reduce_validated``, ``_batch_reduce_validated`` and
-  ``_all_reduce``) are what strategies call once *they* have checked the arguments at the
-  API the user called: nothing is parsed, resolved or validated again. ``_all_reduce`` is
-  the collective path of ``ReplicaContext.all_reduce`` and of optimizers: plain lists of
-  arrays in, plain lists out, no distributed values built on the way.
+The public methods (``reduce``, ``batch_reduce``, ``broadcast``) check their arguments
+(every component must have the same shape and dtype) and call the hooks. Strategies reach
+cross-device ops through one internal protocol instead, ``collectives.Collectives``
+(arguments already checked at the API the user called, helper threads passed explicitly):
+``CrossDeviceOps`` implements it here in terms of the hooks, the library's algorithms
+override it with their direct paths, and a user's subclass is wrapped once, when the
+strategy is built (``collectives.collectives_for``).
 """
 
 from __future__ import annotations
@@ -22,20 +20,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from towerdist._src import array_ops, backend
+from towerdist._src import array_ops, backend, parallel
 from towerdist._src.cross_device_ops.gather import gather_to
 from towerdist._src.cross_device_ops.placement import (
     as_per_replica,
+    check_pairs,
     mirror,
     resolve_destinations,
     validate_components,
 )
 from towerdist._src.device import DeviceSpec
+from towerdist._src.failures import worded_at
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 
-__all__ = ["CrossDeviceOps", "DEFAULT_OPTIONS"]
+__all__ = ["DEFAULT_OPTIONS", "CrossDeviceOps", "batch_reduce_with_hooks", "copy_in_place", "reduce_with_hooks"]
 
 DEFAULT_OPTIONS = CommunicationOptions()
 
@@ -56,6 +56,9 @@ class CrossDeviceOps:
     ``batch_reduce_implementation`` and ``broadcast_implementation``. The hooks receive
     validated values and destinations resolved to a tuple of ``DeviceSpec``.
     """
+
+    # (Collectives) a batch of values each reduced onto its own devices may take ``_all_reduce``.
+    _all_reduces_batches = True
 
     def __init__(self) -> None:
         self._num_between_graph_workers = 1
@@ -84,7 +87,7 @@ class CrossDeviceOps:
         value = as_per_replica(per_replica_value)
         devices = resolve_destinations(destinations)
         validate_components(value, f"{type(self).__name__}.reduce()")
-        return self._reduce_validated(op, value, devices, options or DEFAULT_OPTIONS)
+        return reduce_with_hooks(self, op, value, devices, options or DEFAULT_OPTIONS)
 
     def batch_reduce(
         self,
@@ -98,65 +101,37 @@ class CrossDeviceOps:
           One result per ``(value, destinations)`` pair, as :meth:`reduce` gives it.
         """
         op = _check_reduce_op(reduce_op)
-        pairs: list[tuple[DistributedValues, tuple[DeviceSpec, ...]]] = []
-        for k, pair in enumerate(value_destination_pairs):
-            if not isinstance(pair, tuple):
-                raise ValueError(
-                    f"Each element of `value_destination_pairs` should be a tuple. Got element {k}: {pair!r}."
-                )
-            if len(pair) != 2:
-                raise ValueError(
-                    f"Each element of `value_destination_pairs` should be a tuple of size 2. Got element "
-                    f"{k} of size {len(pair)}."
-                )
-            value = as_per_replica(pair[0])
-            validate_components(value, f"{type(self).__name__}.batch_reduce() (value {k})")
-            pairs.append((value, resolve_destinations(pair[1])))
-        return self._batch_reduce_validated(op, pairs, options or DEFAULT_OPTIONS)
+        pairs = check_pairs(value_destination_pairs, f"{type(self).__name__}.batch_reduce()")
+        return batch_reduce_with_hooks(self, op, pairs, options or DEFAULT_OPTIONS)
 
     def broadcast(self, tensor: Any, destinations: Any) -> Any:
         """Copies ``tensor`` to every destination device; a ``Mirrored`` for several."""
         return self.broadcast_implementation(tensor, resolve_destinations(destinations))
 
-    # --- internal entry points (arguments already validated) --------------------------------
+    # --- the Collectives protocol (collectives.py), in terms of the hooks ------------------
 
-    def _reduce_validated(
+    def _reduce_to(
         self,
         reduce_op: ReduceOp,
         value: DistributedValues,
         destinations: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
+        helpers: parallel.Helpers,
     ) -> Any:
         """``reduce`` of a value whose components were checked, onto resolved destinations."""
-        if _already_in_place(value, destinations):
-            # One value already where it must go: an identity, as in TensorFlow.
-            component = array_ops.as_array(value._values[0])
-            return mirror([backend.for_array(component).copy(component)], destinations)
-        return self.reduce_implementation(reduce_op, value, destinations, options)
+        del helpers  # the hooks lend parts to this thread's helpers, if any
+        return reduce_with_hooks(self, reduce_op, value, destinations, options)
 
-    def _batch_reduce_validated(
+    def _batch_reduce_to(
         self,
         reduce_op: ReduceOp,
         pairs: Sequence[tuple[DistributedValues, tuple[DeviceSpec, ...]]],
         options: CommunicationOptions,
+        helpers: parallel.Helpers,
     ) -> list[Any]:
         """``batch_reduce`` of checked values onto resolved destinations."""
-        # A value that is one component already where it must go is an identity, as in
-        # TensorFlow. (TF applies this only when *every* pair qualifies; per pair, a
-        # result never depends on the other pairs of the batch, e.g. in its dtype.)
-        results: list[Any] = [None] * len(pairs)
-        to_reduce = []
-        for k, (value, devices) in enumerate(pairs):
-            if _already_in_place(value, devices):
-                component = array_ops.as_array(value._values[0])
-                results[k] = mirror([backend.for_array(component).copy(component)], devices)
-            else:
-                to_reduce.append(k)
-        if to_reduce:
-            reduced = self.batch_reduce_implementation(reduce_op, [pairs[k] for k in to_reduce], options)
-            for k, result in zip(to_reduce, reduced):
-                results[k] = result
-        return results
+        del helpers
+        return batch_reduce_with_hooks(self, reduce_op, pairs, options)
 
     def _all_reduce(
         self,
@@ -164,7 +139,8 @@ class CrossDeviceOps:
         columns: Sequence[Sequence[Any]],
         devices: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
-        out: Sequence[Any] | None = None,
+        out: Sequence[Any] | None,
+        helpers: parallel.Helpers,
     ) -> list[list[Any]]:
         """All-reduces checked values between ``devices`` (the collective path).
 
@@ -175,10 +151,14 @@ class CrossDeviceOps:
         This default goes through ``batch_reduce_implementation``, so subclasses written
         for TensorFlow's hooks serve the collective path too.
         """
-        del out
+        del out, helpers
         pairs = [(PerReplica(column, devices), devices) for column in columns]
         reduced = self.batch_reduce_implementation(reduce_op, pairs, options)
         return [list(r._values) if isinstance(r, DistributedValues) else [r] for r in reduced]
+
+    def _broadcast_to(self, tensor: Any, destinations: tuple[DeviceSpec, ...]) -> Any:
+        """``broadcast`` onto resolved destinations."""
+        return self.broadcast_implementation(tensor, tuple(destinations))
 
     # --- hooks ----------------------------------------------------------------------------
 
@@ -211,10 +191,58 @@ class CrossDeviceOps:
         self, per_replica_value: Any, destinations: Any, axis: int, options: CommunicationOptions | None = None
     ) -> Any:
         """Concatenates the components along ``axis`` onto ``destinations``."""
-        return gather_to(as_per_replica(per_replica_value), resolve_destinations(destinations), axis)
+        with worded_at("gather()"):
+            return gather_to(as_per_replica(per_replica_value), resolve_destinations(destinations), axis)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def reduce_with_hooks(
+    ops: CrossDeviceOps,
+    reduce_op: ReduceOp,
+    value: DistributedValues,
+    destinations: tuple[DeviceSpec, ...],
+    options: CommunicationOptions,
+) -> Any:
+    """TensorFlow's ``reduce`` of a checked value: an identity in place, else ``ops.reduce_implementation``."""
+    copied = copy_in_place(value, destinations)
+    if copied is not None:
+        return copied
+    return ops.reduce_implementation(reduce_op, value, destinations, options)
+
+
+def batch_reduce_with_hooks(
+    ops: CrossDeviceOps,
+    reduce_op: ReduceOp,
+    pairs: Sequence[tuple[DistributedValues, tuple[DeviceSpec, ...]]],
+    options: CommunicationOptions,
+) -> list[Any]:
+    """TensorFlow's ``batch_reduce`` of checked values, through ``ops.batch_reduce_implementation``."""
+    # A value that is one component already where it must go is an identity, as in
+    # TensorFlow. (TF applies this only when *every* pair qualifies; per pair, a
+    # result never depends on the other pairs of the batch, e.g. in its dtype.)
+    results: list[Any] = [None] * len(pairs)
+    to_reduce = []
+    for k, (value, devices) in enumerate(pairs):
+        copied = copy_in_place(value, devices)
+        if copied is not None:
+            results[k] = copied
+        else:
+            to_reduce.append(k)
+    if to_reduce:
+        reduced = ops.batch_reduce_implementation(reduce_op, [pairs[k] for k in to_reduce], options)
+        for k, result in zip(to_reduce, reduced):
+            results[k] = result
+    return results
+
+
+def copy_in_place(value: DistributedValues, devices: tuple[DeviceSpec, ...]) -> Any:
+    """A copy of ``value`` if it is one component already where it must go (an identity), else None."""
+    if not _already_in_place(value, devices):
+        return None
+    component = array_ops.as_array(value._values[0])
+    return mirror([backend.for_array(component).copy(component)], devices)
 
 
 def _already_in_place(value: DistributedValues, devices: tuple[DeviceSpec, ...]) -> bool:

@@ -11,7 +11,7 @@ from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 
-__all__ = ["Destinations", "as_per_replica", "mirror", "resolve_destinations", "validate_components"]
+__all__ = ["Destinations", "as_per_replica", "check_pairs", "mirror", "resolve_destinations", "validate_components"]
 
 
 class Destinations(tuple):  # type: ignore[type-arg]
@@ -59,6 +59,33 @@ def as_per_replica(value: Any) -> DistributedValues:
     if isinstance(value, DistributedValues):
         return value
     return PerReplica((value,))
+
+
+def check_pairs(
+    value_destination_pairs: Sequence[Any], api: str
+) -> list[tuple[DistributedValues, tuple[DeviceSpec, ...]]]:
+    """``(value, destinations)`` pairs checked as ``batch_reduce`` takes them, values validated.
+
+    A plain value counts as one component; destinations are resolved. ``api`` names the
+    method in a component mismatch (see :func:`validate_components`).
+
+    Raises:
+      ValueError: an element is not a pair.
+      InvalidArgumentError: a value's components differ in shape or dtype.
+    """
+    pairs: list[tuple[DistributedValues, tuple[DeviceSpec, ...]]] = []
+    for k, pair in enumerate(value_destination_pairs):
+        if not isinstance(pair, tuple):
+            raise ValueError(f"Each element of `value_destination_pairs` should be a tuple. Got element {k}: {pair!r}.")
+        if len(pair) != 2:
+            raise ValueError(
+                f"Each element of `value_destination_pairs` should be a tuple of size 2. Got element "
+                f"{k} of size {len(pair)}."
+            )
+        value = as_per_replica(pair[0])
+        validate_components(value, f"{api} (value {k})")
+        pairs.append((value, resolve_destinations(pair[1])))
+    return pairs
 
 
 def validate_components(value: DistributedValues, api: str) -> list[Any]:

@@ -27,7 +27,7 @@ import numpy as np
 
 from towerdist._src import array_ops, backend, parallel
 from towerdist._src.cross_device_ops import packing
-from towerdist._src.cross_device_ops.base import CrossDeviceOps
+from towerdist._src.cross_device_ops.base import CrossDeviceOps, copy_in_place
 from towerdist._src.cross_device_ops.placement import mirror
 from towerdist._src.device import DeviceSpec
 from towerdist._src.options import CommunicationOptions
@@ -50,10 +50,12 @@ def reduce_host_arrays(
     chunk_bytes: int = 1 << 20,
     parallel_threshold_bytes: int = 1 << 22,
     out: Any = None,
+    helpers: parallel.Helpers = parallel.THIS_THREAD,
 ) -> Any:
     """Reduces same-shaped host arrays element-wise, in replica order, into a new array.
 
     ``out``, when given, is a private buffer of the result's shape and dtype to write into.
+    Large arrays are reduced in parts by ``helpers`` too (by default this thread's).
     """
     first = arrays[0]
     out_dtype = mean_dtype(first.dtype) if reduce_op is ReduceOp.MEAN else first.dtype
@@ -74,7 +76,7 @@ def reduce_host_arrays(
         return np.asarray(total)
     flats = [_host.flat(a) for a in arrays]
     target = out.reshape(-1) if out is not None else _host.empty((flats[0].size,), out_dtype)
-    _reduce_flat_into(target, flats, reduce_op, chunk_bytes, parallel_threshold_bytes)
+    _reduce_flat_into(target, flats, reduce_op, chunk_bytes, parallel_threshold_bytes, helpers=helpers)
     return target.reshape(first.shape)
 
 
@@ -113,6 +115,7 @@ def _reduce_flat_into(
     chunk_bytes: int,
     parallel_threshold_bytes: int,
     then: Callable[[int, int], Any] | None = None,
+    helpers: parallel.Helpers = parallel.THIS_THREAD,
 ) -> None:
     size = out.size
     count = len(flats)
@@ -121,7 +124,7 @@ def _reduce_flat_into(
     num_chunks = max(1, math.ceil(size / chunk))
     parts = 1
     if size * flats[0].itemsize >= parallel_threshold_bytes:
-        parts = min(parallel.max_parts(), num_chunks)
+        parts = min(parallel.max_parts(helpers), num_chunks)
     # Contiguous runs of whole chunks, one per part.
     per_part = math.ceil(num_chunks / parts)
     bounds = [(p * per_part * chunk, min((p + 1) * per_part * chunk, size)) for p in range(parts)]
@@ -136,7 +139,7 @@ def _reduce_flat_into(
             if then is not None:
                 then(lo, hi)
 
-    parallel.run_parts(reduce_part, parts)
+    parallel.run_parts(reduce_part, parts, helpers)
 
 
 class SharedMemoryAllReduce(CrossDeviceOps):
@@ -162,6 +165,8 @@ class SharedMemoryAllReduce(CrossDeviceOps):
         self._parallel_threshold_bytes = parallel_threshold_bytes
         self._pack_bytes = pack_bytes
 
+    # --- TensorFlow's hooks (this thread's helpers) ---------------------------------------------
+
     def reduce_implementation(
         self,
         reduce_op: ReduceOp,
@@ -169,9 +174,7 @@ class SharedMemoryAllReduce(CrossDeviceOps):
         destinations: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
     ) -> Any:
-        arrays = _host_arrays(per_replica_value)
-        result = reduce_host_arrays(reduce_op, arrays, self._chunk_bytes, self._parallel_threshold_bytes)
-        return mirror([result] * len(destinations), destinations)
+        return self._reduce_one(reduce_op, per_replica_value, destinations, parallel.THIS_THREAD)
 
     def batch_reduce_implementation(
         self,
@@ -179,17 +182,37 @@ class SharedMemoryAllReduce(CrossDeviceOps):
         value_destination_pairs: Sequence[tuple[DistributedValues, tuple[DeviceSpec, ...]]],
         options: CommunicationOptions,
     ) -> list[Any]:
-        inputs = [_host_arrays(value) for value, _ in value_destination_pairs]
-        # Only values with the same destinations, dtype and replica count can share a pack.
-        keys = [
-            (destinations, arrays[0].dtype, len(arrays))
-            for (_, destinations), arrays in zip(value_destination_pairs, inputs)
-        ]
-        results = self._reduce_columns(reduce_op, inputs, keys, options.bytes_per_pack, None)
-        return [
-            mirror([result] * len(destinations), destinations)
-            for result, (_, destinations) in zip(results, value_destination_pairs)
-        ]
+        return self._reduce_pairs(reduce_op, value_destination_pairs, options, parallel.THIS_THREAD)
+
+    # --- the Collectives protocol (helpers given) ------------------------------------------------
+
+    def _reduce_to(
+        self,
+        reduce_op: ReduceOp,
+        value: DistributedValues,
+        destinations: tuple[DeviceSpec, ...],
+        options: CommunicationOptions,
+        helpers: parallel.Helpers,
+    ) -> Any:
+        copied = copy_in_place(value, destinations)
+        if copied is not None:
+            return copied
+        return self._reduce_one(reduce_op, value, destinations, helpers)
+
+    def _batch_reduce_to(
+        self,
+        reduce_op: ReduceOp,
+        pairs: Sequence[tuple[DistributedValues, tuple[DeviceSpec, ...]]],
+        options: CommunicationOptions,
+        helpers: parallel.Helpers,
+    ) -> list[Any]:
+        results: list[Any] = [copy_in_place(value, devices) for value, devices in pairs]
+        to_reduce = [k for k, result in enumerate(results) if result is None]
+        if to_reduce:
+            reduced = self._reduce_pairs(reduce_op, [pairs[k] for k in to_reduce], options, helpers)
+            for k, result in zip(to_reduce, reduced):
+                results[k] = result
+        return results
 
     def _all_reduce(
         self,
@@ -197,7 +220,8 @@ class SharedMemoryAllReduce(CrossDeviceOps):
         columns: Sequence[Sequence[Any]],
         devices: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
-        out: Sequence[Any] | None = None,
+        out: Sequence[Any] | None,
+        helpers: parallel.Helpers,
     ) -> list[list[Any]]:
         """The collective path: one reduction per value (or per pack of small values).
 
@@ -208,13 +232,47 @@ class SharedMemoryAllReduce(CrossDeviceOps):
             for column in columns
         ]
         keys = [column[0].dtype for column in inputs]
-        results = self._reduce_columns(reduce_op, inputs, keys, options.bytes_per_pack, out)
+        results = self._reduce_columns(reduce_op, inputs, keys, options.bytes_per_pack, out, helpers)
         n = len(devices)
         shared = []
         for result in results:
             result.flags.writeable = False  # every replica sees it: nobody may write into it
             shared.append([result.view() for _ in range(n)])
         return shared
+
+    # --- the reductions ----------------------------------------------------------------------------
+
+    def _reduce_one(
+        self,
+        reduce_op: ReduceOp,
+        value: DistributedValues,
+        destinations: tuple[DeviceSpec, ...],
+        helpers: parallel.Helpers,
+    ) -> Any:
+        arrays = _host_arrays(value)
+        result = reduce_host_arrays(
+            reduce_op, arrays, self._chunk_bytes, self._parallel_threshold_bytes, helpers=helpers
+        )
+        return mirror([result] * len(destinations), destinations)
+
+    def _reduce_pairs(
+        self,
+        reduce_op: ReduceOp,
+        value_destination_pairs: Sequence[tuple[DistributedValues, tuple[DeviceSpec, ...]]],
+        options: CommunicationOptions,
+        helpers: parallel.Helpers,
+    ) -> list[Any]:
+        inputs = [_host_arrays(value) for value, _ in value_destination_pairs]
+        # Only values with the same destinations, dtype and replica count can share a pack.
+        keys = [
+            (destinations, arrays[0].dtype, len(arrays))
+            for (_, destinations), arrays in zip(value_destination_pairs, inputs)
+        ]
+        results = self._reduce_columns(reduce_op, inputs, keys, options.bytes_per_pack, None, helpers)
+        return [
+            mirror([result] * len(destinations), destinations)
+            for result, (_, destinations) in zip(results, value_destination_pairs)
+        ]
 
     def _reduce_columns(
         self,
@@ -223,12 +281,13 @@ class SharedMemoryAllReduce(CrossDeviceOps):
         keys: Sequence[Any],
         bytes_per_pack: int,
         out: Sequence[Any] | None,
+        helpers: parallel.Helpers,
     ) -> list[Any]:
         """One reduced array per column of ``inputs``; columns with equal ``keys`` may be packed."""
+        chunk, threshold = self._chunk_bytes, self._parallel_threshold_bytes
         if bytes_per_pack <= 0 and self._pack_bytes <= 0:  # no packing: one reduction per value
-            chunk, threshold = self._chunk_bytes, self._parallel_threshold_bytes
             return [
-                reduce_host_arrays(reduce_op, column, chunk, threshold, out[k] if out is not None else None)
+                reduce_host_arrays(reduce_op, column, chunk, threshold, out[k] if out is not None else None, helpers)
                 for k, column in enumerate(inputs)
             ]
         results: list[Any] = [None] * len(inputs)
@@ -237,14 +296,10 @@ class SharedMemoryAllReduce(CrossDeviceOps):
                 if len(pack) == 1:
                     k = pack[0]
                     results[k] = reduce_host_arrays(
-                        reduce_op,
-                        inputs[k],
-                        self._chunk_bytes,
-                        self._parallel_threshold_bytes,
-                        out[k] if out is not None else None,
+                        reduce_op, inputs[k], chunk, threshold, out[k] if out is not None else None, helpers
                     )
                 else:
-                    self._reduce_pack(reduce_op, pack, inputs, results)
+                    self._reduce_pack(reduce_op, pack, inputs, results, helpers)
         return results
 
     def _packs(self, group: list[int], inputs: list[list[Any]], bytes_per_pack: int) -> list[list[int]]:
@@ -256,10 +311,19 @@ class SharedMemoryAllReduce(CrossDeviceOps):
         large = [[k] for k, size in zip(group, nbytes) if size >= self._pack_bytes]
         return ([small] if small else []) + large
 
-    def _reduce_pack(self, reduce_op: ReduceOp, pack: list[int], inputs: list[list[Any]], results: list[Any]) -> None:
+    def _reduce_pack(
+        self,
+        reduce_op: ReduceOp,
+        pack: list[int],
+        inputs: list[list[Any]],
+        results: list[Any],
+        helpers: parallel.Helpers,
+    ) -> None:
         num_replicas = len(inputs[pack[0]])
         buffers = [packing.pack(_host, [inputs[k][r] for k in pack]) for r in range(num_replicas)]
-        reduced = reduce_host_arrays(reduce_op, buffers, self._chunk_bytes, self._parallel_threshold_bytes)
+        reduced = reduce_host_arrays(
+            reduce_op, buffers, self._chunk_bytes, self._parallel_threshold_bytes, helpers=helpers
+        )
         for k, piece in zip(pack, packing.unpack(_host, reduced, [inputs[k][0].shape for k in pack])):
             results[k] = piece
 

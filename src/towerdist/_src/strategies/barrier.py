@@ -81,6 +81,7 @@ from towerdist._src import profiler as _profiler
 from towerdist._src.backend import cupy_streams
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import MergeCallCountError
+from towerdist._src.failures import name_api
 from towerdist._src.mailbox import INTERRUPTED, RESUME, SHUTDOWN, STOP, TASK
 from towerdist._src.strategies.watchdog import Status, Watch, name_of
 from towerdist._src.thread_state import Mode
@@ -481,6 +482,7 @@ class Step:
                 if self.orders_streams:  # read by the parked replicas once released (``meet``)
                     self._round_marks = cupy_streams.mark(self.gpu_ids)
         except BaseException as error:
+            name_api(error, requests[0].api)  # a failure raised unworded (e.g. a collective's check): named by its API
             if isinstance(error, Exception):
                 _add_call_site(error)
                 # Failed before the workers met (a check, a merge_fn): the other workers raise too, not wait.

@@ -21,6 +21,7 @@ from typing import Any
 
 from towerdist._src import nest
 from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.failures import unworded
 
 __all__ = ["Contribution", "check_gather_leaves", "check_reduce_leaves", "check_structures"]
 
@@ -40,20 +41,23 @@ class Contribution:
         self.spec = spec
 
 
-def check_structures(api: str, contributions: Sequence[Contribution]) -> None:
+def check_structures(contributions: Sequence[Contribution]) -> None:
     """Raises ``InvalidArgumentError`` unless every replica passed the same nested structure.
 
-    A contribution's ``spec`` is None for a single array (no structure to compare).
+    A contribution's ``spec`` is None for a single array (no structure to compare). The
+    error is :func:`unworded`: the collective's API is put in front of it.
     """
     first = contributions[0]
     for replica, other in enumerate(contributions[1:], start=1):
         if other.spec is not first.spec and other.spec != first.spec:
             where = nest.explain_mismatch(_value(first), _value(other))
-            raise InvalidArgumentError(
-                f"{api} needs the same nested structure from every replica, but replica 0 and replica "
-                f"{replica} differ {where}. Pass the same nesting of lists, tuples and dicts (with the "
-                f"same keys) from every replica.",
-                replicas=(0, replica),
+            raise unworded(
+                InvalidArgumentError(
+                    f"needs the same nested structure from every replica, but replica 0 and replica "
+                    f"{replica} differ {where}. Pass the same nesting of lists, tuples and dicts (with the "
+                    f"same keys) from every replica.",
+                    replicas=(0, replica),
+                )
             )
 
 
@@ -66,18 +70,21 @@ def _value(contribution: Contribution) -> Any:
     return nest.unflatten(contribution.spec, contribution.arrays)
 
 
-def check_reduce_leaves(api: str, contributions: Sequence[Contribution]) -> None:
-    """Raises ``InvalidArgumentError`` unless each leaf has one shape and numeric dtype on every replica."""
-    rule = f"{api} needs every replica's value to have the same shape and dtype"
+def check_reduce_leaves(contributions: Sequence[Contribution]) -> None:
+    """Raises ``InvalidArgumentError`` (:func:`unworded`) unless each leaf has one shape and numeric dtype on every
+    replica."""
+    rule = "needs every replica's value to have the same shape and dtype"
     first = contributions[0].arrays
     for k, array in enumerate(first):
         if array.dtype.kind not in "iufc":
             path = _path(contributions[0], k)
             where = f" at {nest.format_path(path)}" if path else ""
-            raise InvalidArgumentError(
-                f"{api} reduces numbers, but{where} replica 0's value has dtype {array.dtype}. Cast it to a "
-                f"numeric dtype first, or gather it with all_gather().",
-                path=path,
+            raise unworded(
+                InvalidArgumentError(
+                    f"reduces numbers, but{where} replica 0's value has dtype {array.dtype}. Cast it to a "
+                    f"numeric dtype first, or gather it with all_gather().",
+                    path=path,
+                )
             )
     for replica, other in enumerate(contributions[1:], start=1):
         for k, (a, b) in enumerate(zip(first, other.arrays)):
@@ -88,14 +95,14 @@ def check_reduce_leaves(api: str, contributions: Sequence[Contribution]) -> None
                 raise _leaf_error(rule, contributions[0], k, replica, "dtype", a, b, _CAST)
 
 
-def check_gather_leaves(api: str, contributions: Sequence[Contribution], axis: int) -> None:
-    """Raises ``InvalidArgumentError`` unless each leaf can be concatenated along ``axis``.
+def check_gather_leaves(contributions: Sequence[Contribution], axis: int) -> None:
+    """Raises ``InvalidArgumentError`` (:func:`unworded`) unless each leaf can be concatenated along ``axis``.
 
     Sizes along ``axis`` may differ; ranks, dtypes and every other dimension must agree.
     (Scalars and an out-of-range ``axis`` are left for the gather itself to report.)
     """
     rule = (
-        f"{api} along axis {axis} needs every replica's value to have the same dtype and the same size in "
+        f"along axis {axis} needs every replica's value to have the same dtype and the same size in "
         f"every other dimension"
     )
     first = contributions[0].arrays
@@ -125,8 +132,10 @@ def _leaf_error(
         mine_text, theirs_text = tuple(mine.shape), tuple(theirs.shape)
     else:
         mine_text, theirs_text = mine.dtype, theirs.dtype
-    return InvalidArgumentError(
-        f"{rule}, but{where} replica 0 has {what} {mine_text}, replica {replica} has {theirs_text}. {fix}",
-        path=path,
-        replicas=(0, replica),
+    return unworded(
+        InvalidArgumentError(
+            f"{rule}, but{where} replica 0 has {what} {mine_text}, replica {replica} has {theirs_text}. {fix}",
+            path=path,
+            replicas=(0, replica),
+        )
     )

@@ -8,12 +8,19 @@ from typing import Any
 from towerdist._src import config, context, thread_state
 from towerdist._src import device as device_lib
 from towerdist._src.cross_device_ops.base import DEFAULT_OPTIONS, CrossDeviceOps
+from towerdist._src.cross_device_ops.collectives import Collectives, collectives_for
 from towerdist._src.cross_device_ops.gather import gather_to
 from towerdist._src.cross_device_ops.nccl_all_reduce import NcclAllReduce
-from towerdist._src.cross_device_ops.placement import Destinations, resolve_destinations, validate_components
+from towerdist._src.cross_device_ops.placement import (
+    Destinations,
+    check_pairs,
+    resolve_destinations,
+    validate_components,
+)
 from towerdist._src.cross_device_ops.select import select_cross_device_ops
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
+from towerdist._src.failures import name_api
 from towerdist._src.options import CommunicationOptions, ValueContext
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.barrier import CollectiveRequest, MergeRequest, StopReplica
@@ -121,6 +128,9 @@ class MirroredExtended(StrategyExtended):
         if isinstance(cross_device_ops, NcclAllReduce):
             cross_device_ops.check_devices(self._devices)
         self._cross_device_ops = cross_device_ops or select_cross_device_ops(self._devices)
+        # Every reduction goes through this (a user's subclass wrapped once, here).
+        self._collectives: Collectives = collectives_for(self._cross_device_ops)
+        self._batch_api = f"{type(self._cross_device_ops).__name__}.batch_reduce()"  # names its checks, as before
         self._scheduler = ReplicaScheduler(container_strategy, self._devices)
         self._scheduler.local_workers = self._workers_on_this_host()
         self._init_args = (devices, cross_device_ops)
@@ -207,12 +217,16 @@ class MirroredExtended(StrategyExtended):
         if not isinstance(value, DistributedValues):
             return self._reduce_non_distributed(reduce_op, value, devices)
         value = self._as_value(value, api)
-        ops = self._cross_device_ops
-        with self._scheduler.idle_helpers():
-            if type(ops).reduce is not CrossDeviceOps.reduce:  # a subclass with its own public reduce
-                return ops.reduce(reduce_op, value, devices, options)
-            validate_components(value, api)
-            return ops._reduce_validated(reduce_op, value, devices, options or DEFAULT_OPTIONS)
+        validate_components(value, api)
+        options = options or DEFAULT_OPTIONS
+        helpers = thread_state.state.helpers  # inside a merge_fn: the parked replicas help
+        if helpers is not None:
+            return self._collectives._reduce_to(reduce_op, value, devices, options, helpers)
+        lease = self._scheduler.lend_idle_helpers()
+        try:
+            return self._collectives._reduce_to(reduce_op, value, devices, options, lease)
+        finally:
+            lease.release()
 
     def _reduce_non_distributed(self, reduce_op: ReduceOp, value: Any, devices: Destinations) -> Any:
         if reduce_op is ReduceOp.MEAN:
@@ -228,7 +242,7 @@ class MirroredExtended(StrategyExtended):
                 f"function), multiply by strategy.num_replicas_in_sync, or use MEAN (which returns the "
                 f"value itself)."
             )
-        return self._cross_device_ops.broadcast(value, devices)
+        return self._collectives._broadcast_to(value, devices)
 
     def _batch_reduce_to(
         self, reduce_op: ReduceOp, pairs: list[tuple[Any, Any]], options: CommunicationOptions | None
@@ -240,11 +254,11 @@ class MirroredExtended(StrategyExtended):
                 value = self._as_value(pair[0], api)
                 pair = (value, Destinations(self._destinations(pair[1])))
             resolved.append(pair)
-        ops = self._cross_device_ops
+        collectives = self._collectives
         devices = self._devices
         all_reduce = (
             len(devices) > 1
-            and type(ops).batch_reduce is CrossDeviceOps.batch_reduce
+            and collectives._all_reduces_batches
             and all(
                 isinstance(pair, tuple)
                 and len(pair) == 2
@@ -257,8 +271,16 @@ class MirroredExtended(StrategyExtended):
         if all_reduce:  # every value is reduced onto its own devices: the collective path
             columns = [validate_components(value, f"{api} (value {k})") for k, (value, _) in enumerate(resolved)]
             return [Mirrored(result, devices) for result in self._all_reduce(reduce_op, columns, options)]
-        with self._scheduler.idle_helpers():
-            return ops.batch_reduce(reduce_op, resolved, options)
+        checked = check_pairs(resolved, self._batch_api)
+        options = options or DEFAULT_OPTIONS
+        helpers = thread_state.state.helpers
+        if helpers is not None:
+            return collectives._batch_reduce_to(reduce_op, checked, options, helpers)
+        lease = self._scheduler.lend_idle_helpers()
+        try:
+            return collectives._batch_reduce_to(reduce_op, checked, options, lease)
+        finally:
+            lease.release()
 
     def _all_reduce(
         self,
@@ -270,22 +292,33 @@ class MirroredExtended(StrategyExtended):
     ) -> list[list[Any]]:
         if len(self._devices) == 1:
             return [list(column) for column in columns]
-        ops = self._cross_device_ops
-        if thread_state.state.helpers is not None:  # inside a merge_fn: the parked replicas help
-            return ops._all_reduce(reduce_op, columns, self._devices, options or DEFAULT_OPTIONS, out)
-        with self._scheduler.idle_helpers():
-            return ops._all_reduce(reduce_op, columns, self._devices, options or DEFAULT_OPTIONS, out)
+        helpers = thread_state.state.helpers  # inside a merge_fn: the parked replicas help
+        if helpers is not None:
+            return self._collectives._all_reduce(
+                reduce_op, columns, self._devices, options or DEFAULT_OPTIONS, out, helpers
+            )
+        lease = self._scheduler.lend_idle_helpers()
+        try:
+            return self._collectives._all_reduce(
+                reduce_op, columns, self._devices, options or DEFAULT_OPTIONS, out, lease
+            )
+        finally:
+            lease.release()
 
     def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
         if isinstance(tensor, (int, float)) and not isinstance(tensor, bool):
             return tensor  # Python numbers are the same everywhere, as in TensorFlow
-        return self._cross_device_ops.broadcast(tensor, Destinations(self._destinations(destinations)))
+        return self._collectives._broadcast_to(tensor, Destinations(self._destinations(destinations)))
 
     def _gather_to(self, value: Any, destinations: Any, axis: Any, api: str = "Strategy.gather()") -> Any:
         if not isinstance(value, DistributedValues):
             return value
         value = self._as_value(value, api)
-        return gather_to(value, Destinations(self._destinations(destinations)), axis, api)
+        try:
+            return gather_to(value, Destinations(self._destinations(destinations)), axis)
+        except BaseException as error:
+            name_api(error, api)
+            raise
 
     # --- variables ------------------------------------------------------------------------
 

@@ -20,11 +20,12 @@ from towerdist._src import array_ops, backend, config
 from towerdist._src import device as device_lib
 from towerdist._src.cluster_resolver.cluster_resolver import ClusterResolver
 from towerdist._src.cluster_resolver.mpi import resolve_for_mpi
-from towerdist._src.cross_device_ops.gather import normalize_axis
+from towerdist._src.cross_device_ops.gather import axis_index
 from towerdist._src.cross_device_ops.nccl_all_reduce import nccl_unavailable_reason
 from towerdist._src.cross_device_ops.placement import Destinations, mirror, validate_components
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
+from towerdist._src.failures import name_api
 from towerdist._src.input.distributed_dataset import InputWorker
 from towerdist._src.multi_worker import gpu_assignment
 from towerdist._src.multi_worker.nccl_workers import NCCL_DTYPES, NcclWorkers
@@ -291,7 +292,7 @@ class MultiWorkerExtended(MirroredExtended):
             self._workers.failed_before(seq, api, error)  # the other workers raise too, not wait
             raise
         reduced = self._reduce_columns(reduce_op, [column], options, api)[0]
-        return self._cross_device_ops.broadcast(reduced, devices)
+        return self._collectives._broadcast_to(reduced, devices)
 
     def _batch_reduce_to(
         self, reduce_op: ReduceOp, pairs: list[tuple[Any, Any]], options: CommunicationOptions | None
@@ -314,7 +315,7 @@ class MultiWorkerExtended(MirroredExtended):
             self._workers.failed_before(seq, api, error)  # the other workers raise too, not wait
             raise
         for k, reduced, devices in zip(where, self._reduce_columns(reduce_op, columns, options, api), targets):
-            results[k] = self._cross_device_ops.broadcast(reduced, devices)
+            results[k] = self._collectives._broadcast_to(reduced, devices)
         return results
 
     def _all_reduce(
@@ -431,12 +432,13 @@ class MultiWorkerExtended(MirroredExtended):
             local = _to_host(local)
             if local.ndim == 0:
                 raise ValidationError(f"{api} cannot gather scalars: give each replica's value at least one dimension.")
-            axis = normalize_axis(axis, local.ndim, api)
+            axis = axis_index(axis, local.ndim)
         except Exception as error:
+            name_api(error, api)
             self._workers.failed_before(seq, api, error)  # the other workers raise too, not wait
             raise
         gathered = self._workers.gather(local, axis, api, None)
-        return self._cross_device_ops.broadcast(gathered, devices)
+        return self._collectives._broadcast_to(gathered, devices)
 
     def _sum_counts(self, count: int, api: str) -> int:
         if self._workers.size == 1:

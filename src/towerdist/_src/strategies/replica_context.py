@@ -17,6 +17,7 @@ import numpy as np
 from towerdist._src import array_ops, backend, context, nest, thread_state
 from towerdist._src import device as device_lib
 from towerdist._src.backend import cupy_backend
+from towerdist._src.failures import name_api
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import parse_reduce_op
 from towerdist._src.strategies.collective_args import (
@@ -146,6 +147,7 @@ class ReplicaContext:
         try:
             parts = fn(self._strategy, [payload])
         except Exception as error:
+            name_api(error, api)  # a check's failure, worded by the collective the user called
             extended._failed_before(seq, api, error)  # before the workers met: the other workers raise too
             raise
         finally:
@@ -197,8 +199,8 @@ class ReplicaContext:
         contribution = _contribution(value)
 
         def settle(strategy: Any, parts: list[Contribution]) -> list[Any]:
-            check_structures(api, parts)
-            check_reduce_leaves(api, parts)
+            check_structures(parts)
+            check_reduce_leaves(parts)
             num_leaves = len(parts[0].arrays)
             columns = [[part.arrays[k] for part in parts] for k in range(num_leaves)]
             reduced = strategy.extended._all_reduce(op, columns, options)
@@ -223,9 +225,9 @@ class ReplicaContext:
         contribution = _contribution(value)
 
         def settle(strategy: Any, parts: list[Contribution]) -> list[Any]:
-            check_structures(api, parts)
+            check_structures(parts)
             if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool):
-                check_gather_leaves(api, parts, int(axis))
+                check_gather_leaves(parts, int(axis))
             devices = strategy.extended._replica_devices
             num_leaves = len(parts[0].arrays)
             per_leaf = [PerReplica([part.arrays[k] for part in parts], devices) for k in range(num_leaves)]

@@ -206,6 +206,29 @@ if hasattr(os, "register_at_fork"):  # POSIX
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+class HelperLease:
+    """An idle pool's threads lent for one collective (``parallel.Helpers``): taken on first ask."""
+
+    __slots__ = ("_pool", "_scheduler")
+
+    def __init__(self, scheduler: ReplicaScheduler) -> None:
+        self._scheduler = scheduler
+        self._pool: _Pool | None = None
+
+    def __call__(self) -> Sequence[Any]:
+        if self._pool is None:
+            self._pool = self._scheduler._take_idle_pool()
+            if self._pool is None:
+                return ()
+        return self._pool.mailboxes
+
+    def release(self) -> None:
+        """Gives the pool back (if it was taken)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            self._scheduler._release(pool)
+
+
 class ReplicaScheduler:
     """Runs a function once per replica on persistent threads (one scheduler per strategy)."""
 
@@ -359,27 +382,29 @@ class ReplicaScheduler:
         step.raise_failure()
         return step.results
 
+    def lend_idle_helpers(self) -> HelperLease:
+        """An idle pool's threads for this (cross-replica) thread's parallel parts: taken on first ask.
+
+        Pass it as the ``helpers`` of a collective, then call its ``release()`` (in a ``finally``).
+        """
+        return HelperLease(self)
+
     @contextmanager
     def idle_helpers(self) -> Iterator[None]:
-        """Lets this (cross-replica) thread use an idle pool's threads for parallel parts."""
-        lease: list[_Pool] = []
-
-        def provide() -> Sequence[Any]:
-            if not lease:
-                with self._lock:
-                    pool = next((p for p in self._pools if not p.busy), None)
-                    if pool is None and not self._pools:
-                        pool = _Pool(len(self._devices), len(self._devices) * self._local_workers)
-                        self._pools.append(pool)
-                    if pool is None:
-                        return ()
-                    pool.busy = True
-                lease.append(pool)
-            return lease[0].mailboxes
-
-        with parallel.helpers_installed(provide):
+        """Lets this (cross-replica) thread's parallel parts in the block use an idle pool's threads."""
+        lease = self.lend_idle_helpers()
+        with parallel.helpers_installed(lease):
             try:
                 yield
             finally:
-                if lease:
-                    self._release(lease[0])
+                lease.release()
+
+    def _take_idle_pool(self) -> _Pool | None:
+        with self._lock:
+            pool = next((p for p in self._pools if not p.busy), None)
+            if pool is None and not self._pools:
+                pool = _Pool(len(self._devices), len(self._devices) * self._local_workers)
+                self._pools.append(pool)
+            if pool is not None:
+                pool.busy = True
+        return pool
