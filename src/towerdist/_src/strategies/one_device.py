@@ -68,14 +68,13 @@ class OneDeviceExtended(StrategyExtended):
         value: Any,
         destinations: Any,
         options: CommunicationOptions | None,
-        api: str = "StrategyExtended.reduce_to()",
     ) -> Any:
         return value
 
     def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
         return tensor
 
-    def _gather_to(self, value: Any, destinations: Any, axis: Any, api: str = "Strategy.gather()") -> Any:
+    def _gather_to(self, value: Any, destinations: Any, axis: Any) -> Any:
         return value
 
     def _local_results(self, value: Any) -> tuple[Any, ...]:
