@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from towerdist._src import thread_state
+from towerdist._src.backend import cupy_backend  # imports no cupy until a GPU is used
 
 __all__ = ["DeviceSpec", "activate", "canonicalize", "current", "device", "join_cluster", "parse"]
 
@@ -158,8 +159,6 @@ def activate(spec: DeviceSpec | None) -> contextlib.AbstractContextManager[Any]:
     """
     if spec is None or spec.device_type != "GPU":
         return _NO_GPU
-    from towerdist._src.backend import cupy_backend  # noqa: PLC0415  (the backend imports device names)
-
     if spec.device_index >= cupy_backend.device_count():
         return _NO_GPU  # no such GPU: the scope only names it; creating an array there raises
     manager: contextlib.AbstractContextManager[Any] = cupy_backend.on_device(spec)

@@ -132,7 +132,7 @@ class Strategy:
 
     # --- cross-replica or default context -------------------------------------------------
 
-    def scope(self) -> context.StrategyScope:
+    def scope(self) -> context.StrategyScope[Strategy]:
         """A context manager making this strategy current (cross-replica context).
 
         Entering the scope of the strategy that is already current is allowed and

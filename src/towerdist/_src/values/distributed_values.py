@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from towerdist._src import context
 from towerdist._src import device as device_lib
 from towerdist._src.device import DeviceSpec
@@ -115,8 +117,6 @@ class PerReplica(DistributedValues):
 
 def _to_numpy(value: Any, dtype: Any, copy: bool | None) -> Any:
     """``value`` as a numpy array, honouring numpy 2's ``copy`` argument of ``__array__``."""
-    import numpy as np  # noqa: PLC0415  (conversion to numpy is what was asked)
-
     if copy:
         return np.array(value, dtype=dtype, copy=True)
     if copy is False:

@@ -34,6 +34,7 @@ import numpy as np
 from towerdist._src import backend, context, thread_state
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
+from towerdist._src.values.regroup import split_for_replicas
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 from towerdist._src.variables import aggregation
 from towerdist._src.variables.sliced import SliceAssign, describe_write
@@ -144,8 +145,6 @@ class DistributedVariable(DistributedValues, Variable):
 
     def _write_cross_replica(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
         """Writes ``value`` to every component (a distributed value component-wise)."""
-        from towerdist._src.values.regroup import split_for_replicas  # noqa: PLC0415  (regroup imports values)
-
         parts = split_for_replicas(value, len(self._components), describe_write(type(self).__name__, op), "value")
         write_components(self._components, op, parts)
         return self._write_result() if read_value else None
