@@ -19,10 +19,13 @@ import dataclasses
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from towerdist._src import thread_state
 from towerdist._src.backend import cupy_backend  # imports no cupy until a GPU is used
+
+if TYPE_CHECKING:
+    from towerdist._src.type_aliases import DeviceLike  # it names DeviceSpec: only named here
 
 __all__ = ["DeviceSpec", "activate", "canonicalize", "current", "device", "join_cluster", "parse"]
 
@@ -172,7 +175,7 @@ def current() -> DeviceSpec | None:
 
 
 @contextmanager
-def device(device_name: Any) -> Iterator[None]:
+def device(device_name: DeviceLike | None) -> Iterator[None]:
     """Places new arrays created by towerdist helpers on ``device_name`` within the block.
 
     ``td.device(None)`` clears the device scope. The scope is per thread, like

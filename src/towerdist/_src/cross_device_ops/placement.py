@@ -11,11 +11,17 @@ from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 
-__all__ = ["Destinations", "as_per_replica", "mirror", "resolve_destinations", "validate_components"]
+__all__ = ["Destinations", "ResolvedDevices", "as_per_replica", "mirror", "resolve_destinations", "validate_components"]
 
 
-class Destinations(tuple):  # type: ignore[type-arg]
-    """Destination devices already resolved by a strategy (a tuple of ``DeviceSpec``)."""
+class ResolvedDevices(tuple):  # type: ignore[type-arg]
+    """Destination devices already resolved by a strategy (a tuple of ``DeviceSpec``).
+
+    Not to be confused with ``type_aliases.Destinations``, what users may pass as destinations.
+    """
+
+
+Destinations = ResolvedDevices  # the former name, until every module says ResolvedDevices
 
 
 def resolve_destinations(destinations: Any) -> tuple[DeviceSpec, ...]:
@@ -27,7 +33,7 @@ def resolve_destinations(destinations: Any) -> tuple[DeviceSpec, ...]:
     Raises:
       ValueError: ``destinations`` is empty or of another kind.
     """
-    if isinstance(destinations, Destinations):
+    if isinstance(destinations, ResolvedDevices):
         return tuple(destinations)
     if isinstance(destinations, str):
         if not destinations:

@@ -11,7 +11,7 @@ from typing import Any
 
 from towerdist._src import device as device_lib
 from towerdist._src.cross_device_ops.gather import normalize_axis
-from towerdist._src.cross_device_ops.placement import Destinations
+from towerdist._src.cross_device_ops.placement import ResolvedDevices
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
 from towerdist._src.failures import unworded
@@ -88,7 +88,7 @@ def check_destinations(destinations: Any) -> None:
     """One destination: not None, not a plain list of devices."""
     if destinations is None:
         raise unworded(ValidationError("needs destinations. Got destinations=None; pass a device string or a value."))
-    if isinstance(destinations, (list, tuple)) and not isinstance(destinations, Destinations):
+    if isinstance(destinations, (list, tuple)) and not isinstance(destinations, ResolvedDevices):
         raise unworded(
             ValidationError(
                 f"takes one destination (a device string, a distributed value or a variable), not a "

@@ -9,23 +9,25 @@ hooks. The argument checks both share live in ``arguments.py``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from towerdist._src import aliases, array_ops, backend, context, nest
 from towerdist._src import device as device_lib
 from towerdist._src.cluster_resolver.cluster_resolver import ClusterResolver
-from towerdist._src.cross_device_ops.placement import Destinations
+from towerdist._src.cross_device_ops.placement import ResolvedDevices
 from towerdist._src.failures import name_api, worded_at
 from towerdist._src.input.input_context import InputContext, InputOptions
 from towerdist._src.options import ValueContext
 from towerdist._src.reduce_op import ReduceOp, parse_reduce_op
 from towerdist._src.strategies.arguments import check_input_options, element_count, reduce_axes
 from towerdist._src.strategies.strategy_extended import StrategyExtended, update_regroup
-from towerdist._src.type_aliases import Nest, ReplicaFn
+from towerdist._src.type_aliases import AxisLike, Nest, ReduceOpLike, ReplicaFn
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.values.regroup import local_results
 
 __all__ = ["Strategy", "StrategyExtended", "update_regroup"]
+
+T = TypeVar("T")
 
 
 class Strategy:
@@ -57,6 +59,12 @@ class Strategy:
     def cluster_resolver(self) -> ClusterResolver | None:
         """The cluster resolver (None: single-machine strategies have none)."""
         return None
+
+    @overload
+    def experimental_local_results(self, value: DistributedValues[T]) -> tuple[T, ...]: ...
+
+    @overload
+    def experimental_local_results(self, value: object) -> tuple[Any, ...]: ...
 
     def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
         """The per-replica parts of ``value``, in replica order.
@@ -180,7 +188,7 @@ class Strategy:
             raise TypeError(f"Strategy.run() takes kwargs as a dict. Got kwargs of type {type(kwargs).__name__}.")
         return self._extended._run(fn, tuple(args), kwargs or {})
 
-    def reduce(self, reduce_op: Any, value: Any, axis: Any) -> Any:
+    def reduce(self, reduce_op: ReduceOpLike, value: Nest, axis: AxisLike | None) -> Any:
         """Reduces ``value`` across replicas (and along ``axis`` when given).
 
         * ``axis=None``: element-wise across replicas; every replica's value must have the
@@ -219,7 +227,7 @@ class Strategy:
         context.require_cross_replica_or_default(
             self, "Strategy.gather()", fix="use get_replica_context().all_gather() in a replica instead"
         )
-        destination = Destinations((self._extended._reduce_destination(),))
+        destination = ResolvedDevices((self._extended._reduce_destination(),))
         with worded_at("Strategy.gather()"):
             return nest.map_structure(
                 lambda v: local_results(self._extended._gather_to(v, destination, axis), 1)[0], value

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from towerdist._src import aliases, array_ops, backend, context, nest, thread_state
 from towerdist._src import device as device_lib
-from towerdist._src.cross_device_ops.placement import Destinations, resolve_destinations
+from towerdist._src.cross_device_ops.placement import ResolvedDevices, resolve_destinations
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ContextError
 from towerdist._src.failures import name_api, worded_at
@@ -28,7 +28,7 @@ from towerdist._src.strategies.arguments import (
     devices_of,
     foreign_variable,
 )
-from towerdist._src.type_aliases import Destinations as DestinationsLike
+from towerdist._src.type_aliases import Destinations, ReduceOpLike
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 from towerdist._src.values.regroup import local_results, regroup, value_container
 from towerdist._src.variables import creation
@@ -139,9 +139,9 @@ class StrategyExtended:
 
     def reduce_to(
         self,
-        reduce_op: Any,
+        reduce_op: ReduceOpLike,
         value: Any,
-        destinations: DestinationsLike,
+        destinations: Destinations,
         options: CommunicationOptions | None = None,
     ) -> Any:
         """Reduces ``value`` across replicas and places the result on ``destinations``.
@@ -168,8 +168,8 @@ class StrategyExtended:
 
     def batch_reduce_to(
         self,
-        reduce_op: Any,
-        value_destination_pairs: Sequence[tuple[Any, Any]],
+        reduce_op: ReduceOpLike,
+        value_destination_pairs: Sequence[tuple[Any, Destinations]],
         options: CommunicationOptions | None = None,
     ) -> list[Any]:
         """Like ``reduce_to`` for many ``(value, destinations)`` pairs at once (packed).
@@ -186,7 +186,7 @@ class StrategyExtended:
                     check_destinations(value_and_destinations[1])
             return self._batch_reduce_to(op, pairs, options)
 
-    def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
+    def broadcast_to(self, tensor: Any, destinations: Destinations) -> Any:
         """Copies ``tensor`` to ``destinations`` (a ``Mirrored`` for several devices).
 
         Raises:
@@ -426,7 +426,7 @@ class StrategyExtended:
 
     def _reduce(self, reduce_op: ReduceOp, value: Any) -> Any:
         """Element-wise reduction across replicas onto the current device (``reduce(axis=None)``)."""
-        destination = Destinations((self._reduce_destination(),))
+        destination = ResolvedDevices((self._reduce_destination(),))
         if isinstance(value, DistributedValues):
             return self._local_results(self._reduce_to(reduce_op, value, destination, None))[0]
         return nest.map_structure(
