@@ -28,6 +28,7 @@ from towerdist._src.compat.per_tower_dataset import PerTowerDataset
 from towerdist._src.cross_device_ops.base import CrossDeviceOps
 from towerdist._src.cross_device_ops.placement import ResolvedDevices
 from towerdist._src.device import DeviceSpec
+from towerdist._src.failures import unworded, worded_at
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.mirrored import MirroredExtended
 from towerdist._src.strategies.mirrored import MirroredStrategy as _ModernMirroredStrategy
@@ -158,12 +159,17 @@ class MirroredStrategy(_ModernMirroredStrategy):
         return self._reduce_tf1(reduce_op, value, destinations)
 
     def _reduce_tf1(self, method_string: Any, value: Any, destinations: Any) -> Any:
-        api = "MirroredStrategy.reduce()"
-        aggregation = tower_context.parse_method_string(method_string, api, allow_only_first=True)
-        context.require_cross_replica_or_default(self, api, fix="use get_tower_context().merge_call()")
+        with worded_at("MirroredStrategy.reduce()"):
+            return self._reduce_tf1_worded(method_string, value, destinations)
+
+    def _reduce_tf1_worded(self, method_string: Any, value: Any, destinations: Any) -> Any:
+        aggregation = tower_context.parse_method_string(method_string, allow_only_first=True)
+        context.require_cross_replica_or_default(
+            self, "MirroredStrategy.reduce()", fix="use get_tower_context().merge_call()"
+        )
         targets = _destinations_of(self, value) if destinations is None else _destinations(self, destinations)
         if _is_map_result(value):
-            return self.extended.broadcast_to(_reduce_map_outputs(aggregation, value, api), targets)
+            return self.extended.broadcast_to(_reduce_map_outputs(aggregation, value), targets)
         if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
             first = value._values[0] if isinstance(value, DistributedValues) else value
             return self.extended.broadcast_to(_read(first), targets)
@@ -346,7 +352,8 @@ class MirroredStrategy(_ModernMirroredStrategy):
             may be None (the value's devices).
         """
         api = "MirroredStrategy.batch_reduce()"
-        aggregation = tower_context.parse_method_string(method_string, api)
+        with worded_at(api):
+            aggregation = tower_context.parse_method_string(method_string)
         context.require_cross_replica_or_default(self, api, fix="use get_tower_context().merge_call()")
         pairs = list(value_destination_pairs)
         for k, pair in enumerate(pairs):
@@ -437,10 +444,10 @@ def _is_map_result(value: Any) -> bool:
     return isinstance(value, PerReplica) and all(isinstance(v, MapOutput) for v in value._values)
 
 
-def _reduce_map_outputs(aggregation: VariableAggregation, value: Any, api: str) -> Any:
+def _reduce_map_outputs(aggregation: VariableAggregation, value: Any) -> Any:
     outputs = [x for part in (value._values if isinstance(value, PerReplica) else [value]) for x in part]
     if not outputs:
-        raise ValueError(f"{api} got the result of map() over no elements; there is nothing to reduce.")
+        raise unworded(ValueError("got the result of map() over no elements; there is nothing to reduce."))
     if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
         return outputs[0]
     arrays = [_on_host(x) for x in outputs]
