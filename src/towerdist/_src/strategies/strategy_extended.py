@@ -365,9 +365,7 @@ class StrategyExtended:
             raise NotImplementedError(
                 "InputReplicationMode.PER_REPLICA is only supported in `distribute_datasets_from_function`."
             )
-        return DistributedDataset(
-            dataset, self._input_worker(), self._container_strategy(), options, "experimental_distribute_dataset()"
-        )
+        return DistributedDataset(dataset, self._input_worker(), self._container_strategy(), options)
 
     def _distribute_datasets_from_function(
         self, dataset_fn: Callable[[InputContext], Any], options: InputOptions | None
@@ -385,7 +383,6 @@ class StrategyExtended:
             self._container_strategy(),
             options,
             per_replica,
-            "distribute_datasets_from_function()",
         )
 
     def _reduce_to(
