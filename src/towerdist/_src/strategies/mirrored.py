@@ -141,8 +141,8 @@ class MirroredExtended(StrategyExtended):
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], sequential: bool | None = None
     ) -> Any:
         n = len(self._devices)
-        args_per_replica = split_for_replicas(args, n, "Strategy.run()", "args")
-        kwargs_per_replica = split_for_replicas(kwargs, n, "Strategy.run()", "kwargs")
+        args_per_replica = split_for_replicas(args, n, "args")
+        kwargs_per_replica = split_for_replicas(kwargs, n, "kwargs")
         strategy = self._container_strategy()
         results = self._scheduler.run(
             fn,
@@ -330,8 +330,8 @@ class MirroredExtended(StrategyExtended):
     ) -> Any:
         components = var._values
         n = len(components)
-        args_per = split_for_replicas(args, n, "StrategyExtended.update()", "args")
-        kwargs_per = split_for_replicas(kwargs, n, "StrategyExtended.update()", "kwargs")
+        args_per = split_for_replicas(args, n, "args")
+        kwargs_per = split_for_replicas(kwargs, n, "kwargs")
         results = []
         for i, component in enumerate(components):
             with context.UpdateContext(component._device, i):
@@ -347,8 +347,8 @@ class MirroredExtended(StrategyExtended):
                 f"colocate_with={colocate_with!r}."
             )
         devices = tuple(device_lib.parse(d) for d in colocate_with)
-        args_per = split_for_replicas(args, len(devices), "StrategyExtended.update_non_slot()", "args")
-        kwargs_per = split_for_replicas(kwargs, len(devices), "StrategyExtended.update_non_slot()", "kwargs")
+        args_per = split_for_replicas(args, len(devices), "args")
+        kwargs_per = split_for_replicas(kwargs, len(devices), "kwargs")
         results = []
         for i, device in enumerate(devices):
             with context.UpdateContext(device, i):

@@ -186,7 +186,11 @@ class Strategy:
             )
         if kwargs is not None and not isinstance(kwargs, dict):
             raise TypeError(f"Strategy.run() takes kwargs as a dict. Got kwargs of type {type(kwargs).__name__}.")
-        return self._extended._run(fn, tuple(args), kwargs or {})
+        try:
+            return self._extended._run(fn, tuple(args), kwargs or {})
+        except BaseException as error:  # a hot path: no context manager, nothing to pay until it raises
+            name_api(error, "Strategy.run()")
+            raise
 
     def reduce(self, reduce_op: ReduceOpLike, value: Nest, axis: AxisLike | None) -> Any:
         """Reduces ``value`` across replicas (and along ``axis`` when given).

@@ -210,8 +210,9 @@ class StrategyExtended:
         """Runs ``fn`` once per replica, as ``Strategy.run`` does."""
         strategy = self._container_strategy()
         context.require_cross_replica_or_default(strategy, "StrategyExtended.call_for_each_replica()")
-        with strategy.scope():
-            return self._call_for_each_replica(fn, tuple(args), kwargs or {})
+        with worded_at("Strategy.run()"):  # its errors have always read as run()'s, which it is
+            with strategy.scope():
+                return self._call_for_each_replica(fn, tuple(args), kwargs or {})
 
     # --- variables ----------------------------------------------------------------------
 
@@ -271,8 +272,12 @@ class StrategyExtended:
             return replica_context._merge_call(merge_update, (var, *args), kwargs, "StrategyExtended.update()")
         context.require_cross_replica_or_default(strategy, "StrategyExtended.update()")
         self._check_update_variable(var)
-        with strategy.scope():
-            return self._update(var, fn, args, kwargs, group)
+        try:
+            with strategy.scope():
+                return self._update(var, fn, args, kwargs, group)
+        except BaseException as error:  # a hot path (optimizers): nothing to pay until it raises
+            name_api(error, "StrategyExtended.update()")
+            raise
 
     def update_non_slot(
         self,
@@ -292,8 +297,8 @@ class StrategyExtended:
         context.require_cross_replica_or_default(strategy, "StrategyExtended.update_non_slot()")
         with worded_at("StrategyExtended.update_non_slot()"):
             args, kwargs = check_call_arguments(args, kwargs)
-        with strategy.scope():
-            return self._update_non_slot(colocate_with, fn, args, kwargs, group)
+            with strategy.scope():
+                return self._update_non_slot(colocate_with, fn, args, kwargs, group)
 
     def non_slot_devices(self, var_list: Sequence[Any]) -> Any:
         """Where non-slot variables live: pass it to ``colocate_vars_with`` and ``update_non_slot``.
