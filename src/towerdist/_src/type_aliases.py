@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
 import numpy as np
 
-from towerdist._src.device import DeviceSpec
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.variable_enums import VariableAggregation
 
-if TYPE_CHECKING:  # values, variables and placement sit above this module; their types are only named here
+if TYPE_CHECKING:  # device names, values, variables and placement sit above this layer: only named here
     from towerdist._src.cross_device_ops.placement import ResolvedDevices
+    from towerdist._src.device import DeviceSpec
     from towerdist._src.values.distributed_values import DistributedValues
     from towerdist._src.variables.variable import Variable
 
@@ -60,7 +60,7 @@ Nest: TypeAlias = Any
 ReplicaFn: TypeAlias = Callable[..., Any]
 MergeFn: TypeAlias = Callable[..., Any]
 ReduceOpLike: TypeAlias = ReduceOp | Literal["sum", "mean", "SUM", "MEAN", "Sum", "Mean"] | VariableAggregation
-DeviceLike: TypeAlias = str | DeviceSpec | NamedDevice
+DeviceLike: TypeAlias = "str | DeviceSpec | NamedDevice"
 AxisLike: TypeAlias = int | Sequence[int]
 # ResolvedDevices: the library's own calls pass destinations it has resolved already.
 Destinations: TypeAlias = "str | DeviceSpec | DistributedValues | Variable | np.ndarray[Any, Any] | ResolvedDevices"
