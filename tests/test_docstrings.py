@@ -99,7 +99,7 @@ def test_the_walk_finds_the_public_api():
     assert "towerdist.compat.v1.distribute.MirroredStrategy" in exported
     members = dict(_member_docs(towerdist.distribute.MirroredStrategy))
     assert "towerdist._src.strategies.strategy.Strategy.run" in members
-    assert "towerdist._src.strategies.strategy.StrategyExtended.reduce_to" in dict(
+    assert "towerdist._src.strategies.strategy_extended.StrategyExtended.reduce_to" in dict(
         _member_docs(towerdist.distribute.StrategyExtended)
     )
 

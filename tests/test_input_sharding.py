@@ -77,7 +77,7 @@ def worker_dataset(
     worker = InputWorker(
         devices=devices, num_workers=num_workers, worker_index=worker_index, workers_with_data=hook
     )
-    return DistributedDataset(dataset, worker, mirrored(num_local), None, "test")
+    return DistributedDataset(dataset, worker, mirrored(num_local), None)
 
 
 def worker_steps(dataset: Any, num_workers: int, num_local: int) -> list[list[list[np.ndarray]]]:

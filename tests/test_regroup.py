@@ -281,13 +281,13 @@ def test_select_replica_without_distributed_leaves_returns_the_structure_itself(
 
 def test_split_for_replicas_without_distributed_leaves_shares_the_structure():
     structure = ([1, 2], {"k": 3})
-    parts = regroup_lib.split_for_replicas(structure, 3, "Strategy.run()", "args")
+    parts = regroup_lib.split_for_replicas(structure, 3, "args")
     assert len(parts) == 3
     assert all(part is structure for part in parts)
 
 
 def test_split_for_replicas_gives_each_replica_its_components():
-    parts = regroup_lib.split_for_replicas((PerReplica([0, 1, 2]), "x"), 3, "Strategy.run()", "args")
+    parts = regroup_lib.split_for_replicas((PerReplica([0, 1, 2]), "x"), 3, "args")
     assert parts == [(0, "x"), (1, "x"), (2, "x")]
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from towerdist._src import device as device_lib
 from towerdist._src import thread_state
@@ -30,11 +30,15 @@ from towerdist._src.errors import ContextError
 from towerdist._src.thread_state import Mode, UpdateEntry
 
 if TYPE_CHECKING:
+    # Only for the return types of the public queries (``get_strategy() -> Strategy``), so
+    # that a user's type checker knows what they get; nothing here runs, and everything this
+    # module takes in is a ``StrategyLike``.
     from towerdist._src.device import DeviceSpec
     from towerdist._src.strategies.replica_context import ReplicaContext
     from towerdist._src.strategies.strategy import Strategy
 
 __all__ = [
+    "StrategyLike",
     "experimental_set_strategy",
     "get_cross_replica_context",
     "get_replica_context",
@@ -43,6 +47,28 @@ __all__ = [
     "has_strategy",
     "in_cross_replica_context",
 ]
+
+
+
+class ExtendedLike(Protocol):
+    """What this module reads of a strategy's ``extended``: the device its scope makes current."""
+
+    @property
+    def _default_device(self) -> DeviceSpec | None: ...
+
+
+class StrategyLike(Protocol):
+    """What this module needs of a strategy (it sits below ``strategies/`` and imports none of it).
+
+    Scopes and guards compare strategies by identity, print them with ``repr`` and read the
+    default device of their ``extended``; ``Strategy`` and its subclasses match.
+    """
+
+    @property
+    def extended(self) -> ExtendedLike: ...
+
+
+_S = TypeVar("_S", bound=StrategyLike)
 
 _state = thread_state.state
 _default_strategy_factory: Callable[[], Strategy] | None = None
@@ -143,7 +169,7 @@ def current_replica_id() -> int | None:
     return None
 
 
-def experimental_set_strategy(strategy: Any) -> None:
+def experimental_set_strategy(strategy: Strategy | None) -> None:
     """Makes ``strategy`` current in this thread, as if ``strategy.scope()`` were entered.
 
     Calling it again replaces the previous one; ``None`` clears it.
@@ -170,20 +196,20 @@ def experimental_set_strategy(strategy: Any) -> None:
 # --- scopes -------------------------------------------------------------------------------
 
 
-class StrategyScope:
-    """The context manager returned by ``Strategy.scope()``.
+class StrategyScope(Generic[_S]):
+    """The context manager returned by ``Strategy.scope()``; ``with`` binds the strategy.
 
     Entering it makes the strategy current and enters cross-replica context. Entering the
     scope of the strategy that is already current only counts the re-entry. A scope is
     exited on the thread that entered it (each thread has its own context stack).
     """
 
-    def __init__(self, strategy: Strategy) -> None:
+    def __init__(self, strategy: _S) -> None:
         self._strategy = strategy
         # Per entering thread: the stack depths to restore on exit (None for a re-entry).
         self._entries: dict[int, list[tuple[int, int, Any] | None]] = {}
 
-    def __enter__(self) -> Strategy:
+    def __enter__(self) -> _S:
         strategy = self._strategy
         entries = self._entries.setdefault(threading.get_ident(), [])
         if has_strategy():
@@ -216,18 +242,18 @@ class StrategyScope:
             depths[2].__exit__(None, None, None)
 
 
-class DefaultStrategyScope:
+class DefaultStrategyScope(Generic[_S]):
     """``scope()`` of the default strategy: checks nesting, changes no other state.
 
     It counts its entries on the thread, so that a strategy scope entered inside it can
     refuse to create variables (TensorFlow's "mixing different strategies").
     """
 
-    def __init__(self, strategy: Any) -> None:
+    def __init__(self, strategy: _S) -> None:
         self._strategy = strategy
         self._entries: dict[int, int] = {}
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> _S:
         if has_strategy():
             raise ContextError(
                 f"Must not nest strategy scopes: the default strategy's scope() was entered "
@@ -251,7 +277,7 @@ class DefaultStrategyScope:
         _state.default_scopes -= 1
 
 
-def _exit_on_other_thread(strategy: Any, entries: dict[int, Any]) -> ContextError:
+def _exit_on_other_thread(strategy: StrategyLike, entries: dict[int, Any]) -> ContextError:
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     entered = ", ".join(repr(names.get(ident, f"thread {ident}")) for ident in entries) or "no thread"
     return ContextError(
@@ -298,7 +324,7 @@ class UpdateContext:
         gpu.__exit__(None, None, None)
 
 
-def cross_replica_mode(strategy: Any) -> Mode:
+def cross_replica_mode(strategy: StrategyLike) -> Mode:
     """The mode entry of cross-replica context for ``strategy`` (used around ``merge_fn``)."""
     return Mode(strategy, strategy, None)
 
@@ -319,7 +345,7 @@ def describe_location() -> str:
     return f"called in cross-replica context of {top.strategy!r}"
 
 
-def require_cross_replica_or_default(strategy: Any, api: str, fix: str | None = None) -> None:
+def require_cross_replica_or_default(strategy: StrategyLike, api: str, fix: str | None = None) -> None:
     """Passes in cross-replica context of ``strategy`` or outside any scope; raises otherwise."""
     modes = _state.modes
     if not modes:
@@ -338,13 +364,13 @@ def require_cross_replica_or_default(strategy: Any, api: str, fix: str | None = 
     )
 
 
-def require_strategy_scope(strategy: Any, api: str) -> None:
+def require_strategy_scope(strategy: StrategyLike, api: str) -> None:
     """Passes if ``strategy`` is the current strategy (any context); raises otherwise."""
     if get_strategy() is not strategy:
         raise wrong_strategy_scope(strategy, api)
 
 
-def wrong_strategy_scope(strategy: Any, api: str) -> ContextError:
+def wrong_strategy_scope(strategy: StrategyLike, api: str) -> ContextError:
     """The error for using ``strategy`` while another strategy (or none) is current."""
     if not has_strategy():
         return ContextError(
@@ -401,7 +427,7 @@ def require_outside_run(api: str, fix: str) -> None:
         )
 
 
-def require_outside_replica_fn(strategy: Any, api: str) -> None:
+def require_outside_replica_fn(strategy: StrategyLike, api: str) -> None:
     """Passes outside ``strategy.run``'s replica functions (and under no other strategy).
 
     Raises:

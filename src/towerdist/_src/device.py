@@ -19,9 +19,13 @@ import dataclasses
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from towerdist._src import thread_state
+from towerdist._src.backend import cupy_backend  # imports no cupy until a GPU is used
+
+if TYPE_CHECKING:
+    from towerdist._src.type_aliases import DeviceLike  # it names DeviceSpec: only named here
 
 __all__ = ["DeviceSpec", "activate", "canonicalize", "current", "device", "join_cluster", "parse"]
 
@@ -158,8 +162,6 @@ def activate(spec: DeviceSpec | None) -> contextlib.AbstractContextManager[Any]:
     """
     if spec is None or spec.device_type != "GPU":
         return _NO_GPU
-    from towerdist._src.backend import cupy_backend  # noqa: PLC0415  (the backend imports device names)
-
     if spec.device_index >= cupy_backend.device_count():
         return _NO_GPU  # no such GPU: the scope only names it; creating an array there raises
     manager: contextlib.AbstractContextManager[Any] = cupy_backend.on_device(spec)
@@ -173,7 +175,7 @@ def current() -> DeviceSpec | None:
 
 
 @contextmanager
-def device(device_name: Any) -> Iterator[None]:
+def device(device_name: DeviceLike | None) -> Iterator[None]:
     """Places new arrays created by towerdist helpers on ``device_name`` within the block.
 
     ``td.device(None)`` clears the device scope. The scope is per thread, like

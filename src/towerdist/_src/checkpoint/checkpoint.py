@@ -27,6 +27,7 @@ import numpy as np
 
 from towerdist._src import backend, context
 from towerdist._src.checkpoint import files, graph
+from towerdist._src.failures import worded_at
 from towerdist._src.multi_worker import workers as workers_lib
 from towerdist._src.variable_enums import VariableAggregation
 from towerdist._src.variables import creation
@@ -128,7 +129,8 @@ class Checkpoint:
         from towerdist._src.checkpoint.manager import record_latest  # noqa: PLC0415  (manager imports this)
 
         require_outside_run("Checkpoint.save()")
-        prefix = files.as_path(file_prefix, "Checkpoint.save()", "file_prefix")
+        with worded_at("Checkpoint.save()"):
+            prefix = files.as_path(file_prefix, "file_prefix")
         counter = self.save_counter
         number = int(counter.numpy()) + 1
         counter.assign(number, read_value=False)
@@ -173,7 +175,8 @@ class Checkpoint:
             aggregation NONE), or an optimizer slot's variable is not in the checkpoint.
         """
         require_outside_run("Checkpoint.write()")
-        prefix = files.as_path(file_prefix, "Checkpoint.write()", "file_prefix")
+        with worded_at("Checkpoint.write()"):
+            prefix = files.as_path(file_prefix, "file_prefix")
         workers = workers_lib.current()
         if workers is None:
             files.write_checkpoint(prefix, *self._values_to_save(prefix))
@@ -246,7 +249,8 @@ class Checkpoint:
         require_outside_run("Checkpoint.restore()")
         if save_path is None:
             return InitializationOnlyStatus()
-        prefix = files.as_path(save_path, "Checkpoint.restore()", "save_path")
+        with worded_at("Checkpoint.restore()"):
+            prefix = files.as_path(save_path, "save_path")
         workers = workers_lib.current()
         if workers is None:
             entries, arrays = files.read_checkpoint(prefix)

@@ -52,6 +52,7 @@ from typing import IO, Any
 import numpy as np
 
 from towerdist._src.errors import DataLossError, NotFoundError
+from towerdist._src.failures import unworded
 from towerdist._src.version import __version__
 
 __all__ = [
@@ -98,14 +99,16 @@ _ENTRY_TEXT_FIELDS = ("variable", "class", "synchronization", "aggregation")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def as_path(value: Any, api: str, argument: str) -> str:
-    """``value`` (a ``str``, ``bytes`` or ``os.PathLike``) as a ``str`` path."""
+def as_path(value: Any, argument: str) -> str:
+    """``value`` (a ``str``, ``bytes`` or ``os.PathLike``) as a ``str`` path (errors unworded)."""
     try:
         path = os.fspath(value)
     except TypeError:
-        raise TypeError(
-            f"{api} expects {argument} to be a path: a str, bytes or os.PathLike. Got {argument}={value!r} of type "
-            f"{type(value).__name__}; pass e.g. '/tmp/ckpts/ckpt'."
+        raise unworded(
+            TypeError(
+                f"expects {argument} to be a path: a str, bytes or os.PathLike. Got {argument}={value!r} of type "
+                f"{type(value).__name__}; pass e.g. '/tmp/ckpts/ckpt'."
+            )
         ) from None
     return os.fsdecode(path)
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from towerdist._src.checkpoint import files
 from towerdist._src.checkpoint.checkpoint import Checkpoint, require_outside_run
+from towerdist._src.failures import worded_at
 from towerdist._src.multi_worker import workers as workers_lib
 
 __all__ = ["CheckpointManager", "latest_checkpoint", "record_latest"]
@@ -55,7 +56,8 @@ def latest_checkpoint(checkpoint_dir: str | bytes | os.PathLike[Any], latest_fil
     Raises:
       TypeError: ``checkpoint_dir`` is not a path.
     """
-    directory = files.as_path(checkpoint_dir, "latest_checkpoint()", "checkpoint_dir")
+    with worded_at("latest_checkpoint()"):
+        directory = files.as_path(checkpoint_dir, "checkpoint_dir")
     state_path = os.path.join(directory, latest_filename or STATE_FILE)
     state, problem = _read_state(state_path)
     if problem is not None:
@@ -157,7 +159,8 @@ class CheckpointManager:
             ):
                 raise ValueError(f"`checkpoint_interval` must be a positive integer, got {checkpoint_interval!r}.")
         self._checkpoint = checkpoint
-        self._directory = files.as_path(directory, "CheckpointManager()", "directory")
+        with worded_at("CheckpointManager()"):
+            self._directory = files.as_path(directory, "directory")
         self._max_to_keep = max_to_keep
         self._keep_every_seconds = (
             None if keep_checkpoint_every_n_hours is None else float(keep_checkpoint_every_n_hours) * 3600.0

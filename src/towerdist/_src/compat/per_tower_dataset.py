@@ -13,6 +13,7 @@ from typing import Any
 
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.errors import OutOfRangeError
+from towerdist._src.failures import worded_at
 from towerdist._src.input.distributed_dataset import place_on_device
 from towerdist._src.input.foreign import as_dataset
 from towerdist._src.values.regroup import regroup
@@ -36,7 +37,8 @@ class PerTowerDataset:
                     f"distribute_dataset() called {dataset!r}, which returned {type(made).__name__}."
                 )
             dataset = made
-        self._dataset = as_dataset(dataset, "distribute_dataset()")
+        with worded_at("distribute_dataset()"):
+            self._dataset = as_dataset(dataset)
         if prefetch:
             self._dataset = self._dataset.prefetch(2)
         self._strategy = strategy

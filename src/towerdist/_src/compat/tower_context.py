@@ -14,6 +14,7 @@ from typing import Any
 
 from towerdist._src import context, thread_state
 from towerdist._src import device as device_lib
+from towerdist._src.failures import unworded, worded_at
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.variable_enums import VariableAggregation
 
@@ -138,11 +139,11 @@ def get_loss_reduction() -> ReduceOp:
 _METHOD_STRINGS = {"sum": VariableAggregation.SUM, "mean": VariableAggregation.MEAN}
 
 
-def parse_method_string(method: Any, api: str, allow_only_first: bool = False) -> VariableAggregation:
+def parse_method_string(method: Any, allow_only_first: bool = False) -> VariableAggregation:
     """TF 1.x's reduce method (``"sum"``/``"mean"``, a ``ReduceOp`` or a ``VariableAggregation``).
 
     Raises:
-      ValueError: anything else, naming ``api`` and the value.
+      ValueError: anything else, naming the value (unworded: the public method names itself).
     """
     if isinstance(method, str) and method.lower() in _METHOD_STRINGS:
         return _METHOD_STRINGS[method.lower()]
@@ -154,9 +155,11 @@ def parse_method_string(method: Any, api: str, allow_only_first: bool = False) -
     if isinstance(method, VariableAggregation) and method in allowed:
         return method
     extra = " or VariableAggregation.ONLY_FIRST_TOWER" if allow_only_first else ""
-    raise ValueError(
-        f"{api} got method {method!r}; TF 1.x reduce methods are the strings 'sum' and 'mean' (or "
-        f"ReduceOp.SUM/MEAN, VariableAggregation.SUM/MEAN{extra})."
+    raise unworded(
+        ValueError(
+            f"got method {method!r}; TF 1.x reduce methods are the strings 'sum' and 'mean' (or "
+            f"ReduceOp.SUM/MEAN, VariableAggregation.SUM/MEAN{extra})."
+        )
     )
 
 
@@ -169,7 +172,8 @@ def tower_local_var_scope(strategy: Any, reduce_method: Any) -> Iterator[None]:
     variables are never trainable. The TF 2 spelling is
     ``td.Variable(..., synchronization=ON_READ, aggregation=...)``.
     """
-    aggregation = parse_method_string(reduce_method, "tower_local_var_scope()", allow_only_first=True)
+    with worded_at("tower_local_var_scope()"):
+        aggregation = parse_method_string(reduce_method, allow_only_first=True)
     context.require_strategy_scope(strategy, "tower_local_var_scope()")
     stack = thread_state.state.sync_on_read
     depth = len(stack)

@@ -26,8 +26,9 @@ from towerdist._src import device as device_lib
 from towerdist._src.compat import tower_context
 from towerdist._src.compat.per_tower_dataset import PerTowerDataset
 from towerdist._src.cross_device_ops.base import CrossDeviceOps
-from towerdist._src.cross_device_ops.placement import Destinations
+from towerdist._src.cross_device_ops.placement import ResolvedDevices
 from towerdist._src.device import DeviceSpec
+from towerdist._src.failures import unworded, worded_at
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.mirrored import MirroredExtended
 from towerdist._src.strategies.mirrored import MirroredStrategy as _ModernMirroredStrategy
@@ -158,12 +159,17 @@ class MirroredStrategy(_ModernMirroredStrategy):
         return self._reduce_tf1(reduce_op, value, destinations)
 
     def _reduce_tf1(self, method_string: Any, value: Any, destinations: Any) -> Any:
-        api = "MirroredStrategy.reduce()"
-        aggregation = tower_context.parse_method_string(method_string, api, allow_only_first=True)
-        context.require_cross_replica_or_default(self, api, fix="use get_tower_context().merge_call()")
+        with worded_at("MirroredStrategy.reduce()"):
+            return self._reduce_tf1_worded(method_string, value, destinations)
+
+    def _reduce_tf1_worded(self, method_string: Any, value: Any, destinations: Any) -> Any:
+        aggregation = tower_context.parse_method_string(method_string, allow_only_first=True)
+        context.require_cross_replica_or_default(
+            self, "MirroredStrategy.reduce()", fix="use get_tower_context().merge_call()"
+        )
         targets = _destinations_of(self, value) if destinations is None else _destinations(self, destinations)
         if _is_map_result(value):
-            return self.extended.broadcast_to(_reduce_map_outputs(aggregation, value, api), targets)
+            return self.extended.broadcast_to(_reduce_map_outputs(aggregation, value), targets)
         if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
             first = value._values[0] if isinstance(value, DistributedValues) else value
             return self.extended.broadcast_to(_read(first), targets)
@@ -346,7 +352,8 @@ class MirroredStrategy(_ModernMirroredStrategy):
             may be None (the value's devices).
         """
         api = "MirroredStrategy.batch_reduce()"
-        aggregation = tower_context.parse_method_string(method_string, api)
+        with worded_at(api):
+            aggregation = tower_context.parse_method_string(method_string)
         context.require_cross_replica_or_default(self, api, fix="use get_tower_context().merge_call()")
         pairs = list(value_destination_pairs)
         for k, pair in enumerate(pairs):
@@ -366,7 +373,7 @@ class MirroredStrategy(_ModernMirroredStrategy):
         """Copies ``tensor`` to every tower's device (or to ``destinations``): a mirrored value."""
         context.require_cross_replica_or_default(self, "broadcast()")
         targets = (
-            Destinations(self.extended._replica_devices) if destinations is None else _destinations(self, destinations)
+            ResolvedDevices(self.extended._replica_devices) if destinations is None else _destinations(self, destinations)
         )
         return self.extended.broadcast_to(tensor, targets)
 
@@ -437,10 +444,10 @@ def _is_map_result(value: Any) -> bool:
     return isinstance(value, PerReplica) and all(isinstance(v, MapOutput) for v in value._values)
 
 
-def _reduce_map_outputs(aggregation: VariableAggregation, value: Any, api: str) -> Any:
+def _reduce_map_outputs(aggregation: VariableAggregation, value: Any) -> Any:
     outputs = [x for part in (value._values if isinstance(value, PerReplica) else [value]) for x in part]
     if not outputs:
-        raise ValueError(f"{api} got the result of map() over no elements; there is nothing to reduce.")
+        raise unworded(ValueError("got the result of map() over no elements; there is nothing to reduce."))
     if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
         return outputs[0]
     arrays = [_on_host(x) for x in outputs]
@@ -455,25 +462,25 @@ def _on_host(value: Any) -> Any:
     return backend.host().asarray(impl.to_device(value, device_lib.HOST) if impl is not backend.host() else value)
 
 
-def _destinations(strategy: MirroredStrategy, destinations: Any) -> Destinations:
+def _destinations(strategy: MirroredStrategy, destinations: Any) -> ResolvedDevices:
     """TF 1.x destinations (a device, a list of devices, or a value) as resolved devices.
 
     Raises:
       ValueError: anything else, e.g. a TF 2 ``axis`` passed where TF 1.x takes destinations.
     """
-    if isinstance(destinations, (list, tuple)) and not isinstance(destinations, Destinations):
+    if isinstance(destinations, (list, tuple)) and not isinstance(destinations, ResolvedDevices):
         if not destinations:
             raise ValueError(
                 "destinations can not be empty: got an empty list of devices; pass None for the value's "
                 "devices, or device strings such as ['/device:CPU:0']."
             )
-        return Destinations(device_lib.parse(d) for d in destinations)
+        return ResolvedDevices(device_lib.parse(d) for d in destinations)
     if isinstance(destinations, DistributedValues) and destinations._devices is None:
-        return Destinations(strategy.extended._replica_devices)
+        return ResolvedDevices(strategy.extended._replica_devices)
     if isinstance(destinations, (str, DeviceSpec)) or hasattr(destinations, "_devices"):
         extended = strategy.extended
         assert isinstance(extended, MirroredExtended)
-        return Destinations(extended._destinations(destinations))
+        return ResolvedDevices(extended._destinations(destinations))
     hint = (
         " For TF 2's reduce(op, value, axis), pass the axis as the third argument or as axis=."
         if isinstance(destinations, int)
@@ -485,10 +492,10 @@ def _destinations(strategy: MirroredStrategy, destinations: Any) -> Destinations
     )
 
 
-def _destinations_of(strategy: MirroredStrategy, value: Any) -> Destinations:
+def _destinations_of(strategy: MirroredStrategy, value: Any) -> ResolvedDevices:
     """Where a reduction of ``value`` goes by default: the devices it lives on, else every tower's."""
     devices = getattr(value, "_devices", None) if isinstance(value, DistributedValues) else None
-    return Destinations(devices or strategy.extended._replica_devices)
+    return ResolvedDevices(devices or strategy.extended._replica_devices)
 
 
 def _require_mirrored_args(args: Any, kwargs: Any, api: str) -> None:

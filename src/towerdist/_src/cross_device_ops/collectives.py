@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from towerdist._src import parallel
 from towerdist._src.cross_device_ops.base import CrossDeviceOps, batch_reduce_with_hooks, reduce_with_hooks
-from towerdist._src.cross_device_ops.placement import Destinations
+from towerdist._src.cross_device_ops.placement import ResolvedDevices
 from towerdist._src.device import DeviceSpec
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import ReduceOp
@@ -113,7 +113,7 @@ class _UserOps:
     ) -> Any:
         with parallel.helpers_installed(helpers):
             if self._own_reduce:
-                return self.ops.reduce(reduce_op, value, Destinations(destinations), options)
+                return self.ops.reduce(reduce_op, value, ResolvedDevices(destinations), options)
             return reduce_with_hooks(self.ops, reduce_op, value, destinations, options)
 
     def _batch_reduce_to(
@@ -126,7 +126,7 @@ class _UserOps:
         with parallel.helpers_installed(helpers):
             if self._own_batch_reduce:
                 # (destinations marked resolved, as the public method re-resolves them)
-                return self.ops.batch_reduce(reduce_op, [(v, Destinations(d)) for v, d in pairs], options)
+                return self.ops.batch_reduce(reduce_op, [(v, ResolvedDevices(d)) for v, d in pairs], options)
             return batch_reduce_with_hooks(self.ops, reduce_op, pairs, options)
 
     def _all_reduce(

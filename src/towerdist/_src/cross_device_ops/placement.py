@@ -11,11 +11,15 @@ from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 
-__all__ = ["Destinations", "as_per_replica", "check_pairs", "mirror", "resolve_destinations", "validate_components"]
+__all__ = ["ResolvedDevices", "as_per_replica", "check_pairs", "mirror", "resolve_destinations", "validate_components"]
 
 
-class Destinations(tuple):  # type: ignore[type-arg]
-    """Destination devices already resolved by a strategy (a tuple of ``DeviceSpec``)."""
+class ResolvedDevices(tuple):  # type: ignore[type-arg]
+    """Destination devices already resolved by a strategy (a tuple of ``DeviceSpec``).
+
+    Not to be confused with ``type_aliases.Destinations``, what users may pass as destinations.
+    """
+
 
 
 def resolve_destinations(destinations: Any) -> tuple[DeviceSpec, ...]:
@@ -27,7 +31,7 @@ def resolve_destinations(destinations: Any) -> tuple[DeviceSpec, ...]:
     Raises:
       ValueError: ``destinations`` is empty or of another kind.
     """
-    if isinstance(destinations, Destinations):
+    if isinstance(destinations, ResolvedDevices):
         return tuple(destinations)
     if isinstance(destinations, str):
         if not destinations:

@@ -25,6 +25,7 @@ from towerdist._src.data.structure import to_element
 from towerdist._src.data.transforms import close_iterator, cut_rows
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import OutOfRangeError
+from towerdist._src.failures import unworded, worded_at
 from towerdist._src.input.auto_shard import ShardMode, auto_shard
 from towerdist._src.input.device_copies import DeviceCopier, Placed
 from towerdist._src.input.foreign import IterableDataset, as_dataset
@@ -154,11 +155,9 @@ class DistributedDataset(_DistributedInput):
             strategy.run(step_fn, args=(batch,))
     """
 
-    def __init__(
-        self, dataset: Any, worker: InputWorker, strategy: Any, options: InputOptions | None, api: str
-    ) -> None:
+    def __init__(self, dataset: Any, worker: InputWorker, strategy: Any, options: InputOptions | None) -> None:
         super().__init__(worker, strategy, options)
-        self._source = as_dataset(dataset, api)
+        self._source = as_dataset(dataset)  # its errors are worded by experimental_distribute_dataset()
         n = worker.num_replicas_in_sync
         self._sizes: list[int] | None = None
         self._mode = ShardMode.DATA
@@ -228,11 +227,10 @@ class DistributedDatasetsFromFunction(_DistributedInput):
         strategy: Any,
         options: InputOptions | None,
         per_replica: bool,
-        api: str,
     ) -> None:
         super().__init__(worker, strategy, options)
-        if not callable(dataset_fn):
-            raise TypeError(f"{api} takes a function of an InputContext. Got dataset_fn={dataset_fn!r}.")
+        if not callable(dataset_fn):  # worded by distribute_datasets_from_function()
+            raise unworded(TypeError(f"takes a function of an InputContext. Got dataset_fn={dataset_fn!r}."))
         n = worker.num_replicas_in_sync
         if per_replica:
             first = worker.worker_index * worker.num_local
@@ -240,7 +238,8 @@ class DistributedDatasetsFromFunction(_DistributedInput):
         else:
             contexts = [InputContext(worker.num_workers, worker.worker_index, n)]
         self._per_replica = per_replica
-        self._datasets = [as_dataset(dataset_fn(ctx), f"the dataset_fn given to {api}") for ctx in contexts]
+        with worded_at("the dataset_fn given to distribute_datasets_from_function()"):  # only it makes these
+            self._datasets = [as_dataset(dataset_fn(ctx)) for ctx in contexts]
 
     @property
     def cardinality(self) -> int:

@@ -19,6 +19,7 @@ from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.spec import TensorSpec, structure_of
 from towerdist._src.data.structure import normalize_output, read_only_element
 from towerdist._src.data.transforms import close_iterator
+from towerdist._src.failures import unworded
 
 __all__ = ["as_dataset"]
 
@@ -45,26 +46,31 @@ def _element(value: Any) -> Any:
     return read_only_element(normalize_output(nest.map_structure(_foreign_leaf, value)))
 
 
-def as_dataset(obj: Any, api: str) -> Dataset:
+def as_dataset(obj: Any) -> Dataset:
     """``obj`` as a ``td.data.Dataset`` whose elements are global batches.
 
     Raises:
-      TypeError: ``obj`` is an array, a string, a mapping, or not iterable.
+      TypeError: ``obj`` is an array, a string, a mapping, or not iterable (unworded: the
+        public method that was given ``obj`` names itself in front).
     """
     if isinstance(obj, Dataset):
         return obj
     if backend.is_array(obj):
-        raise TypeError(
-            f"{api} takes a dataset whose elements are global batches, not an array (an array would be "
-            f"iterated row by row). Got an array of shape {np.shape(obj)}; use "
-            f"td.data.Dataset.from_tensor_slices(array).batch(global_batch_size)."
+        raise unworded(
+            TypeError(
+                f"takes a dataset whose elements are global batches, not an array (an array would be "
+                f"iterated row by row). Got an array of shape {np.shape(obj)}; use "
+                f"td.data.Dataset.from_tensor_slices(array).batch(global_batch_size)."
+            )
         )
     if _is_tf_dataset(obj):
         return TFDataset(obj)
     if isinstance(obj, (str, bytes, dict)) or not isinstance(obj, Iterable):
-        raise TypeError(
-            f"{api} takes a td.data.Dataset, a tf.data.Dataset, a torch DataLoader or an iterable of global "
-            f"batches. Got {type(obj).__name__}: {obj!r:.80}."
+        raise unworded(
+            TypeError(
+                f"takes a td.data.Dataset, a tf.data.Dataset, a torch DataLoader or an iterable of global "
+                f"batches. Got {type(obj).__name__}: {obj!r:.80}."
+            )
         )
     return IterableDataset(obj)
 

@@ -61,7 +61,6 @@ class _DefaultExtended(StrategyExtended):
         value: Any,
         destinations: Any,
         options: CommunicationOptions | None,
-        api: str = "StrategyExtended.reduce_to()",
     ) -> Any:
         return value
 
@@ -71,7 +70,7 @@ class _DefaultExtended(StrategyExtended):
             "strategy to broadcast between devices."
         )
 
-    def _gather_to(self, value: Any, destinations: Any, axis: Any, api: str = "Strategy.gather()") -> Any:
+    def _gather_to(self, value: Any, destinations: Any, axis: Any) -> Any:
         return value
 
     def _local_results(self, value: Any) -> tuple[Any, ...]:

@@ -12,7 +12,7 @@ from towerdist._src.cross_device_ops.collectives import Collectives, collectives
 from towerdist._src.cross_device_ops.gather import gather_to
 from towerdist._src.cross_device_ops.nccl_all_reduce import NcclAllReduce
 from towerdist._src.cross_device_ops.placement import (
-    Destinations,
+    ResolvedDevices,
     check_pairs,
     resolve_destinations,
     validate_components,
@@ -151,8 +151,8 @@ class MirroredExtended(StrategyExtended):
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], sequential: bool | None = None
     ) -> Any:
         n = len(self._devices)
-        args_per_replica = split_for_replicas(args, n, "Strategy.run()", "args")
-        kwargs_per_replica = split_for_replicas(kwargs, n, "Strategy.run()", "kwargs")
+        args_per_replica = split_for_replicas(args, n, "args")
+        kwargs_per_replica = split_for_replicas(kwargs, n, "kwargs")
         strategy = self._container_strategy()
         results = self._scheduler.run(
             fn,
@@ -213,7 +213,7 @@ class MirroredExtended(StrategyExtended):
                 f"equal, so the sum would count the same value {len(self._devices)} times. Use MEAN, or "
                 f"reduce the PerReplica value it was made from."
             )
-        devices = Destinations(self._destinations(destinations))
+        devices = ResolvedDevices(self._destinations(destinations))
         if not isinstance(value, DistributedValues):
             return self._reduce_non_distributed(reduce_op, value, devices)
         value = self._as_value(value, api)
@@ -228,7 +228,7 @@ class MirroredExtended(StrategyExtended):
         finally:
             lease.release()
 
-    def _reduce_non_distributed(self, reduce_op: ReduceOp, value: Any, devices: Destinations) -> Any:
+    def _reduce_non_distributed(self, reduce_op: ReduceOp, value: Any, devices: ResolvedDevices) -> Any:
         if reduce_op is ReduceOp.MEAN:
             return value  # the same value on every replica: its mean is itself
         if len(self._devices) != 1:
@@ -252,7 +252,7 @@ class MirroredExtended(StrategyExtended):
         for pair in pairs:
             if isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], DistributedValues):
                 value = self._as_value(pair[0], api)
-                pair = (value, Destinations(self._destinations(pair[1])))
+                pair = (value, ResolvedDevices(self._destinations(pair[1])))
             resolved.append(pair)
         collectives = self._collectives
         devices = self._devices
@@ -308,14 +308,14 @@ class MirroredExtended(StrategyExtended):
     def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
         if isinstance(tensor, (int, float)) and not isinstance(tensor, bool):
             return tensor  # Python numbers are the same everywhere, as in TensorFlow
-        return self._collectives._broadcast_to(tensor, Destinations(self._destinations(destinations)))
+        return self._collectives._broadcast_to(tensor, ResolvedDevices(self._destinations(destinations)))
 
     def _gather_to(self, value: Any, destinations: Any, axis: Any, api: str = "Strategy.gather()") -> Any:
         if not isinstance(value, DistributedValues):
             return value
         value = self._as_value(value, api)
         try:
-            return gather_to(value, Destinations(self._destinations(destinations)), axis)
+            return gather_to(value, ResolvedDevices(self._destinations(destinations)), axis)
         except BaseException as error:
             name_api(error, api)
             raise
@@ -363,8 +363,8 @@ class MirroredExtended(StrategyExtended):
     ) -> Any:
         components = var._values
         n = len(components)
-        args_per = split_for_replicas(args, n, "StrategyExtended.update()", "args")
-        kwargs_per = split_for_replicas(kwargs, n, "StrategyExtended.update()", "kwargs")
+        args_per = split_for_replicas(args, n, "args")
+        kwargs_per = split_for_replicas(kwargs, n, "kwargs")
         results = []
         for i, component in enumerate(components):
             with context.UpdateContext(component._device, i):
@@ -380,8 +380,8 @@ class MirroredExtended(StrategyExtended):
                 f"colocate_with={colocate_with!r}."
             )
         devices = tuple(device_lib.parse(d) for d in colocate_with)
-        args_per = split_for_replicas(args, len(devices), "StrategyExtended.update_non_slot()", "args")
-        kwargs_per = split_for_replicas(kwargs, len(devices), "StrategyExtended.update_non_slot()", "kwargs")
+        args_per = split_for_replicas(args, len(devices), "args")
+        kwargs_per = split_for_replicas(kwargs, len(devices), "kwargs")
         results = []
         for i, device in enumerate(devices):
             with context.UpdateContext(device, i):

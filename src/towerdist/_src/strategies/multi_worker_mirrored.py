@@ -22,7 +22,7 @@ from towerdist._src.cluster_resolver.cluster_resolver import ClusterResolver
 from towerdist._src.cluster_resolver.mpi import resolve_for_mpi
 from towerdist._src.cross_device_ops.gather import axis_index
 from towerdist._src.cross_device_ops.nccl_all_reduce import nccl_unavailable_reason
-from towerdist._src.cross_device_ops.placement import Destinations, mirror, validate_components
+from towerdist._src.cross_device_ops.placement import ResolvedDevices, mirror, validate_components
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
 from towerdist._src.failures import name_api
@@ -286,7 +286,7 @@ class MultiWorkerExtended(MirroredExtended):
             return super()._reduce_to(reduce_op, value, destinations, options, api)  # MEAN: itself; SUM: refused
         seq = self._workers.seq
         try:
-            devices = Destinations(self._destinations(destinations))
+            devices = ResolvedDevices(self._destinations(destinations))
             column = self._column(value, api)
         except Exception as error:
             self._workers.failed_before(seq, api, error)  # the other workers raise too, not wait
@@ -309,7 +309,7 @@ class MultiWorkerExtended(MirroredExtended):
                     results[k] = super()._reduce_to(reduce_op, value, destinations, options, api)
                     continue
                 columns.append(self._column(value, f"{api} (value {k})"))
-                targets.append(Destinations(self._destinations(destinations)))
+                targets.append(ResolvedDevices(self._destinations(destinations)))
                 where.append(k)
         except Exception as error:
             self._workers.failed_before(seq, api, error)  # the other workers raise too, not wait
@@ -423,9 +423,9 @@ class MultiWorkerExtended(MirroredExtended):
             return super()._gather_to(value, destinations, axis, api)
         seq = self._workers.seq
         try:
-            devices = Destinations(self._destinations(destinations))
+            devices = ResolvedDevices(self._destinations(destinations))
             if isinstance(value, DistributedValues):
-                host = Destinations((DeviceSpec(device_type="CPU", device_index=0),))
+                host = ResolvedDevices((DeviceSpec(device_type="CPU", device_index=0),))
                 local = super()._gather_to(value, host, axis, api)
             else:
                 local = array_ops.as_array(value)

@@ -12,6 +12,7 @@ from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.replica_context import ReplicaContext
 from towerdist._src.strategies.strategy import Strategy, StrategyExtended
+from towerdist._src.type_aliases import DeviceLike
 
 __all__ = ["OneDeviceStrategy"]
 
@@ -35,12 +36,12 @@ class OneDeviceStrategy(Strategy):
       90
     """
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: DeviceLike) -> None:
         super().__init__(OneDeviceExtended(self, device))
 
 
 class OneDeviceExtended(StrategyExtended):
-    def __init__(self, container_strategy: Strategy, device: Any) -> None:
+    def __init__(self, container_strategy: Strategy, device: DeviceLike) -> None:
         super().__init__(container_strategy)
         spec = device_lib.parse(device)
         if not config.device_exists(spec):
@@ -68,14 +69,13 @@ class OneDeviceExtended(StrategyExtended):
         value: Any,
         destinations: Any,
         options: CommunicationOptions | None,
-        api: str = "StrategyExtended.reduce_to()",
     ) -> Any:
         return value
 
     def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
         return tensor
 
-    def _gather_to(self, value: Any, destinations: Any, axis: Any, api: str = "Strategy.gather()") -> Any:
+    def _gather_to(self, value: Any, destinations: Any, axis: Any) -> Any:
         return value
 
     def _local_results(self, value: Any) -> tuple[Any, ...]:

@@ -15,7 +15,9 @@ when a strategy made the value (None for values built by hand).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import numpy as np
 
 from towerdist._src import context
 from towerdist._src import device as device_lib
@@ -24,17 +26,29 @@ from towerdist._src.operators import ArrayOperators
 
 __all__ = ["DistributedValues", "Mirrored", "PerReplica"]
 
+# The type of the components (``PerReplica[np.ndarray]``). A bare ``PerReplica`` means
+# ``PerReplica[Any]``: PEP 696's default, which Python 3.11's ``typing`` cannot spell at run
+# time (and run time never subscripts these classes).
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar as _TypeVarWithDefault
 
-class DistributedValues:
+    T = _TypeVarWithDefault("T", default=Any)
+else:
+    T = TypeVar("T")
+
+
+class DistributedValues(Generic[T]):
     """Base class of values with one component per replica (``tf.distribute.DistributedValues``).
 
     Do not instantiate it; strategies create ``PerReplica`` and ``Mirrored`` values.
+    It is generic in its components' type for type checkers only (``PerReplica[np.ndarray]``
+    in annotations); nothing is subscripted at run time.
     """
 
     # Distributed variables are passed to replica functions whole, not split per replica.
     _is_distributed_variable = False
 
-    def __init__(self, values: Sequence[Any], devices: Sequence[DeviceSpec] | None = None) -> None:
+    def __init__(self, values: Sequence[T], devices: Sequence[DeviceSpec] | None = None) -> None:
         self._values = tuple(values)
         if devices is not None and len(devices) != len(self._values):
             raise ValueError(
@@ -46,25 +60,25 @@ class DistributedValues:
         self._devices = None if devices is None else tuple(devices)
 
     @property
-    def values(self) -> tuple[Any, ...]:
+    def values(self) -> tuple[T, ...]:
         """The components, one per replica, in replica order."""
         return self._values
 
     @property
-    def _primary(self) -> Any:
+    def _primary(self) -> T:
         return self._values[0]
 
-    def _get(self) -> Any:
+    def _get(self) -> T:
         """The component of the current replica (or of the update context's component)."""
         replica_id = context.current_replica_id()
         if replica_id is None:
             return self._get_cross_replica()
         return self._values[replica_id]
 
-    def _get_cross_replica(self) -> Any:
+    def _get_cross_replica(self) -> T:
         return self._get_on_device_or_primary()
 
-    def _get_on_device_or_primary(self) -> Any:
+    def _get_on_device_or_primary(self) -> T:
         here = device_lib.current()
         if here is not None and self._devices is not None and here in self._devices:
             return self._values[self._devices.index(here)]
@@ -81,7 +95,7 @@ class DistributedValues:
         return self._format(repr)
 
 
-class PerReplica(DistributedValues):
+class PerReplica(DistributedValues[T]):
     """One independent value per replica (``tf.types.experimental.PerReplica``).
 
     Example:
@@ -93,7 +107,7 @@ class PerReplica(DistributedValues):
       }
     """
 
-    def _local(self) -> Any:
+    def _local(self) -> T:
         """The component of the current replica; raises outside a replica context.
 
         Inside a replica the PerReplica stands for its local component; elsewhere its
@@ -115,8 +129,6 @@ class PerReplica(DistributedValues):
 
 def _to_numpy(value: Any, dtype: Any, copy: bool | None) -> Any:
     """``value`` as a numpy array, honouring numpy 2's ``copy`` argument of ``__array__``."""
-    import numpy as np  # noqa: PLC0415  (conversion to numpy is what was asked)
-
     if copy:
         return np.array(value, dtype=dtype, copy=True)
     if copy is False:
@@ -124,14 +136,14 @@ def _to_numpy(value: Any, dtype: Any, copy: bool | None) -> Any:
     return np.asarray(value, dtype=dtype)
 
 
-class Mirrored(ArrayOperators, DistributedValues):
+class Mirrored(ArrayOperators, DistributedValues[T]):
     """Values that are equal on every replica (``tf.types.experimental.Mirrored``).
 
     It behaves like its local component: attribute access, ``np.asarray``, indexing,
     arithmetic and comparison operators all act on ``_get()``.
     """
 
-    def _operand(self) -> Any:
+    def _operand(self) -> T:
         return self._get()
 
     def __getattr__(self, name: str) -> Any:

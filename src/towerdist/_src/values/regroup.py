@@ -27,6 +27,7 @@ import numpy as np
 from towerdist._src import nest
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
+from towerdist._src.failures import unworded
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 
 __all__ = ["local_results", "regroup", "select_replica", "split_for_replicas", "value_container"]
@@ -53,18 +54,19 @@ def select_replica(replica_id: int, structure: Any) -> Any:
     return nest.unflatten(spec, [leaf._values[replica_id] if _is_split(leaf) else leaf for leaf in leaves])
 
 
-def split_for_replicas(structure: Any, num_replicas: int, api: str, name: str) -> list[Any]:
-    """One version of ``structure`` per replica, as ``select_replica`` makes it.
+def split_for_replicas(structure: Any, num_replicas: int, name: str) -> list[Any]:
+    """One version of ``structure`` (the argument called ``name``) per replica, as ``select_replica`` makes it.
 
     When no leaf is distributed, every replica gets ``structure`` itself.
 
     Raises:
-      ValueError: a distributed leaf has a different number of components than replicas.
+      ValueError: a distributed leaf has a different number of components than replicas
+        (unworded: the public method, e.g. ``Strategy.run()``, names itself in front).
     """
     if isinstance(structure, (tuple, dict)) and not structure:
         return [structure] * num_replicas  # no arguments
     if type(structure) is tuple and all(_is_plain_leaf(leaf) for leaf in structure):
-        return _split_flat_tuple(structure, num_replicas, api, name)  # args=(x, y): no nest to walk
+        return _split_flat_tuple(structure, num_replicas, name)  # args=(x, y): no nest to walk
     leaves, spec = nest.flatten(structure)
     split_at = [k for k, leaf in enumerate(leaves) if _is_split(leaf)]
     if not split_at:
@@ -73,10 +75,12 @@ def split_for_replicas(structure: Any, num_replicas: int, api: str, name: str) -
         count = len(leaves[k]._values)
         if count != num_replicas:
             paths = nest.flatten_with_paths(structure)[0]  # only needed for the message
-            raise ValueError(
-                f"{api} got a {type(leaves[k]).__name__} with {count} components at "
-                f"{name}{nest.format_path(paths[k]) if paths[k] else ''}, but the strategy has "
-                f"{num_replicas} replicas; distributed values must come from the same strategy."
+            raise unworded(
+                ValueError(
+                    f"got a {type(leaves[k]).__name__} with {count} components at "
+                    f"{name}{nest.format_path(paths[k]) if paths[k] else ''}, but the strategy has "
+                    f"{num_replicas} replicas; distributed values must come from the same strategy."
+                )
             )
     per_replica = []
     for replica_id in range(num_replicas):
@@ -95,7 +99,7 @@ def _is_plain_leaf(value: Any) -> bool:
     return isinstance(value, (DistributedValues, *_PLAIN_LEAVES))
 
 
-def _split_flat_tuple(args: tuple[Any, ...], num_replicas: int, api: str, name: str) -> list[Any]:
+def _split_flat_tuple(args: tuple[Any, ...], num_replicas: int, name: str) -> list[Any]:
     """``split_for_replicas`` of a tuple whose items are leaves (the usual ``args=(x, y)``)."""
     split_at = [k for k, leaf in enumerate(args) if _is_split(leaf)]
     if not split_at:
@@ -103,9 +107,11 @@ def _split_flat_tuple(args: tuple[Any, ...], num_replicas: int, api: str, name: 
     for k in split_at:
         count = len(args[k]._values)
         if count != num_replicas:
-            raise ValueError(
-                f"{api} got a {type(args[k]).__name__} with {count} components at {name}[{k}], but the strategy "
-                f"has {num_replicas} replicas; distributed values must come from the same strategy."
+            raise unworded(
+                ValueError(
+                    f"got a {type(args[k]).__name__} with {count} components at {name}[{k}], but the strategy "
+                    f"has {num_replicas} replicas; distributed values must come from the same strategy."
+                )
             )
     if len(split_at) == len(args):
         return list(zip(*(leaf._values for leaf in args)))

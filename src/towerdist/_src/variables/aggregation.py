@@ -31,6 +31,7 @@ import numpy as np
 
 from towerdist._src import context
 from towerdist._src.cross_device_ops.shared_memory import SharedMemoryAllReduce, reduce_into_update
+from towerdist._src.failures import name_api
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.values.regroup import regroup, select_replica
@@ -92,7 +93,11 @@ def _settle_writes(strategy: Any, writes: list[tuple[Any, str, Any, bool]]) -> l
         return [select_replica(i, written) if write[3] else None for i, write in enumerate(writes)]
     devices = strategy.extended._devices if len(writes) > 1 else None  # the replicas' devices (multi-replica)
     value = regroup([write[2] for write in writes], devices, what=f"values of {describe_write(type(variable).__name__, op)}")
-    combined = _aggregate(strategy, variable, value, describe_write(type(variable).__name__, op))
+    try:
+        combined = _aggregate(strategy, variable, value, op)
+    except BaseException as error:  # the reduction's errors name the write the user made
+        name_api(error, describe_write(type(variable).__name__, op))
+        raise
     written = variable._write_cross_replica(op, combined, read_value)
     return [select_replica(i, written) if write[3] else None for i, write in enumerate(writes)]
 
@@ -171,7 +176,7 @@ def _one_host_buffer(components: Any, old: Any) -> bool:
     return owner.shape == old.shape or owner.size == old.size
 
 
-def _aggregate(strategy: Any, variable: Any, value: Any, api: str) -> Any:
+def _aggregate(strategy: Any, variable: Any, value: Any, op: str | SliceAssign) -> Any:
     agg = variable.aggregation
     if agg is VariableAggregation.MEAN and variable.dtype.kind != "f" and isinstance(value, PerReplica):
         raise ValueError(
@@ -181,10 +186,11 @@ def _aggregate(strategy: Any, variable: Any, value: Any, api: str) -> Any:
             f"cross-replica context."
         )
     if agg is VariableAggregation.ONLY_FIRST_REPLICA:
-        first = strategy.extended._first_replica_value(value, api)
+        # The workers name the collective after the write (their labels must agree).
+        first = strategy.extended._first_replica_value(value, describe_write(type(variable).__name__, op))
         return strategy.extended.broadcast_to(first, variable)
     # The internal entry: the context, the op and the destination (the variable) are known good.
-    return strategy.extended._reduce_to(ReduceOp.from_variable_aggregation(agg), value, variable, None, api)
+    return strategy.extended._reduce_to(ReduceOp.from_variable_aggregation(agg), value, variable, None)
 
 
 def _describe(value: Any) -> str:

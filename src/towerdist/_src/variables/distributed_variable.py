@@ -32,8 +32,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from towerdist._src import backend, context, thread_state
+from towerdist._src.failures import name_api
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
+from towerdist._src.values.regroup import split_for_replicas
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 from towerdist._src.variables import aggregation
 from towerdist._src.variables.sliced import SliceAssign, describe_write
@@ -144,9 +146,11 @@ class DistributedVariable(DistributedValues, Variable):
 
     def _write_cross_replica(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
         """Writes ``value`` to every component (a distributed value component-wise)."""
-        from towerdist._src.values.regroup import split_for_replicas  # noqa: PLC0415  (regroup imports values)
-
-        parts = split_for_replicas(value, len(self._components), describe_write(type(self).__name__, op), "value")
+        try:
+            parts = split_for_replicas(value, len(self._components), "value")
+        except BaseException as error:  # a hot path: nothing to pay until it raises
+            name_api(error, describe_write(type(self).__name__, op))  # the write the user called
+            raise
         write_components(self._components, op, parts)
         return self._write_result() if read_value else None
 
