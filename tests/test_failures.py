@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import towerdist as td
-from towerdist._src.failures import name_api, unworded, worded_at
+from towerdist._src.failures import API, name_api, unworded, worded_at
 
 
 def test_an_unworded_builtin_error_gets_the_api_in_front_and_keeps_its_class() -> None:
@@ -52,3 +52,9 @@ def test_a_failure_may_ask_for_a_colon_after_the_api() -> None:
     with pytest.raises(ValueError, match=r"^SGD\.apply_gradients\(\): the gradient of v has shape \(2,\)\.$"):
         with worded_at("SGD.apply_gradients()"):
             raise unworded(ValueError("the gradient of v has shape (2,)."), separator=": ")
+
+
+def test_a_failure_may_name_the_api_in_the_middle_of_its_message() -> None:
+    with pytest.raises(ValueError, match=r"^Reducing needs numbers \(Strategy\.reduce\(\)\)\. Got dtype <U1\.$"):
+        with worded_at("Strategy.reduce()"):
+            raise unworded(ValueError(f"Reducing needs numbers ({API}). Got dtype <U1."))

@@ -30,9 +30,13 @@ from typing import TypeVar
 
 from towerdist._src.errors import ContextError, OpError
 
-__all__ = ["name_api", "unworded", "worded_at"]
+__all__ = ["API", "name_api", "unworded", "worded_at"]
 
 _UNWORDED = "_towerdist_unworded"
+
+# Where the API's name goes in a message that names it in the middle rather than in front:
+# ``unworded(ValueError(f"Reducing across replicas needs numeric values ({API}). Got ..."))``.
+API = "{api}"
 
 E = TypeVar("E", bound=BaseException)
 
@@ -41,7 +45,8 @@ def unworded(error: E, separator: str = " ") -> E:
     """Marks ``error`` to be named by the public method that was called, and returns it.
 
     Its message must read on after the API's name and ``separator`` (``"takes an integer
-    count. ..."``; with ``separator=": "``, ``"the gradient of v has shape ..."``).
+    count. ..."``; with ``separator=": "``, ``"the gradient of v has shape ..."``), or hold
+    :data:`API` where the name goes (``f"Reducing ... values ({API}). Got ..."``).
     """
     setattr(error, _UNWORDED, separator)
     return error
@@ -58,14 +63,18 @@ def name_api(error: BaseException, api: str) -> None:
         return
     setattr(error, _UNWORDED, None)
     if isinstance(error, OpError):
-        error._message = f"{api}{separator}{error._message}"
+        error._message = _worded(error._message, api, separator)
         error.args = (error._message,)
     elif error.args and isinstance(error.args[0], str):
-        error.args = (f"{api}{separator}{error.args[0]}", *error.args[1:])
+        error.args = (_worded(error.args[0], api, separator), *error.args[1:])
     else:
         error.args = (api, *error.args)
     if isinstance(error, ContextError) and error.api is None:
         error.api = api
+
+
+def _worded(message: str, api: str, separator: str) -> str:
+    return message.replace(API, api) if API in message else f"{api}{separator}{message}"
 
 
 @contextmanager
