@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "quickstart.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
 
 
 def test_quickstart_prints_the_documented_results():

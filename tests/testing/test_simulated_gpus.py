@@ -973,7 +973,7 @@ def test_a_malformed_environment_variable_fails_the_library_too(value):
     # The library swallowed it: device_count() read the error as "no GPU", so MirroredStrategy()
     # ran on one CPU and gpus(n) tests were skipped as "0 available"; only `towerdist info` said why.
     code = "import towerdist as td\nprint(td.distribute.MirroredStrategy().num_replicas_in_sync)"
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     env = {**os.environ, "TOWERDIST_SIMULATE_GPUS": value, "PYTHONPATH": src}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stdout

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(
     reason="reads the simulated GPUs' counters: run with TOWERDIST_SIMULATE_GPUS=2 (or 3)",
 )
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
 
 
 def stats(reset: bool = False):

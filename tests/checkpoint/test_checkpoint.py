@@ -35,20 +35,20 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 
-import checkpoint_child
 import towerdist as td
 from towerdist._src.checkpoint import checkpoint as checkpoint_module
 from towerdist._src.checkpoint import files
 from towerdist._src.variables.distributed_variable import DistributedVariable, SyncOnReadVariable
 
 from conftest import mirrored
+from programs import checkpoint_child
 
 A = td.VariableAggregation
 ON_READ = td.VariableSynchronization.ON_READ
 DataLossError = td.errors.DataLossError
 NotFoundError = td.errors.NotFoundError
 
-CHILD_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoint_child.py")
+CHILD_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "programs", "checkpoint_child.py")
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(td.__file__)))  # so the child imports this towerdist
 CHILD_WAIT_SECONDS = 30.0  # bound on every wait for the child (a line, an exit)
 

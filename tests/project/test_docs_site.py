@@ -27,7 +27,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 MERMAID = ROOT / "docs" / "assets" / "vendor" / "mermaid"
 BUILD_TIMEOUT = 300
 

@@ -1,6 +1,6 @@
 """The drop-in promise, tested: TensorFlow's tf.distribute names exist in towerdist with the same signatures.
 
-``tests/data/tf_distribute_api.json`` is written by ``tools/dump_tf_api.py`` from the
+``tests/project/tf_distribute_api.json`` is written by ``tools/dump_tf_api.py`` from the
 installed TensorFlow (2.21): every public name of ``tf.distribute``,
 ``tf.distribute.experimental`` and ``tf.distribute.cluster_resolver``, the public members of
 ``Strategy``, ``StrategyExtended`` and ``ReplicaContext``, the ``StrategyExtended`` members
@@ -30,13 +30,13 @@ import pytest
 
 import towerdist as td
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("dump_tf_api", ROOT / "tools" / "dump_tf_api.py")
 assert _spec is not None and _spec.loader is not None
 dump_tf_api = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(dump_tf_api)
 
-API = json.loads((ROOT / "tests" / "data" / "tf_distribute_api.json").read_text())
+API = json.loads((ROOT / "tests" / "project" / "tf_distribute_api.json").read_text())
 
 _TPU = "needs TPU hardware"
 _CLUSTER = (

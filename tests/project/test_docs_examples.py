@@ -39,7 +39,7 @@ import pytest
 
 import towerdist
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 PACKAGE = ROOT / "src" / "towerdist" / "__init__.py"
 TIMEOUT = 90  # seconds for one page; each runs in a few seconds

@@ -449,7 +449,7 @@ def test_the_main_job_on_every_gpu_matches_the_cpu_run_and_keeps_each_copy_on_it
     import sys
     from pathlib import Path
 
-    examples = Path(__file__).resolve().parents[1] / "examples"
+    examples = Path(__file__).resolve().parents[2] / "examples"
     sys.path.insert(0, str(examples))
     try:
         import train_digits
@@ -478,7 +478,7 @@ def test_the_kmeans_example_on_gpus_matches_numpy():
     import sys
     from pathlib import Path
 
-    examples = Path(__file__).resolve().parents[1] / "examples"
+    examples = Path(__file__).resolve().parents[2] / "examples"
     sys.path.insert(0, str(examples))
     try:
         import kmeans

@@ -25,13 +25,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import towerdist as td
-from iterator_calls import END, next_by
 from towerdist._src.device import parse
 from towerdist._src.input.auto_shard import ShardMode, auto_shard
 from towerdist._src.input.distributed_dataset import DistributedDataset, InputWorker
 from towerdist._src.input.split import batch_sizes_for_worker
 
 from conftest import mirrored
+from iterator_calls import END, next_by
 
 Policy = td.data.experimental.AutoShardPolicy
 SHARD_HINT = td.data.experimental.SHARD_HINT

@@ -15,7 +15,7 @@ import pytest
 
 from towerdist._src import aliases
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 MKDOCS = (ROOT / "mkdocs.yml").read_text()
 
@@ -58,7 +58,7 @@ def test_the_scala_vocabulary_is_mapped(scala):
 def test_readme_links_the_docs_and_states_the_promise():
     readme = (ROOT / "README.md").read_text()
     assert "](docs/index.md)" in readme
-    assert "## Compatibility promise" in readme and "tests/test_api_guarantee.py" in readme
+    assert "## Compatibility promise" in readme and "tests/project/test_api_guarantee.py" in readme
 
 
 def _requires_python() -> str:

@@ -23,7 +23,7 @@ import pytest
 
 from conftest import _mpiexec
 
-CHILD = Path(__file__).with_name("mpi_preemption_child.py")
+CHILD = Path(__file__).resolve().parents[1] / "programs" / "mpi_preemption_child.py"
 pytestmark = [pytest.mark.launches_mpi, pytest.mark.timeout(240)]
 STEPS = 20
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 EXIT_SECONDS = 30.0  # far above the ~1 s the scripts take; a hang is what this bounds
 
 PRELUDE = """

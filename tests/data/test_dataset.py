@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import towerdist as td
+
 from iterator_calls import END, next_by
 
 D = td.data.Dataset

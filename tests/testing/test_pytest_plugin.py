@@ -19,7 +19,7 @@ from conftest import _mpiexec
 
 pytest_plugins = ["pytester"]
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 @pytest.fixture(autouse=True)
@@ -198,7 +198,7 @@ def test_a_malformed_simulation_variable_stops_the_session(pytester: pytest.Pyte
 
 def docs_plugin_example() -> str:
     """The user's test file in docs/testing.md's section on the plugin."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "testing.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "testing.md").read_text()
     section = text[text.index("## The pytest plugin") :]
     start = section.index("```python\n") + len("```python\n")
     return section[start : section.index("```", start)]
@@ -223,15 +223,15 @@ def test_the_projects_own_suite_collects_from_a_plain_checkout():
     import subprocess
     import sys
 
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": str(root / "src")}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "pytest_timeout", "-p", "no:cacheprovider", "--collect-only", "-q",
-         "tests/test_gpu.py"],
+         "tests/backend/test_gpu.py"],
         cwd=root, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "tests/test_gpu.py::test_cupy_backend_places_arrays_on_the_device" in done.stdout
+    assert "tests/backend/test_gpu.py::test_cupy_backend_places_arrays_on_the_device" in done.stdout
 
 
 # --- under mpiexec -n 2 ---------------------------------------------------------------------------
