@@ -2,7 +2,7 @@
 
 Each old member must behave exactly as the modern API it forwards to, on the default
 strategy, ``OneDeviceStrategy`` and ``MirroredStrategy`` over 1 and 2 replicas. Their
-one-time ``DeprecationWarning`` is tested in ``test_compat_v1.py``.
+one-time ``DeprecationWarning`` is tested in ``tests/compat/test_compat_v1_deprecations.py``.
 """
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ def test_a_failure_in_a_turn_stops_the_step_and_the_strategy_recovers(mirrored_2
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the tower API's names (tested in test_compat_v1.py)
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the tower API's names (tested in tests/compat/test_compat_v1_deprecations.py)
 def test_the_switch_applies_to_the_tf1_tower_api_unless_run_concurrently_is_given(sequential):
     tower = td.compat.v1.distribute.MirroredStrategy(cpus(2))
     both_running = threading.Barrier(2, timeout=WAIT)
