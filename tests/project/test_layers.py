@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "src"
 PRIVATE = SOURCE / "towerdist" / "_src"
 PAGE = ROOT / "docs" / "contributing.md"
