@@ -65,9 +65,8 @@ import pytest
 import towerdist as td
 from towerdist._src import config as config_lib
 from towerdist._src import mpi_runtime
-from towerdist._src.backend import cupy_backend
+from towerdist._src.backend import cupy_backend, simulation
 from towerdist._src.device import DeviceSpec
-from towerdist._src.testing import simulation
 from towerdist._src.testing.rank_agreement import AgreementError, RankAgreement
 
 __all__ = ["mirrored_strategy_for", "pytest_addoption", "pytest_configure"]

@@ -16,7 +16,8 @@ import threading
 import numpy as np
 import pytest
 
-from towerdist._src.testing import simulated_cupy
+from towerdist._src.backend import gpu_module
+from towerdist._src.backend.simulated import cupy as simulated_cupy
 from towerdist.testing import simulated_gpu_stats
 
 JOIN_SECONDS = 10.0
@@ -169,7 +170,7 @@ def test_counting_is_thread_safe(cp):
 
 
 def test_simulated_gpu_stats_reads_the_process_wide_simulation(cp, monkeypatch):
-    monkeypatch.setattr(simulated_cupy, "_active", cp)
+    monkeypatch.setattr(gpu_module, "_simulated", cp)
     cp.cuda.Device(1).synchronize()
     counts = simulated_gpu_stats(reset=True)
     assert counts["host_syncs"] == {0: 0, 1: 1} and counts["host_syncs_by_call"] == {"Device.synchronize": 1}
@@ -177,8 +178,8 @@ def test_simulated_gpu_stats_reads_the_process_wide_simulation(cp, monkeypatch):
 
 
 def test_simulated_gpu_stats_without_the_simulation_raises(monkeypatch):
-    monkeypatch.setattr(simulated_cupy, "_active", None)
-    monkeypatch.setattr(simulated_cupy, "_requested", None)
-    monkeypatch.delenv(simulated_cupy.ENV_VAR, raising=False)
+    for state in ("_chosen", "_simulated", "_requested", "_owns"):
+        monkeypatch.setattr(gpu_module, state, None)
+    monkeypatch.delenv(gpu_module.ENV_VAR, raising=False)
     with pytest.raises(RuntimeError, match=r"simulated_gpu_stats\(\) .* the simulation is off; call .*simulate_gpus"):
         simulated_gpu_stats()

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 import towerdist
-from towerdist._src.testing import simulated_cupy
-from towerdist._src.testing.simulated_cuda import SimulatedGPUError
-from towerdist._src.testing.simulated_nccl import NcclError
-from towerdist._src.testing.simulated_nccl_files import DIR_ENV_VAR
+from towerdist._src.backend.simulated import cupy as simulated_cupy
+from towerdist._src.backend.simulated.cuda import SimulatedGPUError
+from towerdist._src.backend.simulated.nccl import NcclError
+from towerdist._src.backend.simulated.nccl_files import DIR_ENV_VAR
 
 JOIN_SECONDS = 10.0
 PROCESS_SECONDS = 60.0
@@ -161,7 +161,7 @@ def test_a_rank_created_twice_is_refused(machines):
 CHILD = r"""
 import json, sys
 import numpy as np
-from towerdist._src.testing import simulated_cupy
+from towerdist._src.backend.simulated import cupy as simulated_cupy
 
 uid, rank, device, hang = bytes.fromhex(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 cp = simulated_cupy.module(2)

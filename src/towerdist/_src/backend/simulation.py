@@ -1,7 +1,7 @@
 """``towerdist.testing.simulate_gpus``: run towerdist's GPU code paths on simulated GPUs.
 
 The simulated GPUs are numpy arrays on the CPU that follow the rules of real GPUs (see
-``simulated_cupy``): code that runs on them places data and launches work the way it
+``backend/simulated/cupy.py``): code that runs on them places data and launches work the way it
 would on real GPUs, and code that breaks a rule fails here as it would there.
 """
 
@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from towerdist._src.backend import cupy_backend
-from towerdist._src.cross_device_ops import nccl_all_reduce
-from towerdist._src.testing import simulated_cupy
+from towerdist._src.backend import gpu_module
 
 __all__ = ["simulate_gpus", "simulated_gpu_stats", "simulated_gpus_enabled"]
 
@@ -56,11 +54,7 @@ def simulate_gpus(n: int) -> None:
       ValueError: ``n`` is not a positive int.
       RuntimeError: the simulation already runs with another number of GPUs.
     """
-    simulated_cupy.enable(n)
-    # What was looked up before (no cupy, no GPU) is looked up again, now on the simulation.
-    cupy_backend._import.cache_clear()
-    cupy_backend.device_count.cache_clear()
-    nccl_all_reduce.nccl_unavailable_reason.cache_clear()
+    gpu_module.simulate(n)  # the GPU backend's array module from now on
 
 
 def simulated_gpus_enabled() -> bool:
@@ -69,7 +63,7 @@ def simulated_gpus_enabled() -> bool:
     Raises:
       ValueError: ``TOWERDIST_SIMULATE_GPUS`` is set but is not a positive number.
     """
-    return simulated_cupy.num_simulated_gpus() > 0
+    return gpu_module.num_simulated_gpus() > 0
 
 
 def simulated_gpu_stats(reset: bool = False) -> dict[str, Any]:
@@ -105,7 +99,7 @@ def simulated_gpu_stats(reset: bool = False) -> dict[str, Any]:
     Raises:
       RuntimeError: the simulation is off.
     """
-    active = simulated_cupy.active_module()
+    active = gpu_module.simulated()
     if active is None:
         raise RuntimeError(
             "simulated_gpu_stats() counts the synchronisations of simulated GPUs, but the simulation is off; "

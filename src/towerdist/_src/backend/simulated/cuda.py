@@ -16,7 +16,7 @@ real CUDA that towerdist depends on:
 * **Work on different streams is unordered** (``reference/cupy.md``, "Streams"). Every
   stream counts its operations (kernels, copies, host transfers, NCCL calls), and every
   allocation records its last write (stream, position, operation) and, per stream, its last
-  read since (an :class:`~.simulated_memory.Access`). Work on stream B that *reads* data last
+  read since (an :class:`~.memory.Access`). Work on stream B that *reads* data last
   written on another stream A, or *writes* data last written or read on another stream A,
   raises :class:`UnorderedAccessError` (read-after-write, write-after-write,
   write-after-read), unless something orders B after that use of A: the host synchronised
@@ -37,14 +37,14 @@ real CUDA that towerdist depends on:
 * **cupy's memory pool reuses freed blocks on their stream** (``cupy/cuda/memory.pyx``: one
   arena per stream): an allocation on stream S that cupy would serve from a block freed in
   S's arena raises :class:`UnorderedAccessError` if another stream used that block and
-  nothing orders S after that use (``Machine.allocate``; ``simulated_memory`` has the pool).
+  nothing orders S after that use (``Machine.allocate``; ``memory`` has the pool).
 * **A stream belongs to its device** (``cupy/cuda/stream.pyx``, ``check_stream_device_match``):
   making a stream of GPU X current while GPU Y is current raises ``RuntimeError``. An event
   belongs to the device current when it was made; recording it on a stream of another
   device raises :class:`CUDARuntimeError` (``cudaErrorInvalidResourceHandle``), while a
   stream may wait for an event of any device, as in CUDA.
 * **Host synchronisations are counted** per device, call and call site
-  (``simulated_stats``), since the simulation makes them free.
+  (``stats``), since the simulation makes them free.
 
 Each machine has its own ``Device``, ``Stream`` and ``Event`` classes (subclasses bound to
 it), so several simulated machines can coexist in one process (tests build their own).
@@ -62,8 +62,8 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from towerdist._src.testing.simulated_memory import Access, Allocator, Memory
-from towerdist._src.testing.simulated_stats import SyncStats
+from towerdist._src.backend.simulated.memory import Access, Allocator, Memory
+from towerdist._src.backend.simulated.stats import SyncStats
 
 __all__ = [
     "CUDARuntimeError", "Device", "Event", "Machine", "SimulatedGPUError", "Stream", "StreamKey",
@@ -167,7 +167,7 @@ class Machine:
         stream.null = stream(null=True)
         stream.ptds = stream(ptds=True)
         self.Stream = stream
-        self.ndarray: type[Any] | None = None  # set by simulated_array.array_type()
+        self.ndarray: type[Any] | None = None  # set by array.array_type()
         # Ordering between streams (guarded by ``condition``): operations per stream, what each
         # stream waited for (events), and what the host waited for (synchronisations).
         self._seq: dict[StreamKey, int] = {}

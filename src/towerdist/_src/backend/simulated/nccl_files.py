@@ -23,7 +23,7 @@ Every file is written atomically (a temporary file, then a rename or a link), so
 sees a whole file or none. At interpreter exit a process marks its ranks gone
 (``gone-r<rank>``), and the process that leaves every joined rank gone removes the
 directory: a process that finished first must not take away a file a slower rank has yet
-to read. This module only moves bytes; the rules (and their errors) are ``simulated_nccl``'s.
+to read. This module only moves bytes; the rules (and their errors) are ``nccl``'s.
 """
 
 from __future__ import annotations

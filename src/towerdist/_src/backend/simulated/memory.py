@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from towerdist._src.testing.simulated_cuda import StreamKey
+    from towerdist._src.backend.simulated.cuda import StreamKey
 
 __all__ = ["Access", "Allocator", "Memory", "MemoryPointer", "rounded_size"]
 

@@ -1,6 +1,6 @@
 """Simulated GPU arrays (``cupy.ndarray``) and the rules of a kernel launch.
 
-A simulated array is a numpy view into a :class:`~.simulated_memory.Memory` of one
+A simulated array is a numpy view into a :class:`~.memory.Memory` of one
 simulated GPU. Everything that computes goes through :func:`launch`, which applies the
 rules cupy applies to a kernel launch (``cupy/_core/_kernel.pyx``):
 
@@ -38,8 +38,8 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from towerdist._src.testing.simulated_cuda import Machine
-from towerdist._src.testing.simulated_memory import Memory, MemoryPointer
+from towerdist._src.backend.simulated.cuda import Machine
+from towerdist._src.backend.simulated.memory import Memory, MemoryPointer
 
 __all__ = ["Flags", "LaunchMode", "SimulatedArray", "array_type", "function_mode", "launch", "new_array"]
 

@@ -17,10 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from towerdist._src.testing import simulated_cupy
-from towerdist._src.testing.simulated_cuda import CUDARuntimeError, SimulatedGPUError, UnorderedAccessError
-from towerdist._src.testing.simulated_nccl import NcclError
-from towerdist._src.testing.simulated_nccl_files import DIR_ENV_VAR
+from towerdist._src.backend import gpu_module
+from towerdist._src.backend.simulated import cupy as simulated_cupy
+from towerdist._src.backend.simulated.cuda import CUDARuntimeError, SimulatedGPUError, UnorderedAccessError
+from towerdist._src.backend.simulated.nccl import NcclError
+from towerdist._src.backend.simulated.nccl_files import DIR_ENV_VAR
 from towerdist.testing import simulate_gpus, simulated_gpus_enabled
 
 JOIN_SECONDS = 10.0
@@ -985,16 +986,16 @@ def test_a_malformed_environment_variable_fails_the_library_too(value):
 
 
 def test_the_environment_variable_switches_the_simulation_on(monkeypatch):
-    monkeypatch.setattr(simulated_cupy, "_active", None)
-    monkeypatch.setattr(simulated_cupy, "_requested", None)
-    monkeypatch.delenv(simulated_cupy.ENV_VAR, raising=False)
-    assert simulated_cupy.active_module() is None and not simulated_gpus_enabled()
-    monkeypatch.setenv(simulated_cupy.ENV_VAR, "two")
+    for state in ("_chosen", "_simulated", "_requested", "_owns"):
+        monkeypatch.setattr(gpu_module, state, None)
+    monkeypatch.delenv(gpu_module.ENV_VAR, raising=False)
+    assert gpu_module.simulated() is None and not simulated_gpus_enabled()
+    monkeypatch.setenv(gpu_module.ENV_VAR, "two")
     with pytest.raises(ValueError, match="TOWERDIST_SIMULATE_GPUS must be a positive number"):
-        simulated_cupy.active_module()
-    monkeypatch.setenv(simulated_cupy.ENV_VAR, "2")
-    module = simulated_cupy.active_module()
+        gpu_module.simulated()
+    monkeypatch.setenv(gpu_module.ENV_VAR, "2")
+    module = gpu_module.simulated()
     assert module is not None and module.cuda.runtime.getDeviceCount() == 2 and simulated_gpus_enabled()
     assert simulated_cupy.owns(module.zeros(1)) and not simulated_cupy.owns(np.zeros(1))
     with pytest.raises(RuntimeError, match="simulate_gpus\\(3\\) was called after the simulation started with 2"):
-        simulated_cupy.enable(3)
+        gpu_module.simulate(3)

@@ -6,10 +6,10 @@ relies on (per-thread current device, allocation and kernel launch on it, no pee
 no implicit host conversion, no non-contiguous copies between devices, streams and events
 bound to their device, ordering between streams, cupy's per-stream memory pool, NCCL's
 group, threading and initialisation rules). The rules live with the concepts they govern:
-``simulated_cuda`` (devices, streams, events, ordering), ``simulated_memory`` (allocations,
-addresses and the pool), ``simulated_array`` (arrays and kernel launches),
-``simulated_nccl`` (with ``simulated_nccl_files`` for ranks in other processes), and
-``simulated_stats`` counts host synchronisations.
+``cuda`` (devices, streams, events, ordering), ``memory`` (allocations,
+addresses and the pool), ``array`` (arrays and kernel launches),
+``nccl`` (with ``nccl_files`` for ranks in other processes), and
+``stats`` counts host synchronisations.
 
 Test hooks: ``module(n, cupy_major=13)`` simulates cupy 13, whose NCCL unique ids are tuples
 of signed ints (``cupy.__version__`` reads 13.x); a module's ``cupy.cuda.nccl._simulation``
@@ -22,14 +22,13 @@ simulated kernel; numpy's types and constants (``cupy.float32``, ``cupy.newaxis`
 numpy's own, as in cupy.
 
 The simulation is switched on for towerdist with ``towerdist.testing.simulate_gpus(n)`` or
-the environment variable ``TOWERDIST_SIMULATE_GPUS=n``; :func:`active_module` returns the
-simulated module then (the cupy backend uses it instead of cupy), and :func:`owns` tells
-simulated arrays apart.
+the environment variable ``TOWERDIST_SIMULATE_GPUS=n``, through the backend's seam
+(``backend/gpu_module.py``), which then makes a module of this file's :func:`module` the array
+module of the GPU backend; :func:`owns` tells simulated arrays apart.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import types
 from collections.abc import Callable
@@ -37,13 +36,12 @@ from typing import Any
 
 import numpy as np
 
-from towerdist._src.testing.simulated_array import SimulatedArray, array_type, function_mode, launch, new_array
-from towerdist._src.testing.simulated_cuda import CUDARuntimeError, Machine, SimulatedGPUError, UnorderedAccessError
-from towerdist._src.testing.simulated_nccl import NCCL_CONSTANTS, Nccl, NcclError
+from towerdist._src.backend.simulated.array import SimulatedArray, array_type, function_mode, launch, new_array
+from towerdist._src.backend.simulated.cuda import CUDARuntimeError, Machine, SimulatedGPUError, UnorderedAccessError
+from towerdist._src.backend.simulated.nccl import NCCL_CONSTANTS, Nccl, NcclError
 
-__all__ = ["ENV_VAR", "active_module", "enable", "module", "num_simulated_gpus", "owns"]
+__all__ = ["module", "owns"]
 
-ENV_VAR = "TOWERDIST_SIMULATE_GPUS"
 _MISSING: Any = object()
 VERSION = "14.2.0+simulated"
 VERSION_13 = "13.6.0+simulated"  # cupy_major=13: NCCL unique ids are tuples of signed ints
@@ -52,65 +50,6 @@ VERSION_13 = "13.6.0+simulated"  # cupy_major=13: NCCL unique ids are tuples of 
 def owns(value: Any) -> bool:
     """True if ``value`` is an array of a simulated GPU."""
     return isinstance(value, SimulatedArray)
-
-
-# --- the process-wide simulation ------------------------------------------------------------
-
-_lock = threading.Lock()
-_active: types.ModuleType | None = None
-_requested: int | None = None
-
-
-def enable(num_gpus: int) -> types.ModuleType:
-    """Switches the process-wide simulation on with ``num_gpus`` GPUs and returns its module.
-
-    Raises:
-      ValueError: ``num_gpus`` is not a positive int.
-      RuntimeError: the simulation is already on with another number of GPUs.
-    """
-    global _active, _requested
-    if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus < 1:
-        raise ValueError(f"simulate_gpus() needs a positive number of GPUs. Got n={num_gpus!r}.")
-    with _lock:
-        if _active is not None and _active.cuda.runtime.getDeviceCount() != num_gpus:
-            raise RuntimeError(
-                f"simulate_gpus({num_gpus}) was called after the simulation started with "
-                f"{_active.cuda.runtime.getDeviceCount()} GPUs; the number of simulated GPUs is fixed once "
-                "devices are used. Call simulate_gpus() once, at program start."
-            )
-        if _active is None:
-            _active = module(num_gpus)
-        _requested = num_gpus
-        return _active
-
-
-def active_module() -> types.ModuleType | None:
-    """The simulated cupy module if the simulation is on (``simulate_gpus`` or the environment), else None."""
-    if _active is not None:
-        return _active
-    if _requested is None and not os.environ.get(ENV_VAR, "").strip():
-        return None
-    return enable(_requested if _requested is not None else _env_gpus())
-
-
-def num_simulated_gpus() -> int:
-    """The number of simulated GPUs, 0 when the simulation is off."""
-    active = active_module()
-    return 0 if active is None else int(active.cuda.runtime.getDeviceCount())
-
-
-def _env_gpus() -> int:
-    text = os.environ.get(ENV_VAR, "").strip()
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(
-            f"{ENV_VAR} must be a positive number of simulated GPUs. Got {ENV_VAR}={text!r}; set it to the number "
-            f"of GPUs to simulate (e.g. {ENV_VAR}=2), or unset it to use the real GPUs."
-        )
-    return value
 
 
 # --- the module ---------------------------------------------------------------------------------

@@ -16,9 +16,9 @@ import gc
 import numpy as np
 import pytest
 
-from towerdist._src.testing import simulated_cupy
-from towerdist._src.testing.simulated_cuda import UnorderedAccessError
-from towerdist._src.testing.simulated_memory import FREE_BLOCKS_PER_ARENA
+from towerdist._src.backend.simulated import cupy as simulated_cupy
+from towerdist._src.backend.simulated.cuda import UnorderedAccessError
+from towerdist._src.backend.simulated.memory import FREE_BLOCKS_PER_ARENA
 
 JOIN_SECONDS = 10.0
 REUSE = r"unordered reuse of freed memory on the legacy null stream of GPU 0: memory last used by cupy\.ndarray\.sum"

@@ -13,7 +13,7 @@ where real hardware would hang or silently compute garbage:
 * **Creating a rank from a unique id blocks until every rank has joined**
   (``ncclCommInitRank``); inside ``groupStart()/groupEnd()`` the wait happens at
   ``groupEnd``. A rank that never joins is reported after ``Machine.hang_timeout``, naming
-  it. The ranks meet through files (``simulated_nccl_files``), so they may live in other
+  it. The ranks meet through files (``nccl_files``), so they may live in other
   processes of the host; if they all live in this process and machine, they then run
   in-process.
 * **One GPU per rank**: two ranks of one clique on the same GPU (of one host) raise
@@ -38,7 +38,7 @@ where real hardware would hang or silently compute garbage:
   call, or from its first call in a group until ``groupEnd``); the second thread raises.
 * **A collective runs on its stream** (``cupy.md``, "Streams"): when it is launched, its
   buffers must be ordered after their last uses on other streams (an event waited for, or
-  a synchronisation), else :class:`~.simulated_cuda.UnorderedAccessError`; it then reads
+  a synchronisation), else :class:`~.cuda.UnorderedAccessError`; it then reads
   its send buffer and writes its receive buffer on that stream.
 * ``abort()`` ends the communicator's queued work; ``check_async_error()`` then raises on
   every rank of the clique.
@@ -69,9 +69,9 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from towerdist._src.testing.simulated_cuda import POLL_SECONDS, Machine, SimulatedGPUError, StreamKey, Work
-from towerdist._src.testing.simulated_memory import Memory
-from towerdist._src.testing.simulated_nccl_files import (
+from towerdist._src.backend.simulated.cuda import POLL_SECONDS, Machine, SimulatedGPUError, StreamKey, Work
+from towerdist._src.backend.simulated.memory import Memory
+from towerdist._src.backend.simulated.nccl_files import (
     Member,
     Rendezvous,
     Transport,
