@@ -590,7 +590,9 @@ class NcclCommunicator:
         """Reduces ``count`` elements at device address ``sendbuf`` across the ranks into ``recvbuf``."""
         nccl = self._nccl
         machine = nccl.machine
-        self._check_usable("allReduce")
+        if self._destroyed or self._aborted:
+            state = "destroyed" if self._destroyed else "aborted"
+            raise NcclError("NCCL_ERROR_INVALID_USAGE", f"allReduce on a {state} communicator (simulated NCCL)")
         dtype = _DTYPES.get(int(datatype), _MISSING)
         if dtype is _MISSING or int(op) not in _OPS or int(count) < 0:
             raise NcclError(
@@ -655,11 +657,6 @@ class NcclCommunicator:
             error = clique.error
         if error is not None:
             raise NcclError("NCCL_ERROR_REMOTE_ERROR", f"{error} (simulated NCCL)")
-
-    def _check_usable(self, api: str) -> None:
-        if self._destroyed or self._aborted:
-            state = "destroyed" if self._destroyed else "aborted"
-            raise NcclError("NCCL_ERROR_INVALID_USAGE", f"{api} on a {state} communicator (simulated NCCL)")
 
     def _resolve(self, ptr: int, size: int, role: str) -> tuple[Memory, int] | None:
         if size == 0:
