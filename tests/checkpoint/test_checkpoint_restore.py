@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import towerdist as td
+from towerdist.testing.pytest_plugin import mirrored_strategy_for
 
 from checkpoint_helpers import (
     NET_TRAINABLE_KEYS,
@@ -28,7 +29,6 @@ from checkpoint_helpers import (
     values,
     variables_of,
 )
-from conftest import mirrored
 
 # --- 1. round trip ----------------------------------------------------------------------------
 
@@ -95,7 +95,7 @@ def set_per_replica(strategy: Any, variables: dict[str, Any]) -> None:
 @pytest.mark.parametrize("replica_counts", [(4, 2, 1), (1, 4, 2), (2, 4)], ids=lambda c: "->".join(map(str, c)))
 def test_restore_into_another_replica_count(tmp_path, replica_counts):
     first, *later = replica_counts
-    strategy = mirrored(first)
+    strategy = mirrored_strategy_for(first)
     state = make_state(strategy)
     extras = make_sync_on_read(strategy)
     train(state, steps=2)
@@ -106,7 +106,7 @@ def test_restore_into_another_replica_count(tmp_path, replica_counts):
         str(tmp_path / "ckpt")
     )
     for hop, n in enumerate(later):
-        strategy = mirrored(n)
+        strategy = mirrored_strategy_for(n)
         state = make_state(strategy, seed=hop + 10, build=True)
         extras = make_sync_on_read(strategy)
         ckpt = td.train.Checkpoint(model=state.net, optimizer=state.optimizer, metric=state.metric, extras=extras)
@@ -125,11 +125,11 @@ def test_restore_into_another_replica_count(tmp_path, replica_counts):
     [(1, [[15, -15, 12]]), (2, [[8, -7, 6], [7, -8, 6]]), (4, [[6, -3, 3], [3, -4, 3], [3, -4, 3], [3, -4, 3]])],
 )
 def test_integer_sum_sync_on_read_splits_exactly_with_the_remainder_on_copy_0(tmp_path, n, int_copies):
-    source = make_sync_on_read(mirrored(2))
+    source = make_sync_on_read(mirrored_strategy_for(2))
     set_per_replica(source["int_sum"].distribute_strategy, source)
     path = td.train.Checkpoint(extras=source).write(str(tmp_path / "ints"))
 
-    target = make_sync_on_read(mirrored(n))
+    target = make_sync_on_read(mirrored_strategy_for(n))
     td.train.Checkpoint(extras=target).restore(path).assert_consumed()
 
     assert [c.tolist() for c in copies(target["int_sum"])] == int_copies

@@ -16,10 +16,10 @@ import pytest
 import towerdist as td
 import towerdist.compat.v1 as tf
 from towerdist._src import aliases
+from towerdist.testing.pytest_plugin import mirrored_strategy_for
 
 import compat_v1_helpers
 from compat_v1_helpers import tower
-from conftest import mirrored
 
 # The helpers' fixtures, by name (an import would read as unused)
 fresh_warnings = compat_v1_helpers.fresh_warnings
@@ -113,7 +113,7 @@ def test_collective_hints_warns_once_at_the_users_line():
 
 
 def test_strategy_methods_warn_once_at_the_users_line():
-    strategy = mirrored(2)
+    strategy = mirrored_strategy_for(2)
     with recorded() as caught:
         run_v2 = strategy.experimental_run_v2; line = here()
     assert_one_warning_at(caught, line, "Strategy.experimental_run_v2", "Strategy.run()")
@@ -184,13 +184,13 @@ def test_class_level_access_does_not_warn_and_has_a_signature():
 
 def _owner_object(alias: aliases.Alias) -> Any:
     if alias.owner == aliases.STRATEGY:
-        return mirrored(2)
+        return mirrored_strategy_for(2)
     if alias.owner == aliases.TOWER_STRATEGY:
         return tower(2)
     if alias.owner == aliases.AGGREGATION:
         return td.VariableAggregation
     if alias.owner == getattr(aliases, "EXTENDED", None):
-        return mirrored(2).extended
+        return mirrored_strategy_for(2).extended
     if alias.owner == aliases.METRIC:
         return td.metrics.Mean()
     assert alias.owner.startswith("towerdist."), f"no test object for the owner of {alias.old}"

@@ -22,8 +22,9 @@ import towerdist as td
 from towerdist._src.cross_device_ops import select
 from towerdist._src.cross_device_ops.nccl_all_reduce import nccl_unavailable_reason
 from towerdist._src.device import parse
+from towerdist.testing.pytest_plugin import mirrored_strategy_for
 
-from conftest import cpus, mirrored
+from conftest import cpus
 from numpy_reference import numpy_reduce
 
 D = td.distribute
@@ -136,7 +137,7 @@ def assert_strategy_works(strategy) -> None:
 def strategy_with(kind: str, n: int = 4, num_packs: int = 1) -> D.MirroredStrategy:
     """A cached MirroredStrategy over ``n`` CPUs using the cross-device ops ``kind``."""
     if kind == "default":
-        return mirrored(n)
+        return mirrored_strategy_for(n)
     if kind == "hierarchical_copy":
         ops = D.HierarchicalCopyAllReduce(num_packs=num_packs)
     else:
@@ -445,7 +446,7 @@ def test_nccl_all_reduce_on_cpus_fails_at_strategy_construction():
     with pytest.raises(ValueError, match="NcclAllReduce needs every device to be a GPU") as info:
         D.MirroredStrategy(cpus(2), cross_device_ops=D.NcclAllReduce())
     assert "/cpu:0" in str(info.value) and "/cpu:1" in str(info.value)
-    assert_strategy_works(mirrored(2))
+    assert_strategy_works(mirrored_strategy_for(2))
 
 
 @pytest.mark.skipif(NCCL_USABLE, reason="NCCL is usable here, so nothing is missing")
@@ -698,7 +699,7 @@ def test_one_replica_int_mean_has_one_dtype_in_every_api(api):
     ``strategy.reduce`` keeps int32, following TensorFlow's single-value shortcut in
     ``CrossDeviceOps.reduce`` *and* ``batch_reduce`` (reference 2.8); every API must agree.
     """
-    strategy = mirrored(1)
+    strategy = mirrored_strategy_for(1)
     arrays = [np.array([3, 4], dtype=np.int32)]
     value = distribute(strategy, arrays)
     reference = np.asarray(strategy.reduce(MEAN, value, axis=None))

@@ -197,9 +197,9 @@ def test_output_elements_are_input_elements_with_their_classes(labels, target, s
 
 
 def test_rejection_resample_through_a_strategy():
-    from conftest import mirrored
+    from towerdist.testing.pytest_plugin import mirrored_strategy_for
 
-    strategy = mirrored(2)
+    strategy = mirrored_strategy_for(2)
     ds = skewed(16).rejection_resample(lambda x: x, [0.5, 0.5], seed=2).map(lambda c, x: c).batch(4)
     steps = [strategy.experimental_local_results(x) for x in strategy.experimental_distribute_dataset(ds)]
     flat = [int(v) for step in steps for part in step for v in np.asarray(part)]

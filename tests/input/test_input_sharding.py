@@ -29,8 +29,8 @@ from towerdist._src.device import parse
 from towerdist._src.input.auto_shard import ShardMode, auto_shard
 from towerdist._src.input.distributed_dataset import DistributedDataset, InputWorker
 from towerdist._src.input.split import batch_sizes_for_worker
+from towerdist.testing.pytest_plugin import mirrored_strategy_for
 
-from conftest import mirrored
 from iterator_calls import END, next_by
 
 Policy = td.data.experimental.AutoShardPolicy
@@ -77,12 +77,12 @@ def worker_dataset(
     worker = InputWorker(
         devices=devices, num_workers=num_workers, worker_index=worker_index, workers_with_data=hook
     )
-    return DistributedDataset(dataset, worker, mirrored(num_local), None, "test")
+    return DistributedDataset(dataset, worker, mirrored_strategy_for(num_local), None, "test")
 
 
 def worker_steps(dataset: Any, num_workers: int, num_local: int) -> list[list[list[np.ndarray]]]:
     """For each worker, its steps; each step the list of its local replicas' pieces."""
-    strategy = mirrored(num_local)
+    strategy = mirrored_strategy_for(num_local)
     out = []
     for w in range(num_workers):
         dist = worker_dataset(dataset, num_workers, w, num_local)
@@ -130,7 +130,7 @@ def assert_prefetch_threads_end() -> None:
     drop_remainder=st.booleans(),
 )
 def test_default_policy_each_step_is_one_global_batch(size, global_batch, num_replicas, drop_remainder):
-    strategy = mirrored(num_replicas)
+    strategy = mirrored_strategy_for(num_replicas)
     data = float_rows(size)
     dataset = td.data.Dataset.from_tensor_slices(data).batch(global_batch, drop_remainder=drop_remainder)
     batches = list(dataset.as_numpy_iterator())
@@ -155,7 +155,7 @@ def test_default_policy_each_step_is_one_global_batch(size, global_batch, num_re
 
 
 def _check_cycling_split(size, global_batch, num_replicas, drop_remainder):
-    strategy = mirrored(num_replicas)
+    strategy = mirrored_strategy_for(num_replicas)
     data = float_rows(size)
     dataset = td.data.Dataset.from_tensor_slices(data).batch(global_batch, drop_remainder=drop_remainder)
     expected = concat(list(dataset.as_numpy_iterator()), data)
@@ -207,7 +207,7 @@ def test_off_policy_drop_remainder_small_batch_keeps_rows(size, global_batch, nu
 def test_structured_elements_stay_aligned(size, global_batch, num_replicas, drop_remainder, policy, kind):
     if policy == Policy.OFF and drop_remainder and global_batch < num_replicas:
         drop_remainder = False  # the known OFF corner, tested above
-    strategy = mirrored(num_replicas)
+    strategy = mirrored_strategy_for(num_replicas)
     features = np.arange(size, dtype=np.float64) + 0.5
     labels = np.arange(size, dtype=np.int64) * 10
     source = (features, labels) if kind == "tuple" else {"f": features, "l": labels}
@@ -365,7 +365,7 @@ def test_hint_policy_shards_disjoint_and_complete(num_workers, num_local):
 
 
 def test_hint_policy_on_one_worker_gives_everything():
-    strategy = mirrored(2)
+    strategy = mirrored_strategy_for(2)
     dataset = with_policy(td.data.Dataset.range(10).shard(SHARD_HINT, SHARD_HINT).batch(4), Policy.HINT)
     got = [p for x in strategy.experimental_distribute_dataset(dataset) for p in pieces(strategy, x)]
     np.testing.assert_array_equal(np.concatenate(got), np.arange(10))
@@ -397,7 +397,7 @@ class FixedCounts:
 def lockstep_sizes(dataset: Any, num_workers: int, num_local: int) -> list[list[list[int]]]:
     """Each worker's piece sizes per step, the workers kept in step (out of data: empty pieces)."""
     counts = [len(steps) for steps in worker_steps(dataset, num_workers, num_local)]
-    strategy = mirrored(num_local)
+    strategy = mirrored_strategy_for(num_local)
     return [
         [[len(p) for p in pieces(strategy, x)] for x in worker_dataset(dataset, num_workers, w, num_local, FixedCounts(counts))]
         for w in range(num_workers)
@@ -536,7 +536,7 @@ def _one_worker_dataset(kind: str, directory: Path) -> td.data.Dataset:
 def test_one_worker_reading_files_recuts_by_the_cycling_rule(tmp_path, kind, policy, num_replicas, expected):
     for k in range(5):
         (tmp_path / f"g{k}.txt").write_text(f"g{k}-a\ng{k}-b\n")
-    strategy = mirrored(num_replicas)
+    strategy = mirrored_strategy_for(num_replicas)
     dataset = with_policy(_one_worker_dataset(kind, tmp_path), policy)
 
     steps = list(strategy.experimental_distribute_dataset(dataset))
@@ -651,7 +651,7 @@ class AgreeingWorkers:
 @pytest.mark.parametrize("num_local", [1, 2])
 def test_worker_without_data_gets_empty_pieces_while_others_have_data(num_local):
     hook = AgreeingWorkers(extra=2)
-    strategy = mirrored(num_local)
+    strategy = mirrored_strategy_for(num_local)
     dist = worker_dataset(td.data.Dataset.range(8).batch(4), 2, 0, num_local, hook)
     iterator = iter(dist)
 
@@ -689,7 +689,7 @@ def test_worker_with_no_data_at_all_still_follows_the_others():
 
 
 def test_list_of_global_batches_is_split_like_a_dataset():
-    strategy = mirrored(2)
+    strategy = mirrored_strategy_for(2)
     batches = [np.arange(5.0), np.arange(5.0, 8.0)]
     steps = list(strategy.experimental_distribute_dataset(batches))
     assert [[p.tolist() for p in pieces(strategy, x)] for x in steps] == [
@@ -700,7 +700,7 @@ def test_list_of_global_batches_is_split_like_a_dataset():
 
 
 def test_list_of_tuples_keeps_components_aligned():
-    strategy = mirrored(3)
+    strategy = mirrored_strategy_for(3)
     batches = [(np.arange(i, i + 4, dtype=np.float64), np.arange(i, i + 4) * 10) for i in (0, 4, 8)]
     xs, ys = [], []
     for x, y in strategy.experimental_distribute_dataset(batches):
@@ -712,7 +712,7 @@ def test_list_of_tuples_keeps_components_aligned():
 
 
 def test_one_shot_generator_works_once():
-    strategy = mirrored(2)
+    strategy = mirrored_strategy_for(2)
     dist = strategy.experimental_distribute_dataset(np.arange(i, i + 3) for i in (0, 3))
     first = [[p.tolist() for p in pieces(strategy, x)] for x in dist]
     assert first == [[[0, 1], [2]], [[3, 4], [5]]]
@@ -721,7 +721,7 @@ def test_one_shot_generator_works_once():
 
 
 def test_element_spec_of_a_generator_does_not_use_it_up():
-    strategy = mirrored(2)
+    strategy = mirrored_strategy_for(2)
     dist = strategy.experimental_distribute_dataset(np.arange(i, i + 3) for i in (0, 3))
     assert dist.element_spec is not None
     got = [p for x in dist for p in pieces(strategy, x)]
@@ -730,18 +730,18 @@ def test_element_spec_of_a_generator_does_not_use_it_up():
 
 def test_array_input_is_rejected_with_a_hint():
     with pytest.raises(TypeError, match="from_tensor_slices"):
-        mirrored(2).experimental_distribute_dataset(np.arange(8))
+        mirrored_strategy_for(2).experimental_distribute_dataset(np.arange(8))
 
 
 @pytest.mark.parametrize("bad", ["abc", b"abc", 3, 2.5, {"a": np.arange(3)}, None])
 def test_non_iterable_or_string_input_is_a_type_error(bad):
     with pytest.raises(TypeError):
-        mirrored(2).experimental_distribute_dataset(bad)
+        mirrored_strategy_for(2).experimental_distribute_dataset(bad)
 
 
 def test_tf_data_dataset_input():
     tf = pytest.importorskip("tensorflow")
-    strategy = mirrored(2)
+    strategy = mirrored_strategy_for(2)
     steps = list(strategy.experimental_distribute_dataset(tf.data.Dataset.range(14).batch(8)))
     assert [[p.tolist() for p in pieces(strategy, x)] for x in steps] == [
         [[0, 1, 2, 3], [4, 5, 6, 7]],
@@ -753,7 +753,7 @@ def test_torch_dataloader_input():
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader, TensorDataset
 
-    strategy = mirrored(2)
+    strategy = mirrored_strategy_for(2)
     features = torch.arange(22, dtype=torch.float32).reshape(11, 2)
     labels = torch.arange(11) * 10
     loader = DataLoader(TensorDataset(features, labels), batch_size=4, shuffle=False)
@@ -799,7 +799,7 @@ def test_towerdist_does_not_import_tensorflow_or_torch():
 )
 @pytest.mark.parametrize("policy", [None, Policy.OFF])
 def test_input_options_do_not_change_values(options, policy):
-    strategy = mirrored(4)
+    strategy = mirrored_strategy_for(4)
     dataset = with_policy(td.data.Dataset.from_tensor_slices(float_rows(23)).batch(6), policy)
     default = [pieces(strategy, x) for x in strategy.experimental_distribute_dataset(dataset)]
     got = [pieces(strategy, x) for x in strategy.experimental_distribute_dataset(dataset, options)]
@@ -819,7 +819,7 @@ def test_per_replica_buffer_reads_exactly_that_many_steps_ahead(buffer_size):
             produced.append(i)
             yield np.arange(2 * i, 2 * i + 2)
 
-    strategy = mirrored(2)
+    strategy = mirrored_strategy_for(2)
     dataset = td.data.Dataset.from_generator(generate, output_signature=td.TensorSpec((None,), np.int64))
     options = td.distribute.InputOptions(experimental_per_replica_buffer_size=buffer_size)
     iterator = iter(strategy.experimental_distribute_dataset(dataset, options))
@@ -837,7 +837,7 @@ def test_per_replica_buffer_reads_exactly_that_many_steps_ahead(buffer_size):
 
 @pytest.mark.timeout(60)
 def test_prefetch_thread_ends_when_iterator_is_dropped():
-    strategy = mirrored(2)
+    strategy = mirrored_strategy_for(2)
     dataset = td.data.Dataset.range(1000).batch(4).repeat().prefetch(2)  # endless: only closing stops it
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     assert [p.tolist() for p in pieces(strategy, next(iterator))] == [[0, 1], [2, 3]]
@@ -851,7 +851,7 @@ def test_prefetch_thread_ends_when_iterator_is_dropped():
 
 @pytest.mark.timeout(60)
 def test_prefetch_thread_ends_after_a_full_pass_and_a_break():
-    strategy = mirrored(2)
+    strategy = mirrored_strategy_for(2)
     dist = strategy.experimental_distribute_dataset(td.data.Dataset.range(10).batch(4).prefetch(2))
     assert sum(int(strategy.reduce("SUM", x, axis=0)) for x in dist) == 45
     for x in dist:
@@ -902,7 +902,7 @@ def _outcomes(iterator: Any, method: str, calls: int, strategy: Any = None) -> l
 @pytest.mark.parametrize("buffer_size", [0, 1, 3], ids=lambda n: f"buffer-{n}")
 @pytest.mark.parametrize("failing", [0, 3], ids=["first-step-fails", "fourth-step-fails"])
 def test_pipeline_error_surfaces_in_order_as_with_the_datasets_own_iterator(method, prefetch, buffer_size, failing):
-    strategy = mirrored(2)
+    strategy = mirrored_strategy_for(2)
     dataset = td.data.Dataset.range(12).batch(2).map(_failing_on_batch(failing))
     if prefetch:
         dataset = dataset.prefetch(2)
@@ -924,7 +924,7 @@ def test_pipeline_error_surfaces_in_order_as_with_the_datasets_own_iterator(meth
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("method", ["next", "get_next", "get_next_as_optional"])
 def test_threads_sharing_one_distributed_iterator_get_every_step_once(method):
-    strategy = mirrored(2)
+    strategy = mirrored_strategy_for(2)
     dataset = td.data.Dataset.range(4000).batch(4).prefetch(2)
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     received: list[list[int]] = [[] for _ in range(6)]
@@ -972,7 +972,7 @@ def _halve_in_place(x):
     ids=["cache", "cache-no-fetch", "from_tensors", "list-of-batches", "from-function-cache"],
 )
 def test_a_step_writing_into_its_input_cannot_change_a_later_epoch(distribute):
-    strategy = mirrored(2)
+    strategy = mirrored_strategy_for(2)
     dist = distribute(strategy)
     expected = [[p.tolist() for p in pieces(strategy, x)] for x in dist]
     for x in dist:

@@ -21,8 +21,7 @@ from hypothesis import strategies as st
 
 import towerdist as td
 from towerdist._src import aliases
-
-from conftest import mirrored
+from towerdist.testing.pytest_plugin import mirrored_strategy_for
 
 # An empty batch or an empty slice must never produce a numpy warning (nor a NaN) in these tests.
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
@@ -185,7 +184,7 @@ def make_weights(rng, n: int, weighting: str) -> np.ndarray | None:
 @pytest.mark.parametrize("case", CASES, ids=repr)
 def test_distributed_result_matches_numpy_over_the_concatenated_batch(case, weighting, layout):
     n_replicas, sizes = layout
-    strategy = mirrored(n_replicas)
+    strategy = mirrored_strategy_for(n_replicas)
     rng = np.random.default_rng(sum(sizes) * 10 + n_replicas)
     batches = [case.make_batch(rng, size) for size in sizes]
     weights = [make_weights(rng, size, weighting) for size in sizes]
@@ -233,7 +232,7 @@ def test_distributed_result_matches_numpy_over_the_concatenated_batch(case, weig
 def test_rank2_weights_for_rank2_values_across_replicas(metric_cls, layout):
     """A weight per element: Mean is sum_i mean_j(v*w) / sum_i mean_j(w); Sum is sum(v*w)."""
     n_replicas, sizes = layout
-    strategy = mirrored(n_replicas)
+    strategy = mirrored_strategy_for(n_replicas)
     rng = np.random.default_rng(7 + sum(sizes))
     values = [rng.normal(size=(size, 3)).astype(F32) for size in sizes]
     weights = [rng.uniform(0.0, 2.0, size=(size, 3)).astype(F32) for size in sizes]
@@ -257,7 +256,7 @@ def test_rank2_weights_for_rank2_values_across_replicas(metric_cls, layout):
 @pytest.mark.parametrize("metric_cls", [td.metrics.Mean, td.metrics.Sum], ids=lambda c: c.__name__)
 def test_scalar_weight_weighs_each_replicas_batch(metric_cls, n_replicas):
     """Keras: a scalar weight w makes Mean count the batch as w (total += mean(batch) * w)."""
-    strategy = mirrored(n_replicas)
+    strategy = mirrored_strategy_for(n_replicas)
     rng = np.random.default_rng(n_replicas)
     values = [rng.normal(size=size).astype(F32) for size in (3, 1, 4, 2)[:n_replicas]]
     weights = [F32(w) for w in (0.5, 2.0, 1.0, 3.0)[:n_replicas]]
@@ -287,7 +286,7 @@ def test_scalar_weight_weighs_each_replicas_batch(metric_cls, n_replicas):
 )
 def test_property_distributed_metric_equals_numpy_metric(n_replicas, case_name, sizes, weighted, seed):
     case = CASES_BY_NAME[case_name]
-    strategy = mirrored(n_replicas)
+    strategy = mirrored_strategy_for(n_replicas)
     rng = np.random.default_rng(seed)
     sizes = sizes[:n_replicas]
     batches = [case.make_batch(rng, size) for size in sizes]
@@ -378,7 +377,7 @@ WEIGHT_SHAPES = [
 @pytest.mark.parametrize(("values", "weight", "mean", "count", "total"), WEIGHT_SHAPES)
 def test_mean_sample_weight_shapes(values, weight, mean, count, total, n_replicas):
     """Every replica sees the same batch: the mean is unchanged, the count scales with the replicas."""
-    strategy = mirrored(n_replicas) if n_replicas else None
+    strategy = mirrored_strategy_for(n_replicas) if n_replicas else None
     metric = create(strategy, td.metrics.Mean)
     if strategy is None:
         metric.update_state(values, sample_weight=weight)
@@ -391,7 +390,7 @@ def test_mean_sample_weight_shapes(values, weight, mean, count, total, n_replica
 @pytest.mark.parametrize("n_replicas", [0, 2, 4], ids=["no_strategy", "2r", "4r"])
 @pytest.mark.parametrize(("values", "weight", "mean", "count", "total"), WEIGHT_SHAPES)
 def test_sum_sample_weight_shapes(values, weight, mean, count, total, n_replicas):
-    strategy = mirrored(n_replicas) if n_replicas else None
+    strategy = mirrored_strategy_for(n_replicas) if n_replicas else None
     metric = create(strategy, td.metrics.Sum)
     if strategy is None:
         metric.update_state(values, sample_weight=weight)
@@ -472,7 +471,7 @@ def test_mean_squared_error_rank1_counts_each_batch_as_one_sample():
 
 @pytest.mark.parametrize("n_replicas", [1, 2, 4])
 def test_mean_squared_error_rank1_across_replicas(n_replicas):
-    strategy = mirrored(n_replicas)
+    strategy = mirrored_strategy_for(n_replicas)
     rng = np.random.default_rng(3)
     sizes = (3, 1, 5, 2)[:n_replicas]
     y_true = [rng.normal(size=size).astype(F32) for size in sizes]

@@ -88,11 +88,6 @@ def css_remote() -> td.distribute.experimental.CentralStorageStrategy:
     return td.distribute.experimental.CentralStorageStrategy(compute_devices=cpus(2), parameter_device="CPU:2")
 
 
-@pytest.fixture(scope="module")
-def other_2cpu() -> td.distribute.MirroredStrategy:
-    """A second MirroredStrategy over CPU:0 and CPU:1 (a different object from mirrored_2cpu)."""
-    return td.distribute.MirroredStrategy(cpus(2))
-
 
 EVERY_STRATEGY = [
     "default", "one_device_cpu", "mirrored_1cpu", "mirrored_2cpu", "mirrored_4cpu", "central_storage_2cpu",
@@ -650,27 +645,27 @@ def test_schedule_returning_a_negative_rate_raises(multi_replica):
     assert_good_step(multi_replica, opt, w)
 
 
-def test_variables_of_two_strategies_raise(mirrored_2cpu, other_2cpu):
+def test_variables_of_two_strategies_raise(mirrored_2cpu, other_mirrored_strategy):
     w, _, opt = simple_setup(mirrored_2cpu, name="two_a")
-    u, _, _ = simple_setup(other_2cpu, name="two_b")
+    u, _, _ = simple_setup(other_mirrored_strategy, name="two_b")
     with pytest.raises(ValueError, match="the variables belong to different strategies: two_a_w:0"):
         opt.apply_gradients([(np.ones(3, np.float32), w), (np.ones(3, np.float32), u)])
     assert_good_step(mirrored_2cpu, opt, w)
 
 
-def test_optimizer_bound_to_one_strategy_rejects_another_strategys_variables(mirrored_2cpu, other_2cpu):
+def test_optimizer_bound_to_one_strategy_rejects_another_strategys_variables(mirrored_2cpu, other_mirrored_strategy):
     w, _, opt = simple_setup(mirrored_2cpu, name="bound_a")
-    u, _, _ = simple_setup(other_2cpu, name="bound_b")
+    u, _, _ = simple_setup(other_mirrored_strategy, name="bound_b")
     assert_good_step(mirrored_2cpu, opt, w)
     with pytest.raises(ValueError, match="this optimizer already optimizes variables of"):
-        other_2cpu.run(lambda: opt.apply_gradients([(np.full(3, rid() + 1.0, np.float32), u)]))
+        other_mirrored_strategy.run(lambda: opt.apply_gradients([(np.full(3, rid() + 1.0, np.float32), u)]))
     assert_good_step(mirrored_2cpu, opt, w)
 
 
-def test_optimizer_used_under_another_strategys_scope_raises(mirrored_2cpu, other_2cpu):
+def test_optimizer_used_under_another_strategys_scope_raises(mirrored_2cpu, other_mirrored_strategy):
     w, _, opt = simple_setup(mirrored_2cpu, name="wrongscope")
     with pytest.raises(ContextError, match=r"Mixing different strategies: SGD\.apply_gradients\(\)"):
-        with other_2cpu.scope():
+        with other_mirrored_strategy.scope():
             opt.apply_gradients([(np.ones(3, np.float32), w)])
     assert_all_components_close(mirrored_2cpu, w, np.arange(3, dtype=np.float32))
     assert_good_step(mirrored_2cpu, opt, w)

@@ -25,8 +25,7 @@ import numpy as np
 import pytest
 
 import towerdist as td
-
-from conftest import mirrored
+from towerdist.testing.pytest_plugin import mirrored_strategy_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,7 +45,7 @@ class Job:
     """A model (a variable and SGD with momentum) under a 2-replica MirroredStrategy, with a handler."""
 
     def __init__(self, directory: Path, config: TerminationConfig | None = None, manager: bool = False) -> None:
-        self.strategy = mirrored(2)
+        self.strategy = mirrored_strategy_for(2)
         with self.strategy.scope():
             self.w = td.Variable(np.linspace(-1.0, 1.0, 3), name="w")
             self.optimizer = td.optimizers.SGD(0.05, momentum=0.9)

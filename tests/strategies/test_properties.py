@@ -2,7 +2,7 @@
 
 Every property draws a replica count (1-8), shapes (0-d and 0-size dimensions included)
 and dtypes (float32, float64, int32, int64), runs the towerdist API on the cached
-``mirrored(n)`` strategies from conftest, and compares with a numpy computation of what
+``mirrored_strategy_for(n)`` strategies from conftest, and compares with a numpy computation of what
 TensorFlow gives. Integers must match exactly; floats within float rounding.
 """
 
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import towerdist as td
+from towerdist.testing.pytest_plugin import mirrored_strategy_for
 
-from conftest import mirrored
 from numpy_reference import numpy_reduce
 
 D = td.distribute
@@ -103,7 +103,7 @@ def assert_all_reduced(actual, op, arrays, *, in_place: bool = True) -> None:
 @PROPERTY
 @given(arrays=same_shape_values(), op=reduce_ops)
 def test_reduce_without_axis_is_the_elementwise_reduction(arrays, op):
-    strategy = mirrored(len(arrays))
+    strategy = mirrored_strategy_for(len(arrays))
     result = strategy.reduce(op, distribute(strategy, arrays), axis=None)
     if len(arrays) == 1:
         # Reference 2.8: one value already in place is returned as it is (an identity).
@@ -120,7 +120,7 @@ def test_reduce_along_an_axis_is_the_global_reduction(values, op):
     # along axis (uneven and empty replicas weighted exactly; integer MEAN is float64;
     # no elements at all gives 0/0 = nan).
     arrays, axis = values
-    strategy = mirrored(len(arrays))
+    strategy = mirrored_strategy_for(len(arrays))
     result = strategy.reduce(op, distribute(strategy, arrays), axis=axis)
     dtype = arrays[0].dtype
     total = np.sum(np.concatenate(arrays, axis=axis), axis=axis, dtype=dtype)
@@ -140,7 +140,7 @@ def test_reduce_along_an_axis_is_the_global_reduction(values, op):
 @PROPERTY
 @given(arrays=same_shape_values(), op=reduce_ops)
 def test_all_reduce_gives_every_replica_the_reduction(arrays, op):
-    strategy = mirrored(len(arrays))
+    strategy = mirrored_strategy_for(len(arrays))
 
     def step():
         return D.get_replica_context().all_reduce(op, arrays[D.get_replica_context().replica_id_in_sync_group])
@@ -170,7 +170,7 @@ def batch_requests(draw):
 def test_batch_reduce_to_reduces_every_value_whatever_the_packing(request, op):
     inputs, targets, bytes_per_pack = request
     n = len(inputs[0])
-    strategy = mirrored(n)
+    strategy = mirrored_strategy_for(n)
     values = [distribute(strategy, arrays) for arrays in inputs]
     pairs = [(v, v if k is None else f"CPU:{k}") for v, k in zip(values, targets)]
     options = D.experimental.CommunicationOptions(bytes_per_pack=bytes_per_pack)
@@ -196,7 +196,7 @@ def test_batch_reduce_to_reduces_every_value_whatever_the_packing(request, op):
 @given(values=uneven_values())
 def test_gather_concatenates_in_replica_order(values):
     arrays, axis = values
-    strategy = mirrored(len(arrays))
+    strategy = mirrored_strategy_for(len(arrays))
     result = strategy.gather(distribute(strategy, arrays), axis=axis)
     expected = np.concatenate(arrays, axis=axis)
     assert result.dtype == expected.dtype
@@ -207,7 +207,7 @@ def test_gather_concatenates_in_replica_order(values):
 @given(values=uneven_values())
 def test_all_gather_gives_every_replica_the_concatenation(values):
     arrays, axis = values
-    strategy = mirrored(len(arrays))
+    strategy = mirrored_strategy_for(len(arrays))
 
     def step():
         return D.get_replica_context().all_gather(arrays[D.get_replica_context().replica_id_in_sync_group], axis=axis)
@@ -232,7 +232,7 @@ def all_reduce_batches(draw):
 @given(inputs=all_reduce_batches(), op=reduce_ops, num_packs=st.integers(0, 3))
 def test_hierarchical_copy_one_device_and_default_ops_agree(inputs, op, num_packs):
     n = len(inputs[0])
-    strategy = mirrored(n)
+    strategy = mirrored_strategy_for(n)
     default_ops = strategy.extended._cross_device_ops  # what MirroredStrategy picked for CPUs
     values = [distribute(strategy, arrays) for arrays in inputs]
     pairs = [(v, v) for v in values]

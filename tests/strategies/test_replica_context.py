@@ -10,8 +10,7 @@ import optree
 import pytest
 
 import towerdist as td
-
-from conftest import mirrored
+from towerdist.testing.pytest_plugin import mirrored_strategy_for
 
 
 def ctx() -> td.distribute.ReplicaContext:
@@ -274,7 +273,7 @@ def test_all_gather_mismatched_inner_dims_raise(mirrored_2cpu):
 @pytest.mark.parametrize("num_replicas", [1, 2, 3, 4, 8])
 def test_merge_call_example_of_the_tf1_docs_in_run_form(num_replicas):
     """Replica i returns s + 3 + i with s = sum over replicas of (3 + i)."""
-    strategy = mirrored(num_replicas)
+    strategy = mirrored_strategy_for(num_replicas)
 
     def merge_fn(distribution, three_plus_replica_id):
         return sum(distribution.experimental_local_results(three_plus_replica_id))

@@ -21,8 +21,7 @@ from hypothesis import strategies as st
 import towerdist as td
 from towerdist._src.variables.distributed_variable import MirroredVariable, SyncOnReadVariable
 from towerdist._src.variables.variable import ResourceVariable
-
-from conftest import mirrored
+from towerdist.testing.pytest_plugin import mirrored_strategy_for
 
 A = td.VariableAggregation
 S = td.VariableSynchronization
@@ -418,7 +417,7 @@ def test_cross_replica_write_with_a_bad_value_changes_no_component(mirrored_4cpu
     with pytest.raises(ValueError, match="Cannot assign a value of shape"):
         v.assign(bad)  # components 0..2 would be fine, component 3 is not: nothing is written
     with pytest.raises(ValueError, match="PerReplica with 2 components"):
-        v.assign(mirrored(2).experimental_distribute_values_from_function(lambda ctx: np.ones(2, np.float32)))
+        v.assign(mirrored_strategy_for(2).experimental_distribute_values_from_function(lambda ctx: np.ones(2, np.float32)))
     assert [list(c.numpy()) for c in v.values] == [[1.0, 2.0]] * 4
 
 
@@ -608,7 +607,7 @@ def test_reads_are_snapshots(mirrored_2cpu):
     aggregation=st.sampled_from([A.SUM, A.MEAN, A.ONLY_FIRST_REPLICA]),
 )
 def test_replica_assign_matches_numpy(n, values, aggregation):
-    strategy = mirrored(n)
+    strategy = mirrored_strategy_for(n)
     v = make(strategy, 0.0, aggregation=aggregation)
     strategy.run(lambda: v.assign(np.float32(values[rid()])))
     own = np.array(values[:n], dtype=np.float32)

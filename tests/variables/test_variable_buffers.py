@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import towerdist as td
+from towerdist.testing.pytest_plugin import mirrored_strategy_for
 
-from conftest import cpus, mirrored
+from conftest import cpus
 
 BIG = 1 << 16  # float32 elements: 256 KiB, above the size from which buffers are reused
 HUGE = 3 << 20  # 12 MiB: the fused write runs in parallel parts
@@ -46,7 +47,7 @@ def test_snapshots_keep_their_values_through_later_writes(op):
 @pytest.mark.parametrize("op", ["assign", "assign_add", "assign_sub"])
 @pytest.mark.parametrize("aggregation", ["SUM", "MEAN"])
 def test_an_aggregated_write_gives_what_reducing_then_writing_gives(n, size, op, aggregation):
-    strategy = mirrored(n)
+    strategy = mirrored_strategy_for(n)
     rng = np.random.default_rng(size + n)
     initial = rng.standard_normal(size).astype(np.float32)
     parts = [rng.standard_normal(size).astype(np.float32) for _ in range(n)]
@@ -70,7 +71,7 @@ def test_an_aggregated_write_gives_what_reducing_then_writing_gives(n, size, op,
 
 
 def test_the_same_object_from_every_replica_still_gets_the_sum_error():
-    strategy = mirrored(2)
+    strategy = mirrored_strategy_for(2)
     with strategy.scope():
         v = td.Variable(np.zeros(BIG, np.float32), aggregation=td.VariableAggregation.SUM)
     shared = np.ones(BIG, np.float32)

@@ -20,8 +20,6 @@ import pytest
 
 import towerdist as td
 
-from conftest import cpus
-
 Mirrored = td.distribute.Mirrored
 PerReplica = td.distribute.PerReplica
 ReduceOp = td.distribute.ReduceOp
@@ -31,11 +29,6 @@ SUM = td.VariableAggregation.SUM
 ON_READ = td.VariableSynchronization.ON_READ
 COLOCATE_ERROR = "^`colocate_vars_with` must only be passed a variable created in this"
 
-
-@pytest.fixture(scope="module")
-def other_2cpu() -> td.distribute.MirroredStrategy:
-    """Another MirroredStrategy over CPU:0 and CPU:1 (a different object from mirrored_2cpu)."""
-    return td.distribute.MirroredStrategy(cpus(2))
 
 
 def rid() -> int:
@@ -475,10 +468,10 @@ def test_default_strategy_owns_only_variables_created_outside_any_scope(default,
     assert mirrored_2cpu.extended.variable_created_in_scope(one_device_var) is False
 
 
-def test_variable_created_inside_run_is_created_in_scope(multi_replica, other_2cpu):
+def test_variable_created_inside_run_is_created_in_scope(multi_replica, other_mirrored_strategy):
     v = multi_replica.run(lambda: td.Variable(1.0, name="made_in_run"))
     assert multi_replica.extended.variable_created_in_scope(v) is True
-    assert other_2cpu.extended.variable_created_in_scope(v) is False
+    assert other_mirrored_strategy.extended.variable_created_in_scope(v) is False
 
 
 # --- non_slot_devices / update_non_slot -----------------------------------------------------
@@ -642,8 +635,8 @@ def test_colocate_vars_with_on_default_strategy_follows_the_variables_device(def
     assert after.device != target.device
 
 
-def test_colocate_vars_with_rejects_variables_of_another_strategy(multi_replica, other_2cpu):
-    with other_2cpu.scope():
+def test_colocate_vars_with_rejects_variables_of_another_strategy(multi_replica, other_mirrored_strategy):
+    with other_mirrored_strategy.scope():
         foreign = td.Variable(1.0)
     plain = td.Variable(1.0)
     with multi_replica.scope():
@@ -807,8 +800,8 @@ def test_update_of_a_plain_variable_raises_validation_error(mirrored_strategy, i
     assert_strategy_works(mirrored_strategy)
 
 
-def test_update_of_another_strategys_variable_raises(mirrored_strategy, other_2cpu):
-    with other_2cpu.scope():
+def test_update_of_another_strategys_variable_raises(mirrored_strategy, other_mirrored_strategy):
+    with other_mirrored_strategy.scope():
         foreign = td.Variable(1.0)
     with pytest.raises(ValidationError):
         mirrored_strategy.extended.update(foreign, lambda c: c.assign(2.0))
@@ -819,8 +812,8 @@ def test_update_of_another_strategys_variable_raises(mirrored_strategy, other_2c
     assert_strategy_works(mirrored_strategy)
 
 
-def test_update_of_another_strategys_variable_in_replica_context_raises(multi_replica, other_2cpu):
-    with other_2cpu.scope():
+def test_update_of_another_strategys_variable_in_replica_context_raises(multi_replica, other_mirrored_strategy):
+    with other_mirrored_strategy.scope():
         foreign = td.Variable(1.0, aggregation=SUM)
     with pytest.raises(ValidationError):
         multi_replica.run(lambda: multi_replica.extended.update(foreign, lambda c: c.assign(2.0)))
@@ -828,10 +821,10 @@ def test_update_of_another_strategys_variable_in_replica_context_raises(multi_re
     assert_strategy_works(multi_replica)
 
 
-def test_update_inside_another_strategys_scope_raises(mirrored_2cpu, other_2cpu):
+def test_update_inside_another_strategys_scope_raises(mirrored_2cpu, other_mirrored_strategy):
     with mirrored_2cpu.scope():
         v = td.Variable(1.0)
-    with other_2cpu.scope():
+    with other_mirrored_strategy.scope():
         with pytest.raises(ContextError):
             mirrored_2cpu.extended.update(v, lambda c: c.assign(2.0))
     assert values_of(v) == [1.0, 1.0]
