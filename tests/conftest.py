@@ -93,11 +93,6 @@ def cpus(n: int) -> list[str]:
     return [f"CPU:{i}" for i in range(n)]
 
 
-def mirrored(n: int) -> td.distribute.MirroredStrategy:
-    """The session's MirroredStrategy over ``n`` replicas (towerdist's pytest plugin keeps one per count)."""
-    return mirrored_strategy_for(n)
-
-
 @pytest.fixture(scope="session")
 def default() -> td.distribute.Strategy:
     return td.distribute.get_strategy()
@@ -110,17 +105,17 @@ def one_device_cpu() -> td.distribute.OneDeviceStrategy:
 
 @pytest.fixture(scope="session")
 def mirrored_1cpu() -> td.distribute.MirroredStrategy:
-    return mirrored(1)
+    return mirrored_strategy_for(1)  # the plugin's, shared with mirrored_strategy
 
 
 @pytest.fixture(scope="session")
 def mirrored_2cpu() -> td.distribute.MirroredStrategy:
-    return mirrored(2)
+    return mirrored_strategy_for(2)  # the plugin's, shared with mirrored_strategy
 
 
 @pytest.fixture(scope="session")
 def mirrored_4cpu() -> td.distribute.MirroredStrategy:
-    return mirrored(4)
+    return mirrored_strategy_for(4)  # the plugin's, shared with mirrored_strategy
 
 
 @pytest.fixture(scope="session")

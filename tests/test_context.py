@@ -13,15 +13,8 @@ import towerdist as td
 from towerdist._src import context
 from towerdist._src import device as device_lib
 
-from conftest import cpus
-
 WAIT = 10.0
 
-
-@pytest.fixture(scope="module")
-def other_2cpu() -> td.distribute.MirroredStrategy:
-    """A second strategy over the same devices (a different object)."""
-    return td.distribute.MirroredStrategy(cpus(2))
 
 
 def observe() -> dict[str, object]:
@@ -123,10 +116,10 @@ def test_the_same_scope_object_can_be_reentered(mirrored_2cpu):
     assert not td.distribute.has_strategy()
 
 
-def test_another_strategys_scope_inside_a_scope_raises(mirrored_2cpu, other_2cpu):
+def test_another_strategys_scope_inside_a_scope_raises(mirrored_2cpu, other_mirrored_strategy):
     with mirrored_2cpu.scope():
         with pytest.raises(td.errors.ContextError, match="Mixing different strategies"):
-            with other_2cpu.scope():
+            with other_mirrored_strategy.scope():
                 pass
         assert td.distribute.get_strategy() is mirrored_2cpu
     assert not td.distribute.has_strategy()
@@ -148,9 +141,9 @@ def test_run_inside_run_raises(mirrored_2cpu):
     assert mirrored_2cpu.run(lambda: 3) == 3
 
 
-def test_other_strategys_scope_inside_run_raises(mirrored_2cpu, other_2cpu):
+def test_other_strategys_scope_inside_run_raises(mirrored_2cpu, other_mirrored_strategy):
     def fn():
-        with other_2cpu.scope():
+        with other_mirrored_strategy.scope():
             return "entered"
 
     with pytest.raises(td.errors.ContextError, match="Mixing different strategies"):
@@ -169,11 +162,11 @@ def test_other_strategys_scope_inside_run_raises(mirrored_2cpu, other_2cpu):
     ],
     ids=["run", "reduce", "reduce_to", "batch_reduce_to", "broadcast_to", "gather"],
 )
-def test_cross_replica_apis_of_another_strategy_inside_a_scope_raise(mirrored_2cpu, other_2cpu, call):
-    per_replica = other_2cpu.experimental_distribute_values_from_function(lambda c: td.constant([1.0]))
+def test_cross_replica_apis_of_another_strategy_inside_a_scope_raise(mirrored_2cpu, other_mirrored_strategy, call):
+    per_replica = other_mirrored_strategy.experimental_distribute_values_from_function(lambda c: td.constant([1.0]))
     with mirrored_2cpu.scope():
         with pytest.raises(td.errors.ContextError, match="Mixing different strategies"):
-            call(other_2cpu, per_replica)
+            call(other_mirrored_strategy, per_replica)
 
 
 def test_default_strategy_scope_inside_a_scope_raises(mirrored_2cpu, default):
@@ -271,21 +264,21 @@ def test_one_device_scope_sets_its_device(one_device_cpu):
 # --- experimental_set_strategy ------------------------------------------------------------
 
 
-def test_experimental_set_strategy_enters_and_clears(mirrored_2cpu, other_2cpu):
+def test_experimental_set_strategy_enters_and_clears(mirrored_2cpu, other_mirrored_strategy):
     try:
         td.distribute.experimental_set_strategy(mirrored_2cpu)
         assert td.distribute.has_strategy() and td.distribute.in_cross_replica_context()
-        td.distribute.experimental_set_strategy(other_2cpu)
-        assert td.distribute.get_strategy() is other_2cpu
+        td.distribute.experimental_set_strategy(other_mirrored_strategy)
+        assert td.distribute.get_strategy() is other_mirrored_strategy
     finally:
         td.distribute.experimental_set_strategy(None)
     assert not td.distribute.has_strategy()
 
 
-def test_experimental_set_strategy_inside_a_scope_raises(mirrored_2cpu, other_2cpu):
+def test_experimental_set_strategy_inside_a_scope_raises(mirrored_2cpu, other_mirrored_strategy):
     with mirrored_2cpu.scope():
         with pytest.raises(td.errors.ContextError, match=r"experimental_set_strategy\(\) must not be called inside"):
-            td.distribute.experimental_set_strategy(other_2cpu)
+            td.distribute.experimental_set_strategy(other_mirrored_strategy)
     assert not td.distribute.has_strategy()
 
 

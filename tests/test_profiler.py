@@ -13,8 +13,7 @@ import pytest
 
 import towerdist as td
 from towerdist._src import profiler as profiler_lib
-
-from conftest import mirrored
+from towerdist.testing.pytest_plugin import mirrored_strategy_for
 
 experimental = td.profiler.experimental
 
@@ -27,7 +26,7 @@ def _step() -> Any:
 
 
 def _trace(logdir: str) -> dict[str, Any]:
-    strategy = mirrored(2)
+    strategy = mirrored_strategy_for(2)
     strategy.run(_step)  # threads started before recording
     experimental.start(logdir)
     try:
@@ -102,7 +101,7 @@ def test_start_twice_raises_already_exists_and_keeps_the_first_profiler(tmp_path
 
 def test_nothing_is_recorded_while_off_and_trace_is_a_no_op(tmp_path):
     with experimental.Trace("ignored"):
-        mirrored(2).run(_step)
+        mirrored_strategy_for(2).run(_step)
     assert not profiler_lib._events
     experimental.start(str(tmp_path))
     assert experimental.stop(save=False) is None
@@ -116,7 +115,7 @@ def test_a_failing_replica_still_closes_its_event(tmp_path):
     experimental.start(str(tmp_path))
     try:
         with pytest.raises(ValueError, match="boom"):
-            mirrored(2).run(fails)
+            mirrored_strategy_for(2).run(fails)
     finally:
         path = experimental.stop()
     assert path is not None

@@ -13,7 +13,7 @@ server would), opens pages of it in Chromium, aborts every request for another h
   are listed, not failed: console output and pictures may be wider than any screen.
 
 It saves a full-page screenshot of each page and one of each diagram for a person to
-look at, and exits 1 on a failed check. ``tests/test_docs_site.py`` makes the cheap part of this check (no remote
+look at, and exits 1 on a failed check. ``tests/project/test_docs_site.py`` makes the cheap part of this check (no remote
 URL in the HTML and CSS) in CI, which has no browser.
 
 Needs Playwright and a Chromium (Playwright's own download may be blocked; the

@@ -2,14 +2,14 @@
 
 Run it in an environment with TensorFlow installed (CPU is enough)::
 
-    python tools/dump_tf_api.py > tests/data/tf_distribute_api.json
+    python tools/dump_tf_api.py > tests/project/tf_distribute_api.json
 
 It records every public name of ``tf.distribute``, ``tf.distribute.experimental`` and
 ``tf.distribute.cluster_resolver``, the public members of ``tf.distribute.Strategy``,
 ``StrategyExtended`` and ``ReplicaContext``, the members ``tf.compat.v1.distribute.StrategyExtended``
 adds (TF 1.x leftovers that TF 2.x still ships), and the public members of the cluster
 resolvers, ``tf.train.ClusterSpec`` and ``tf.data.Dataset`` (keyed by their full path, e.g.
-``data.Dataset.batch``). ``tests/test_api_guarantee.py`` checks towerdist against the file;
+``data.Dataset.batch``). ``tests/project/test_api_guarantee.py`` checks towerdist against the file;
 the exclusions (TPU-, graph- or gRPC-cluster-only names) live in that test, with reasons.
 """
 
@@ -28,7 +28,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 def signature(obj: Any) -> str | None:
     """``obj``'s signature without annotations and without ``self``, e.g. ``"(fn, args=(), kwargs=None)"``.
 
-    ``tests/test_api_guarantee.py`` formats towerdist's signatures with this same function.
+    ``tests/project/test_api_guarantee.py`` formats towerdist's signatures with this same function.
     """
     try:
         sig = inspect.signature(obj)

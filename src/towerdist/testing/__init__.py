@@ -9,8 +9,8 @@ simulation proves placement and ordering logic, not speed or NCCL itself.
 here, costly on real GPUs), by GPU, by call and by the line that made them.
 """
 
-from towerdist._src.testing.simulation import simulate_gpus as simulate_gpus
-from towerdist._src.testing.simulation import simulated_gpu_stats as simulated_gpu_stats
-from towerdist._src.testing.simulation import simulated_gpus_enabled as simulated_gpus_enabled
+from towerdist._src.backend.simulation import simulate_gpus as simulate_gpus
+from towerdist._src.backend.simulation import simulated_gpu_stats as simulated_gpu_stats
+from towerdist._src.backend.simulation import simulated_gpus_enabled as simulated_gpus_enabled
 
 __all__ = ["simulate_gpus", "simulated_gpu_stats", "simulated_gpus_enabled"]

@@ -9,6 +9,9 @@ Fixtures:
   ``mirrored_strategy``: a ``MirroredStrategy`` over ``replicas`` devices: the first GPUs when
     at least that many (real or simulated) are present, else logical CPU devices. One strategy
     per count is kept for the whole session (its replica threads are reused).
+  ``other_mirrored_strategy``: a second ``MirroredStrategy`` over 2 devices (chosen as for
+    ``mirrored_strategy``), never one of the session's: for tests of what must not cross from
+    one strategy to another (scopes, variables, optimizers). One per test module.
 
 Markers (registered, so ``--strict-markers`` passes):
   ``replicas(n)``: see the fixture.
@@ -65,9 +68,8 @@ import pytest
 import towerdist as td
 from towerdist._src import config as config_lib
 from towerdist._src import mpi_runtime
-from towerdist._src.backend import cupy_backend
+from towerdist._src.backend import cupy_backend, simulation
 from towerdist._src.device import DeviceSpec
-from towerdist._src.testing import simulation
 from towerdist._src.testing.rank_agreement import AgreementError, RankAgreement
 
 __all__ = ["mirrored_strategy_for", "pytest_addoption", "pytest_configure"]
@@ -122,7 +124,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection: only the tests that will run count
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skips what the machine cannot run, and configures the logical CPUs ``mirrored_strategy`` tests need."""
+    """Skips what the machine cannot run, and configures the logical CPUs the strategy fixtures need."""
     gpus = cupy_backend.device_count()
     ranks = mpi_runtime.launcher_size()
     cpus_needed = 1
@@ -141,6 +143,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=f"needs mpiexec with at least {wanted} ranks; {where}"))
                 continue
         replicas = _replicas_wanted(item)
+        if "other_mirrored_strategy" in getattr(item, "fixturenames", ()):
+            replicas = max(replicas, 2)
         if replicas > gpus:  # mirrored_strategy_for() runs it on logical CPUs
             cpus_needed = max(cpus_needed, replicas)
     if cpus_needed > 1:  # usable by the fixture's strategies, invisible to the tests' own (config.py)
@@ -162,6 +166,12 @@ def mirrored_strategy(replicas: int) -> td.distribute.MirroredStrategy:
     return mirrored_strategy_for(replicas)
 
 
+@pytest.fixture(scope="module")
+def other_mirrored_strategy() -> td.distribute.MirroredStrategy:
+    """A second ``MirroredStrategy`` over 2 devices, not one of the session's (see the module's docstring)."""
+    return td.distribute.MirroredStrategy(_devices_for(2))
+
+
 @functools.lru_cache(maxsize=None)
 def mirrored_strategy_for(n: int) -> td.distribute.MirroredStrategy:
     """The session's ``MirroredStrategy`` over ``n`` devices (GPUs when at least ``n``, else logical CPUs).
@@ -170,8 +180,12 @@ def mirrored_strategy_for(n: int) -> td.distribute.MirroredStrategy:
       pytest.UsageError: there are fewer than ``n`` logical CPU devices (configure more
         before the tests, or let the plugin do it).
     """
+    return td.distribute.MirroredStrategy(_devices_for(n))
+
+
+def _devices_for(n: int) -> list[str]:
     if cupy_backend.device_count() >= n:
-        return td.distribute.MirroredStrategy([f"GPU:{i}" for i in range(n)])
+        return [f"GPU:{i}" for i in range(n)]
     cpus = sum(config_lib.device_exists(DeviceSpec(device_type="CPU", device_index=i)) for i in range(n))
     if cpus < n:
         raise pytest.UsageError(
@@ -179,7 +193,7 @@ def mirrored_strategy_for(n: int) -> td.distribute.MirroredStrategy:
             f"with td.config.set_logical_device_configuration() before any test uses a device (or leave it to "
             f"towerdist's pytest plugin)."
         )
-    return td.distribute.MirroredStrategy([f"CPU:{i}" for i in range(n)])
+    return [f"CPU:{i}" for i in range(n)]
 
 
 # --- agreement across MPI ranks ----------------------------------------------------------------

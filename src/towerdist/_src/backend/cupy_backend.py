@@ -7,42 +7,22 @@ expect a :class:`~towerdist._src.device.DeviceSpec` of type GPU.
 
 from __future__ import annotations
 
-import functools
-import os
-import sys
 from collections.abc import Sequence
 from typing import Any
 
-from towerdist._src.backend import cupy_streams
+from towerdist._src.backend import cupy_streams, gpu_module
 from towerdist._src.errors import InvalidArgumentError, MissingDependencyError
-
-_SIMULATION = "towerdist._src.testing.simulated_cupy"
-
-
-def _simulated() -> Any:
-    """The simulated cupy module when simulated GPUs are on, else None (the simulator loads only then)."""
-    if _SIMULATION not in sys.modules and not os.environ.get("TOWERDIST_SIMULATE_GPUS", "").strip():
-        return None
-    from towerdist._src.testing import simulated_cupy  # noqa: PLC0415  (only for simulated GPUs)
-
-    return simulated_cupy.active_module()
-
 
 name = "cupy"
 
-_INSTALL_HINT = 'install it with pip install "towerdist[cuda12]" (CUDA 12) or "towerdist[cuda13]" (CUDA 13)'
 
-
-@functools.lru_cache(maxsize=1)
 def _import() -> Any:
-    simulated = _simulated()
-    if simulated is not None:
-        return simulated  # towerdist.testing.simulate_gpus(n) or TOWERDIST_SIMULATE_GPUS=n
-    try:
-        import cupy  # noqa: PLC0415  (lazy by design)
-    except ImportError as error:
-        raise MissingDependencyError(f"GPU devices need cupy, which is not installed; {_INSTALL_HINT}.") from error
-    return cupy
+    """The array module GPUs use: cupy, or the simulated GPUs' (``gpu_module``, the seam, chooses).
+
+    Raises:
+      MissingDependencyError: cupy is not installed (and no simulated GPUs are asked for).
+    """
+    return gpu_module.array_module()
 
 
 def __getattr__(attr: str) -> Any:
@@ -56,40 +36,77 @@ def is_available() -> bool:
     return device_count() > 0
 
 
-@functools.lru_cache(maxsize=1)
 def device_count() -> int:
-    """The number of visible CUDA GPUs, 0 when cupy or a driver is missing.
+    """The number of visible CUDA GPUs (or simulated ones), 0 when cupy or a driver is missing.
 
     Raises:
       ValueError: ``TOWERDIST_SIMULATE_GPUS`` is set but is not a positive number (a typo
         must not quietly mean "no GPU").
     """
-    simulated = _simulated()  # outside the ``try``: a malformed TOWERDIST_SIMULATE_GPUS raises
-    if simulated is not None:
-        return int(simulated.cuda.runtime.getDeviceCount())
     try:
-        cupy = _import()
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:  # no cupy, no driver, no device: all mean "no GPU" here
+        module = _import()
+    except MissingDependencyError:
         return 0
+    counted = _counted
+    if counted is not None and counted[0] is module:
+        return counted[1]
+    return _count(module)
+
+
+_counted: tuple[Any, int] | None = None  # the array module and its number of GPUs
+
+
+def _count(module: Any) -> int:
+    global _counted
+    try:
+        count = int(module.cuda.runtime.getDeviceCount())
+    except Exception:  # no driver, no device: both mean "no GPU" here
+        count = 0
+    _counted = (module, count)
+    return count
 
 
 def owns(value: Any) -> bool:
     """True if ``value`` is a cupy array, or a simulated GPU's (checked without importing cupy)."""
-    if type(value).__module__.split(".", 1)[0] == "cupy":
-        return True
-    simulation = sys.modules.get(_SIMULATION)
-    return simulation is not None and bool(simulation.owns(value))
+    return type(value).__module__.split(".", 1)[0] == "cupy" or gpu_module.is_simulated_array(value)
 
 
 def nccl() -> Any:
     """cupy's NCCL module (``cupy.cuda.nccl``), or the simulated one; ImportError if it cannot load."""
-    simulated = _simulated()
+    simulated = gpu_module.simulated()
     if simulated is not None:
         return simulated.cuda.nccl
-    from cupy.cuda import nccl as module  # noqa: PLC0415  (lazy by design)
+    from cupy.cuda import nccl as module  # noqa: PLC0415  (an optional dependency)
 
     return module
+
+
+_INSTALL = 'pip install "towerdist[cuda12]" (CUDA 12) or "towerdist[cuda13]" (CUDA 13)'
+_nccl_checked: tuple[Any, str | None] | None = None  # the array module and why NCCL is unavailable on it
+
+
+def nccl_unavailable_reason() -> str | None:
+    """None if cupy's NCCL bindings load and a GPU is visible; otherwise why not."""
+    global _nccl_checked
+    try:
+        module = _import()
+    except MissingDependencyError:
+        return f"cupy is not installed ({_INSTALL})"
+    checked = _nccl_checked
+    if checked is not None and checked[0] is module:
+        return checked[1]
+    reason: str | None = None
+    try:
+        library = nccl()
+    except ImportError:
+        reason = f"cupy cannot load NCCL ({_INSTALL})"
+    else:
+        if not getattr(library, "available", True):
+            reason = f"cupy was built without NCCL ({_INSTALL})"
+        elif device_count() == 0:
+            reason = "no CUDA GPU is visible"
+    _nccl_checked = (module, reason)
+    return reason
 
 
 def _device_id(device: Any) -> int:

@@ -16,14 +16,13 @@ import dataclasses
 from typing import Any
 
 from towerdist._src import config, mpi_runtime
-from towerdist._src.backend import cupy_backend
+from towerdist._src.backend import cupy_backend, gpu_module
 from towerdist._src.cli.command_error import CommandError
 from towerdist._src.cross_device_ops.nccl_all_reduce import nccl_unavailable_reason
 from towerdist._src.device import DeviceSpec
 from towerdist._src.strategies.mirrored import MirroredStrategy
 from towerdist._src.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from towerdist._src.strategies.strategy import Strategy
-from towerdist._src.testing import simulated_cupy
 
 __all__ = ["BenchTarget", "make_target"]
 
@@ -110,7 +109,7 @@ def make_target(replicas: int | None, gpus: bool) -> BenchTarget:
     Raises:
       CommandError: the devices asked for do not exist or cannot be made.
     """
-    simulated = simulated_cupy.active_module() is not None
+    simulated = gpu_module.simulated() is not None
     if mpi_runtime.launcher_size() <= 1:
         devices = _gpu_devices(replicas) if gpus else _cpu_devices(2 if replicas is None else replicas)
         strategy: Strategy = MirroredStrategy([d.name for d in devices])

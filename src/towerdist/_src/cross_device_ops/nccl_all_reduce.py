@@ -6,13 +6,13 @@ pack is all-reduced inside an NCCL group call, each GPU on a stream of towerdist
 
 from __future__ import annotations
 
-import functools
 import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
 from towerdist._src.backend import cupy_backend, cupy_streams
+from towerdist._src.backend.cupy_backend import nccl_unavailable_reason
 from towerdist._src.cross_device_ops import nccl_cliques
 from towerdist._src.cross_device_ops.all_reduce_ops import AllReduceCrossDeviceOps
 from towerdist._src.cross_device_ops.nccl_cliques import Clique
@@ -20,28 +20,6 @@ from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import MissingDependencyError, UnavailableError
 
 __all__ = ["NCCL_DTYPES", "NcclAllReduce", "nccl_unavailable_reason"]
-
-_INSTALL = 'pip install "towerdist[cuda12]" (CUDA 12) or "towerdist[cuda13]" (CUDA 13)'
-
-
-@functools.lru_cache(maxsize=1)
-def nccl_unavailable_reason() -> str | None:
-    """None if cupy's NCCL bindings load and a GPU is visible; otherwise why not."""
-    try:
-        cupy = cupy_backend._import()
-    except MissingDependencyError:
-        return f"cupy is not installed ({_INSTALL})"
-    try:
-        nccl = cupy_backend.nccl()
-    except ImportError:
-        return f"cupy cannot load NCCL ({_INSTALL})"
-    if not getattr(nccl, "available", True):
-        return f"cupy was built without NCCL ({_INSTALL})"
-    if cupy_backend.device_count() == 0:
-        return "no CUDA GPU is visible"
-    del cupy
-    return None
-
 
 def _close(cliques: dict[tuple[int, ...], Clique]) -> None:
     for clique in cliques.values():

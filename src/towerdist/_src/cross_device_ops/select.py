@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from towerdist._src.backend import cupy_backend
+from towerdist._src.backend import gpu_module
 from towerdist._src.cross_device_ops.base import CrossDeviceOps
 from towerdist._src.cross_device_ops.hierarchical_copy import HierarchicalCopyAllReduce
 from towerdist._src.cross_device_ops.nccl_all_reduce import NcclAllReduce, nccl_unavailable_reason
@@ -27,7 +27,7 @@ def choose_cross_device_ops(devices: Sequence[DeviceSpec]) -> tuple[CrossDeviceO
     if devices and all(d.device_type == "GPU" for d in devices):
         reason = nccl_unavailable_reason()
         if reason is None:
-            simulated = " (SIMULATED GPUs and NCCL: towerdist.testing)" if cupy_backend._simulated() else ""
+            simulated = " (SIMULATED GPUs and NCCL: towerdist.testing)" if gpu_module.simulated() else ""
             return NcclAllReduce(num_packs=1), f"all devices are GPUs and NCCL is available{simulated}"
         return HierarchicalCopyAllReduce(num_packs=1), f"all devices are GPUs but NCCL is unavailable: {reason}"
     return SharedMemoryAllReduce(), "the devices include CPUs, which share host memory"
