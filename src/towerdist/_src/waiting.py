@@ -49,6 +49,8 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
+import numpy as np
+
 from towerdist._src import profiler as _profiler
 
 __all__ = [
@@ -305,8 +307,6 @@ _NO_SPINNING = Calibration(0.0, 0.0, 0.0, 0.0)
 
 
 def _calibrate() -> Calibration:
-    import numpy as np  # noqa: PLC0415  (this module sits below the array libraries)
-
     # A replica's kind of work: a small MLP's forward pass, numpy calls of 5-50 µs with
     # Python between them (a spinner costs such work more than one long call).
     rng = np.random.default_rng(0)
