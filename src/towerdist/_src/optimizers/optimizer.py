@@ -427,7 +427,9 @@ class Optimizer:
         summed: dict[int, list[Any]] = {}
         if summing:
             out = [plans[k].sum_buffers.scratch("sum", columns[k][0]) for k in summing]
-            reduced = strategy.extended._all_reduce(ReduceOp.SUM, [columns[k] for k in summing], None, out, self._api)
+            reduced = strategy.extended._all_reduce(
+                ReduceOp.SUM, [columns[k] for k in summing], None, out, collective=self._api
+            )
             summed = dict(zip(summing, reduced))
         for k in indices:
             plan = plans[k]
