@@ -30,7 +30,7 @@ from towerdist._src.cross_device_ops.placement import (
     validate_components,
 )
 from towerdist._src.device import DeviceSpec
-from towerdist._src.failures import worded_at
+from towerdist._src.failures import name_api, worded_at
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
@@ -86,7 +86,11 @@ class CrossDeviceOps:
         op = _check_reduce_op(reduce_op)
         value = as_per_replica(per_replica_value)
         devices = resolve_destinations(destinations)
-        validate_components(value, f"{type(self).__name__}.reduce()")
+        try:
+            validate_components(value)
+        except BaseException as error:  # worded by this method: the subclass's name, as TF names it
+            name_api(error, f"{type(self).__name__}.reduce()")
+            raise
         return reduce_with_hooks(self, op, value, devices, options or DEFAULT_OPTIONS)
 
     def batch_reduce(
@@ -101,7 +105,11 @@ class CrossDeviceOps:
           One result per ``(value, destinations)`` pair, as :meth:`reduce` gives it.
         """
         op = _check_reduce_op(reduce_op)
-        pairs = check_pairs(value_destination_pairs, f"{type(self).__name__}.batch_reduce()")
+        try:
+            pairs = check_pairs(value_destination_pairs)
+        except BaseException as error:
+            name_api(error, f"{type(self).__name__}.batch_reduce()")
+            raise
         return batch_reduce_with_hooks(self, op, pairs, options or DEFAULT_OPTIONS)
 
     def broadcast(self, tensor: Any, destinations: Any) -> Any:

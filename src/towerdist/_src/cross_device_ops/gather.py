@@ -9,10 +9,10 @@ from towerdist._src import array_ops, backend
 from towerdist._src.cross_device_ops.placement import mirror
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import InvalidArgumentError
-from towerdist._src.failures import name_api, unworded
+from towerdist._src.failures import unworded
 from towerdist._src.values.distributed_values import DistributedValues
 
-__all__ = ["axis_index", "gather_to", "normalize_axis"]
+__all__ = ["axis_index", "gather_to"]
 
 
 def axis_index(axis: Any, ndim: int) -> int:
@@ -33,15 +33,6 @@ def axis_index(axis: Any, ndim: int) -> int:
             )
         )
     return int(axis % ndim)
-
-
-def normalize_axis(axis: Any, ndim: int, api: str) -> int:
-    """:func:`axis_index`, its errors worded with ``api`` (for ``Strategy.reduce()``'s axes)."""
-    try:
-        return axis_index(axis, ndim)
-    except BaseException as error:
-        name_api(error, api)
-        raise
 
 
 def gather_to(value: DistributedValues, destinations: Sequence[DeviceSpec], axis: Any) -> Any:

@@ -9,6 +9,7 @@ from towerdist._src import array_ops, backend
 from towerdist._src import device as device_lib
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.failures import API, unworded
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 
 __all__ = ["ResolvedDevices", "as_per_replica", "check_pairs", "mirror", "resolve_destinations", "validate_components"]
@@ -19,7 +20,6 @@ class ResolvedDevices(tuple):  # type: ignore[type-arg]
 
     Not to be confused with ``type_aliases.Destinations``, what users may pass as destinations.
     """
-
 
 
 def resolve_destinations(destinations: Any) -> tuple[DeviceSpec, ...]:
@@ -65,13 +65,11 @@ def as_per_replica(value: Any) -> DistributedValues:
     return PerReplica((value,))
 
 
-def check_pairs(
-    value_destination_pairs: Sequence[Any], api: str
-) -> list[tuple[DistributedValues, tuple[DeviceSpec, ...]]]:
+def check_pairs(value_destination_pairs: Sequence[Any]) -> list[tuple[DistributedValues, tuple[DeviceSpec, ...]]]:
     """``(value, destinations)`` pairs checked as ``batch_reduce`` takes them, values validated.
 
-    A plain value counts as one component; destinations are resolved. ``api`` names the
-    method in a component mismatch (see :func:`validate_components`).
+    A plain value counts as one component; destinations are resolved. A component mismatch
+    names the value's index (see :func:`validate_components`); the caller's API names itself.
 
     Raises:
       ValueError: an element is not a pair.
@@ -87,42 +85,49 @@ def check_pairs(
                 f"{k} of size {len(pair)}."
             )
         value = as_per_replica(pair[0])
-        validate_components(value, f"{api} (value {k})")
+        validate_components(value, f" (value {k})")
         pairs.append((value, resolve_destinations(pair[1])))
     return pairs
 
 
-def validate_components(value: DistributedValues, api: str) -> list[Any]:
+def validate_components(value: DistributedValues, which: str = "") -> list[Any]:
     """The components of ``value`` as arrays, after checking they can be combined.
 
-    Raises:
+    ``which`` tells the value apart in a batch (``" (value 3)"``); the messages follow the
+    API's name with it, and the public method the user called puts its name in front.
+
+    Raises (:func:`unworded`):
       ValueError: ``value`` has no components.
       InvalidArgumentError: components differ in shape or dtype; the message names the
         replicas and their shapes/dtypes.
     """
     components = value._values
     if not components:
-        raise ValueError(f"{api}: `per_replica_value` must be non-empty.")
+        raise unworded(ValueError(f"{API}{which}: `per_replica_value` must be non-empty."))
     arrays = [array_ops.as_array(c) for c in components]
     first = arrays[0]
     for replica_id, array in enumerate(arrays[1:], start=1):
         if array.shape != first.shape or array.dtype != first.dtype:
-            raise InvalidArgumentError(
-                f"Reducing across replicas needs every replica's value to have the same shape and dtype "
-                f"({api}), but replica 0 "
-                f"has shape {tuple(first.shape)} and dtype {first.dtype} while replica {replica_id} has "
-                f"shape {tuple(array.shape)} and dtype {array.dtype}. To combine values of different "
-                f"lengths use strategy.reduce(..., axis=0) or all_gather(); otherwise make the shapes "
-                f"agree.",
-                replicas=(0, replica_id),
-                shapes=(tuple(first.shape), tuple(array.shape)),
+            raise unworded(
+                InvalidArgumentError(
+                    f"Reducing across replicas needs every replica's value to have the same shape and dtype "
+                    f"({API}{which}), but replica 0 "
+                    f"has shape {tuple(first.shape)} and dtype {first.dtype} while replica {replica_id} has "
+                    f"shape {tuple(array.shape)} and dtype {array.dtype}. To combine values of different "
+                    f"lengths use strategy.reduce(..., axis=0) or all_gather(); otherwise make the shapes "
+                    f"agree.",
+                    replicas=(0, replica_id),
+                    shapes=(tuple(first.shape), tuple(array.shape)),
+                )
             )
     kind = first.dtype.kind
     if kind not in "iufc":
-        raise InvalidArgumentError(
-            f"Reducing across replicas needs numeric values ({api}). Got dtype {first.dtype}; cast to a "
-            f"numeric dtype first.",
-            replicas=tuple(range(len(arrays))),
+        raise unworded(
+            InvalidArgumentError(
+                f"Reducing across replicas needs numeric values ({API}{which}). Got dtype {first.dtype}; cast to "
+                f"a numeric dtype first.",
+                replicas=tuple(range(len(arrays))),
+            )
         )
     return arrays
 

@@ -90,17 +90,20 @@ class Call:
     """What one rank says about a collective before it moves data.
 
     Args:
-      api: the API the user called, e.g. ``"ReplicaContext.all_reduce()"``.
+      collective: the collective's name, which the ranks compare (a rank making another call at
+        the same point is a mismatch on every rank) and the messages show: the API the user
+        called, e.g. ``"ReplicaContext.all_reduce()"``, or what the library does
+        (``"td.Variable() creation"``). It is part of the protocol, not only of the wording.
       op: the reduce op or kind of exchange (``"SUM"``, ``"gather"``, ``"broadcast"``).
       signature: what must be equal on every rank (dtypes and shapes), as readable text.
       extra: a per-rank number every rank learns from the handshake (e.g. rows to gather).
       detail: shown in error messages but not compared across ranks (e.g. a variable's name).
     """
 
-    __slots__ = ("api", "detail", "extra", "op", "signature")
+    __slots__ = ("collective", "detail", "extra", "op", "signature")
 
-    def __init__(self, api: str, op: str, signature: str, extra: int = 0, detail: str = "") -> None:
-        self.api = api
+    def __init__(self, collective: str, op: str, signature: str, extra: int = 0, detail: str = "") -> None:
+        self.collective = collective
         self.op = op
         self.signature = signature
         self.extra = extra
@@ -108,7 +111,7 @@ class Call:
 
     def describe(self) -> str:
         detail = f" ({self.detail})" if self.detail else ""
-        return f"{self.api}{detail} {self.op} of {self.signature}"
+        return f"{self.collective}{detail} {self.op} of {self.signature}"
 
 
 class Communicator:
@@ -222,14 +225,14 @@ class Communicator:
             table = self._handshake(call, timeout, warning)
             return [int(x) for x in table[:, _EXTRA]]
 
-    def fail(self, api: str, description: str, timeout: float | None, warning: float | None) -> None:
+    def fail(self, collective: str, description: str, timeout: float | None, warning: float | None) -> None:
         """Joins the collective the other ranks are in, to tell them this rank failed preparing it.
 
         The other ranks raise ``AbortedError`` naming this rank and ``description``; this
         one returns, for its caller to raise its own error. Every rank stays in step: the
         next collective works.
         """
-        call = Call(api, "failed before the collective", "")
+        call = Call(collective, "failed before the collective", "")
         with self._guarded(call):
             self._handshake(call, timeout, warning, failure=description)
 
@@ -276,7 +279,7 @@ class Communicator:
     ) -> np.ndarray:
         if self._broken is not None:
             raise UnavailableError(
-                f"{call.api} cannot run: the workers' communicator is broken ({self._broken}). Collectives "
+                f"{call.collective} cannot run: the workers' communicator is broken ({self._broken}). Collectives "
                 f"after a failed one could match the wrong peers' calls, so the job must be restarted; it is "
                 f"aborted when this process exits."
             )
@@ -284,7 +287,7 @@ class Communicator:
         self._seq += 1
         header = self._header
         header[:] = (
-            _MAGIC_VALUE, seq, _code(call.api), _code(call.op), _code(call.signature), call.extra,
+            _MAGIC_VALUE, seq, _code(call.collective), _code(call.op), _code(call.signature), call.extra,
             _OK if failure is None else _FAILED, self.notice,
         )  # fmt: skip
         if self.rank == 0:
@@ -370,7 +373,7 @@ class Communicator:
         texts = self._exchange_text(f"{call.describe()} (collective #{seq})", call, timeout)
         lines = "; ".join(f"rank {r} called {text}" for r, text in enumerate(texts))
         raise InvalidArgumentError(
-            f"{call.api}: the workers' collective calls do not match: {lines}. Every worker must make the same "
+            f"{call.collective}: the workers' collective calls do not match: {lines}. Every worker must make the same "
             f"collective calls (all_reduce, reduce, gather, variable creation, ...) in the same order, with "
             f"the same shapes and dtypes; a variable created on one worker only, or a step skipped on one "
             f"worker, puts the workers out of step.",
@@ -386,7 +389,7 @@ class Communicator:
             return
         reasons = "; ".join(f"rank {r}: {texts[r]}" for r in failed)
         raise AbortedError(
-            f"{call.api} (collective #{seq}) cannot run: rank(s) {', '.join(map(str, failed))} failed while preparing "
+            f"{call.collective} (collective #{seq}) cannot run: rank(s) {', '.join(map(str, failed))} failed while preparing "
             f"it ({reasons}), so rank {self.rank} raises too. Every worker raises at this collective and they stay "
             f"in step: the next collective works. See the failing rank's error for the cause.",
             ranks=failed,
@@ -416,7 +419,7 @@ class Communicator:
                 return
             poller.pause()
             if deadline is not None and time.monotonic() > deadline:
-                reason = f"{call.api} timed out while moving its data between the ranks"
+                reason = f"{call.collective} timed out while moving its data between the ranks"
                 self.mark_broken(reason)
                 raise DeadlineExceededError(
                     f"{reason}: every rank had arrived, but the transfer did not complete in time (a rank died "
@@ -461,7 +464,7 @@ class Communicator:
             self._left.add(source)
         if self._left:
             who = ", ".join(str(r) for r in sorted(self._left))
-            reason = f"rank(s) {who} ended their program without reaching {call.api} (collective #{seq})"
+            reason = f"rank(s) {who} ended their program without reaching {call.collective} (collective #{seq})"
             self.mark_broken(reason)
             raise AbortedError(
                 f"Rank {self.rank}: {reason}, so it can never complete. Every worker must make the same collective "
@@ -495,7 +498,7 @@ class Communicator:
             except OpError:
                 raise  # a mismatch leaves the communicator usable; timeouts have broken it already
             except BaseException as error:
-                self.mark_broken(f"{call.api} was interrupted on rank {self.rank} by {type(error).__name__}")
+                self.mark_broken(f"{call.collective} was interrupted on rank {self.rank} by {type(error).__name__}")
                 raise
             finally:
                 if begin and _profiler.active:
@@ -503,7 +506,7 @@ class Communicator:
 
     def _timed_out(self, call: Call, seq: int, missing: list[int], timeout: float | None) -> DeadlineExceededError:
         who = ", ".join(str(r) for r in missing)
-        reason = f"rank(s) {who} did not reach {call.api} (collective #{seq}) within {timeout:g} s"
+        reason = f"rank(s) {who} did not reach {call.collective} (collective #{seq}) within {timeout:g} s"
         self.mark_broken(reason)
         hint = (
             " Rank 0 coordinates every collective and did not answer: it is stuck, busy or dead."
@@ -524,7 +527,7 @@ class Communicator:
         else:
             who = "rank 0 (which coordinates the handshake) has not answered: some rank has not reached it"
         message = (
-            f"Rank {self.rank} has waited {waited:.0f} s in {call.api} (collective #{seq}): {who}. A rank that "
+            f"Rank {self.rank} has waited {waited:.0f} s in {call.collective} (collective #{seq}): {who}. A rank that "
             f"skipped a collective, runs a different code path, or is stuck, makes the others wait; set "
             f"CommunicationOptions(timeout_seconds=...) to fail instead of waiting."
         )
@@ -535,7 +538,7 @@ class Communicator:
 def _record_collective(call: Call, algorithm: str, payload: Sequence[np.ndarray], begin: int, failed: bool) -> None:
     """Adds a collective to the timeline (a profiler is running)."""
     args: dict[str, Any] = {
-        "api": call.api,
+        "api": call.collective,
         "op": call.op,
         "signature": call.signature,
         "algorithm": algorithm,
@@ -544,7 +547,7 @@ def _record_collective(call: Call, algorithm: str, payload: Sequence[np.ndarray]
     }
     if failed:
         args["error"] = True
-    _profiler.record(f"MPI {call.op}: {call.api}", begin, args)
+    _profiler.record(f"MPI {call.op}: {call.collective}", begin, args)
 
 
 def _deadline(timeout: float | None) -> float | None:

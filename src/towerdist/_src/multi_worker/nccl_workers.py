@@ -45,7 +45,7 @@ logger = logging.getLogger("towerdist")
 NCCL_DTYPES = {**nccl_all_reduce.NCCL_DTYPES, "complex64": "NCCL_FLOAT32", "complex128": "NCCL_FLOAT64"}
 
 
-def shared_unique_id(workers: Workers, nccl: Any, api: str) -> Any:
+def shared_unique_id(workers: Workers, nccl: Any, collective: str) -> Any:
     """Worker 0's new NCCL unique id on every worker, as the installed cupy takes it.
 
     cupy 14 returns and takes ``bytes``; earlier versions a tuple of signed ints. The id is
@@ -58,7 +58,7 @@ def shared_unique_id(workers: Workers, nccl: Any, api: str) -> Any:
             data = b"b" + bytes(made)
         else:
             data = b"t" + bytes(int(v) & 0xFF for v in made)
-    received = workers.broadcast_bytes(data, api)
+    received = workers.broadcast_bytes(data, collective)
     kind, raw = received[:1], received[1:]
     if kind == b"b":
         return bytes(raw)
@@ -79,8 +79,8 @@ class NcclWorkers:
         self._workers = workers
         self._device_index = device_index
         self._nccl = nccl
-        api = "MultiWorkerMirroredStrategy (NCCL communicator set-up)"
-        unique_id = shared_unique_id(workers, nccl, api)
+        collective = "MultiWorkerMirroredStrategy (NCCL communicator set-up)"
+        unique_id = shared_unique_id(workers, nccl, collective)
         cuda = cupy_backend._import().cuda
         what = f"MultiWorkerMirroredStrategy's workers (worker {workers.rank} of {workers.size}, GPU:{device_index})"
         try:
@@ -97,7 +97,7 @@ class NcclWorkers:
         self._watch = _Watch(self._clique, workers)
 
     def sum(
-        self, buffers: list[Any], api: str, timeout: float | None, warning: float | None, op: str = "SUM"
+        self, buffers: list[Any], collective: str, timeout: float | None, warning: float | None, op: str = "SUM"
     ) -> None:
         """Sums each contiguous GPU buffer (on the communicator's GPU) across the workers, in place.
 
@@ -117,14 +117,14 @@ class NcclWorkers:
         index = self._device_index
         # A communicator known to be broken refuses before the handshake: the other workers
         # then wait in MPI (bounded, with a diagnosis), never in NCCL work that cannot end.
-        self._watch.raise_if_failed(api)
+        self._watch.raise_if_failed(collective)
         with nccl_cliques.gpus_locked([index]):
-            self._check(api)
+            self._check(collective)
         signature = ", ".join(f"{b.dtype}[{b.size}]" for b in buffers)
-        communicator.agree(Call(api, f"{op} over NCCL", signature), timeout, warning)
+        communicator.agree(Call(collective, f"{op} over NCCL", signature), timeout, warning)
         cuda = cupy_backend._import().cuda
         with nccl_cliques.gpus_locked([index]):
-            self._check(api)  # (an asynchronous error found meanwhile)
+            self._check(collective)  # (an asynchronous error found meanwhile)
             stream = clique.streams[0]
             with cuda.Device(index):
                 cupy_streams.wait_for_stream(stream, index, cuda.get_current_stream(), index)
@@ -136,13 +136,13 @@ class NcclWorkers:
                     kind = getattr(nccl, NCCL_DTYPES[buffer.dtype.name])
                     clique.comms[0].allReduce(buffer.data.ptr, buffer.data.ptr, count, kind, nccl.NCCL_SUM, stream.ptr)
             clique.finished()
-            self._watch.add(started, clique.last_done[0], api, timeout)
+            self._watch.add(started, clique.last_done[0], collective, timeout)
 
 
-    def _check(self, api: str) -> None:
+    def _check(self, collective: str) -> None:
         """``Clique.check``, and a failure breaks the workers' communication (as the watch's do)."""
         try:
-            self._clique.check(api)
+            self._clique.check(collective)
         except UnavailableError:
             communicator = self._workers.communicator
             if communicator is not None and self._clique.broken is not None:
@@ -163,26 +163,26 @@ class _Watch:
         self._clique = clique
         self._workers = workers
         self._lock = threading.Lock()
-        # (started event, done event, api, timeout, when the stream reached it or None)
+        # (started event, done event, collective, timeout, when the stream reached it or None)
         self._pending: list[tuple[Any, Any, str, float | None, float | None]] = []
         self._failure: str | None = None
         self._thread: threading.Thread | None = None
 
-    def add(self, started: Any, done: Any, api: str, timeout: float | None) -> None:
+    def add(self, started: Any, done: Any, collective: str, timeout: float | None) -> None:
         with self._lock:
-            self._pending.append((started, done, api, timeout, None))
+            self._pending.append((started, done, collective, timeout, None))
             if self._thread is None and self._failure is None:
                 self._thread = threading.Thread(target=self._run, name="towerdist-nccl-watch", daemon=True)
                 self._thread.start()
 
-    def raise_if_failed(self, api: str) -> None:
+    def raise_if_failed(self, collective: str) -> None:
         """Raises ``DeadlineExceededError`` (a timed-out collective) or ``UnavailableError`` after a failure."""
         failure = self._failure
         if failure is None:
             return
         error = DeadlineExceededError if "did not complete" in failure else UnavailableError
         raise error(
-            f"{api} cannot run: {failure}. The workers' NCCL communicator was aborted and the job is aborted at "
+            f"{collective} cannot run: {failure}. The workers' NCCL communicator was aborted and the job is aborted at "
             f"exit; restart it.",
             missing=[],
         )
@@ -206,19 +206,19 @@ class _Watch:
         clique = self._clique
         now = time.monotonic()
         still: list[tuple[Any, Any, str, float | None, float | None]] = []
-        for started, done, api, timeout, began in self._pending:
+        for started, done, collective, timeout, began in self._pending:
             if done.done:
                 continue
             if began is None and started.done:
                 began = now
             if timeout is not None and began is not None and now - began > timeout:
                 self._fail(
-                    f"{api} did not complete within {timeout:g} s in NCCL between the workers: every worker had "
+                    f"{collective} did not complete within {timeout:g} s in NCCL between the workers: every worker had "
                     f"arrived, but the GPU all-reduce on GPU:{clique.device_ids[0]} of worker {self._workers.rank} "
                     f"stalled (a peer or a link)"
                 )
                 return
-            still.append((started, done, api, timeout, began))
+            still.append((started, done, collective, timeout, began))
         try:
             clique.comms[0].check_async_error()
         except Exception as error:  # cupy's NcclError

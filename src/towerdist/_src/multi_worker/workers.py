@@ -77,7 +77,7 @@ class Workers:
     def sum(
         self,
         arrays: Sequence[np.ndarray],
-        api: str,
+        collective: str,
         options: CommunicationOptions | None,
         out: Sequence[Any] | None = None,
         op: str = "SUM",
@@ -101,7 +101,7 @@ class Workers:
         packs = _packs(arrays, bytes_per_pack)
         if len(packs) > 1:
             op = f"{op} in packs of {[len(pack) for _, pack in packs]} arrays"
-        call = Call(api, op, _signature(arrays))
+        call = Call(collective, op, _signature(arrays))
         buffers = []
         for dtype, pack in packs:
             target = _own_buffer(out, pack[0], arrays[pack[0]], dtype) if len(pack) == 1 else None
@@ -119,23 +119,23 @@ class Workers:
                 offset += size
         return results
 
-    def gather(self, array: np.ndarray, axis: int, api: str, options: CommunicationOptions | None) -> np.ndarray:
+    def gather(self, array: np.ndarray, axis: int, collective: str, options: CommunicationOptions | None) -> np.ndarray:
         """Every worker's ``array`` concatenated along ``axis``, in rank order (any dtype but object)."""
         communicator = self._communicator
         if communicator is None:
             return np.array(array, copy=True)
-        _check_movable(array, api)
+        _check_movable(array, collective)
         moved = np.ascontiguousarray(np.moveaxis(array, axis, 0))
         rest = moved.shape[1:]
         shape = ", ".join(["*" if d == axis else str(n) for d, n in enumerate(array.shape)])
-        call = Call(api, f"gather along axis {axis}", f"{array.dtype}[{shape}]", extra=moved.shape[0])
+        call = Call(collective, f"gather along axis {axis}", f"{array.dtype}[{shape}]", extra=moved.shape[0])
         row_bytes = int(np.prod(rest, dtype=np.int64)) * array.dtype.itemsize
         # Gathering moves bytes: any fixed-size dtype (strings, datetimes) travels as it is.
         flat, rows = communicator.allgatherv(moved.reshape(-1).view(np.uint8), row_bytes, call, *self.bounds(options))
         return np.moveaxis(flat.view(array.dtype).reshape((sum(rows), *rest)), 0, axis)
 
     def broadcast(
-        self, arrays: Sequence[np.ndarray], api: str, options: CommunicationOptions | None, detail: str = ""
+        self, arrays: Sequence[np.ndarray], collective: str, options: CommunicationOptions | None, detail: str = ""
     ) -> list[np.ndarray]:
         """Rank 0's arrays on every worker (the shapes and dtypes must agree; any dtype but object), as new arrays."""
         communicator = self._communicator
@@ -143,8 +143,8 @@ class Workers:
         if communicator is None:
             return copies
         for array in copies:
-            _check_movable(array, api)
-        call = Call(api, "broadcast from rank 0", _signature(arrays), detail=detail)
+            _check_movable(array, collective)
+        call = Call(collective, "broadcast from rank 0", _signature(arrays), detail=detail)
         timeout, warning = self.bounds(options)
         if len(copies) == 1:
             communicator.broadcast(copies[0].reshape(-1).view(np.uint8), call, timeout, warning)
@@ -162,15 +162,15 @@ class Workers:
             offset += size
         return copies
 
-    def flags(self, flag: bool, api: str) -> list[bool]:
+    def flags(self, flag: bool, collective: str) -> list[bool]:
         """Every worker's ``flag``, in rank order."""
-        return [bool(x) for x in self.agree_extra(api, int(flag), None)]
+        return [bool(x) for x in self.agree_extra(collective, int(flag), None)]
 
-    def agree_extra(self, api: str, extra: int, options: CommunicationOptions | None) -> list[int]:
+    def agree_extra(self, collective: str, extra: int, options: CommunicationOptions | None) -> list[int]:
         """Every worker's ``extra`` (a handshake without payload)."""
         if self._communicator is None:
             return [extra]
-        return self._communicator.agree(Call(api, "agree", "", extra=extra), *self.bounds(options))
+        return self._communicator.agree(Call(collective, "agree", "", extra=extra), *self.bounds(options))
 
     # --- agreeing on outcomes ---------------------------------------------------------------------
 
@@ -180,7 +180,7 @@ class Workers:
         communicator = self._communicator
         return -1 if communicator is None else communicator.seq
 
-    def failed_before(self, seq: int, api: str, error: BaseException) -> None:
+    def failed_before(self, seq: int, collective: str, error: BaseException) -> None:
         """Tells the other workers that this one failed preparing the collective it began at ``seq``.
 
         Call it with the error, then re-raise it. If this worker has not reached the
@@ -196,30 +196,30 @@ class Workers:
         except Exception:  # an error whose __str__ fails still fails every worker
             text = type(error).__name__
         try:
-            communicator.fail(api, text[:2000], *self.bounds(None))
+            communicator.fail(collective, text[:2000], *self.bounds(None))
         except Exception as telling:  # the user's error stays the one raised; this one is noted on it
             note = f"towerdist could not tell the other workers about it: {type(telling).__name__}: {telling}"
             if hasattr(error, "add_note"):
                 error.add_note(note)
 
-    def settle(self, error: BaseException | None, api: str) -> None:
+    def settle(self, error: BaseException | None, collective: str) -> None:
         """Agrees whether every worker succeeded at a step; raises on every worker if one failed.
 
         A worker that failed raises its own ``error``; the others raise ``AbortedError``
         naming the failed ranks.
         """
-        flags = self.agree_extra(f"{api} (did every worker succeed?)", 0 if error is None else 1, None)
+        flags = self.agree_extra(f"{collective} (did every worker succeed?)", 0 if error is None else 1, None)
         failed = [rank for rank, flag in enumerate(flags) if flag]
         if error is not None:
             raise error
         if failed:
             raise errors.AbortedError(
-                f"{api} failed on rank(s) {', '.join(map(str, failed))} (see their error), so rank {self.rank} "
+                f"{collective} failed on rank(s) {', '.join(map(str, failed))} (see their error), so rank {self.rank} "
                 f"stops too: every worker takes part in it, and they stay in step.",
                 ranks=failed,
             )
 
-    def run_on_chief(self, fn: Callable[[], Any], api: str) -> Any:
+    def run_on_chief(self, fn: Callable[[], Any], collective: str) -> Any:
         """Runs ``fn`` on worker 0 only and returns its JSON-able result on every worker.
 
         An exception ``fn`` raises on worker 0 is raised on every worker: the same exception
@@ -236,7 +236,7 @@ class Workers:
                 path = getattr(error, "path", None)
                 details = {"path": path} if isinstance(path, str) else {}
                 data = json.dumps({"error": [type(error).__name__, str(error), details]}).encode()
-        received = json.loads(self.broadcast_bytes(data, api))
+        received = json.loads(self.broadcast_bytes(data, collective))
         if "error" in received:
             if mine is not None:
                 raise mine
@@ -244,13 +244,13 @@ class Workers:
             raise _chief_error(name, f"{message} (raised on the chief, worker 0)", details)
         return received["result"]
 
-    def broadcast_bytes(self, data: bytes, api: str) -> bytes:
+    def broadcast_bytes(self, data: bytes, collective: str) -> bytes:
         """Worker 0's ``data`` on every worker."""
         if self._communicator is None:
             return data
-        (length,) = self.agree_extra(f"{api} (length)", len(data), None)[:1]
+        (length,) = self.agree_extra(f"{collective} (length)", len(data), None)[:1]
         buffer = np.frombuffer(data, np.uint8).copy() if self.rank == 0 else np.empty(length, np.uint8)
-        return bytes(self.broadcast([buffer], api, None)[0].tobytes())
+        return bytes(self.broadcast([buffer], collective, None)[0].tobytes())
 
 
 _current: Workers | None = None
@@ -313,10 +313,10 @@ def _chief_error(name: str, message: str, details: dict[str, Any]) -> Exception:
     return cls(message)
 
 
-def _check_movable(array: np.ndarray, api: str) -> None:
+def _check_movable(array: np.ndarray, collective: str) -> None:
     if array.dtype.hasobject:
         raise TypeError(
-            f"{api} cannot send values of dtype {array.dtype} between workers (Python objects have no fixed "
+            f"{collective} cannot send values of dtype {array.dtype} between workers (Python objects have no fixed "
             f"byte layout). Use a numeric, bool, string or datetime dtype."
         )
 

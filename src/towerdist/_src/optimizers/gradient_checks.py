@@ -7,8 +7,10 @@ previous step) is checked inline by the optimizer and never reaches the slow pat
 Errors whose message reads on after the public method's name are raised
 :func:`~towerdist._src.failures.unworded` and worded by ``apply_gradients`` (or
 ``build``/``get_slot``). The others name the API in a form the mechanism cannot put in
-front (``"SGD.apply_gradients(): ..."``, with a colon; the API in mid-sentence), so their
-checks take the API's name as ``api``.
+front with a colon (``"SGD.apply_gradients(): the gradient of v ..."``: ``separator=": "``)
+or in mid-sentence (the :data:`~towerdist._src.failures.API` slot). No check takes the
+API's name: :func:`check_pairs` hands back the variables without a gradient, and the
+optimizer warns about them under its own name.
 """
 
 from __future__ import annotations
@@ -21,22 +23,29 @@ import numpy as np
 
 from towerdist._src import backend
 from towerdist._src.errors import InvalidArgumentError
-from towerdist._src.failures import unworded
+from towerdist._src.failures import API, unworded
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.variables.variable import Variable, VariableRef
 
-__all__ = ["check_gradient", "check_pairs", "columns_of", "gradient_columns", "to_sum", "variable_ref"]
+__all__ = [
+    "check_gradient",
+    "check_pairs",
+    "columns_of",
+    "gradient_columns",
+    "to_sum",
+    "variable_ref",
+    "warn_skipped",
+]
 
 # ``to_sum``'s answer when no gradient is summed (compared by identity).
 NOTHING_TO_SUM: list[bool] = []
 
 
-def check_pairs(grads_and_vars: Iterable[tuple[Any, Variable]], api: str) -> list[tuple[Any, Variable]]:
-    """The pairs with a gradient, as a list; warns about the pairs without one.
+def check_pairs(grads_and_vars: Iterable[tuple[Any, Variable]]) -> tuple[list[tuple[Any, Variable]], list[str]]:
+    """The pairs with a gradient, as a list, and the names of the variables without one (to warn about).
 
-    Raises:
-      TypeError: not an iterable of pairs (unworded), or an entry's variable is not a
-        ``td.Variable`` (unworded).
+    Raises (all :func:`unworded`):
+      TypeError: not an iterable of pairs, or an entry's variable is not a ``td.Variable``.
       ValueError: an entry is not a pair, a variable is listed twice, no gradient at all.
     """
     try:
@@ -53,14 +62,19 @@ def check_pairs(grads_and_vars: Iterable[tuple[Any, Variable]], api: str) -> lis
     seen: set[int] = set()
     for k, pair in enumerate(pairs):
         if len(pair) != 2:
-            raise ValueError(f"{api}: entry {k} of grads_and_vars is not a (gradient, variable) pair. Got {pair!r}.")
+            raise unworded(
+                ValueError(f"entry {k} of grads_and_vars is not a (gradient, variable) pair. Got {pair!r}."),
+                separator=": ",
+            )
         grad, var = pair
         if not isinstance(var, Variable):
             variable_ref(var, index=k)  # raises the TypeError naming the entry
         if id(var) in seen:
-            raise ValueError(
-                f"{api}: variable {var.name} appears more than once in grads_and_vars; sum its gradients and pass "
-                f"it once."
+            raise unworded(
+                ValueError(
+                    f"variable {var.name} appears more than once in grads_and_vars; sum its gradients and pass it once."
+                ),
+                separator=": ",
             )
         seen.add(id(var))
         if grad is None:
@@ -68,29 +82,40 @@ def check_pairs(grads_and_vars: Iterable[tuple[Any, Variable]], api: str) -> lis
         elif type(grad) is np.ndarray:  # the common case
             kept.append((grad, var))
         else:
-            kept.append((_as_gradient(grad, var, api), var))
+            kept.append((_as_gradient(grad, var), var))
     if not kept:
         names = ", ".join(skipped) or "(no variables)"
-        raise ValueError(f"No gradients provided for any variable: {names}. {api} needs at least one gradient.")
-    if skipped:
-        warnings.warn(
-            f"Gradients do not exist for variables {skipped} when calling {api}; they are left unchanged.",
-            UserWarning,
-            stacklevel=4,
+        raise unworded(
+            ValueError(f"No gradients provided for any variable: {names}. {API} needs at least one gradient.")
         )
-    return kept
+    return kept, skipped
 
 
-def _as_gradient(grad: Any, var: Variable, api: str) -> Any:
+def warn_skipped(skipped: list[str], api: str, stacklevel: int) -> None:
+    """Warns that the variables ``skipped`` (without a gradient) are left unchanged by ``api``.
+
+    A warning is shown when it is issued, so it cannot be worded on the way out: the public
+    method passes its name.
+    """
+    warnings.warn(
+        f"Gradients do not exist for variables {skipped} when calling {api}; they are left unchanged.",
+        UserWarning,
+        stacklevel=stacklevel + 1,
+    )
+
+
+def _as_gradient(grad: Any, var: Variable) -> Any:
     """``grad`` as an array (or distributed value): lists and numbers become one array, so
     that ``merge_call`` treats them as one value per replica, not as nested structures."""
     if isinstance(grad, (Variable, DistributedValues)) or backend.is_array(grad):
         return grad
     array = np.asarray(grad)
     if array.dtype.kind not in "biufc":
-        raise TypeError(
-            f"{api}: the gradient of {var.name} must be an array of numbers. Got {grad!r} of type "
-            f"{type(grad).__name__}."
+        raise unworded(
+            TypeError(
+                f"the gradient of {var.name} must be an array of numbers. Got {grad!r} of type {type(grad).__name__}."
+            ),
+            separator=": ",
         )
     return array
 
@@ -145,15 +170,13 @@ def gradient_columns(per_replica: list[list[tuple[Any, Variable]]]) -> list[list
     return [list(column) for column in zip(*[[grad for grad, _ in pairs] for pairs in per_replica])]
 
 
-def to_sum(
-    columns: list[list[Any]], variables: list[Variable], from_replicas: bool, workers: int, api: str
-) -> list[bool]:
+def to_sum(columns: list[list[Any]], variables: list[Variable], from_replicas: bool, workers: int) -> list[bool]:
     """Which gradients are given per replica and must be summed (checked before any update).
 
     With several workers (MultiWorkerMirroredStrategy) every gradient is summed across them.
 
     Raises:
-      ValueError: in replica context, one gradient object stands for every replica.
+      ValueError: (unworded) in replica context, one gradient object stands for every replica.
     """
     replicas = len(columns[0]) if columns else 1
     if replicas == 1:  # several workers: a replica's own gradient; in cross-replica context, applied as given
@@ -167,10 +190,13 @@ def to_sum(
                     if grad is not first:
                         break
                 else:
-                    raise ValueError(
-                        f"{api}: the gradient of {variables[k].name} is the same object in all {replicas} replicas, "
-                        f"so summing it across replicas would count it {replicas} times. Compute gradients per "
-                        f"replica, or pass experimental_aggregate_gradients=False if they are already summed."
+                    raise unworded(
+                        ValueError(
+                            f"the gradient of {variables[k].name} is the same object in all {replicas} replicas, "
+                            f"so summing it across replicas would count it {replicas} times. Compute gradients per "
+                            f"replica, or pass experimental_aggregate_gradients=False if they are already summed."
+                        ),
+                        separator=": ",
                     )
             summed[k] = True
     return [True] * len(columns) if workers > 1 else summed
@@ -179,8 +205,10 @@ def to_sum(
 _CONVERTS: dict[tuple[np.dtype[Any], np.dtype[Any]], bool] = {}
 
 
-def check_gradient(column: list[Any], var: Variable, current: Any, api: str, from_replicas: bool) -> None:
+def check_gradient(column: list[Any], var: Variable, current: Any, from_replicas: bool) -> None:
     """Checks each replica's gradient of ``var``: the variable's shape, a dtype that converts.
+
+    Its errors are :func:`unworded` (``separator=": "``): ``apply_gradients`` names itself.
 
     A gradient converts when numpy's ``same_kind`` rule allows it (an int or float64
     gradient of a float32 variable); a complex gradient of a real variable (its imaginary
@@ -199,9 +227,12 @@ def check_gradient(column: list[Any], var: Variable, current: Any, api: str, fro
         shape = part.shape if type(part) is np.ndarray else tuple(np.shape(part))
         if shape != var_shape:
             where = f" from replica {replica}" if from_replicas or len(column) > 1 else ""
-            raise ValueError(
-                f"{api}: the gradient of {var.name}{where} has shape {tuple(shape)}, but the variable has shape "
-                f"{tuple(var_shape)}. Pass a gradient of the variable's shape."
+            raise unworded(
+                ValueError(
+                    f"the gradient of {var.name}{where} has shape {tuple(shape)}, but the variable has shape "
+                    f"{tuple(var_shape)}. Pass a gradient of the variable's shape."
+                ),
+                separator=": ",
             )
         dtype = (
             part.dtype if type(part) is np.ndarray else np.dtype(getattr(part, "dtype", None) or np.asarray(part).dtype)
@@ -218,7 +249,10 @@ def check_gradient(column: list[Any], var: Variable, current: Any, api: str, fro
                 why = "it is not an array of numbers; compute the gradient as a numeric array"
             else:
                 why = f"it does not convert without losing information; cast it with td.cast(grad, {var_dtype.name})"
-            raise InvalidArgumentError(
-                f"{api}: the gradient of {var.name}{where} has dtype {dtype}, but the variable has dtype "
-                f"{var_dtype}: {why}."
+            raise unworded(
+                InvalidArgumentError(
+                    f"the gradient of {var.name}{where} has dtype {dtype}, but the variable has dtype "
+                    f"{var_dtype}: {why}."
+                ),
+                separator=": ",
             )

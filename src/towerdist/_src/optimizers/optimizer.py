@@ -50,6 +50,7 @@ from towerdist._src.optimizers.gradient_checks import (
     gradient_columns,
     to_sum,
     variable_ref,
+    warn_skipped,
 )
 from towerdist._src.optimizers.step_counter import HostStep
 from towerdist._src.optimizers.update_plan import (
@@ -183,7 +184,9 @@ class Optimizer:
         with worded_at(api):
             for var in variables:
                 variable_ref(var)
-            strategy = self._bind(variables, api)
+            strategy = self._bind(variables)
+        if context.has_strategy() and context.get_strategy() is not strategy:
+            raise context.wrong_strategy_scope(strategy, api)
         context.require_cross_replica_or_default(strategy, api)
         self._build(strategy, variables)
 
@@ -272,7 +275,9 @@ class Optimizer:
             pairs = self._checked_pairs(grads_and_vars)
             strategy = self._strategy if pairs is self._cache.last_pairs_checked else None
             if strategy is None or (context.has_strategy() and context.get_strategy() is not strategy):
-                strategy = self._bind([var for _, var in pairs], api)
+                strategy = self._bind([var for _, var in pairs])
+                if context.has_strategy() and context.get_strategy() is not strategy:
+                    raise context.wrong_strategy_scope(strategy, api)
         except BaseException as error:  # (free until raised: this is every training step's path)
             name_api(error, api)
             raise
@@ -282,11 +287,13 @@ class Optimizer:
             def settle(merge_strategy: Any, per_replica: list[list[tuple[Any, Variable]]]) -> list[Any]:
                 try:
                     columns = gradient_columns(per_replica)
-                except BaseException as error:
+                    deferred = _replica_gpus(merge_strategy, len(per_replica))
+                    self._apply(
+                        merge_strategy, per_replica[0], columns, experimental_aggregate_gradients, True, deferred
+                    )
+                except BaseException as error:  # the gradients' checks raise unworded
                     name_api(error, api)
                     raise
-                deferred = _replica_gpus(merge_strategy, len(per_replica))
-                self._apply(merge_strategy, per_replica[0], columns, experimental_aggregate_gradients, True, deferred)
                 if deferred is None:
                     return [None] * len(per_replica)
                 return [deferred[device.device_index] for device in _replica_devices(merge_strategy)]
@@ -298,9 +305,13 @@ class Optimizer:
             assert self._iterations is not None
             return self._iterations
         context.require_cross_replica_or_default(strategy, api)
-        with strategy.scope():
-            columns = [columns_of(grad) for grad, _ in pairs]
-            self._apply(strategy, pairs, columns, experimental_aggregate_gradients, False)
+        try:
+            with strategy.scope():
+                columns = [columns_of(grad) for grad, _ in pairs]
+                self._apply(strategy, pairs, columns, experimental_aggregate_gradients, False)
+        except BaseException as error:  # the gradients' checks raise unworded (free until raised)
+            name_api(error, api)
+            raise
         assert self._iterations is not None
         return self._iterations
 
@@ -316,7 +327,7 @@ class Optimizer:
             pairs = grads_and_vars if type(grads_and_vars) is list else list(grads_and_vars)
         except TypeError:
             pairs = grads_and_vars  # type: ignore[assignment]  # not iterable: check_pairs says so
-            return check_pairs(pairs, self._api)
+            return check_pairs(pairs)[0]  # raises
         last = cache.last_variables
         if pairs and len(pairs) == len(last):
             for pair, var in zip(pairs, last):
@@ -325,7 +336,9 @@ class Optimizer:
             else:
                 cache.last_pairs_checked = pairs
                 return pairs
-        checked = check_pairs(pairs, self._api)
+        checked, skipped = check_pairs(pairs)
+        if skipped:
+            warn_skipped(skipped, self._api, stacklevel=3)  # the caller of apply_gradients
         cache.last_variables = tuple(var for _, var in checked)
         cache.last_pairs_checked = None
         return checked
@@ -346,7 +359,6 @@ class Optimizer:
         replicas, each GPU one replica's), the updates of the copies on those GPUs are not
         applied here but collected there, for each replica to apply on its own thread.
         """
-        api = self._api
         variables = [var for _, var in pairs]
         known = self._cache.plans_of(variables) if self._iterations is not None else None
         for k, var in enumerate(variables):
@@ -356,10 +368,10 @@ class Optimizer:
                 grad = column[0]
                 if type(grad) is np.ndarray and grad.shape == current.shape and grad.dtype == current.dtype:
                     continue  # the common case, checked inline
-            check_gradient(column, var, current, api, from_replicas)
+            check_gradient(column, var, current, from_replicas)
         plans = known if known is not None else self._build_plans(strategy, variables)
         workers = strategy.extended._num_workers
-        summed = to_sum(columns, variables, from_replicas, workers, api) if aggregate else NOTHING_TO_SUM
+        summed = to_sum(columns, variables, from_replicas, workers) if aggregate else NOTHING_TO_SUM
         step = self._host_step.read(self._iterations)
         learning_rate = self._learning_rate if type(self._learning_rate) is float else self._current_learning_rate(step)
         coefficients_by_dtype: dict[np.dtype[Any], dict[str, Any]] = {}
@@ -427,7 +439,9 @@ class Optimizer:
         summed: dict[int, list[Any]] = {}
         if summing:
             out = [plans[k].sum_buffers.scratch("sum", columns[k][0]) for k in summing]
-            reduced = strategy.extended._all_reduce(ReduceOp.SUM, [columns[k] for k in summing], None, out, self._api)
+            reduced = strategy.extended._all_reduce(
+                ReduceOp.SUM, [columns[k] for k in summing], None, out, collective=self._api
+            )
             summed = dict(zip(summing, reduced))
         for k in indices:
             plan = plans[k]
@@ -529,37 +543,45 @@ class Optimizer:
 
     # --- helpers -------------------------------------------------------------------------
 
-    def _bind(self, variables: Sequence[Variable], api: str) -> Any:
+    def _bind(self, variables: Sequence[Variable]) -> Any:
         """The strategy the variables belong to; the optimizer keeps to one strategy.
 
-        ``api`` names the public method in the errors that put a colon after it; the
-        caller words the others (:func:`~towerdist._src.failures.unworded`).
+        Its errors are :func:`~towerdist._src.failures.unworded` (most with ``separator=": "``):
+        the public method (``build``, ``apply_gradients``) names itself. The caller then checks
+        that this strategy's scope (or none) is current.
         """
         strategies = {id(_strategy_of(v)): _strategy_of(v) for v in variables}
         if len(strategies) > 1:
             names = ", ".join(f"{v.name} ({_strategy_of(v)!r})" for v in variables)
-            raise ValueError(
-                f"{api}: the variables belong to different strategies: {names}. An "
-                f"optimizer updates the variables of one strategy; create them all in one strategy's scope."
+            raise unworded(
+                ValueError(
+                    f"the variables belong to different strategies: {names}. An "
+                    f"optimizer updates the variables of one strategy; create them all in one strategy's scope."
+                ),
+                separator=": ",
             )
         strategy = next(iter(strategies.values())) if strategies else context.get_strategy()
         if variables and strategy is context.default_strategy():
             self._check_not_created_outside_scope(variables)
         if self._strategy is None and self._iterations is not None and _strategy_of(self._iterations) is not strategy:
-            raise ValueError(
-                f"{api}: the optimizer's step counter was created under "
-                f"{_strategy_of(self._iterations)!r}, but the variables belong to {strategy!r}. Create the optimizer "
-                f"in the same strategy scope as the variables."
+            raise unworded(
+                ValueError(
+                    f"the optimizer's step counter was created under "
+                    f"{_strategy_of(self._iterations)!r}, but the variables belong to {strategy!r}. Create the "
+                    f"optimizer in the same strategy scope as the variables."
+                ),
+                separator=": ",
             )
         if self._strategy is None:
             self._strategy = strategy
         elif strategy is not self._strategy:
-            raise ValueError(
-                f"{api}: this optimizer already optimizes variables of {self._strategy!r}; "
-                f"got variables of {strategy!r}. Use one optimizer per strategy."
+            raise unworded(
+                ValueError(
+                    f"this optimizer already optimizes variables of {self._strategy!r}; "
+                    f"got variables of {strategy!r}. Use one optimizer per strategy."
+                ),
+                separator=": ",
             )
-        if context.has_strategy() and context.get_strategy() is not strategy:
-            raise context.wrong_strategy_scope(strategy, api)
         return strategy
 
     def _check_not_created_outside_scope(self, variables: Sequence[Variable]) -> None:

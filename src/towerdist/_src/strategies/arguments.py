@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from towerdist._src import device as device_lib
-from towerdist._src.cross_device_ops.gather import normalize_axis
+from towerdist._src.cross_device_ops.gather import axis_index
 from towerdist._src.cross_device_ops.placement import ResolvedDevices
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
@@ -56,7 +56,7 @@ def check_replication_options(options: InputOptions | None) -> None:
 def reduce_axes(axis: Any, ndim: int) -> tuple[int, ...]:
     """``Strategy.reduce``'s ``axis`` (an int or a sequence of ints) as non-negative axes."""
     raw = tuple(axis) if isinstance(axis, (list, tuple)) else (axis,)
-    axes = tuple(normalize_axis(a, ndim, "Strategy.reduce()") for a in raw)
+    axes = tuple(axis_index(a, ndim) for a in raw)  # unworded: Strategy.reduce() names them
     if len(set(axes)) != len(axes):
         raise unworded(ValueError(f"got a repeated axis: axis={axis!r}."))
     return axes

@@ -61,6 +61,8 @@ class _DefaultExtended(StrategyExtended):
         value: Any,
         destinations: Any,
         options: CommunicationOptions | None,
+        *,
+        collective: str,
     ) -> Any:
         return value
 
@@ -70,7 +72,7 @@ class _DefaultExtended(StrategyExtended):
             "strategy to broadcast between devices."
         )
 
-    def _gather_to(self, value: Any, destinations: Any, axis: Any) -> Any:
+    def _gather_to(self, value: Any, destinations: Any, axis: Any, *, collective: str) -> Any:
         return value
 
     def _local_results(self, value: Any) -> tuple[Any, ...]:

@@ -20,7 +20,7 @@ from towerdist._src.cross_device_ops.placement import (
 from towerdist._src.cross_device_ops.select import select_cross_device_ops
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
-from towerdist._src.failures import name_api
+from towerdist._src.failures import API, name_api, unworded
 from towerdist._src.options import CommunicationOptions, ValueContext
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.barrier import CollectiveRequest, MergeRequest, StopReplica
@@ -184,14 +184,20 @@ class MirroredExtended(StrategyExtended):
                 return self._devices
         return resolve_destinations(destinations)
 
-    def _as_value(self, value: DistributedValues, api: str) -> DistributedValues:
+    def _as_value(self, value: DistributedValues, which: str = "") -> DistributedValues:
+        """``value`` (a variable's current values) with this strategy's devices; unworded if it has the wrong size.
+
+        ``which`` tells the value apart in a batch (``" (value 3)"``), after the API's name.
+        """
         if value._is_distributed_variable:
             value = PerReplica([c.value() for c in value._values], value._devices)
         count = len(value._values)
         if count != len(self._devices):
-            raise ValueError(
-                f"{api} got a {type(value).__name__} with {count} components, but {self._describe()} has "
-                f"{len(self._devices)} replicas; reduce values produced by this strategy."
+            raise unworded(
+                ValueError(
+                    f"{API}{which} got a {type(value).__name__} with {count} components, but {self._describe()} "
+                    f"has {len(self._devices)} replicas; reduce values produced by this strategy."
+                )
             )
         if value._devices is None:
             return type(value)(value._values, self._devices)
@@ -203,21 +209,25 @@ class MirroredExtended(StrategyExtended):
         value: Any,
         destinations: Any,
         options: CommunicationOptions | None,
-        api: str = "StrategyExtended.reduce_to()",
+        *,
+        collective: str,
     ) -> Any:
+        del collective  # the workers' name for it: one process has none to agree with
         if isinstance(value, Mirrored) or getattr(value, "_is_mirrored", False):
             if reduce_op is ReduceOp.MEAN:
                 return value
-            raise ValidationError(
-                f"{api} cannot SUM a {type(value).__name__}: its components are already "
-                f"equal, so the sum would count the same value {len(self._devices)} times. Use MEAN, or "
-                f"reduce the PerReplica value it was made from."
+            raise unworded(
+                ValidationError(
+                    f"cannot SUM a {type(value).__name__}: its components are already "
+                    f"equal, so the sum would count the same value {len(self._devices)} times. Use MEAN, or "
+                    f"reduce the PerReplica value it was made from."
+                )
             )
         devices = ResolvedDevices(self._destinations(destinations))
         if not isinstance(value, DistributedValues):
             return self._reduce_non_distributed(reduce_op, value, devices)
-        value = self._as_value(value, api)
-        validate_components(value, api)
+        value = self._as_value(value)
+        validate_components(value)
         options = options or DEFAULT_OPTIONS
         helpers = thread_state.state.helpers  # inside a merge_fn: the parked replicas help
         if helpers is not None:
@@ -247,11 +257,10 @@ class MirroredExtended(StrategyExtended):
     def _batch_reduce_to(
         self, reduce_op: ReduceOp, pairs: list[tuple[Any, Any]], options: CommunicationOptions | None
     ) -> list[Any]:
-        api = "StrategyExtended.batch_reduce_to()"
         resolved = []
         for pair in pairs:
             if isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], DistributedValues):
-                value = self._as_value(pair[0], api)
+                value = self._as_value(pair[0])
                 pair = (value, ResolvedDevices(self._destinations(pair[1])))
             resolved.append(pair)
         collectives = self._collectives
@@ -269,9 +278,14 @@ class MirroredExtended(StrategyExtended):
             )
         )
         if all_reduce:  # every value is reduced onto its own devices: the collective path
-            columns = [validate_components(value, f"{api} (value {k})") for k, (value, _) in enumerate(resolved)]
-            return [Mirrored(result, devices) for result in self._all_reduce(reduce_op, columns, options)]
-        checked = check_pairs(resolved, self._batch_api)
+            columns = [validate_components(value, f" (value {k})") for k, (value, _) in enumerate(resolved)]
+            reduced = self._all_reduce(reduce_op, columns, options, collective="StrategyExtended.batch_reduce_to()")
+            return [Mirrored(result, devices) for result in reduced]
+        try:
+            checked = check_pairs(resolved)
+        except BaseException as error:  # named after the cross-device ops' batch_reduce, as before
+            name_api(error, self._batch_api)
+            raise
         options = options or DEFAULT_OPTIONS
         helpers = thread_state.state.helpers
         if helpers is not None:
@@ -288,8 +302,10 @@ class MirroredExtended(StrategyExtended):
         columns: list[list[Any]],
         options: CommunicationOptions | None,
         out: list[Any] | None = None,
-        api: str = "ReplicaContext.all_reduce()",
+        *,
+        collective: str,
     ) -> list[list[Any]]:
+        del collective  # the workers' name for it: one process has none to agree with
         if len(self._devices) == 1:
             return [list(column) for column in columns]
         helpers = thread_state.state.helpers  # inside a merge_fn: the parked replicas help
@@ -310,15 +326,11 @@ class MirroredExtended(StrategyExtended):
             return tensor  # Python numbers are the same everywhere, as in TensorFlow
         return self._collectives._broadcast_to(tensor, ResolvedDevices(self._destinations(destinations)))
 
-    def _gather_to(self, value: Any, destinations: Any, axis: Any, api: str = "Strategy.gather()") -> Any:
+    def _gather_to(self, value: Any, destinations: Any, axis: Any, *, collective: str) -> Any:
+        del collective  # the workers' name for it: one process has none to agree with
         if not isinstance(value, DistributedValues):
             return value
-        value = self._as_value(value, api)
-        try:
-            return gather_to(value, ResolvedDevices(self._destinations(destinations)), axis)
-        except BaseException as error:
-            name_api(error, api)
-            raise
+        return gather_to(self._as_value(value), ResolvedDevices(self._destinations(destinations)), axis)
 
     # --- variables ------------------------------------------------------------------------
 

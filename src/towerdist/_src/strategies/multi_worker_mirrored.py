@@ -25,7 +25,7 @@ from towerdist._src.cross_device_ops.nccl_all_reduce import nccl_unavailable_rea
 from towerdist._src.cross_device_ops.placement import ResolvedDevices, mirror, validate_components
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
-from towerdist._src.failures import name_api
+from towerdist._src.failures import API, name_api, unworded
 from towerdist._src.input.distributed_dataset import InputWorker
 from towerdist._src.multi_worker import gpu_assignment
 from towerdist._src.multi_worker.nccl_workers import NCCL_DTYPES, NcclWorkers
@@ -259,8 +259,8 @@ class MultiWorkerExtended(MirroredExtended):
     def _collective_seq(self) -> int:
         return self._workers.seq
 
-    def _failed_before(self, seq: int, api: str, error: BaseException) -> None:
-        self._workers.failed_before(seq, api, error)
+    def _failed_before(self, seq: int, collective: str, error: BaseException) -> None:
+        self._workers.failed_before(seq, collective, error)
 
     @contextlib.contextmanager
     def _comparing(self, op: str) -> Iterator[None]:
@@ -272,26 +272,32 @@ class MultiWorkerExtended(MirroredExtended):
         finally:
             self._compared.op = previous
 
+    # ``collective`` (see ``StrategyExtended._reduce_to``) is the name the workers compare and
+    # their messages show: the public method the user called. A failure before the workers
+    # meet is worded with it (``name_api``) before the other workers are told about it, so
+    # they read the same message.
+
     def _reduce_to(
         self,
         reduce_op: ReduceOp,
         value: Any,
         destinations: Any,
         options: CommunicationOptions | None,
-        api: str = "StrategyExtended.reduce_to()",
+        *,
+        collective: str,
     ) -> Any:
-        if self._workers.size == 1:
-            return super()._reduce_to(reduce_op, value, destinations, options, api)
-        if isinstance(value, Mirrored) or getattr(value, "_is_mirrored", False):
-            return super()._reduce_to(reduce_op, value, destinations, options, api)  # MEAN: itself; SUM: refused
+        if self._workers.size == 1 or isinstance(value, Mirrored) or getattr(value, "_is_mirrored", False):
+            # One worker: MirroredStrategy's reduction. A Mirrored value: MEAN is itself, SUM refused.
+            return super()._reduce_to(reduce_op, value, destinations, options, collective=collective)
         seq = self._workers.seq
         try:
             devices = ResolvedDevices(self._destinations(destinations))
-            column = self._column(value, api)
+            column = self._column(value)
         except Exception as error:
-            self._workers.failed_before(seq, api, error)  # the other workers raise too, not wait
+            name_api(error, collective)
+            self._workers.failed_before(seq, collective, error)  # the other workers raise too, not wait
             raise
-        reduced = self._reduce_columns(reduce_op, [column], options, api)[0]
+        reduced = self._reduce_columns(reduce_op, [column], options, collective)[0]
         return self._collectives._broadcast_to(reduced, devices)
 
     def _batch_reduce_to(
@@ -299,22 +305,23 @@ class MultiWorkerExtended(MirroredExtended):
     ) -> list[Any]:
         if self._workers.size == 1:
             return super()._batch_reduce_to(reduce_op, pairs, options)
-        api = "StrategyExtended.batch_reduce_to()"
+        collective = "StrategyExtended.batch_reduce_to()"  # its only caller
         results: list[Any] = [None] * len(pairs)
         columns, targets, where = [], [], []
         seq = self._workers.seq
         try:
             for k, (value, destinations) in enumerate(pairs):
                 if isinstance(value, Mirrored) or getattr(value, "_is_mirrored", False):
-                    results[k] = super()._reduce_to(reduce_op, value, destinations, options, api)
+                    results[k] = super()._reduce_to(reduce_op, value, destinations, options, collective=collective)
                     continue
-                columns.append(self._column(value, f"{api} (value {k})"))
+                columns.append(self._column(value, f" (value {k})"))
                 targets.append(ResolvedDevices(self._destinations(destinations)))
                 where.append(k)
         except Exception as error:
-            self._workers.failed_before(seq, api, error)  # the other workers raise too, not wait
+            name_api(error, collective)
+            self._workers.failed_before(seq, collective, error)  # the other workers raise too, not wait
             raise
-        for k, reduced, devices in zip(where, self._reduce_columns(reduce_op, columns, options, api), targets):
+        for k, reduced, devices in zip(where, self._reduce_columns(reduce_op, columns, options, collective), targets):
             results[k] = self._collectives._broadcast_to(reduced, devices)
         return results
 
@@ -324,11 +331,12 @@ class MultiWorkerExtended(MirroredExtended):
         columns: list[list[Any]],
         options: CommunicationOptions | None,
         out: list[Any] | None = None,
-        api: str = "ReplicaContext.all_reduce()",
+        *,
+        collective: str,
     ) -> list[list[Any]]:
         if self._workers.size == 1:
-            return super()._all_reduce(reduce_op, columns, options, out)
-        reduced = self._reduce_columns(reduce_op, columns, options, api, out)
+            return super()._all_reduce(reduce_op, columns, options, out, collective=collective)
+        reduced = self._reduce_columns(reduce_op, columns, options, collective, out)
         return [self._place_everywhere(array) for array in reduced]
 
     def _reduce_columns(
@@ -336,22 +344,22 @@ class MultiWorkerExtended(MirroredExtended):
         reduce_op: ReduceOp,
         columns: list[list[Any]],
         options: CommunicationOptions | None,
-        api: str,
+        collective: str,
         out: list[Any] | None = None,
     ) -> list[np.ndarray]:
         """Each column (one array per local replica) reduced over every replica of every worker.
 
         The local replicas are summed first (in process), then the workers (one MPI
         ``Allreduce`` per pack); MEAN divides by ``num_replicas_in_sync``. The workers
-        compare ``reduce_op`` (not the sum it is computed with), so workers asking for
-        different ops raise. New host arrays out (GPU arrays with NCCL), or ``out[k]`` (see
-        ``CrossDeviceOps._all_reduce``).
+        compare ``collective`` and ``reduce_op`` (not the sum it is computed with), so
+        workers asking for different ops raise. New host arrays out (GPU arrays with NCCL),
+        or ``out[k]`` (see ``CrossDeviceOps._all_reduce``).
         """
         op = getattr(self._compared, "op", None) or reduce_op.value
         seq = self._workers.seq
         try:
             if len(self._devices) > 1:
-                local = super()._all_reduce(ReduceOp.SUM, columns, options)
+                local = super()._all_reduce(ReduceOp.SUM, columns, options, collective=collective)
                 sums = [results[0] for results in local]
             else:
                 sums = [column[0] for column in columns]
@@ -359,11 +367,11 @@ class MultiWorkerExtended(MirroredExtended):
                 if self._nccl is None:  # collective: every worker gets here at the same collective
                     self._nccl = NcclWorkers(self._workers, self._devices[0].device_index)
                     seq = self._workers.seq  # what fails from here on fails before the sum's handshake
-                totals = self._nccl_sum(self._nccl, sums, api, options, op)
+                totals = self._nccl_sum(self._nccl, sums, collective, options, op)
             else:
-                totals = self._workers.sum([_to_host(s) for s in sums], api, options, out, op)
+                totals = self._workers.sum([_to_host(s) for s in sums], collective, options, out, op)
         except Exception as error:
-            self._workers.failed_before(seq, api, error)  # failed before the workers met: they raise too
+            self._workers.failed_before(seq, collective, error)  # failed before the workers met: they raise too
             raise
         if reduce_op is ReduceOp.MEAN:
             n = self._num_replicas_in_sync
@@ -379,7 +387,7 @@ class MultiWorkerExtended(MirroredExtended):
         return all(s.dtype.name in NCCL_DTYPES for s in sums)
 
     def _nccl_sum(
-        self, nccl: NcclWorkers, sums: list[Any], api: str, options: CommunicationOptions | None, op: str
+        self, nccl: NcclWorkers, sums: list[Any], collective: str, options: CommunicationOptions | None, op: str
     ) -> list[Any]:
         """The workers' sums of GPU arrays, on this worker's first GPU (NCCL; unverified without GPUs)."""
         device = self._devices[0]
@@ -400,17 +408,21 @@ class MultiWorkerExtended(MirroredExtended):
                     results[k] = buffer[offset : offset + size].reshape(sums[k].shape)
                     offset += size
                 packs.append(buffer)
-        nccl.sum(packs, api, *self._workers.bounds(options), op=op)
+        nccl.sum(packs, collective, *self._workers.bounds(options), op=op)
         return results
 
-    def _column(self, value: Any, api: str) -> list[Any]:
-        """This worker's replicas' arrays of ``value`` (a plain value stands for every local replica)."""
+    def _column(self, value: Any, which: str = "") -> list[Any]:
+        """This worker's replicas' arrays of ``value`` (a plain value stands for every local replica); unworded.
+
+        ``which`` tells the value apart in a batch (``" (value 3)"``), after the API's name.
+        """
         if isinstance(value, DistributedValues):
-            value = self._as_value(value, api)
-            return validate_components(value, api)
+            return validate_components(self._as_value(value, which), which)
         array = array_ops.as_array(value)
         if array.dtype.kind not in "iufc":
-            raise ValidationError(f"{api} reduces numbers; got a value of dtype {array.dtype}: {value!r}.")
+            raise unworded(
+                ValidationError(f"{API}{which} reduces numbers; got a value of dtype {array.dtype}: {value!r}.")
+            )
         return [array] * len(self._devices)
 
     def _place_everywhere(self, array: np.ndarray) -> list[Any]:
@@ -418,44 +430,46 @@ class MultiWorkerExtended(MirroredExtended):
         placed = mirror([array] * len(self._devices), self._devices)
         return list(placed._values) if isinstance(placed, DistributedValues) else [placed]
 
-    def _gather_to(self, value: Any, destinations: Any, axis: Any, api: str = "Strategy.gather()") -> Any:
+    def _gather_to(self, value: Any, destinations: Any, axis: Any, *, collective: str) -> Any:
         if self._workers.size == 1:
-            return super()._gather_to(value, destinations, axis, api)
+            return super()._gather_to(value, destinations, axis, collective=collective)
         seq = self._workers.seq
         try:
             devices = ResolvedDevices(self._destinations(destinations))
             if isinstance(value, DistributedValues):
                 host = ResolvedDevices((DeviceSpec(device_type="CPU", device_index=0),))
-                local = super()._gather_to(value, host, axis, api)
+                local = super()._gather_to(value, host, axis, collective=collective)
             else:
                 local = array_ops.as_array(value)
             local = _to_host(local)
             if local.ndim == 0:
-                raise ValidationError(f"{api} cannot gather scalars: give each replica's value at least one dimension.")
+                raise unworded(
+                    ValidationError("cannot gather scalars: give each replica's value at least one dimension.")
+                )
             axis = axis_index(axis, local.ndim)
         except Exception as error:
-            name_api(error, api)
-            self._workers.failed_before(seq, api, error)  # the other workers raise too, not wait
+            name_api(error, collective)
+            self._workers.failed_before(seq, collective, error)  # the other workers raise too, not wait
             raise
-        gathered = self._workers.gather(local, axis, api, None)
+        gathered = self._workers.gather(local, axis, collective, None)
         return self._collectives._broadcast_to(gathered, devices)
 
-    def _sum_counts(self, count: int, api: str) -> int:
+    def _sum_counts(self, count: int, collective: str) -> int:
         if self._workers.size == 1:
             return count
-        return int(sum(self._workers.agree_extra(f"{api} (element count)", count, None)))
+        return int(sum(self._workers.agree_extra(f"{collective} (element count)", count, None)))
 
-    def _first_replica_value(self, value: Any, api: str) -> Any:
-        first = super()._first_replica_value(value, api)
+    def _first_replica_value(self, value: Any, collective: str) -> Any:
+        first = super()._first_replica_value(value, collective)
         if self._workers.size == 1:
             return first
         seq = self._workers.seq
         try:
             array = _to_host(array_ops.as_array(first))
         except Exception as error:
-            self._workers.failed_before(seq, api, error)  # the other workers raise too, not wait
+            self._workers.failed_before(seq, collective, error)  # the other workers raise too, not wait
             raise
-        return self._workers.broadcast([array], f"{api} (global replica 0's value)", None)[0]
+        return self._workers.broadcast([array], f"{collective} (global replica 0's value)", None)[0]
 
     # --- variables -------------------------------------------------------------------------------
 

@@ -69,13 +69,15 @@ class OneDeviceExtended(StrategyExtended):
         value: Any,
         destinations: Any,
         options: CommunicationOptions | None,
+        *,
+        collective: str,
     ) -> Any:
         return value
 
     def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
         return tensor
 
-    def _gather_to(self, value: Any, destinations: Any, axis: Any) -> Any:
+    def _gather_to(self, value: Any, destinations: Any, axis: Any, *, collective: str) -> Any:
         return value
 
     def _local_results(self, value: Any) -> tuple[Any, ...]:

@@ -203,7 +203,7 @@ class ReplicaContext:
             check_reduce_leaves(parts)
             num_leaves = len(parts[0].arrays)
             columns = [[part.arrays[k] for part in parts] for k in range(num_leaves)]
-            reduced = strategy.extended._all_reduce(op, columns, options)
+            reduced = strategy.extended._all_reduce(op, columns, options, collective=api)
             return [_fresh([reduced[k][r] for k in range(num_leaves)], part.arrays) for r, part in enumerate(parts)]
 
         reduced = self._collective(settle, contribution, api)
@@ -231,8 +231,8 @@ class ReplicaContext:
             devices = strategy.extended._replica_devices
             num_leaves = len(parts[0].arrays)
             per_leaf = [PerReplica([part.arrays[k] for part in parts], devices) for k in range(num_leaves)]
-            with worded_at(api):  # _gather_to takes no API name: its errors are worded here
-                gathered = [strategy.extended._gather_to(v, v, axis) for v in per_leaf]
+            with worded_at(api):  # _gather_to's errors are unworded: named here
+                gathered = [strategy.extended._gather_to(v, v, axis, collective=api) for v in per_leaf]
             return [
                 _fresh([_component(gathered[k], r) for k in range(num_leaves)], part.arrays)
                 for r, part in enumerate(parts)

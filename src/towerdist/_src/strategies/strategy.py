@@ -27,6 +27,8 @@ from towerdist._src.values.regroup import local_results
 
 __all__ = ["Strategy", "StrategyExtended", "update_regroup"]
 
+_GATHER = "Strategy.gather()"  # also what the workers of a multi-worker strategy call its collective
+
 T = TypeVar("T")
 
 
@@ -234,7 +236,8 @@ class Strategy:
         destination = ResolvedDevices((self._extended._reduce_destination(),))
         with worded_at("Strategy.gather()"):
             return nest.map_structure(
-                lambda v: local_results(self._extended._gather_to(v, destination, axis), 1)[0], value
+                lambda v: local_results(self._extended._gather_to(v, destination, axis, collective=_GATHER), 1)[0],
+                value,
             )
 
     def group(self, value: Any, name: str | None = None) -> None:

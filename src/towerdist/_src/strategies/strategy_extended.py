@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 __all__ = ["StrategyExtended", "update_regroup"]
 
+# ``Strategy.reduce(axis=None)`` (and a sync-on-read variable's read, which is one): the workers' name for it.
+_REDUCE = "Strategy.reduce()"
+
 
 class StrategyExtended:
     """The lower-level API of a strategy (``tf.distribute.StrategyExtended``).
@@ -58,7 +61,7 @@ class StrategyExtended:
         """Where the workers' collectives stand, before preparing one (-1: this strategy has no other workers)."""
         return -1
 
-    def _failed_before(self, seq: int, api: str, error: BaseException) -> None:
+    def _failed_before(self, seq: int, collective: str, error: BaseException) -> None:
         """Preparing a collective begun at ``seq`` failed here: tells the other workers (none here)."""
 
     def _container_strategy(self) -> Strategy:
@@ -161,7 +164,7 @@ class StrategyExtended:
         try:
             check_destinations(destinations)
             op = parse_reduce_op(reduce_op, "StrategyExtended.reduce_to()")
-            return self._reduce_to(op, value, destinations, options)
+            return self._reduce_to(op, value, destinations, options, collective="StrategyExtended.reduce_to()")
         except BaseException as error:  # a hot path (optimizers): nothing to pay until it raises
             name_api(error, "StrategyExtended.reduce_to()")
             raise
@@ -396,23 +399,36 @@ class StrategyExtended:
         value: Any,
         destinations: Any,
         options: CommunicationOptions | None,
+        *,
+        collective: str,
     ) -> Any:
         """Reduces ``value`` onto ``destinations``; the public method has checked the context and arguments.
 
         Its errors are :func:`~towerdist._src.failures.unworded`: the public method that called
         it (``reduce_to``, ``Strategy.reduce``, a variable's write) names itself in front.
+
+        ``collective`` is what the workers of a multi-worker strategy call this collective: the
+        public method the user called (``"Strategy.reduce()"``, a variable's write). They compare
+        it before moving data (different calls at the same point raise on every worker) and
+        their messages name it. Strategies of one process have nobody to agree with and ignore
+        it. The same holds for ``_gather_to``, ``_all_reduce``, ``_sum_counts`` and
+        ``_first_replica_value``.
         """
         raise NotImplementedError
 
     def _batch_reduce_to(
         self, reduce_op: ReduceOp, pairs: list[tuple[Any, Any]], options: CommunicationOptions | None
     ) -> list[Any]:
-        return [self._reduce_to(reduce_op, value, destinations, options) for value, destinations in pairs]
+        collective = "StrategyExtended.batch_reduce_to()"  # its only caller
+        return [
+            self._reduce_to(reduce_op, value, destinations, options, collective=collective)
+            for value, destinations in pairs
+        ]
 
     def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
         raise NotImplementedError
 
-    def _gather_to(self, value: Any, destinations: Any, axis: Any) -> Any:
+    def _gather_to(self, value: Any, destinations: Any, axis: Any, *, collective: str) -> Any:
         """Concatenates the replicas' values along ``axis`` onto ``destinations`` (errors unworded)."""
         raise NotImplementedError
 
@@ -430,9 +446,10 @@ class StrategyExtended:
         """Element-wise reduction across replicas onto the current device (``reduce(axis=None)``)."""
         destination = ResolvedDevices((self._reduce_destination(),))
         if isinstance(value, DistributedValues):
-            return self._local_results(self._reduce_to(reduce_op, value, destination, None))[0]
+            return self._local_results(self._reduce_to(reduce_op, value, destination, None, collective=_REDUCE))[0]
         return nest.map_structure(
-            lambda v: self._local_results(self._reduce_to(reduce_op, v, destination, None))[0], value
+            lambda v: self._local_results(self._reduce_to(reduce_op, v, destination, None, collective=_REDUCE))[0],
+            value,
         )
 
     def _all_reduce(
@@ -441,7 +458,8 @@ class StrategyExtended:
         columns: list[list[Any]],
         options: CommunicationOptions | None,
         out: list[Any] | None = None,
-        api: str = "ReplicaContext.all_reduce()",  # optimizer.py still passes its name; unused here
+        *,
+        collective: str,
     ) -> list[list[Any]]:
         """The collective path: all-reduces checked values between this strategy's replicas.
 
@@ -451,17 +469,17 @@ class StrategyExtended:
         object: callers that hand it to users copy it). ``out`` is passed to the
         cross-device ops (see ``CrossDeviceOps._all_reduce``).
         """
-        del reduce_op, options, out, api
+        del reduce_op, options, out, collective
         return [list(column) for column in columns]
 
-    def _sum_counts(self, count: int, api: str) -> int:
+    def _sum_counts(self, count: int, collective: str) -> int:
         """``count`` summed over the workers (this process's count with one worker)."""
-        del api
+        del collective
         return count
 
-    def _first_replica_value(self, value: Any, api: str) -> Any:
+    def _first_replica_value(self, value: Any, collective: str) -> Any:
         """The value of global replica 0 (``ONLY_FIRST_REPLICA``): this worker's first component."""
-        del api
+        del collective
         return self._local_results(value)[0]
 
     def _deepcopy_strategy(self) -> Strategy:

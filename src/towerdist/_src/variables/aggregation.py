@@ -185,12 +185,13 @@ def _aggregate(strategy: Any, variable: Any, value: Any, op: str | SliceAssign) 
             f"is not an integer in general. Either change the variable dtype to float or update it in "
             f"cross-replica context."
         )
+    collective = describe_write(type(variable).__name__, op)  # the workers name the collective after the write
     if agg is VariableAggregation.ONLY_FIRST_REPLICA:
-        # The workers name the collective after the write (their labels must agree).
-        first = strategy.extended._first_replica_value(value, describe_write(type(variable).__name__, op))
+        first = strategy.extended._first_replica_value(value, collective)
         return strategy.extended.broadcast_to(first, variable)
     # The internal entry: the context, the op and the destination (the variable) are known good.
-    return strategy.extended._reduce_to(ReduceOp.from_variable_aggregation(agg), value, variable, None)
+    reduce_op = ReduceOp.from_variable_aggregation(agg)
+    return strategy.extended._reduce_to(reduce_op, value, variable, None, collective=collective)
 
 
 def _describe(value: Any) -> str:
