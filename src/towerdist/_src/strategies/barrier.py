@@ -100,13 +100,13 @@ class StopReplica(BaseException):
 class MergeRequest:
     """A replica's ``merge_call(merge_fn, args, kwargs)``."""
 
-    __slots__ = ("api", "args", "kwargs", "merge_fn")
+    __slots__ = ("args", "collective", "kwargs", "merge_fn")
 
-    def __init__(self, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], api: str) -> None:
+    def __init__(self, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], collective: str) -> None:
         self.merge_fn = merge_fn
         self.args = args
         self.kwargs = kwargs
-        self.api = api
+        self.collective = collective
 
     def describe(self) -> str:
         return f"merge_call() (merge_fn={name_of(self.merge_fn)})"
@@ -125,15 +125,15 @@ class MergeRequest:
 class CollectiveRequest:
     """A replica's part of an internal collective: ``fn(strategy, payloads)`` gives the parts."""
 
-    __slots__ = ("api", "fn", "payload")
+    __slots__ = ("collective", "fn", "payload")
 
-    def __init__(self, fn: Callable[[Any, list[Any]], list[Any]], payload: Any, api: str) -> None:
+    def __init__(self, fn: Callable[[Any, list[Any]], list[Any]], payload: Any, collective: str) -> None:
         self.fn = fn
         self.payload = payload
-        self.api = api
+        self.collective = collective
 
     def describe(self) -> str:
-        return self.api
+        return self.collective
 
     @staticmethod
     def settle(step: Step, requests: list[Any]) -> list[Any]:
@@ -234,7 +234,7 @@ class Step:
         self._failure: BaseException | None = None
         self._failure_origin: tuple[str, int | None] | None = None
         self._failure_time: float | None = None
-        self._failure_api: str | None = None  # the collective whose function failed
+        self._failed_collective: str | None = None  # the collective whose function failed
         self._other_failures: list[tuple[int | None, BaseException]] = []
 
     @property
@@ -322,7 +322,7 @@ class Step:
     def meet(self, i: int, request: MergeRequest | CollectiveRequest) -> Any:
         """Replica ``i`` brings ``request`` to the barrier; returns its part of the result.
 
-        ``request.api`` names the call (``"merge_call()"``, ``"ReplicaContext.all_reduce()"``,
+        ``request.collective`` names the call (``"merge_call()"``, ``"ReplicaContext.all_reduce()"``,
         ...): replicas meeting in different calls fail the step instead of running replica
         0's function on arguments meant for something else.
         """
@@ -343,7 +343,7 @@ class Step:
                 if pending is None:
                     part = self._park(i)
                 else:
-                    with _profiler.Span("wait at merge_call", {"api": request.api, "waiting_for": pending}):
+                    with _profiler.Span("wait at merge_call", {"api": request.collective, "waiting_for": pending}):
                         part = self._park(i)
                 if self.orders_streams:  # what the round's function launched, before this replica reads it
                     cupy_streams.follow(self._round_marks)
@@ -405,8 +405,8 @@ class Step:
             return self._count_error(kinds), []
         first = requests[0]
         for request in requests:
-            if request.api != first.api or type(request) is not type(first):
-                return self._mixed_calls_error([r.api for r in requests]), []
+            if request.collective != first.collective or type(request) is not type(first):
+                return self._mixed_calls_error([r.collective for r in requests]), []
         self._merge_started = time.monotonic()
         return None, requests
 
@@ -475,22 +475,22 @@ class Step:
                         cupy_streams.follow(marks)
                 if _profiler.active:
                     first = requests[0]
-                    with _profiler.Span(f"merge_fn: {first.api}", {"call": first.describe(), "replica": i}):
+                    with _profiler.Span(f"merge_fn: {first.collective}", {"call": first.describe(), "replica": i}):
                         parts = requests[0].settle(self, requests)
                 else:
                     parts = requests[0].settle(self, requests)
                 if self.orders_streams:  # read by the parked replicas once released (``meet``)
                     self._round_marks = cupy_streams.mark(self.gpu_ids)
         except BaseException as error:
-            name_api(error, requests[0].api)  # a failure raised unworded (e.g. a collective's check): named by its API
+            name_api(error, requests[0].collective)  # a failure raised unworded (e.g. a collective's check): named by its API
             if isinstance(error, Exception):
                 _add_call_site(error)
                 # Failed before the workers met (a check, a merge_fn): the other workers raise too, not wait.
-                extended._failed_before(seq, requests[0].api, error)
+                extended._failed_before(seq, requests[0].collective, error)
             with self._lock:
                 self._merge_started = None
                 if self._failure is None:
-                    self._failure_api = requests[0].api
+                    self._failed_collective = requests[0].collective
             if not isinstance(error, Exception) and self.on_caller_thread() and self.caller_error is None:
                 self.caller_error = error  # Ctrl-C while the caller ran the merge: an interrupt of the caller
             self.fail(error, ("merge_fn", i))
@@ -656,15 +656,15 @@ class Step:
                 f"{self.strategy!r} during strategy.run({name_of(self.fn)}).",
             )
         elif kind == "merge_fn" and replica is not None:
-            api = self._failure_api or "merge_call()"
-            if api == "merge_call()":
+            collective = self._failed_collective or "merge_call()"
+            if collective == "merge_call()":
                 add_note(
                     error,
                     f"Raised in the merge_fn of a merge_call() in {self.strategy!r} "
                     f"(merge_fn ran on replica {replica}'s thread in cross-replica context).",
                 )
             else:
-                add_note(error, f"Raised in {api} of {self.strategy!r} during strategy.run({name_of(self.fn)}).")
+                add_note(error, f"Raised in {collective} of {self.strategy!r} during strategy.run({name_of(self.fn)}).")
         others = [(r, e) for r, e in self._other_failures if not isinstance(e, StopReplica)]
         listed = ", ".join(f"replica {r}: {describe_error(e)}" for r, e in others if r is not None)
         if listed:
@@ -688,8 +688,8 @@ class Step:
             counts=counts,
         )
 
-    def _mixed_calls_error(self, apis: Sequence[str]) -> RuntimeError:
-        calls = "; ".join(f"replica {r} called {api}" for r, api in enumerate(apis))
+    def _mixed_calls_error(self, collectives: Sequence[str]) -> RuntimeError:
+        calls = "; ".join(f"replica {r} called {name}" for r, name in enumerate(collectives))
         return RuntimeError(
             f"The replicas of {self.strategy!r}.run({name_of(self.fn)}) met at a barrier in different "
             f"collective calls: {calls}. Every replica must make the same sequence of merge_call(), "

@@ -421,16 +421,18 @@ class _MirroredReplicaContext(ReplicaContext):
         self._step = step
         self._device = device
 
-    def _merge_call(self, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], api: str) -> Any:
+    def _merge_call(
+        self, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], collective: str
+    ) -> Any:
         step = self._step
         if step is None:  # only in a replica thread abandoned after a timeout: just unwind
             raise StopReplica
-        return step.meet(self._replica_id, MergeRequest(merge_fn, args, kwargs, api))
+        return step.meet(self._replica_id, MergeRequest(merge_fn, args, kwargs, collective))
 
-    def _collective(self, fn: Callable[[Any, list[Any]], list[Any]], payload: Any, api: str) -> Any:
+    def _collective(self, fn: Callable[[Any, list[Any]], list[Any]], payload: Any, collective: str) -> Any:
         step = self._step
         if step is None:
             raise StopReplica
         if step.num_replicas == 1:  # nobody to meet: run it here, in cross-replica context
-            return super()._collective(fn, payload, api)
-        return step.meet(self._replica_id, CollectiveRequest(fn, payload, api))
+            return super()._collective(fn, payload, collective)
+        return step.meet(self._replica_id, CollectiveRequest(fn, payload, collective))

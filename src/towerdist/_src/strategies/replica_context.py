@@ -121,7 +121,9 @@ class ReplicaContext:
             )
         return self._merge_call(merge_fn, tuple(args), dict(kwargs or {}), "merge_call()")
 
-    def _merge_call(self, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], api: str) -> Any:
+    def _merge_call(
+        self, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], collective: str
+    ) -> Any:
         # One replica: run merge_fn right here, in cross-replica context, and unpack
         # distributed results to this replica's component as the multi-replica path does.
         modes = thread_state.state.modes
@@ -133,7 +135,7 @@ class ReplicaContext:
             del thread_state.state.modes[depth:]
         return select_replica(self._replica_id, result)
 
-    def _collective(self, fn: Callable[[Any, list[Any]], list[Any]], payload: Any, api: str) -> Any:
+    def _collective(self, fn: Callable[[Any, list[Any]], list[Any]], payload: Any, collective: str) -> Any:
         """An internal collective: ``fn(strategy, payloads)`` runs once on every replica's payload.
 
         ``payloads`` are in replica order; ``fn`` returns one part per replica and this
@@ -147,8 +149,8 @@ class ReplicaContext:
         try:
             parts = fn(self._strategy, [payload])
         except Exception as error:
-            name_api(error, api)  # a check's failure, worded by the collective the user called
-            extended._failed_before(seq, api, error)  # before the workers met: the other workers raise too
+            name_api(error, collective)  # a check's failure, worded by the collective the user called
+            extended._failed_before(seq, collective, error)  # before the workers met: the other workers raise too
             raise
         finally:
             del thread_state.state.modes[depth:]
