@@ -34,6 +34,8 @@ import numpy as np
 import towerdist as td
 from towerdist._src.variables.distributed_variable import DistributedVariable, SyncOnReadVariable
 
+from conftest import mirrored_param
+
 A = td.VariableAggregation
 ON_READ = td.VariableSynchronization.ON_READ
 DataLossError = td.errors.DataLossError
@@ -44,7 +46,7 @@ PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(td.__file__)))  #
 CHILD_WAIT_SECONDS = 30.0  # bound on every wait for the child (a line, an exit)
 
 ROUND_TRIP_STRATEGIES = [
-    "default", "one_device_cpu", "mirrored_1cpu", "mirrored_2cpu", "mirrored_4cpu", "central_storage_2cpu",
+    "default", "one_device_cpu", mirrored_param(1), mirrored_param(2), mirrored_param(4), "central_storage_2cpu",
 ]
 
 
