@@ -24,7 +24,11 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import importlib.util
 import os
+import sys
+import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,9 +56,23 @@ from towerdist._src.multi_worker.launcher import find_mpiexec  # noqa: E402
 from towerdist.testing.pytest_plugin import broadcast_from_rank_0, replica_bounds  # noqa: E402
 
 NUM_CPUS = 8
+# The programs tests run in child processes (under mpiexec or plain Python): not tests, so not under tests/.
+TEST_PROGRAMS = Path(__file__).resolve().parents[1] / "tools" / "test_programs"
 # The replica wait bounds towerdist's pytest plugin sets for a one-process session.
 TEST_REPLICA_WARNING_SECONDS = 20.0
 TEST_REPLICA_TIMEOUT_SECONDS = 60.0
+
+
+def load_program(name: str) -> types.ModuleType:
+    """The test program ``tools/test_programs/<name>.py`` as a module (for a test that also calls its functions)."""
+    module = sys.modules.get(f"test_programs.{name}")
+    if module is None:
+        spec = importlib.util.spec_from_file_location(f"test_programs.{name}", TEST_PROGRAMS / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return module
 
 
 def pytest_report_header(config: pytest.Config) -> str:
