@@ -1,9 +1,13 @@
-"""Shared test setup: 8 logical CPU devices and named strategy fixtures.
+"""Shared test setup: 8 logical CPU devices and the project's strategies other than mirrored.
 
 towerdist's own pytest plugin (``towerdist.testing.pytest_plugin``, installed with the
-package) provides ``mirrored_strategy`` (here over 1, 2 and 4 logical CPUs: ``replicas`` is
-overridden below), the ``gpus(n)`` and ``mpi(n)`` markers, bounded replica waits, and the
-agreement of outcomes across MPI ranks. Tests marked ``multi_worker`` are multi-worker test
+package) is the one source of mirrored strategies: ``mirrored_strategy`` (with ``replicas``:
+``@pytest.mark.replicas(4)``, or ``@pytest.mark.replicas(1, 2, 4)`` for one test per count),
+``other_mirrored_strategy`` and ``mirrored_strategy_for(n)``; it also gives the ``gpus(n)``
+and ``mpi(n)`` markers, bounded replica waits, and the agreement of outcomes across MPI
+ranks. Here: the default, one-device, central-storage and multi-worker strategies,
+``any_strategy`` (each kind, the mirrored ones the plugin's), and ``mirrored_param(n)`` to
+name the plugin's mirrored strategy among other strategies in a parametrization. Tests marked ``multi_worker`` are multi-worker test
 bodies: they run in the default suite (one worker) and again under
 ``mpiexec -n 2 python -m pytest -m multi_worker`` (``.ci/run``).
 
@@ -20,7 +24,11 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import importlib.util
 import os
+import sys
+import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,16 +53,26 @@ if pytest_plugins:
 import towerdist as td  # noqa: E402  (after the plugin's registration above)
 from towerdist._src.backend import cupy_backend  # noqa: E402
 from towerdist._src.multi_worker.launcher import find_mpiexec  # noqa: E402
-from towerdist.testing.pytest_plugin import (  # noqa: E402
-    broadcast_from_rank_0,
-    mirrored_strategy_for,
-    replica_bounds,
-)
+from towerdist.testing.pytest_plugin import broadcast_from_rank_0, replica_bounds  # noqa: E402
 
 NUM_CPUS = 8
+# The programs tests run in child processes (under mpiexec or plain Python): not tests, so not under tests/.
+TEST_PROGRAMS = Path(__file__).resolve().parents[1] / "tools" / "test_programs"
 # The replica wait bounds towerdist's pytest plugin sets for a one-process session.
 TEST_REPLICA_WARNING_SECONDS = 20.0
 TEST_REPLICA_TIMEOUT_SECONDS = 60.0
+
+
+def load_program(name: str) -> types.ModuleType:
+    """The test program ``tools/test_programs/<name>.py`` as a module (for a test that also calls its functions)."""
+    module = sys.modules.get(f"test_programs.{name}")
+    if module is None:
+        spec = importlib.util.spec_from_file_location(f"test_programs.{name}", TEST_PROGRAMS / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return module
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -104,45 +122,18 @@ def one_device_cpu() -> td.distribute.OneDeviceStrategy:
 
 
 @pytest.fixture(scope="session")
-def mirrored_1cpu() -> td.distribute.MirroredStrategy:
-    return mirrored_strategy_for(1)  # the plugin's, shared with mirrored_strategy
-
-
-@pytest.fixture(scope="session")
-def mirrored_2cpu() -> td.distribute.MirroredStrategy:
-    return mirrored_strategy_for(2)  # the plugin's, shared with mirrored_strategy
-
-
-@pytest.fixture(scope="session")
-def mirrored_4cpu() -> td.distribute.MirroredStrategy:
-    return mirrored_strategy_for(4)  # the plugin's, shared with mirrored_strategy
-
-
-@pytest.fixture(scope="session")
 def central_storage_2cpu() -> td.distribute.experimental.CentralStorageStrategy:
     return td.distribute.experimental.CentralStorageStrategy(compute_devices=cpus(2), parameter_device="CPU:0")
 
 
-ALL_STRATEGIES = ["default", "one_device_cpu", "mirrored_1cpu", "mirrored_2cpu", "mirrored_4cpu"]
-MIRRORED_STRATEGIES = ["mirrored_1cpu", "mirrored_2cpu", "mirrored_4cpu"]
-MULTI_REPLICA_STRATEGIES = ["mirrored_2cpu", "mirrored_4cpu"]
+def mirrored_param(n: int) -> Any:
+    """The plugin's ``mirrored_strategy`` over ``n`` replicas, as a parameter among strategies named by fixture (``request.getfixturevalue``)."""
+    return pytest.param("mirrored_strategy", marks=pytest.mark.replicas(n), id=f"mirrored_{n}cpu")
 
 
-@pytest.fixture(params=ALL_STRATEGIES)
+@pytest.fixture(params=["default", "one_device_cpu", mirrored_param(1), mirrored_param(2), mirrored_param(4)])
 def any_strategy(request: pytest.FixtureRequest) -> td.distribute.Strategy:
-    """Every named strategy, one test per strategy."""
-    return request.getfixturevalue(request.param)
-
-
-@pytest.fixture(params=[1, 2, 4])
-def replicas(request: pytest.FixtureRequest) -> int:
-    """The project's tests run the plugin's ``mirrored_strategy`` on 1, 2 and 4 logical CPUs."""
-    return int(request.param)
-
-
-@pytest.fixture(params=MULTI_REPLICA_STRATEGIES)
-def multi_replica(request: pytest.FixtureRequest) -> td.distribute.MirroredStrategy:
-    """MirroredStrategy on 2 and 4 logical CPUs."""
+    """Every kind of strategy, one test each: the default, one device, and the plugin's mirrored on 1, 2, 4."""
     return request.getfixturevalue(request.param)
 
 

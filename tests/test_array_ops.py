@@ -126,9 +126,9 @@ def test_convert_to_tensor_uses_dtype_hint_for_python_values():
     assert td.convert_to_tensor(2, dtype_hint=td.float32).dtype == np.float32
 
 
-def test_convert_to_tensor_of_per_replica_inside_run_is_the_local_component(mirrored_2cpu):
+def test_convert_to_tensor_of_per_replica_inside_run_is_the_local_component(mirrored_strategy):
     pr = PerReplica([np.array([1.0]), np.array([2.0])])
-    result = mirrored_2cpu.run(lambda: td.convert_to_tensor(pr))
+    result = mirrored_strategy.run(lambda: td.convert_to_tensor(pr))
     assert result.values[0] is pr.values[0]
     assert result.values[1] is pr.values[1]
 
@@ -145,25 +145,25 @@ def test_convert_to_tensor_of_per_replica_inside_run_is_the_local_component(mirr
     ],
     ids=["convert_to_tensor", "identity", "cast", "reduce_sum", "reduce_mean", "add_n"],
 )
-def test_helpers_given_a_per_replica_outside_a_replica_raise(mirrored_2cpu, helper):
+def test_helpers_given_a_per_replica_outside_a_replica_raise(mirrored_strategy, helper):
     # TF converts a PerReplica only inside a replica context (reference 2.5,
     # ``_per_replica_to_tensor``); elsewhere every conversion raises ValueError.
     with pytest.raises(ValueError, match=NOT_IN_REPLICA):
         helper(PerReplica([np.array([1.0]), np.array([2.0])]))
-    assert [int(v) for v in mirrored_2cpu.run(replica_id).values] == [0, 1]
+    assert [int(v) for v in mirrored_strategy.run(replica_id).values] == [0, 1]
 
 
-def test_convert_to_tensor_of_per_replica_in_cross_replica_context_raises(mirrored_2cpu):
-    with mirrored_2cpu.scope():
+def test_convert_to_tensor_of_per_replica_in_cross_replica_context_raises(mirrored_strategy):
+    with mirrored_strategy.scope():
         with pytest.raises(ValueError, match=NOT_IN_REPLICA):
             td.convert_to_tensor(PerReplica([np.array([1.0]), np.array([2.0])]))
-    assert [int(v) for v in mirrored_2cpu.run(replica_id).values] == [0, 1]
+    assert [int(v) for v in mirrored_strategy.run(replica_id).values] == [0, 1]
 
 
-def test_convert_to_tensor_of_mirrored_is_its_local_component(mirrored_2cpu):
+def test_convert_to_tensor_of_mirrored_is_its_local_component(mirrored_strategy):
     m = td.distribute.Mirrored([np.array([1.0]), np.array([2.0])])
     assert td.convert_to_tensor(m) is m.values[0]
-    result = mirrored_2cpu.run(lambda: td.convert_to_tensor(m))
+    result = mirrored_strategy.run(lambda: td.convert_to_tensor(m))
     assert result.values[1] is m.values[1]
 
 
@@ -424,10 +424,10 @@ def test_function_in_a_generator_raises_a_plain_out_of_range_error():
     assert not isinstance(info.value, StopIteration)
 
 
-def test_function_ends_an_epoch_as_tensorflow_does(mirrored_2cpu):
+def test_function_ends_an_epoch_as_tensorflow_does(mirrored_strategy):
     # TensorFlow 2.21, 2 CPU replicas, Dataset.range(8).batch(4): the loop sees [6, 22], then
     # OutOfRangeError (next() outside tf.function raises StopIteration, get_next() OutOfRangeError).
-    strategy = mirrored_2cpu
+    strategy = mirrored_strategy
     iterator = iter(strategy.experimental_distribute_dataset(td.data.Dataset.range(8).batch(4)))
 
     @td.function
@@ -444,13 +444,13 @@ def test_function_ends_an_epoch_as_tensorflow_does(mirrored_2cpu):
     assert seen == [6, 22]
 
 
-def test_function_decorated_replica_fn_runs(mirrored_2cpu):
+def test_function_decorated_replica_fn_runs(mirrored_strategy):
     @td.function
     def step(x):
         return x * 2.0
 
-    result = mirrored_2cpu.run(step, args=(td.constant(3.0),))
-    assert [float(v) for v in mirrored_2cpu.experimental_local_results(result)] == [6.0, 6.0]
+    result = mirrored_strategy.run(step, args=(td.constant(3.0),))
+    assert [float(v) for v in mirrored_strategy.experimental_local_results(result)] == [6.0, 6.0]
 
 
 # --- ReduceOp -------------------------------------------------------------------------------
@@ -531,6 +531,6 @@ def test_run_options_defaults():
     assert tuple(options) == (True, False, None)
 
 
-def test_run_accepts_and_ignores_run_options(mirrored_2cpu):
-    result = mirrored_2cpu.run(replica_id, options=td.distribute.RunOptions(experimental_enable_dynamic_batch_size=False))
+def test_run_accepts_and_ignores_run_options(mirrored_strategy):
+    result = mirrored_strategy.run(replica_id, options=td.distribute.RunOptions(experimental_enable_dynamic_batch_size=False))
     assert [int(v) for v in result.values] == [0, 1]

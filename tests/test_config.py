@@ -247,25 +247,25 @@ def test_set_replica_timeouts_changes_them(replica_timeouts):
 
 
 @pytest.mark.parametrize("never", [None, float("inf"), np.inf], ids=["None", "inf", "np.inf"])
-def test_replica_timeouts_may_be_disabled_with_none_or_infinity(replica_timeouts, mirrored_2cpu, never):
+def test_replica_timeouts_may_be_disabled_with_none_or_infinity(replica_timeouts, mirrored_strategy, never):
     replica_timeouts(warning_seconds=never, timeout_seconds=never)
     assert td.config.get_replica_timeouts() == {"warning_seconds": None, "timeout_seconds": None}
-    result = mirrored_2cpu.run(lambda: td.distribute.get_replica_context().merge_call(lambda s: "merged"))
+    result = mirrored_strategy.run(lambda: td.distribute.get_replica_context().merge_call(lambda s: "merged"))
     assert result == "merged"
 
 
 @pytest.mark.parametrize("seconds", [np.float64(2.5), np.float32(2.5), np.int64(3), 7])
-def test_replica_timeouts_accept_numpy_and_python_numbers(replica_timeouts, mirrored_2cpu, seconds):
+def test_replica_timeouts_accept_numpy_and_python_numbers(replica_timeouts, mirrored_strategy, seconds):
     replica_timeouts(warning_seconds=seconds, timeout_seconds=seconds)
     stored = td.config.get_replica_timeouts()
     assert stored == {"warning_seconds": float(seconds), "timeout_seconds": float(seconds)}
     assert all(type(v) is float for v in stored.values())
-    assert mirrored_2cpu.run(lambda: td.distribute.get_replica_context().merge_call(lambda s: 1)) == 1
+    assert mirrored_strategy.run(lambda: td.distribute.get_replica_context().merge_call(lambda s: 1)) == 1
 
 
-def test_a_huge_finite_timeout_is_usable(replica_timeouts, mirrored_2cpu):
+def test_a_huge_finite_timeout_is_usable(replica_timeouts, mirrored_strategy):
     replica_timeouts(warning_seconds=1e300, timeout_seconds=1e300)
-    assert mirrored_2cpu.run(lambda: td.distribute.get_replica_context().merge_call(lambda s: 1)) == 1
+    assert mirrored_strategy.run(lambda: td.distribute.get_replica_context().merge_call(lambda s: 1)) == 1
 
 
 def test_get_replica_timeouts_returns_a_copy():
@@ -292,11 +292,11 @@ def test_non_positive_replica_timeouts_raise_and_change_nothing(replica_timeouts
 
 
 @pytest.mark.parametrize("value", ["5", b"5", [5], True], ids=["str", "bytes", "list", "bool"])
-def test_replica_timeouts_that_are_not_numbers_raise_and_change_nothing(replica_timeouts, mirrored_2cpu, value):
+def test_replica_timeouts_that_are_not_numbers_raise_and_change_nothing(replica_timeouts, mirrored_strategy, value):
     with pytest.raises(TypeError, match="set_replica_timeouts\\(\\) takes timeout_seconds as a number of seconds"):
         replica_timeouts(warning_seconds=5.0, timeout_seconds=value)
     assert td.config.get_replica_timeouts() == SUITE_TIMEOUTS
-    assert mirrored_2cpu.run(lambda: 3) == 3
+    assert mirrored_strategy.run(lambda: 3) == 3
 
 
 @pytest.mark.parametrize(

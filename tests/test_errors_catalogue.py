@@ -322,23 +322,23 @@ CHECKPOINT_ERRORS: list[tuple[str, Callable[[Any, Any], Any], type[BaseException
 
 
 @pytest.mark.parametrize("name, trigger, error, first_words", ERRORS, ids=[row[0] for row in ERRORS])
-def test_bad_input_raises_clearly_and_leaves_the_strategy_usable(mirrored_2cpu, name, trigger, error, first_words):
+def test_bad_input_raises_clearly_and_leaves_the_strategy_usable(mirrored_strategy, name, trigger, error, first_words):
     with pytest.raises(error, match=first_words):
-        trigger(mirrored_2cpu)
+        trigger(mirrored_strategy)
     assert not td.distribute.has_strategy()
-    ids = mirrored_2cpu.run(lambda: ctx().replica_id_in_sync_group)
-    assert mirrored_2cpu.reduce("sum", ids, axis=None) == 1
+    ids = mirrored_strategy.run(lambda: ctx().replica_id_in_sync_group)
+    assert mirrored_strategy.reduce("sum", ids, axis=None) == 1
 
 
 @pytest.mark.parametrize("name, trigger, error, first_words", CHECKPOINT_ERRORS, ids=[row[0] for row in CHECKPOINT_ERRORS])
 def test_bad_checkpoints_raise_clearly_and_leave_the_strategy_usable(
-    mirrored_2cpu, tmp_path, name, trigger, error, first_words
+    mirrored_strategy, tmp_path, name, trigger, error, first_words
 ):
     with pytest.raises(error, match=first_words):
-        trigger(mirrored_2cpu, tmp_path)
+        trigger(mirrored_strategy, tmp_path)
     assert not td.distribute.has_strategy()
-    ids = mirrored_2cpu.run(lambda: ctx().replica_id_in_sync_group)
-    assert mirrored_2cpu.reduce("sum", ids, axis=None) == 1
+    ids = mirrored_strategy.run(lambda: ctx().replica_id_in_sync_group)
+    assert mirrored_strategy.reduce("sum", ids, axis=None) == 1
 
 
 @pytest.mark.parametrize(

@@ -23,8 +23,8 @@ def test_variables_take_the_scope_and_nested_scopes_join():
     assert td.Variable(1.0, name="a").name == "a:0"  # restored
 
 
-def test_distributed_variables_and_their_components_take_the_scope(mirrored_2cpu):
-    with td.name_scope("main"), mirrored_2cpu.scope():
+def test_distributed_variables_and_their_components_take_the_scope(mirrored_strategy):
+    with td.name_scope("main"), mirrored_strategy.scope():
         m = td.Variable(1.0, name="a")
         s = td.Variable(1.0, name="s", synchronization=td.VariableSynchronization.ON_READ)
     assert [m.name, *(c.name for c in m.values)] == ["main/a:0", "main/a:0", "main/a/replica_1:0"]
@@ -97,7 +97,7 @@ def test_the_scope_is_per_thread():
     assert names == ["t:0"]
 
 
-def test_mirrored_replicas_start_at_the_top_and_take_scopes_entered_inside(mirrored_2cpu):
+def test_mirrored_replicas_start_at_the_top_and_take_scopes_entered_inside(mirrored_strategy):
     def outside():
         return td.Variable(1.0, name="r")
 
@@ -106,8 +106,8 @@ def test_mirrored_replicas_start_at_the_top_and_take_scopes_entered_inside(mirro
             return td.Variable(1.0, name="r")
 
     with td.name_scope("outer"):
-        r = mirrored_2cpu.run(outside)
-        n = mirrored_2cpu.run(inside)
+        r = mirrored_strategy.run(outside)
+        n = mirrored_strategy.run(inside)
     assert [c.name for c in r.values] == ["r:0", "r/replica_1:0"]
     assert [c.name for c in n.values] == ["inner/r:0", "inner/r/replica_1:0"]
 

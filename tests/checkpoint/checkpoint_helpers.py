@@ -34,17 +34,19 @@ import numpy as np
 import towerdist as td
 from towerdist._src.variables.distributed_variable import DistributedVariable, SyncOnReadVariable
 
+from conftest import TEST_PROGRAMS, mirrored_param
+
 A = td.VariableAggregation
 ON_READ = td.VariableSynchronization.ON_READ
 DataLossError = td.errors.DataLossError
 NotFoundError = td.errors.NotFoundError
 
-CHILD_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "programs", "checkpoint_child.py")
+CHILD_SCRIPT = str(TEST_PROGRAMS / "checkpoint_child.py")
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(td.__file__)))  # so the child imports this towerdist
 CHILD_WAIT_SECONDS = 30.0  # bound on every wait for the child (a line, an exit)
 
 ROUND_TRIP_STRATEGIES = [
-    "default", "one_device_cpu", "mirrored_1cpu", "mirrored_2cpu", "mirrored_4cpu", "central_storage_2cpu",
+    "default", "one_device_cpu", mirrored_param(1), mirrored_param(2), mirrored_param(4), "central_storage_2cpu",
 ]
 
 

@@ -32,6 +32,7 @@ from checkpoint_helpers import (
     state_file,
     train,
 )
+from conftest import mirrored_param
 
 # --- 9. Checkpoint API details -------------------------------------------------------------------
 
@@ -179,8 +180,8 @@ def test_an_optimizer_without_its_model_is_refused_at_save(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_none_aggregation_sync_on_read_variable_is_refused_at_save(tmp_path, mirrored_2cpu):
-    with mirrored_2cpu.scope():
+def test_a_none_aggregation_sync_on_read_variable_is_refused_at_save(tmp_path, mirrored_strategy):
+    with mirrored_strategy.scope():
         v = td.Variable(np.zeros(2, np.float32), synchronization=ON_READ, aggregation=A.NONE, name="per_replica")
     ckpt = td.train.Checkpoint(v=v)
     with pytest.raises(ValueError, match=r"^Checkpoint cannot save per_replica:0 \(at 'v'\): a sync-on-read variable"):
@@ -192,8 +193,8 @@ def test_a_none_aggregation_sync_on_read_variable_is_refused_at_save(tmp_path, m
 
 
 @pytest.mark.parametrize("api", ["save", "write", "restore", "manager.save"])
-def test_save_and_restore_inside_strategy_run_raise_context_error(tmp_path, mirrored_2cpu, api):
-    with mirrored_2cpu.scope():
+def test_save_and_restore_inside_strategy_run_raise_context_error(tmp_path, mirrored_strategy, api):
+    with mirrored_strategy.scope():
         v = td.Variable(np.ones(2, np.float32))
     ckpt = td.train.Checkpoint(v=v)
     path = ckpt.write(str(tmp_path / "ready"))
@@ -207,17 +208,17 @@ def test_save_and_restore_inside_strategy_run_raise_context_error(tmp_path, mirr
     called = "CheckpointManager.save" if api == "manager.save" else f"Checkpoint.{api}"
 
     with pytest.raises(td.errors.ContextError, match=rf"^{called}\(\) must be called outside strategy.run"):
-        mirrored_2cpu.run(calls[api])
+        mirrored_strategy.run(calls[api])
     assert saved_counter(ckpt) == 0
     assert manager.latest_checkpoint is None and list((tmp_path / "manager-dir").iterdir()) == []
     assert not list(tmp_path.glob("inside*"))
     ckpt.restore(path).assert_consumed()  # fine between steps, and the strategy still works
-    replica_ids = mirrored_2cpu.run(lambda: td.distribute.get_replica_context().replica_id_in_sync_group)
-    assert [int(r) for r in mirrored_2cpu.experimental_local_results(replica_ids)] == [0, 1]
+    replica_ids = mirrored_strategy.run(lambda: td.distribute.get_replica_context().replica_id_in_sync_group)
+    assert [int(r) for r in mirrored_strategy.experimental_local_results(replica_ids)] == [0, 1]
 
 
-def test_the_index_documents_the_format(tmp_path, mirrored_2cpu):
-    state = make_state(mirrored_2cpu)
+def test_the_index_documents_the_format(tmp_path, mirrored_strategy):
+    state = make_state(mirrored_strategy)
     train(state, steps=1)
     path = state.checkpoint().save(str(tmp_path / "ckpt"))
     index = read_index(path)
@@ -327,7 +328,7 @@ def blank_like(values: np.ndarray, width: int | None = None) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", list(STRINGS))
-@pytest.mark.parametrize("strategy_name", ["default", "mirrored_2cpu"])
+@pytest.mark.parametrize("strategy_name", ["default", mirrored_param(2)])
 def test_string_variables_save_and_restore(request, tmp_path, strategy_name, kind):
     strategy = request.getfixturevalue(strategy_name)
     values = STRINGS[kind]

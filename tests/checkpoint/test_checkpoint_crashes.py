@@ -1,6 +1,6 @@
 """``td.train`` checkpoints under crashes: a child process SIGKILLed during a save, and what crashed saves leave behind.
 
-The crash tests run ``tests/programs/checkpoint_child.py`` in a child process and SIGKILL it at
+The crash tests run ``tools/test_programs/checkpoint_child.py`` in a child process and SIGKILL it at
 chosen points of a save (and once at a moment nobody chooses); the sweep tests pause it mid-save
 and check that another process's sweep leaves its files alone. Stale files are made by setting
 their modification time, never by waiting. Also: paths and the state file.
@@ -38,7 +38,10 @@ from checkpoint_helpers import (
     saved_counter,
     state_file,
 )
-from programs import checkpoint_child
+from conftest import load_program
+
+# The program the crash tests run, imported too: the test reads back what it saves.
+checkpoint_child = load_program("checkpoint_child")
 
 # --- 5. crash safety: SIGKILL during a save ----------------------------------------------------
 

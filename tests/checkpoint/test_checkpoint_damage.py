@@ -27,6 +27,7 @@ from checkpoint_helpers import (
     train,
     variables_of,
 )
+from conftest import mirrored_param
 
 # --- 6. corrupt, truncated and missing files ----------------------------------------------------
 
@@ -185,12 +186,12 @@ CORRUPTIONS = {  # name: (corrupt(prefix) -> the file at fault, the message's fi
 
 
 @pytest.fixture
-def saved_and_target(tmp_path, mirrored_2cpu):
+def saved_and_target(tmp_path, mirrored_strategy):
     """A checkpoint of a trained 2-replica state, and a differently initialised state to restore into."""
-    source = make_state(mirrored_2cpu)
+    source = make_state(mirrored_strategy)
     train(source, steps=2)
     prefix = Path(source.checkpoint().save(str(tmp_path / "ckpt")))
-    target = make_state(mirrored_2cpu, seed=4, build=True)
+    target = make_state(mirrored_strategy, seed=4, build=True)
     train(target, steps=1)
     return prefix, target
 
@@ -305,7 +306,7 @@ class Small(td.Module):
 
 @pytest.mark.parametrize("slots", ["built", "deferred"])
 @pytest.mark.parametrize("mismatch", ["shape", "dtype"])
-@pytest.mark.parametrize("strategy_name", ["default", "mirrored_2cpu"])
+@pytest.mark.parametrize("strategy_name", ["default", mirrored_param(2)])
 def test_shape_or_dtype_mismatch_raises_naming_the_key_and_changes_nothing(
     request, tmp_path, strategy_name, mismatch, slots
 ):

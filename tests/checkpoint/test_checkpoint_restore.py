@@ -29,6 +29,7 @@ from checkpoint_helpers import (
     values,
     variables_of,
 )
+from conftest import mirrored_param
 
 # --- 1. round trip ----------------------------------------------------------------------------
 
@@ -140,13 +141,15 @@ def test_integer_sum_sync_on_read_splits_exactly_with_the_remainder_on_copy_0(tm
 
 
 @pytest.mark.parametrize("where", ["in_scope", "no_scope"])
-@pytest.mark.parametrize("target_name", ["default", "one_device_cpu", "mirrored_2cpu", "central_storage_2cpu"])
-@pytest.mark.parametrize("source_name", ["default", "mirrored_4cpu", "central_storage_2cpu"])
+@pytest.mark.parametrize("target_name", ["default", "one_device_cpu", mirrored_param(2), "central_storage_2cpu"])
+@pytest.mark.parametrize("source_name", ["default", pytest.param(4, id="mirrored_4cpu"), "central_storage_2cpu"])
 def test_restore_into_another_strategy_inside_or_outside_its_scope(request, tmp_path, source_name, target_name, where):
     def scope(strategy: Any) -> Any:
         return strategy.scope() if where == "in_scope" else contextlib.nullcontext()
 
-    source = make_state(request.getfixturevalue(source_name))
+    # Both may be mirrored: the source over 4 replicas is the plugin's, by count.
+    source_strategy = mirrored_strategy_for(source_name) if isinstance(source_name, int) else None
+    source = make_state(source_strategy or request.getfixturevalue(source_name))
     train(source, steps=2)
     saved = values(variables_of(source))
     with scope(source.strategy):
@@ -169,7 +172,7 @@ def test_restore_into_another_strategy_inside_or_outside_its_scope(request, tmp_
 
 
 @pytest.mark.parametrize("trigger", ["build", "step"])
-@pytest.mark.parametrize("strategy_name", ["default", "mirrored_2cpu", "central_storage_2cpu"])
+@pytest.mark.parametrize("strategy_name", ["default", mirrored_param(2), "central_storage_2cpu"])
 def test_slots_restored_before_they_exist_are_applied_when_created(request, tmp_path, strategy_name, trigger):
     strategy = request.getfixturevalue(strategy_name)
     uninterrupted = make_state(strategy)

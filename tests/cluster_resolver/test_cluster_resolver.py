@@ -369,8 +369,8 @@ def test_mpi_cluster_resolver_refuses_a_rank_outside_the_job():
         cr.MPIClusterResolver(2, 2)
 
 
-def test_strategies_without_a_cluster_have_no_resolver(mirrored_2cpu):
-    assert mirrored_2cpu.cluster_resolver is None
+def test_strategies_without_a_cluster_have_no_resolver(mirrored_strategy):
+    assert mirrored_strategy.cluster_resolver is None
 
 
 # --- MultiWorkerMirroredStrategy and a given resolver (one worker here, two under mpiexec -n 2) -------

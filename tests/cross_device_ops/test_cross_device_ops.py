@@ -510,6 +510,7 @@ def test_mirrored_strategy_logs_its_choice_with_a_reason(caplog):
     assert isinstance(strategy.extended._cross_device_ops, D.SharedMemoryAllReduce)
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_default_cross_device_ops_is_visible(mirrored_strategy):
     assert isinstance(mirrored_strategy.extended._cross_device_ops, D.SharedMemoryAllReduce)
 
@@ -787,28 +788,32 @@ def test_mismatch_through_strategy_raises_before_data_moves(api, kind, mentions)
     assert_strategy_works(strategy)
 
 
-def test_non_numeric_value_through_strategy_raises(mirrored_4cpu):
-    value = distribute(mirrored_4cpu, [np.array(["x"])] * 4)
+@pytest.mark.replicas(4)
+def test_non_numeric_value_through_strategy_raises(mirrored_strategy):
+    value = distribute(mirrored_strategy, [np.array(["x"])] * 4)
     with pytest.raises(ValueError, match="Reducing across replicas needs numeric values"):
-        mirrored_4cpu.reduce(SUM, value, axis=None)
-    assert_strategy_works(mirrored_4cpu)
+        mirrored_strategy.reduce(SUM, value, axis=None)
+    assert_strategy_works(mirrored_strategy)
 
 
-def test_per_replica_with_the_wrong_number_of_components_raises(mirrored_4cpu):
+@pytest.mark.replicas(4)
+def test_per_replica_with_the_wrong_number_of_components_raises(mirrored_strategy):
     value = D.PerReplica([np.zeros(2), np.zeros(2)])
     with pytest.raises(ValueError, match="got a PerReplica with 2 components"):
-        mirrored_4cpu.reduce(SUM, value, axis=None)
-    assert_strategy_works(mirrored_4cpu)
+        mirrored_strategy.reduce(SUM, value, axis=None)
+    assert_strategy_works(mirrored_strategy)
 
 
+@pytest.mark.replicas(2, 4)
 @pytest.mark.parametrize(("make_pairs", "message"), MALFORMED_PAIRS)
-def test_batch_reduce_to_rejects_malformed_pairs(multi_replica, make_pairs, message):
-    value = distribute(multi_replica, random_values(multi_replica.num_replicas_in_sync))
+def test_batch_reduce_to_rejects_malformed_pairs(mirrored_strategy, make_pairs, message):
+    value = distribute(mirrored_strategy, random_values(mirrored_strategy.num_replicas_in_sync))
     with pytest.raises(ValueError, match=re.escape(f"Each element of `value_destination_pairs` {message}")):
-        multi_replica.extended.batch_reduce_to(SUM, make_pairs(value))
-    assert_strategy_works(multi_replica)
+        mirrored_strategy.extended.batch_reduce_to(SUM, make_pairs(value))
+    assert_strategy_works(mirrored_strategy)
 
 
+@pytest.mark.replicas(2, 4)
 @pytest.mark.parametrize(
     ("destinations", "message"),
     [
@@ -818,13 +823,13 @@ def test_batch_reduce_to_rejects_malformed_pairs(multi_replica, make_pairs, mess
     ],
     ids=["empty", "int", "object"],
 )
-def test_strategy_destinations_are_validated(multi_replica, destinations, message):
-    value = distribute(multi_replica, random_values(multi_replica.num_replicas_in_sync))
+def test_strategy_destinations_are_validated(mirrored_strategy, destinations, message):
+    value = distribute(mirrored_strategy, random_values(mirrored_strategy.num_replicas_in_sync))
     with pytest.raises(ValueError, match=message):
-        multi_replica.extended.reduce_to(SUM, value, destinations)
+        mirrored_strategy.extended.reduce_to(SUM, value, destinations)
     with pytest.raises(ValueError, match=message):
-        multi_replica.extended.broadcast_to(np.zeros(2), destinations)
-    assert_strategy_works(multi_replica)
+        mirrored_strategy.extended.broadcast_to(np.zeros(2), destinations)
+    assert_strategy_works(mirrored_strategy)
 
 
 # --- large buffers (chunked, parallel reduction) --------------------------------------------

@@ -16,6 +16,8 @@ import pytest
 
 import towerdist as td
 
+from conftest import mirrored_param
+
 D = td.data.Dataset
 INF = td.data.INFINITE_CARDINALITY
 UNK = td.data.UNKNOWN_CARDINALITY
@@ -571,7 +573,7 @@ def _steps(strategy, dist) -> list[list[list[int]]]:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("strategy_name", ["mirrored_2cpu", "mirrored_4cpu"])
+@pytest.mark.parametrize("strategy_name", [mirrored_param(2), mirrored_param(4)])
 @pytest.mark.parametrize("name", list(PIPELINES))
 def test_distribute_dataset_splits_every_global_batch(request, strategy_name, name):
     strategy = request.getfixturevalue(strategy_name)
@@ -586,8 +588,8 @@ def test_distribute_dataset_splits_every_global_batch(request, strategy_name, na
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("drop_remainder", [False, True], ids=["unknown-size", "static-size"])
 @pytest.mark.parametrize("name", list(PIPELINES))
-def test_datasets_from_function_gives_each_replica_the_next_element(mirrored_2cpu, name, drop_remainder):
-    strategy = mirrored_2cpu
+def test_datasets_from_function_gives_each_replica_the_next_element(mirrored_strategy, name, drop_remainder):
+    strategy = mirrored_strategy
     contexts = []
 
     def dataset_fn(ctx):

@@ -364,24 +364,24 @@ def _per_replica(strategy, value) -> list:
     return [np.asarray(piece).tolist() for piece in strategy.experimental_local_results(value)]
 
 
-def test_distribute_dataset_splits_padded_global_batches(mirrored_2cpu):
+def test_distribute_dataset_splits_padded_global_batches(mirrored_strategy):
     # global batches of 3 then 1 (partial): pieces of ceil(b / 2) rows, padded width kept
-    dist = mirrored_2cpu.experimental_distribute_dataset(filled().padded_batch(3))
-    steps = [_per_replica(mirrored_2cpu, step) for step in dist]
+    dist = mirrored_strategy.experimental_distribute_dataset(filled().padded_batch(3))
+    steps = [_per_replica(mirrored_strategy, step) for step in dist]
     assert steps == [
         [[[1, 0, 0], [2, 2, 0]], [[3, 3, 3]]],
         [[[4, 4, 4, 4]], []],
     ]
 
 
-def test_distribute_dataset_padded_batch_of_known_size_is_split_evenly(mirrored_2cpu):
+def test_distribute_dataset_padded_batch_of_known_size_is_split_evenly(mirrored_strategy):
     ds = filled(8).padded_batch(4, padded_shapes=[8], drop_remainder=True)
-    dist = mirrored_2cpu.experimental_distribute_dataset(ds)
-    steps = [[np.asarray(p).shape for p in mirrored_2cpu.experimental_local_results(s)] for s in dist]
+    dist = mirrored_strategy.experimental_distribute_dataset(ds)
+    steps = [[np.asarray(p).shape for p in mirrored_strategy.experimental_local_results(s)] for s in dist]
     assert steps == [[(2, 8), (2, 8)], [(2, 8), (2, 8)]]
 
 
-def test_distribute_datasets_from_function_with_padded_batch(mirrored_2cpu):
+def test_distribute_datasets_from_function_with_padded_batch(mirrored_strategy):
     def dataset_fn(ctx):
         return (
             filled(6)
@@ -389,8 +389,8 @@ def test_distribute_datasets_from_function_with_padded_batch(mirrored_2cpu):
             .padded_batch(ctx.get_per_replica_batch_size(4))
         )
 
-    dist = mirrored_2cpu.distribute_datasets_from_function(dataset_fn)
-    steps = [_per_replica(mirrored_2cpu, step) for step in dist]
+    dist = mirrored_strategy.distribute_datasets_from_function(dataset_fn)
+    steps = [_per_replica(mirrored_strategy, step) for step in dist]
     # one input pipeline: replica 0 takes batch 0, replica 1 batch 1, ...; the batch size is unknown
     # statically, so the last, incomplete step is kept and the second replica gets an empty batch
     assert steps[0] == [[[1, 0], [2, 2]], [[3, 3, 3, 0], [4, 4, 4, 4]]]

@@ -736,14 +736,14 @@ def _steps(strategy, dist) -> list:
     return [[np.asarray(p).tolist() for p in strategy.experimental_local_results(step)] for step in dist]
 
 
-def test_distribute_a_loaded_dataset(tmp_path, mirrored_2cpu):
+def test_distribute_a_loaded_dataset(tmp_path, mirrored_strategy):
     path = str(tmp_path / "d")
     D.range(5).save(path)
-    dist = mirrored_2cpu.experimental_distribute_dataset(D.load(path).batch(3))
-    assert _steps(mirrored_2cpu, dist) == [[[0, 1], [2]], [[3], [4]]]
+    dist = mirrored_strategy.experimental_distribute_dataset(D.load(path).batch(3))
+    assert _steps(mirrored_strategy, dist) == [[[0, 1], [2]], [[3], [4]]]
 
 
-def test_distribute_datasets_from_function_over_a_loaded_dataset(tmp_path, mirrored_2cpu, cycle_length):
+def test_distribute_datasets_from_function_over_a_loaded_dataset(tmp_path, mirrored_strategy, cycle_length):
     cycle_length(1)  # the shards one after the other
     path = str(tmp_path / "d")
     D.range(8).save(path, shard_func=lambda x: x % 2)
@@ -751,7 +751,7 @@ def test_distribute_datasets_from_function_over_a_loaded_dataset(tmp_path, mirro
     def dataset_fn(ctx):
         return D.load(path).batch(ctx.get_per_replica_batch_size(4), drop_remainder=True)
 
-    assert _steps(mirrored_2cpu, mirrored_2cpu.distribute_datasets_from_function(dataset_fn)) == [
+    assert _steps(mirrored_strategy, mirrored_strategy.distribute_datasets_from_function(dataset_fn)) == [
         [[0, 2], [4, 6]],
         [[1, 3], [5, 7]],
     ]

@@ -424,30 +424,30 @@ def _steps(strategy, dist) -> list:
     return [[np.asarray(p).tolist() for p in strategy.experimental_local_results(step)] for step in dist]
 
 
-def test_distribute_dataset_of_chosen_batches(mirrored_2cpu):
+def test_distribute_dataset_of_chosen_batches(mirrored_strategy):
     ds = D.choose_from_datasets([D.range(4).batch(2), D.range(10, 13).batch(3)], choices(1, 0, 0))
-    assert _steps(mirrored_2cpu, mirrored_2cpu.experimental_distribute_dataset(ds)) == [
+    assert _steps(mirrored_strategy, mirrored_strategy.experimental_distribute_dataset(ds)) == [
         [[10, 11], [12]],
         [[0], [1]],
         [[2], [3]],
     ]
 
 
-def test_distribute_dataset_of_sampled_rows_batched(mirrored_2cpu):
+def test_distribute_dataset_of_sampled_rows_batched(mirrored_strategy):
     ds = D.sample_from_datasets([D.range(5), D.range(10, 15)], seed=2).batch(4)
     rows = [
-        v for step in _steps(mirrored_2cpu, mirrored_2cpu.experimental_distribute_dataset(ds)) for p in step for v in p
+        v for step in _steps(mirrored_strategy, mirrored_strategy.experimental_distribute_dataset(ds)) for p in step for v in p
     ]
     assert rows == ints(D.sample_from_datasets([D.range(5), D.range(10, 15)], seed=2))
-    steps = _steps(mirrored_2cpu, mirrored_2cpu.experimental_distribute_dataset(ds))
+    steps = _steps(mirrored_strategy, mirrored_strategy.experimental_distribute_dataset(ds))
     assert [len(p) for p in steps[-1]] == [1, 1]  # the partial last global batch of 2 rows
 
 
-def test_distribute_datasets_from_function_with_sampling(mirrored_2cpu):
+def test_distribute_datasets_from_function_with_sampling(mirrored_strategy):
     def dataset_fn(ctx):
         return D.sample_from_datasets([D.range(6), D.range(10, 16)], seed=5).batch(ctx.get_per_replica_batch_size(4))
 
-    steps = _steps(mirrored_2cpu, mirrored_2cpu.distribute_datasets_from_function(dataset_fn))
+    steps = _steps(mirrored_strategy, mirrored_strategy.distribute_datasets_from_function(dataset_fn))
     expected = ints(D.sample_from_datasets([D.range(6), D.range(10, 16)], seed=5))
     assert [v for step in steps for piece in step for v in piece] == expected
     assert len(steps) == 3

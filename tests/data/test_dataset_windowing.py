@@ -556,18 +556,18 @@ def _steps(strategy, dist) -> list:
     return [[np.asarray(p).tolist() for p in strategy.experimental_local_results(step)] for step in dist]
 
 
-def test_distribute_dataset_of_windows_batched_by_flat_map(mirrored_2cpu):
+def test_distribute_dataset_of_windows_batched_by_flat_map(mirrored_strategy):
     ds = D.range(7).window(4, 3).flat_map(lambda w: w.batch(4))
-    assert _steps(mirrored_2cpu, mirrored_2cpu.experimental_distribute_dataset(ds)) == [
+    assert _steps(mirrored_strategy, mirrored_strategy.experimental_distribute_dataset(ds)) == [
         [[0, 1], [2, 3]],
         [[3, 4], [5, 6]],
         [[6], []],
     ]
 
 
-def test_distribute_dataset_of_grouped_windows(mirrored_2cpu):
+def test_distribute_dataset_of_grouped_windows(mirrored_strategy):
     ds = D.range(10).group_by_window(lambda x: x % 3, lambda k, w: w.batch(3), window_size=3)
-    assert _steps(mirrored_2cpu, mirrored_2cpu.experimental_distribute_dataset(ds)) == [
+    assert _steps(mirrored_strategy, mirrored_strategy.experimental_distribute_dataset(ds)) == [
         [[0, 3], [6]],
         [[1, 4], [7]],
         [[2, 5], [8]],
@@ -575,20 +575,20 @@ def test_distribute_dataset_of_grouped_windows(mirrored_2cpu):
     ]
 
 
-def test_distribute_dataset_of_buckets(mirrored_2cpu):
+def test_distribute_dataset_of_buckets(mirrored_strategy):
     ds = sequences().bucket_by_sequence_length(length, [3, 5], [2, 2, 2])
-    assert _steps(mirrored_2cpu, mirrored_2cpu.experimental_distribute_dataset(ds)) == [
+    assert _steps(mirrored_strategy, mirrored_strategy.experimental_distribute_dataset(ds)) == [
         [[[1, 2, 3, 4]], [[5, 6, 7, 0]]],
         [[[7, 8, 9, 10, 11, 0]], [[13, 14, 15, 16, 19, 20]]],
         [[[0, 0]], [[21, 22]]],
     ]
 
 
-def test_distribute_datasets_from_function_with_buckets(mirrored_2cpu):
+def test_distribute_datasets_from_function_with_buckets(mirrored_strategy):
     def dataset_fn(ctx):
         return sequences().bucket_by_sequence_length(length, [3, 5], [2, 2, 2])
 
-    steps = _steps(mirrored_2cpu, mirrored_2cpu.distribute_datasets_from_function(dataset_fn))
+    steps = _steps(mirrored_strategy, mirrored_strategy.distribute_datasets_from_function(dataset_fn))
     # replica 0 takes batch 0, replica 1 batch 1; the batch size is unknown, so the last step is
     # kept and the second replica gets an empty batch
     assert steps[0] == [[[1, 2, 3, 4], [5, 6, 7, 0]], [[7, 8, 9, 10, 11, 0], [13, 14, 15, 16, 19, 20]]]

@@ -16,23 +16,22 @@ import pytest
 
 import towerdist as td
 
+from conftest import mirrored_param
+
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.timeout(60)]
 
-STRATEGIES = ["default", "one_device_cpu", "mirrored_1cpu", "mirrored_2cpu"]
+STRATEGIES = ["default", "one_device_cpu", mirrored_param(1), mirrored_param(2)]
 
 # The first two elements of range(8).batch(2) through each kind of iterator, per strategy,
 # as each replica's list (TF 2.21's values for one_device_cpu and mirrored_2cpu).
+# By replica count: the default, one_device_cpu and mirrored_1cpu have one replica.
 FIRST_OF_DATASET = {
-    "default": [[[0, 1]], [[2, 3]]],
-    "one_device_cpu": [[[0, 1]], [[2, 3]]],
-    "mirrored_1cpu": [[[0, 1]], [[2, 3]]],
-    "mirrored_2cpu": [[[0], [1]], [[2], [3]]],
+    1: [[[0, 1]], [[2, 3]]],
+    2: [[[0], [1]], [[2], [3]]],
 }
 FIRST_OF_INPUT_FN = {
-    "default": [[[0, 1]], [[2, 3]]],
-    "one_device_cpu": [[[0, 1]], [[2, 3]]],
-    "mirrored_1cpu": [[[0, 1]], [[2, 3]]],
-    "mirrored_2cpu": [[[0, 1], [2, 3]], [[4, 5], [6, 7]]],
+    1: [[[0, 1]], [[2, 3]]],
+    2: [[[0, 1], [2, 3]], [[4, 5], [6, 7]]],
 }
 
 
@@ -54,7 +53,7 @@ def _make(strategy: td.distribute.Strategy, kind: str) -> Any:
 @pytest.mark.parametrize("kind", ["dataset", "input_fn"])
 def test_initialize_returns_none_and_restarts_from_the_first_element(request, strategy_name, kind):
     strategy = request.getfixturevalue(strategy_name)
-    first, second = (FIRST_OF_DATASET if kind == "dataset" else FIRST_OF_INPUT_FN)[strategy_name]
+    first, second = (FIRST_OF_DATASET if kind == "dataset" else FIRST_OF_INPUT_FN)[strategy.num_replicas_in_sync]
     iterator = _make(strategy, kind)
     assert [_lists(strategy, iterator.get_next()) for _ in range(2)] == [first, second]
 
@@ -67,7 +66,7 @@ def test_initialize_returns_none_and_restarts_from_the_first_element(request, st
 @pytest.mark.parametrize("kind", ["dataset", "input_fn"])
 def test_reading_initializer_restarts_and_is_none(request, strategy_name, kind):
     strategy = request.getfixturevalue(strategy_name)
-    first, _ = (FIRST_OF_DATASET if kind == "dataset" else FIRST_OF_INPUT_FN)[strategy_name]
+    first, _ = (FIRST_OF_DATASET if kind == "dataset" else FIRST_OF_INPUT_FN)[strategy.num_replicas_in_sync]
     iterator = _make(strategy, kind)
     iterator.get_next()
     iterator.get_next()
@@ -90,34 +89,34 @@ def test_initialize_after_the_end_starts_a_new_epoch(request, strategy_name):
     assert sum(len(step) for step in epoch) == len(epoch) * strategy.num_replicas_in_sync
 
 
-def test_initialize_keeps_the_get_next_as_optional_protocol(mirrored_2cpu):
-    iterator = _make(mirrored_2cpu, "dataset")
+def test_initialize_keeps_the_get_next_as_optional_protocol(mirrored_strategy):
+    iterator = _make(mirrored_strategy, "dataset")
     for _ in range(4):
         iterator.get_next()
     assert not iterator.get_next_as_optional().has_value()
     iterator.initialize()
     optional = iterator.get_next_as_optional()
-    assert optional.has_value() and _lists(mirrored_2cpu, optional.get_value()) == [[0], [1]]
+    assert optional.has_value() and _lists(mirrored_strategy, optional.get_value()) == [[0], [1]]
 
 
-def test_the_iterators_stay_distributed_iterators(mirrored_2cpu):
-    iterator = _make(mirrored_2cpu, "dataset")
+def test_the_iterators_stay_distributed_iterators(mirrored_strategy):
+    iterator = _make(mirrored_strategy, "dataset")
     assert isinstance(iterator, td.distribute.DistributedIterator)
     assert iterator.element_spec == iter(
-        mirrored_2cpu.experimental_distribute_dataset(td.data.Dataset.range(8).batch(2))
+        mirrored_strategy.experimental_distribute_dataset(td.data.Dataset.range(8).batch(2))
     ).element_spec
 
 
-def test_initialize_stops_the_read_ahead_of_the_old_pass(mirrored_2cpu):
+def test_initialize_stops_the_read_ahead_of_the_old_pass(mirrored_strategy):
     def prefetchers() -> list[threading.Thread]:
         return [t for t in threading.enumerate() if t.name == "towerdist-prefetch" and t.is_alive()]
 
     before = set(prefetchers())
-    iterator = mirrored_2cpu.make_dataset_iterator(td.data.Dataset.range(40).batch(2).prefetch(4))
+    iterator = mirrored_strategy.make_dataset_iterator(td.data.Dataset.range(40).batch(2).prefetch(4))
     iterator.get_next()
     for _ in range(3):
         iterator.initialize()
-        assert _lists(mirrored_2cpu, iterator.get_next()) == [[0], [1]]
+        assert _lists(mirrored_strategy, iterator.get_next()) == [[0], [1]]
     iterator.initialize()
     for thread in set(prefetchers()) - before:
         thread.join(timeout=20)

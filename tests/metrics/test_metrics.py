@@ -23,6 +23,8 @@ import towerdist as td
 from towerdist._src import aliases
 from towerdist.testing.pytest_plugin import mirrored_strategy_for
 
+from conftest import mirrored_param
+
 # An empty batch or an empty slice must never produce a numpy warning (nor a NaN) in these tests.
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
 
@@ -504,6 +506,7 @@ def _metric_ids(cls):
     return cls.__name__
 
 
+@pytest.mark.replicas(1, 2, 4)
 @pytest.mark.parametrize("metric_cls", METRIC_CLASSES, ids=_metric_ids)
 def test_state_is_sum_sync_on_read_under_mirrored(mirrored_strategy, metric_cls):
     metric = create(mirrored_strategy, metric_cls)
@@ -530,8 +533,8 @@ def test_state_is_plain_without_a_multi_device_strategy(request, where, metric_c
 
 
 @pytest.mark.parametrize("metric_cls", METRIC_CLASSES, ids=_metric_ids)
-def test_variables_names_and_checkpoint_dependencies(mirrored_2cpu, metric_cls):
-    metric = create(mirrored_2cpu, lambda: metric_cls(name="acc"))
+def test_variables_names_and_checkpoint_dependencies(mirrored_strategy, metric_cls):
+    metric = create(mirrored_strategy, lambda: metric_cls(name="acc"))
     assert metric.name == "acc"
     names = STATE_NAMES[metric_cls]
     deps = metric._checkpoint_dependencies()
@@ -551,14 +554,14 @@ def test_default_name_config_and_repr(metric_cls):
     assert repr(metric) == f"<{metric_cls.__name__} name={DEFAULT_NAMES[metric_cls]!r} dtype=float32>"
 
 
-def test_mean_metric_wrapper_with_a_custom_function(mirrored_2cpu):
+def test_mean_metric_wrapper_with_a_custom_function(mirrored_strategy):
     def absolute_error(y_true, y_pred):
         return np.abs(np.asarray(y_true, F32) - y_pred).max(axis=-1)
 
-    metric = create(mirrored_2cpu, lambda: td.metrics.MeanMetricWrapper(absolute_error, name="max_abs"))
+    metric = create(mirrored_strategy, lambda: td.metrics.MeanMetricWrapper(absolute_error, name="max_abs"))
     y_true = [np.array([[0.0, 1.0]], F32), np.array([[2.0, 2.0], [0.0, 0.0]], F32)]
     y_pred = [np.array([[1.0, 4.0]], F32), np.array([[0.0, 1.0], [0.5, 0.0]], F32)]
-    mirrored_2cpu.run(metric.update_state, args=(distribute(mirrored_2cpu, y_true), distribute(mirrored_2cpu, y_pred)))
+    mirrored_strategy.run(metric.update_state, args=(distribute(mirrored_strategy, y_true), distribute(mirrored_strategy, y_pred)))
     per_sample = np.abs(np.concatenate(y_true) - np.concatenate(y_pred)).max(axis=1)
     np.testing.assert_allclose(metric.result(), per_sample.mean(), **TOL)
     assert metric.name == "max_abs"
@@ -595,16 +598,17 @@ class Histogram(td.metrics.Metric):
         return np.asarray(self.counts.value()) / np.asarray(self.n.value())
 
 
-def test_custom_metric_subclass_across_replicas(mirrored_4cpu):
-    metric = create(mirrored_4cpu, Histogram)
+@pytest.mark.replicas(4)
+def test_custom_metric_subclass_across_replicas(mirrored_strategy):
+    metric = create(mirrored_strategy, Histogram)
     assert metric.name == "histogram"
     assert [v.shape for v in metric.variables] == [(3,), ()]
     assert metric.n.numpy().dtype == np.float64
     labels = [np.array([0, 1, 1]), np.array([], dtype=np.int64), np.array([2]), np.array([2, 2, 0, 1])]
-    mirrored_4cpu.run(metric.update_state, args=(distribute(mirrored_4cpu, labels),))
+    mirrored_strategy.run(metric.update_state, args=(distribute(mirrored_strategy, labels),))
     expected = np.bincount(np.concatenate(labels), minlength=3) / sum(len(x) for x in labels)
     np.testing.assert_allclose(metric.result(), expected, **TOL)
-    np.testing.assert_allclose(components(mirrored_4cpu, metric.counts), [np.bincount(x, minlength=3) for x in labels])
+    np.testing.assert_allclose(components(mirrored_strategy, metric.counts), [np.bincount(x, minlength=3) for x in labels])
 
 
 def test_add_variable_rejects_a_duplicate_name():
@@ -628,9 +632,9 @@ def test_base_metric_methods_are_abstract():
 ALL_WITH_CENTRAL = [
     "default",
     "one_device_cpu",
-    "mirrored_1cpu",
-    "mirrored_2cpu",
-    "mirrored_4cpu",
+    mirrored_param(1),
+    mirrored_param(2),
+    mirrored_param(4),
     "central_storage_2cpu",
 ]
 
@@ -648,15 +652,16 @@ def test_update_in_cross_replica_context_counts_once(request, strategy_name):
     np.testing.assert_allclose(sum(components(strategy, metric.total)), expected_total)
 
 
-def test_update_inside_merge_call_counts_once(multi_replica):
-    metric = create(multi_replica, td.metrics.Sum)
+@pytest.mark.replicas(2, 4)
+def test_update_inside_merge_call_counts_once(mirrored_strategy):
+    metric = create(mirrored_strategy, td.metrics.Sum)
 
     def step():
         td.distribute.get_replica_context().merge_call(lambda strategy: metric.update_state([5.0, 1.0]))
         return metric.result()
 
-    seen = run_and_collect(multi_replica, step)
-    n = multi_replica.num_replicas_in_sync
+    seen = run_and_collect(mirrored_strategy, step)
+    n = mirrored_strategy.num_replicas_in_sync
     assert sorted(seen) == list(range(n))
     # Counted once, in the first replica's copy; inside run each replica reads its own copy.
     assert [float(seen[r]) for r in range(n)] == [6.0] + [0.0] * (n - 1)
@@ -694,11 +699,11 @@ def test_result_inside_run_is_the_replicas_own_and_accumulates_over_steps(reques
     ],
     ids=["Mean", "Sum", "SparseCategoricalAccuracy", "MeanSquaredError"],
 )
-def test_result_inside_run_matches_tensorflow(mirrored_2cpu, make_metric, local, aggregate):
+def test_result_inside_run_matches_tensorflow(mirrored_strategy, make_metric, local, aggregate):
     # TensorFlow 2.21 (Keras 3.15), MirroredStrategy on 2 CPUs: result() inside run reads each
     # replica's own copies (Mean/Sum of [4.0] and [5.0]: [4.0, 5.0]); cross-replica code reads the
     # aggregate over everything both replicas saw (the Mean of a second update of x + 1: 5.0).
-    strategy = mirrored_2cpu
+    strategy = mirrored_strategy
     metric = create(strategy, make_metric)
 
     def step():
@@ -720,9 +725,9 @@ def test_result_inside_run_matches_tensorflow(mirrored_2cpu, make_metric, local,
     np.testing.assert_allclose(float(metric.result()), aggregate, rtol=1e-6)
 
 
-def test_results_already_returned_do_not_change(mirrored_2cpu):
-    metric = create(mirrored_2cpu, td.metrics.Sum)
-    seen = run_and_collect(mirrored_2cpu, metric, distribute(mirrored_2cpu, [[1.0], [2.0]]))
+def test_results_already_returned_do_not_change(mirrored_strategy):
+    metric = create(mirrored_strategy, td.metrics.Sum)
+    seen = run_and_collect(mirrored_strategy, metric, distribute(mirrored_strategy, [[1.0], [2.0]]))
     cross = metric.result()
     metric.update_state([10.0])
     metric.reset_state()
@@ -775,15 +780,15 @@ def test_reset_state_without_strategy():
     np.testing.assert_allclose(metric.result(), 1.0)
 
 
-def test_reset_states_is_keras_2s_name_of_reset_state(mirrored_2cpu):
-    with mirrored_2cpu.scope():
+def test_reset_states_is_keras_2s_name_of_reset_state(mirrored_strategy):
+    with mirrored_strategy.scope():
         metric = td.metrics.Mean()
-    mirrored_2cpu.run(lambda: metric.update_state(float(rid() + 1)))
+    mirrored_strategy.run(lambda: metric.update_state(float(rid() + 1)))
     aliases.reset_warnings()  # an old name warns once per process
     with pytest.warns(DeprecationWarning, match=r"Metric.reset_states is a deprecated name .*use Metric.reset_state\(\)"):
         metric.reset_states()
     for variable in metric.variables:
-        np.testing.assert_array_equal(components(mirrored_2cpu, variable), 0.0)
+        np.testing.assert_array_equal(components(mirrored_strategy, variable), 0.0)
     assert float(metric.result()) == 0.0
 
 
@@ -812,16 +817,17 @@ def test_result_when_nothing_was_seen_is_zero(any_strategy, metric_cls):
     assert [float(v) for v in seen.values()] == [0.0] * any_strategy.num_replicas_in_sync
 
 
+@pytest.mark.replicas(2, 4)
 @pytest.mark.parametrize("case", [c for c in CASES if c.reduction == "mean"], ids=repr)
-def test_only_empty_batches_give_zero(multi_replica, case):
+def test_only_empty_batches_give_zero(mirrored_strategy, case):
     rng = np.random.default_rng(0)
-    n = multi_replica.num_replicas_in_sync
+    n = mirrored_strategy.num_replicas_in_sync
     batches = [case.make_batch(rng, 0) for _ in range(n)]
-    metric = create(multi_replica, case.make_metric)
-    args = [distribute(multi_replica, [b[0][k] for b in batches]) for k in range(len(batches[0][0]))]
-    seen = run_and_collect(multi_replica, metric, *args)
+    metric = create(mirrored_strategy, case.make_metric)
+    args = [distribute(mirrored_strategy, [b[0][k] for b in batches]) for k in range(len(batches[0][0]))]
+    seen = run_and_collect(mirrored_strategy, metric, *args)
     assert [float(v) for v in seen.values()] == [0.0] * n
-    np.testing.assert_array_equal(components(multi_replica, metric.count), 0.0)
+    np.testing.assert_array_equal(components(mirrored_strategy, metric.count), 0.0)
 
 
 # --- other strategies ---------------------------------------------------------------------------
@@ -856,11 +862,11 @@ def test_metrics_under_other_strategies(request, strategy_name, case):
 
 @pytest.mark.parametrize("dtype", ["float64", np.float64, td.float64], ids=["str", "numpy", "td"])
 @pytest.mark.parametrize("metric_cls", METRIC_CLASSES, ids=_metric_ids)
-def test_float64_state_and_result(mirrored_2cpu, metric_cls, dtype):
-    metric = create(mirrored_2cpu, lambda: metric_cls(dtype=dtype))
+def test_float64_state_and_result(mirrored_strategy, metric_cls, dtype):
+    metric = create(mirrored_strategy, lambda: metric_cls(dtype=dtype))
     assert metric.dtype == np.float64
     assert metric.get_config()["dtype"] == "float64"
-    assert all(c.dtype == np.float64 for v in metric.variables for c in components(mirrored_2cpu, v))
+    assert all(c.dtype == np.float64 for v in metric.variables for c in components(mirrored_strategy, v))
     assert metric.result().dtype == np.float64  # nothing seen yet
     if metric_cls in (td.metrics.Mean, td.metrics.Sum):
         args = ([np.float32(0.1), np.float32(0.2)],)
@@ -868,7 +874,7 @@ def test_float64_state_and_result(mirrored_2cpu, metric_cls, dtype):
         args = ([1, 0], np.array([[0.0, 1.0], [0.0, 1.0]], F32))
     else:
         args = (np.array([[0.1, 0.2]], F32), np.array([[0.0, 0.0]], F32))
-    seen = run_and_collect(mirrored_2cpu, metric, *args)
+    seen = run_and_collect(mirrored_strategy, metric, *args)
     assert all(v.dtype == np.float64 for v in seen.values())
     assert metric.result().dtype == np.float64
 
@@ -946,6 +952,7 @@ def _bad_weights(metric):
     return metric([1.0, 2.0], sample_weight=[1.0, 2.0, 3.0] if bad else [1.0, 2.0])
 
 
+@pytest.mark.replicas(2, 4)
 @pytest.mark.parametrize(
     ("make_metric", "replica_fn", "match"),
     [
@@ -953,18 +960,18 @@ def _bad_weights(metric):
         pytest.param(td.metrics.Mean, _bad_weights, "cannot be broadcast", id="weights"),
     ],
 )
-def test_error_in_one_replica_leaves_the_strategy_usable(multi_replica, make_metric, replica_fn, match):
-    metric = create(multi_replica, make_metric)
+def test_error_in_one_replica_leaves_the_strategy_usable(mirrored_strategy, make_metric, replica_fn, match):
+    metric = create(mirrored_strategy, make_metric)
     with pytest.raises(ValueError, match=match):
-        multi_replica.run(replica_fn, args=(metric,))
-    assert_strategy_works(multi_replica)
+        mirrored_strategy.run(replica_fn, args=(metric,))
+    assert_strategy_works(mirrored_strategy)
 
     # The metric and the strategy still work: reset, then a clean step gives the numpy value.
     metric.reset_state()
-    n = multi_replica.num_replicas_in_sync
+    n = mirrored_strategy.num_replicas_in_sync
     values = [np.array([float(r), 2.0 * r + 1.0], F32) for r in range(n)]
-    fresh = create(multi_replica, td.metrics.Mean)
-    seen = run_and_collect(multi_replica, fresh, distribute(multi_replica, values))
+    fresh = create(mirrored_strategy, td.metrics.Mean)
+    seen = run_and_collect(mirrored_strategy, fresh, distribute(mirrored_strategy, values))
     expected = np.concatenate(values).mean()
     assert len(seen) == n
     for r in range(n):
@@ -976,14 +983,21 @@ def test_error_in_one_replica_leaves_the_strategy_usable(multi_replica, make_met
 # --- checkpoints ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("target", ["no_strategy", "mirrored_1cpu", "mirrored_4cpu", "central_storage_2cpu"])
-def test_checkpoint_restores_the_aggregate_into_any_strategy(request, tmp_path, mirrored_2cpu, target):
-    source = create(mirrored_2cpu, td.metrics.Mean)
+@pytest.mark.parametrize(
+    "target",
+    ["no_strategy", pytest.param(1, id="mirrored_1cpu"), pytest.param(4, id="mirrored_4cpu"), "central_storage_2cpu"],
+)
+def test_checkpoint_restores_the_aggregate_into_any_strategy(request, tmp_path, mirrored_strategy, target):
+    source = create(mirrored_strategy, td.metrics.Mean)
     values = [np.array([1.0, 2.0, 3.0], F32), np.array([10.0], F32)]
-    mirrored_2cpu.run(source.update_state, args=(distribute(mirrored_2cpu, values),))
+    mirrored_strategy.run(source.update_state, args=(distribute(mirrored_strategy, values),))
     path = td.train.Checkpoint(metric=source).write(str(tmp_path / "ckpt"))
 
-    strategy = None if target == "no_strategy" else request.getfixturevalue(target)
+    # Two mirrored strategies: the target, over 1 or 4 replicas, is the plugin's by count.
+    if isinstance(target, int):
+        strategy = mirrored_strategy_for(target)
+    else:
+        strategy = None if target == "no_strategy" else request.getfixturevalue(target)
     restored = create(strategy, td.metrics.Mean)
     td.train.Checkpoint(metric=restored).restore(path).assert_consumed()
     all_values = np.concatenate(values)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _mpiexec
+from conftest import TEST_PROGRAMS, _mpiexec
 
-CHILD = Path(__file__).resolve().parents[1] / "programs" / "mpi_gpu_child.py"
+CHILD = TEST_PROGRAMS / "mpi_gpu_child.py"
 pytestmark = [pytest.mark.launches_mpi, pytest.mark.timeout(180)]
 
 

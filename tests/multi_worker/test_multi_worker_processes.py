@@ -1,6 +1,6 @@
 """MultiWorkerMirroredStrategy across real processes: failures end the job, never hang it.
 
-Each test starts ``mpiexec -n 2 python tests/programs/mpi_child.py <scenario>`` (or plain Python
+Each test starts ``mpiexec -n 2 python tools/test_programs/mpi_child.py <scenario>`` (or plain Python
 processes) with a hard subprocess timeout, and checks what every rank printed (mpiexec's
 exit status alone is not trusted: with ``os._exit(0)`` on one rank it can be 0 although
 another rank was killed).
@@ -21,9 +21,9 @@ import pytest
 
 import towerdist as td
 
-from conftest import _mpiexec
+from conftest import TEST_PROGRAMS, _mpiexec
 
-CHILD = Path(__file__).resolve().parents[1] / "programs" / "mpi_child.py"
+CHILD = TEST_PROGRAMS / "mpi_child.py"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 pytestmark = pytest.mark.launches_mpi

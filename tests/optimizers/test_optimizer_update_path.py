@@ -45,13 +45,13 @@ def step_all(strategy, opt, variables, step: int) -> None:
 @pytest.mark.parametrize("make_optimizer", [lambda: td.optimizers.SGD(0.1), lambda: td.optimizers.Adam(0.1),
                                             lambda: td.optimizers.SGD(0.1, momentum=0.9)],
                          ids=["sgd", "adam", "momentum"])
-def test_a_snapshot_taken_between_steps_never_changes(mirrored_2cpu, make_optimizer):
-    variables = model(mirrored_2cpu)
-    with mirrored_2cpu.scope():
+def test_a_snapshot_taken_between_steps_never_changes(mirrored_strategy, make_optimizer):
+    variables = model(mirrored_strategy)
+    with mirrored_strategy.scope():
         opt = make_optimizer()
     snapshots = []
     for step in range(6):
-        step_all(mirrored_2cpu, opt, variables, step)
+        step_all(mirrored_strategy, opt, variables, step)
         value = variables[0].value()
         snapshots.append((value, value.copy()))
     for value, expected in snapshots:
@@ -59,42 +59,42 @@ def test_a_snapshot_taken_between_steps_never_changes(mirrored_2cpu, make_optimi
     assert len({float(v[0, 0]) for v, _ in snapshots}) == 6  # the variable did change every step
 
 
-def test_a_snapshot_of_a_slot_never_changes(mirrored_2cpu):
-    variables = model(mirrored_2cpu)
-    with mirrored_2cpu.scope():
+def test_a_snapshot_of_a_slot_never_changes(mirrored_strategy):
+    variables = model(mirrored_strategy)
+    with mirrored_strategy.scope():
         opt = td.optimizers.Adam(0.1)
-    step_all(mirrored_2cpu, opt, variables, 0)
+    step_all(mirrored_strategy, opt, variables, 0)
     slot = opt.get_slot(variables[0], "m")
     held = np.asarray(slot)
     copy = held.copy()
     for step in range(1, 5):
-        step_all(mirrored_2cpu, opt, variables, step)
+        step_all(mirrored_strategy, opt, variables, step)
     np.testing.assert_array_equal(held, copy)
     assert not np.array_equal(np.asarray(slot), copy)
 
 
-def test_buffers_are_reused_when_no_snapshot_looks_at_them(mirrored_2cpu):
-    variables = model(mirrored_2cpu, shapes=((64, 64),))
-    with mirrored_2cpu.scope():
+def test_buffers_are_reused_when_no_snapshot_looks_at_them(mirrored_strategy):
+    variables = model(mirrored_strategy, shapes=((64, 64),))
+    with mirrored_strategy.scope():
         opt = td.optimizers.SGD(0.1)
-    step_all(mirrored_2cpu, opt, variables, 0)
-    step_all(mirrored_2cpu, opt, variables, 1)
+    step_all(mirrored_strategy, opt, variables, 0)
+    step_all(mirrored_strategy, opt, variables, 1)
     published = weakref.ref(variables[0].values[0]._array)  # a weak reference holds no snapshot
-    step_all(mirrored_2cpu, opt, variables, 2)
-    step_all(mirrored_2cpu, opt, variables, 3)
+    step_all(mirrored_strategy, opt, variables, 2)
+    step_all(mirrored_strategy, opt, variables, 3)
     assert variables[0].values[0]._array is published()  # two steps later the same buffer is back
 
 
-def test_a_held_snapshot_keeps_its_buffer_out_of_reuse(mirrored_2cpu):
-    variables = model(mirrored_2cpu, shapes=((64, 64),))
-    with mirrored_2cpu.scope():
+def test_a_held_snapshot_keeps_its_buffer_out_of_reuse(mirrored_strategy):
+    variables = model(mirrored_strategy, shapes=((64, 64),))
+    with mirrored_strategy.scope():
         opt = td.optimizers.SGD(0.1)
-    step_all(mirrored_2cpu, opt, variables, 0)
-    step_all(mirrored_2cpu, opt, variables, 1)
+    step_all(mirrored_strategy, opt, variables, 0)
+    step_all(mirrored_strategy, opt, variables, 1)
     held = variables[0].value()  # a snapshot of the current buffer
     expected = held.copy()
     for step in range(2, 6):
-        step_all(mirrored_2cpu, opt, variables, step)
+        step_all(mirrored_strategy, opt, variables, step)
         assert not np.shares_memory(variables[0].values[0]._array, held)
     np.testing.assert_array_equal(held, expected)
 
@@ -102,32 +102,33 @@ def test_a_held_snapshot_keeps_its_buffer_out_of_reuse(mirrored_2cpu):
 # --- components that share a buffer, and those that do not -----------------------------------
 
 
-def test_copies_of_a_variable_on_logical_cpus_hold_one_buffer_after_a_step(mirrored_4cpu):
-    variables = model(mirrored_4cpu)
-    with mirrored_4cpu.scope():
+@pytest.mark.replicas(4)
+def test_copies_of_a_variable_on_logical_cpus_hold_one_buffer_after_a_step(mirrored_strategy):
+    variables = model(mirrored_strategy)
+    with mirrored_strategy.scope():
         opt = td.optimizers.Adam(0.1)
-    step_all(mirrored_4cpu, opt, variables, 0)
+    step_all(mirrored_strategy, opt, variables, 0)
     for var in [*variables, opt.get_slot(variables[0], "m"), opt.get_slot(variables[0], "v")]:
         arrays = [c._array for c in var.values]
         assert all(a is arrays[0] for a in arrays)
 
 
-def test_a_replica_local_write_is_updated_on_its_own(mirrored_2cpu):
-    (w,) = model(mirrored_2cpu, shapes=((3,),))  # aggregation NONE: a replica may write its own copy
-    with mirrored_2cpu.scope():
+def test_a_replica_local_write_is_updated_on_its_own(mirrored_strategy):
+    (w,) = model(mirrored_strategy, shapes=((3,),))  # aggregation NONE: a replica may write its own copy
+    with mirrored_strategy.scope():
         opt = td.optimizers.SGD(0.5)
-    mirrored_2cpu.run(lambda: w.assign(np.full(3, 10.0, np.float32)) if rid() == 1 else None)
-    mirrored_2cpu.run(lambda: opt.apply_gradients([(np.full(3, rid() + 1.0, np.float32), w)]))
+    mirrored_strategy.run(lambda: w.assign(np.full(3, 10.0, np.float32)) if rid() == 1 else None)
+    mirrored_strategy.run(lambda: opt.apply_gradients([(np.full(3, rid() + 1.0, np.float32), w)]))
     # The summed gradient (1 + 2 = 3) is applied to each copy's own value.
     np.testing.assert_allclose(w.values[0].numpy(), np.full(3, 1.0 - 0.5 * 3))
     np.testing.assert_allclose(w.values[1].numpy(), np.full(3, 10.0 - 0.5 * 3))
 
 
-def test_gradients_passed_already_summed_update_each_copy_with_its_own(mirrored_2cpu):
-    (w,) = model(mirrored_2cpu, shapes=((2,),))
-    with mirrored_2cpu.scope():
+def test_gradients_passed_already_summed_update_each_copy_with_its_own(mirrored_strategy):
+    (w,) = model(mirrored_strategy, shapes=((2,),))
+    with mirrored_strategy.scope():
         opt = td.optimizers.SGD(1.0)
-    mirrored_2cpu.run(
+    mirrored_strategy.run(
         lambda: opt.apply_gradients([(np.full(2, rid() + 1.0, np.float32), w)], experimental_aggregate_gradients=False)
     )
     assert [c.numpy().tolist() for c in w.values] == [[0.0, 0.0], [-1.0, -1.0]]
@@ -136,14 +137,14 @@ def test_gradients_passed_already_summed_update_each_copy_with_its_own(mirrored_
 # --- the step counter -----------------------------------------------------------------------
 
 
-def test_the_step_counter_follows_an_assign_made_by_someone_else(mirrored_2cpu):
-    variables = model(mirrored_2cpu)
-    with mirrored_2cpu.scope():
+def test_the_step_counter_follows_an_assign_made_by_someone_else(mirrored_strategy):
+    variables = model(mirrored_strategy)
+    with mirrored_strategy.scope():
         opt = td.optimizers.Adam(0.1)
         twin = td.optimizers.Adam(0.1)
-        twin_variables = model(mirrored_2cpu, name="twin")
+        twin_variables = model(mirrored_strategy, name="twin")
     for step in range(3):
-        step_all(mirrored_2cpu, opt, variables, step)
+        step_all(mirrored_strategy, opt, variables, step)
     opt.iterations.assign(40)
     twin.build(twin_variables)
     for var, twin_var in zip(variables, twin_variables):
@@ -151,8 +152,8 @@ def test_the_step_counter_follows_an_assign_made_by_someone_else(mirrored_2cpu):
         for name in ("m", "v"):
             twin.get_slot(twin_var, name).assign(opt.get_slot(var, name).values[0].numpy())
     twin.iterations.assign(40)
-    step_all(mirrored_2cpu, opt, variables, 3)
-    step_all(mirrored_2cpu, twin, twin_variables, 3)
+    step_all(mirrored_strategy, opt, variables, 3)
+    step_all(mirrored_strategy, twin, twin_variables, 3)
     assert int(opt.iterations.numpy()) == 41
     for var, twin_var in zip(variables, twin_variables):
         np.testing.assert_array_equal(var.values[0].numpy(), twin_var.values[0].numpy())
@@ -179,30 +180,31 @@ def test_the_step_counter_of_a_restored_checkpoint_is_used(tmp_path):
     np.testing.assert_allclose(w.numpy(), params[0], rtol=1e-6)
 
 
-def test_a_learning_rate_schedule_sees_every_step(mirrored_2cpu):
-    (w,) = model(mirrored_2cpu, shapes=((1,),))
+def test_a_learning_rate_schedule_sees_every_step(mirrored_strategy):
+    (w,) = model(mirrored_strategy, shapes=((1,),))
     seen: list[int] = []
-    with mirrored_2cpu.scope():
+    with mirrored_strategy.scope():
         opt = td.optimizers.SGD(lambda step: seen.append(int(step)) or 0.1)
     for step in range(4):
-        step_all(mirrored_2cpu, opt, [w], step)
+        step_all(mirrored_strategy, opt, [w], step)
     assert seen == [0, 1, 2, 3]
 
 
 # --- shares over the parked replica threads ---------------------------------------------------
 
 
+@pytest.mark.replicas(4)
 @pytest.mark.parametrize("make_optimizer", [lambda: td.optimizers.SGD(0.05, momentum=0.5), lambda: td.optimizers.Adam(0.05)],
                          ids=["momentum", "adam"])
 def test_splitting_the_update_over_parked_replicas_gives_the_same_values(
-    mirrored_4cpu, monkeypatch, make_optimizer
+    mirrored_strategy, monkeypatch, make_optimizer
 ):
     shapes = ((8, 8), (8,), (8, 4), (4,), (16, 2))
-    serial_vars, split_vars = model(mirrored_4cpu, shapes, "serial"), model(mirrored_4cpu, shapes, "split")
-    with mirrored_4cpu.scope():
+    serial_vars, split_vars = model(mirrored_strategy, shapes, "serial"), model(mirrored_strategy, shapes, "split")
+    with mirrored_strategy.scope():
         serial_opt, split_opt = make_optimizer(), make_optimizer()
     for step in range(4):
-        step_all(mirrored_4cpu, serial_opt, serial_vars, step)
+        step_all(mirrored_strategy, serial_opt, serial_vars, step)
     shares_used: list[int] = []
     real_shares = optimizer_lib.Optimizer._shares
 
@@ -214,7 +216,7 @@ def test_splitting_the_update_over_parked_replicas_gives_the_same_values(
     monkeypatch.setattr(optimizer_lib, "_PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(optimizer_lib.Optimizer, "_shares", recording_shares)
     for step in range(4):
-        step_all(mirrored_4cpu, split_opt, split_vars, step)
+        step_all(mirrored_strategy, split_opt, split_vars, step)
     assert shares_used and min(shares_used) > 1  # the work really was split
     for a, b in zip(serial_vars, split_vars):
         for ca, cb in zip(a.values, b.values):
@@ -224,13 +226,14 @@ def test_splitting_the_update_over_parked_replicas_gives_the_same_values(
 # --- one replica runs on the caller's thread -------------------------------------------------
 
 
-def test_a_one_replica_step_runs_on_the_callers_thread(mirrored_1cpu):
+@pytest.mark.replicas(1)
+def test_a_one_replica_step_runs_on_the_callers_thread(mirrored_strategy):
     import threading
 
-    assert mirrored_1cpu.run(threading.get_ident) == threading.get_ident()
-    merged = mirrored_1cpu.run(lambda: td.distribute.get_replica_context().merge_call(lambda s: "merged"))
+    assert mirrored_strategy.run(threading.get_ident) == threading.get_ident()
+    merged = mirrored_strategy.run(lambda: td.distribute.get_replica_context().merge_call(lambda s: "merged"))
     assert merged == "merged"
     with pytest.raises(ZeroDivisionError) as info:
-        mirrored_1cpu.run(lambda: 1 / 0)
+        mirrored_strategy.run(lambda: 1 / 0)
     assert "Raised in replica 0 (on /cpu:0)" in "\n".join(info.value.__notes__)
     assert not td.distribute.has_strategy()

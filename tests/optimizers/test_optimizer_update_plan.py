@@ -24,8 +24,8 @@ def _views_of_one_buffer(var) -> np.ndarray:
     return base
 
 
-def test_sharing_is_a_question_and_unify_is_the_command(mirrored_2cpu):
-    with mirrored_2cpu.scope():
+def test_sharing_is_a_question_and_unify_is_the_command(mirrored_strategy):
+    with mirrored_strategy.scope():
         var = td.Variable(np.arange(4.0, dtype=np.float32))
     _views_of_one_buffer(var)
     plan = VariablePlan(var, {})
@@ -39,8 +39,8 @@ def test_sharing_is_a_question_and_unify_is_the_command(mirrored_2cpu):
     assert plan.sharing() is ONE_ARRAY
 
 
-def test_a_component_written_on_its_own_is_separate(mirrored_2cpu):
-    with mirrored_2cpu.scope():
+def test_a_component_written_on_its_own_is_separate(mirrored_strategy):
+    with mirrored_strategy.scope():
         var = td.Variable(np.zeros(3, np.float32))
     components(var)[1].assign(np.ones(3, np.float32))
     assert VariablePlan(var, {}).sharing() is SEPARATE
@@ -54,8 +54,8 @@ def test_share_leaves_a_value_written_meanwhile():
     np.testing.assert_array_equal(var.numpy(), [1.0, 2.0])
 
 
-def test_adopt_shared_takes_one_array_without_copying(mirrored_2cpu):
-    with mirrored_2cpu.scope():
+def test_adopt_shared_takes_one_array_without_copying(mirrored_strategy):
+    with mirrored_strategy.scope():
         var = td.Variable(np.zeros(3, np.float32))
     array = np.array([1.0, 2.0, 3.0], np.float32)
     array.flags.writeable = False

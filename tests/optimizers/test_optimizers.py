@@ -22,7 +22,7 @@ import pytest
 
 import towerdist as td
 
-from conftest import cpus
+from conftest import cpus, mirrored_param
 from numpy_reference import NumpyReference
 
 PerReplica = td.distribute.PerReplica
@@ -90,10 +90,10 @@ def css_remote() -> td.distribute.experimental.CentralStorageStrategy:
 
 
 EVERY_STRATEGY = [
-    "default", "one_device_cpu", "mirrored_1cpu", "mirrored_2cpu", "mirrored_4cpu", "central_storage_2cpu",
+    "default", "one_device_cpu", mirrored_param(1), mirrored_param(2), mirrored_param(4), "central_storage_2cpu",
     "css_remote",
 ]
-CROSS_REPLICA_STRATEGIES = ["mirrored_1cpu", "mirrored_2cpu", "mirrored_4cpu", "central_storage_2cpu"]
+CROSS_REPLICA_STRATEGIES = [mirrored_param(1), mirrored_param(2), mirrored_param(4), "central_storage_2cpu"]
 
 
 def rid() -> int:
@@ -235,7 +235,7 @@ def test_cross_replica_per_replica_gradients_are_summed(request, strategy_name, 
 
 @pytest.mark.parametrize("in_scope", [True, False], ids=["in_scope", "outside_scope"])
 @pytest.mark.parametrize("kind, hparams", SOME_CONFIGS)
-@pytest.mark.parametrize("strategy_name", ["mirrored_2cpu", "mirrored_4cpu", "css_remote"])
+@pytest.mark.parametrize("strategy_name", [mirrored_param(2), mirrored_param(4), "css_remote"])
 def test_cross_replica_plain_gradients_are_applied_as_given(request, strategy_name, kind, hparams, in_scope):
     strategy = request.getfixturevalue(strategy_name)
     variables = make_variables(strategy, prefix="xplain")
@@ -249,9 +249,10 @@ def test_cross_replica_plain_gradients_are_applied_as_given(request, strategy_na
         assert_all_components_close(strategy, var, want)
 
 
-def test_cross_replica_mixes_summed_and_given_gradients(mirrored_4cpu):
+@pytest.mark.replicas(4)
+def test_cross_replica_mixes_summed_and_given_gradients(mirrored_strategy):
     """One call: the first gradient is a PerReplica (summed), the others plain (applied once)."""
-    strategy = mirrored_4cpu
+    strategy = mirrored_strategy
     variables = make_variables(strategy, prefix="mixed")
     with strategy.scope():
         opt = td.optimizers.SGD(0.1, momentum=0.9)
@@ -265,7 +266,7 @@ def test_cross_replica_mixes_summed_and_given_gradients(mirrored_4cpu):
 
 
 @pytest.mark.parametrize("kind, hparams", SOME_CONFIGS)
-@pytest.mark.parametrize("strategy_name", ["mirrored_1cpu", "mirrored_2cpu", "mirrored_4cpu", "central_storage_2cpu"])
+@pytest.mark.parametrize("strategy_name", [mirrored_param(1), mirrored_param(2), mirrored_param(4), "central_storage_2cpu"])
 def test_without_aggregation_the_replicas_pass_the_summed_gradient(request, strategy_name, kind, hparams):
     """experimental_aggregate_gradients=False: each replica all-reduces itself; nothing is summed again."""
     strategy = request.getfixturevalue(strategy_name)
@@ -285,15 +286,16 @@ def test_without_aggregation_the_replicas_pass_the_summed_gradient(request, stra
         assert_all_components_close(strategy, var, want)
 
 
-def test_without_aggregation_one_shared_gradient_is_applied_once(multi_replica):
-    w, _, opt = simple_setup(multi_replica, lr=0.5, name="shared")
+@pytest.mark.replicas(2, 4)
+def test_without_aggregation_one_shared_gradient_is_applied_once(mirrored_strategy):
+    w, _, opt = simple_setup(mirrored_strategy, lr=0.5, name="shared")
     grad = np.array([1.0, 2.0, 4.0], np.float32)
-    multi_replica.run(lambda: opt.apply_gradients([(grad, w)], experimental_aggregate_gradients=False))
-    assert_all_components_close(multi_replica, w, np.arange(3, dtype=np.float32) - 0.5 * grad)
+    mirrored_strategy.run(lambda: opt.apply_gradients([(grad, w)], experimental_aggregate_gradients=False))
+    assert_all_components_close(mirrored_strategy, w, np.arange(3, dtype=np.float32) - 0.5 * grad)
 
 
 @pytest.mark.parametrize("kind, hparams", SOME_CONFIGS)
-@pytest.mark.parametrize("strategy_name", ["default", "mirrored_1cpu", "mirrored_2cpu", "mirrored_4cpu"])
+@pytest.mark.parametrize("strategy_name", ["default", mirrored_param(1), mirrored_param(2), mirrored_param(4)])
 def test_learning_rate_schedule_gets_the_step(request, strategy_name, kind, hparams):
     strategy = request.getfixturevalue(strategy_name)
     seen: list[int] = []
@@ -314,25 +316,25 @@ def test_learning_rate_schedule_gets_the_step(request, strategy_name, kind, hpar
         assert_all_components_close(strategy, var, want)
 
 
-def test_learning_rate_property_evaluates_the_schedule_at_iterations(mirrored_2cpu):
-    w, _, _ = simple_setup(mirrored_2cpu, name="lrprop")
-    with mirrored_2cpu.scope():
+def test_learning_rate_property_evaluates_the_schedule_at_iterations(mirrored_strategy):
+    w, _, _ = simple_setup(mirrored_strategy, name="lrprop")
+    with mirrored_strategy.scope():
         opt = td.optimizers.SGD(lambda step: 1.0 / (step + 2))
     assert opt.learning_rate == pytest.approx(0.5)
-    mirrored_2cpu.run(lambda: opt.apply_gradients([(np.ones(3, np.float32), w)]))
+    mirrored_strategy.run(lambda: opt.apply_gradients([(np.ones(3, np.float32), w)]))
     assert opt.learning_rate == pytest.approx(1.0 / 3)
     opt.learning_rate = 0.25
     assert opt.learning_rate == 0.25
     assert opt.get_config()["learning_rate"] == 0.25
 
 
-def test_float64_variable_gets_float32_gradients_cast(mirrored_2cpu):
-    with mirrored_2cpu.scope():
+def test_float64_variable_gets_float32_gradients_cast(mirrored_strategy):
+    with mirrored_strategy.scope():
         w = td.Variable(np.array([1.0, 2.0]), name="f64")
         opt = td.optimizers.Adam(0.1)
-    mirrored_2cpu.run(lambda: opt.apply_gradients([(np.full(2, rid() + 1.0, np.float32), w)]))
+    mirrored_strategy.run(lambda: opt.apply_gradients([(np.full(2, rid() + 1.0, np.float32), w)]))
     want = NumpyReference("Adam", learning_rate=0.1).apply([np.array([1.0, 2.0])], [np.full(2, 3.0)])[0]
-    for value in host_values(mirrored_2cpu, w):
+    for value in host_values(mirrored_strategy, w):
         assert value.dtype == np.float64
         np.testing.assert_allclose(value, want, rtol=1e-12)
 
@@ -391,14 +393,14 @@ def test_iterations_live_on_the_non_slot_devices_and_count_steps(request, strate
     assert iteration_counts(strategy, opt) == [3] * len(components(strategy, iterations))
 
 
-def test_iterations_created_before_any_variable_follow_the_creation_scope(mirrored_2cpu):
-    w, _, _ = simple_setup(mirrored_2cpu, name="early")
-    with mirrored_2cpu.scope():
+def test_iterations_created_before_any_variable_follow_the_creation_scope(mirrored_strategy):
+    w, _, _ = simple_setup(mirrored_strategy, name="early")
+    with mirrored_strategy.scope():
         opt = td.optimizers.SGD(0.5)
     iterations = opt.iterations
-    assert iteration_counts(mirrored_2cpu, opt) == [0, 0]
-    assert device_names(mirrored_2cpu, iterations) == tuple(mirrored_2cpu.extended.worker_devices)
-    assert_good_step(mirrored_2cpu, opt, w)
+    assert iteration_counts(mirrored_strategy, opt) == [0, 0]
+    assert device_names(mirrored_strategy, iterations) == tuple(mirrored_strategy.extended.worker_devices)
+    assert_good_step(mirrored_strategy, opt, w)
     assert opt.iterations is iterations
 
 
@@ -416,8 +418,8 @@ def test_get_slot_names(optimizer, names):
     assert optimizer().get_slot_names() == names
 
 
-def test_variables_are_iterations_then_slots_in_creation_order(mirrored_2cpu):
-    with mirrored_2cpu.scope():
+def test_variables_are_iterations_then_slots_in_creation_order(mirrored_strategy):
+    with mirrored_strategy.scope():
         a = td.Variable(np.zeros(2, np.float32), name="order_a")
         b = td.Variable(np.zeros(3, np.float32), name="order_b")
         opt = td.optimizers.Adam()
@@ -429,7 +431,7 @@ def test_variables_are_iterations_then_slots_in_creation_order(mirrored_2cpu):
 
 
 @pytest.mark.parametrize("kind, hparams", SOME_CONFIGS)
-@pytest.mark.parametrize("strategy_name", ["default", "mirrored_2cpu", "central_storage_2cpu"])
+@pytest.mark.parametrize("strategy_name", ["default", mirrored_param(2), "central_storage_2cpu"])
 def test_build_creates_zero_slots_before_any_step(request, strategy_name, kind, hparams):
     strategy = request.getfixturevalue(strategy_name)
     variables = make_variables(strategy, prefix="build")
@@ -451,50 +453,54 @@ def test_build_creates_zero_slots_before_any_step(request, strategy_name, kind, 
         assert_all_components_close(strategy, var, want)
 
 
-def test_build_in_replica_context_raises(mirrored_2cpu):
-    w, _, opt = simple_setup(mirrored_2cpu, name="build_rc")
+def test_build_in_replica_context_raises(mirrored_strategy):
+    w, _, opt = simple_setup(mirrored_strategy, name="build_rc")
     with pytest.raises(ContextError, match=r"SGD\.build\(\) must be called in cross-replica context"):
-        mirrored_2cpu.run(lambda: opt.build([w]))
-    assert_good_step(mirrored_2cpu, opt, w)
+        mirrored_strategy.run(lambda: opt.build([w]))
+    assert_good_step(mirrored_strategy, opt, w)
 
 
 # --- 3. errors, and the strategy stays usable afterwards ----------------------------------------
 
 
-def test_no_gradients_raises(multi_replica):
-    w, _, opt = simple_setup(multi_replica, name="nograd")
+@pytest.mark.replicas(2, 4)
+def test_no_gradients_raises(mirrored_strategy):
+    w, _, opt = simple_setup(mirrored_strategy, name="nograd")
     with pytest.raises(ValueError, match="No gradients provided for any variable: nograd_w:0"):
-        multi_replica.run(lambda: opt.apply_gradients([(None, w)]))
+        mirrored_strategy.run(lambda: opt.apply_gradients([(None, w)]))
     with pytest.raises(ValueError, match="No gradients provided for any variable"):
         opt.apply_gradients([])
-    assert_good_step(multi_replica, opt, w)
+    assert_good_step(mirrored_strategy, opt, w)
 
 
-def test_none_gradient_warns_and_leaves_its_variable_unchanged(multi_replica):
-    w, b, opt = simple_setup(multi_replica, name="nonegrad")
+@pytest.mark.replicas(2, 4)
+def test_none_gradient_warns_and_leaves_its_variable_unchanged(mirrored_strategy):
+    w, b, opt = simple_setup(mirrored_strategy, name="nonegrad")
     with pytest.warns(UserWarning, match=r"Gradients do not exist for variables \['nonegrad_w:0'\]"):
-        multi_replica.run(lambda: opt.apply_gradients([(None, w), (np.float32(rid() + 1), b)]))
-    n = multi_replica.num_replicas_in_sync
-    assert_all_components_close(multi_replica, w, np.arange(3, dtype=np.float32))
-    assert_all_components_close(multi_replica, b, np.float32(1.0 - 0.5 * n * (n + 1) / 2))
-    assert_good_step(multi_replica, opt, w)
+        mirrored_strategy.run(lambda: opt.apply_gradients([(None, w), (np.float32(rid() + 1), b)]))
+    n = mirrored_strategy.num_replicas_in_sync
+    assert_all_components_close(mirrored_strategy, w, np.arange(3, dtype=np.float32))
+    assert_all_components_close(mirrored_strategy, b, np.float32(1.0 - 0.5 * n * (n + 1) / 2))
+    assert_good_step(mirrored_strategy, opt, w)
 
 
-def test_duplicate_variable_raises(multi_replica):
-    w, _, opt = simple_setup(multi_replica, name="dup")
+@pytest.mark.replicas(2, 4)
+def test_duplicate_variable_raises(mirrored_strategy):
+    w, _, opt = simple_setup(mirrored_strategy, name="dup")
     with pytest.raises(ValueError, match="variable dup_w:0 appears more than once"):
-        multi_replica.run(lambda: opt.apply_gradients([(np.ones(3, np.float32), w), (np.ones(3, np.float32), w)]))
-    assert_all_components_close(multi_replica, w, np.arange(3, dtype=np.float32))
-    assert_good_step(multi_replica, opt, w)
+        mirrored_strategy.run(lambda: opt.apply_gradients([(np.ones(3, np.float32), w), (np.ones(3, np.float32), w)]))
+    assert_all_components_close(mirrored_strategy, w, np.arange(3, dtype=np.float32))
+    assert_good_step(mirrored_strategy, opt, w)
 
 
-def test_non_variable_raises(multi_replica):
-    w, _, opt = simple_setup(multi_replica, name="nonvar")
+@pytest.mark.replicas(2, 4)
+def test_non_variable_raises(mirrored_strategy):
+    w, _, opt = simple_setup(mirrored_strategy, name="nonvar")
     with pytest.raises(TypeError, match="needs td.Variable objects at entry 1"):
-        multi_replica.run(
+        mirrored_strategy.run(
             lambda: opt.apply_gradients([(np.ones(3, np.float32), w), (np.ones(3, np.float32), np.zeros(3))])
         )
-    assert_good_step(multi_replica, opt, w)
+    assert_good_step(mirrored_strategy, opt, w)
 
 
 @pytest.mark.parametrize(
@@ -511,28 +517,29 @@ def test_malformed_grads_and_vars_raise(grads_and_vars, error, match):
         opt.apply_gradients(grads_and_vars)
 
 
-def test_shape_mismatch_from_one_replica_names_the_variable_and_replica(multi_replica):
-    w, b, opt = simple_setup(multi_replica, name="shape")
-    last = multi_replica.num_replicas_in_sync - 1
+@pytest.mark.replicas(2, 4)
+def test_shape_mismatch_from_one_replica_names_the_variable_and_replica(mirrored_strategy):
+    w, b, opt = simple_setup(mirrored_strategy, name="shape")
+    last = mirrored_strategy.num_replicas_in_sync - 1
 
     def bad_step():
         grad = np.ones(4 if rid() == last else 3, np.float32)
         return opt.apply_gradients([(np.float32(1.0 + rid()), b), (grad, w)])
 
     with pytest.raises(ValueError, match=rf"gradient of shape_w:0 from replica {last} has shape \(4,\)"):
-        multi_replica.run(bad_step)
+        mirrored_strategy.run(bad_step)
     # Nothing was updated: not the well-shaped variable, not the step counter.
-    assert_all_components_close(multi_replica, b, np.float32(1.0))
-    assert_all_components_close(multi_replica, w, np.arange(3, dtype=np.float32))
-    assert iteration_counts(multi_replica, opt) == [0] * multi_replica.num_replicas_in_sync
-    assert_good_step(multi_replica, opt, w)
+    assert_all_components_close(mirrored_strategy, b, np.float32(1.0))
+    assert_all_components_close(mirrored_strategy, w, np.arange(3, dtype=np.float32))
+    assert iteration_counts(mirrored_strategy, opt) == [0] * mirrored_strategy.num_replicas_in_sync
+    assert_good_step(mirrored_strategy, opt, w)
 
 
-def test_shape_mismatch_in_cross_replica_context_names_the_variable(mirrored_2cpu):
-    w, _, opt = simple_setup(mirrored_2cpu, name="xshape")
+def test_shape_mismatch_in_cross_replica_context_names_the_variable(mirrored_strategy):
+    w, _, opt = simple_setup(mirrored_strategy, name="xshape")
     with pytest.raises(ValueError, match=r"gradient of xshape_w:0 has shape \(2,\), but the variable has shape"):
         opt.apply_gradients([(np.ones(2, np.float32), w)])
-    assert_good_step(mirrored_2cpu, opt, w)
+    assert_good_step(mirrored_strategy, opt, w)
 
 
 BAD_DTYPE_GRADIENTS = {
@@ -542,25 +549,26 @@ BAD_DTYPE_GRADIENTS = {
 }
 
 
+@pytest.mark.replicas(2, 4)
 @pytest.mark.parametrize("kind", BAD_DTYPE_GRADIENTS)
-def test_gradient_of_a_dtype_that_does_not_convert_raises_in_replica_context(multi_replica, kind):
-    w, _, opt = simple_setup(multi_replica, name=f"dtype_{kind}")
+def test_gradient_of_a_dtype_that_does_not_convert_raises_in_replica_context(mirrored_strategy, kind):
+    w, _, opt = simple_setup(mirrored_strategy, name=f"dtype_{kind}")
     grad, words = BAD_DTYPE_GRADIENTS[kind]
     with pytest.raises(td.errors.InvalidArgumentError, match=rf"gradient of dtype_{kind}_w:0 from replica \d {words}"):
-        multi_replica.run(lambda: opt.apply_gradients([(grad.copy(), w)]))
-    assert_all_components_close(multi_replica, w, np.arange(3, dtype=np.float32))
-    assert iteration_counts(multi_replica, opt) == [0] * multi_replica.num_replicas_in_sync
-    assert_good_step(multi_replica, opt, w)
+        mirrored_strategy.run(lambda: opt.apply_gradients([(grad.copy(), w)]))
+    assert_all_components_close(mirrored_strategy, w, np.arange(3, dtype=np.float32))
+    assert iteration_counts(mirrored_strategy, opt) == [0] * mirrored_strategy.num_replicas_in_sync
+    assert_good_step(mirrored_strategy, opt, w)
 
 
 @pytest.mark.parametrize("kind", BAD_DTYPE_GRADIENTS)
-def test_gradient_of_a_dtype_that_does_not_convert_raises_in_cross_replica_context(mirrored_2cpu, kind):
-    w, _, opt = simple_setup(mirrored_2cpu, name=f"xdtype_{kind}")
+def test_gradient_of_a_dtype_that_does_not_convert_raises_in_cross_replica_context(mirrored_strategy, kind):
+    w, _, opt = simple_setup(mirrored_strategy, name=f"xdtype_{kind}")
     grad, words = BAD_DTYPE_GRADIENTS[kind]
     with pytest.raises(td.errors.InvalidArgumentError, match=rf"gradient of xdtype_{kind}_w:0 {words}"):
         opt.apply_gradients([(grad, w)])
-    assert_all_components_close(mirrored_2cpu, w, np.arange(3, dtype=np.float32))
-    assert_good_step(mirrored_2cpu, opt, w)
+    assert_all_components_close(mirrored_strategy, w, np.arange(3, dtype=np.float32))
+    assert_good_step(mirrored_strategy, opt, w)
 
 
 def test_complex_gradient_of_a_complex_variable_is_applied():
@@ -577,26 +585,27 @@ def test_gradients_of_a_kind_that_converts_are_applied(grad):
     assert w.dtype == np.float32
 
 
-def test_same_gradient_object_in_every_replica_raises_when_aggregating(multi_replica):
-    w, _, opt = simple_setup(multi_replica, name="sameobj")
+@pytest.mark.replicas(2, 4)
+def test_same_gradient_object_in_every_replica_raises_when_aggregating(mirrored_strategy):
+    w, _, opt = simple_setup(mirrored_strategy, name="sameobj")
     grad = np.ones(3, np.float32)
-    n = multi_replica.num_replicas_in_sync
+    n = mirrored_strategy.num_replicas_in_sync
     with pytest.raises(ValueError, match=rf"gradient of sameobj_w:0 is the same object in all {n} replicas"):
-        multi_replica.run(lambda: opt.apply_gradients([(grad, w)]))
-    assert_all_components_close(multi_replica, w, np.arange(3, dtype=np.float32))
-    assert_good_step(multi_replica, opt, w)
+        mirrored_strategy.run(lambda: opt.apply_gradients([(grad, w)]))
+    assert_all_components_close(mirrored_strategy, w, np.arange(3, dtype=np.float32))
+    assert_good_step(mirrored_strategy, opt, w)
 
 
-def test_list_gradients_in_replica_context_are_summed(mirrored_2cpu):
-    w, _, opt = simple_setup(mirrored_2cpu, lr=0.5, name="listgrad")
-    mirrored_2cpu.run(lambda: opt.apply_gradients([([1.0 + rid(), 2.0, 0.0], w)]))
-    assert_all_components_close(mirrored_2cpu, w, np.array([0.0, 1.0, 2.0]) - 0.5 * np.array([3.0, 4.0, 0.0]))
+def test_list_gradients_in_replica_context_are_summed(mirrored_strategy):
+    w, _, opt = simple_setup(mirrored_strategy, lr=0.5, name="listgrad")
+    mirrored_strategy.run(lambda: opt.apply_gradients([([1.0 + rid(), 2.0, 0.0], w)]))
+    assert_all_components_close(mirrored_strategy, w, np.array([0.0, 1.0, 2.0]) - 0.5 * np.array([3.0, 4.0, 0.0]))
 
 
-def test_list_gradients_in_cross_replica_context_are_applied(mirrored_2cpu):
-    w, _, opt = simple_setup(mirrored_2cpu, lr=0.5, name="xlistgrad")
+def test_list_gradients_in_cross_replica_context_are_applied(mirrored_strategy):
+    w, _, opt = simple_setup(mirrored_strategy, lr=0.5, name="xlistgrad")
     opt.apply_gradients([([1.0, 2.0, 0.0], w)])
-    assert_all_components_close(mirrored_2cpu, w, np.array([0.0, 1.0, 2.0]) - 0.5 * np.array([1.0, 2.0, 0.0]))
+    assert_all_components_close(mirrored_strategy, w, np.array([0.0, 1.0, 2.0]) - 0.5 * np.array([1.0, 2.0, 0.0]))
 
 
 @pytest.mark.parametrize(
@@ -633,42 +642,43 @@ def test_momentum_one_is_allowed():
     assert td.optimizers.SGD(momentum=1.0).momentum == 1.0
 
 
-def test_schedule_returning_a_negative_rate_raises(multi_replica):
-    w, _, _ = simple_setup(multi_replica, name="negsched")
-    with multi_replica.scope():
+@pytest.mark.replicas(2, 4)
+def test_schedule_returning_a_negative_rate_raises(mirrored_strategy):
+    w, _, _ = simple_setup(mirrored_strategy, name="negsched")
+    with mirrored_strategy.scope():
         opt = td.optimizers.SGD(lambda step: -0.5)
     with pytest.raises(ValueError, match="the learning rate must be a finite number >= 0.*returned -0.5 at step 0"):
-        multi_replica.run(lambda: opt.apply_gradients([(np.full(3, rid() + 1.0, np.float32), w)]))
-    assert_all_components_close(multi_replica, w, np.arange(3, dtype=np.float32))
-    assert iteration_counts(multi_replica, opt) == [0] * multi_replica.num_replicas_in_sync
+        mirrored_strategy.run(lambda: opt.apply_gradients([(np.full(3, rid() + 1.0, np.float32), w)]))
+    assert_all_components_close(mirrored_strategy, w, np.arange(3, dtype=np.float32))
+    assert iteration_counts(mirrored_strategy, opt) == [0] * mirrored_strategy.num_replicas_in_sync
     opt.learning_rate = 0.5
-    assert_good_step(multi_replica, opt, w)
+    assert_good_step(mirrored_strategy, opt, w)
 
 
-def test_variables_of_two_strategies_raise(mirrored_2cpu, other_mirrored_strategy):
-    w, _, opt = simple_setup(mirrored_2cpu, name="two_a")
+def test_variables_of_two_strategies_raise(mirrored_strategy, other_mirrored_strategy):
+    w, _, opt = simple_setup(mirrored_strategy, name="two_a")
     u, _, _ = simple_setup(other_mirrored_strategy, name="two_b")
     with pytest.raises(ValueError, match="the variables belong to different strategies: two_a_w:0"):
         opt.apply_gradients([(np.ones(3, np.float32), w), (np.ones(3, np.float32), u)])
-    assert_good_step(mirrored_2cpu, opt, w)
+    assert_good_step(mirrored_strategy, opt, w)
 
 
-def test_optimizer_bound_to_one_strategy_rejects_another_strategys_variables(mirrored_2cpu, other_mirrored_strategy):
-    w, _, opt = simple_setup(mirrored_2cpu, name="bound_a")
+def test_optimizer_bound_to_one_strategy_rejects_another_strategys_variables(mirrored_strategy, other_mirrored_strategy):
+    w, _, opt = simple_setup(mirrored_strategy, name="bound_a")
     u, _, _ = simple_setup(other_mirrored_strategy, name="bound_b")
-    assert_good_step(mirrored_2cpu, opt, w)
+    assert_good_step(mirrored_strategy, opt, w)
     with pytest.raises(ValueError, match="this optimizer already optimizes variables of"):
         other_mirrored_strategy.run(lambda: opt.apply_gradients([(np.full(3, rid() + 1.0, np.float32), u)]))
-    assert_good_step(mirrored_2cpu, opt, w)
+    assert_good_step(mirrored_strategy, opt, w)
 
 
-def test_optimizer_used_under_another_strategys_scope_raises(mirrored_2cpu, other_mirrored_strategy):
-    w, _, opt = simple_setup(mirrored_2cpu, name="wrongscope")
+def test_optimizer_used_under_another_strategys_scope_raises(mirrored_strategy, other_mirrored_strategy):
+    w, _, opt = simple_setup(mirrored_strategy, name="wrongscope")
     with pytest.raises(ContextError, match=r"Mixing different strategies: SGD\.apply_gradients\(\)"):
         with other_mirrored_strategy.scope():
             opt.apply_gradients([(np.ones(3, np.float32), w)])
-    assert_all_components_close(mirrored_2cpu, w, np.arange(3, dtype=np.float32))
-    assert_good_step(mirrored_2cpu, opt, w)
+    assert_all_components_close(mirrored_strategy, w, np.arange(3, dtype=np.float32))
+    assert_good_step(mirrored_strategy, opt, w)
 
 
 def _apply_in_run(strategy, opt, var):
@@ -686,13 +696,13 @@ def _apply_in_scope(strategy, opt, var):
      (_apply_in_scope, "is called in cross-replica context of MirroredStrategy")],
     ids=["in_run", "in_scope"],
 )
-def test_a_variable_created_outside_the_scope_is_named_not_the_optimizer(mirrored_2cpu, call, where):
+def test_a_variable_created_outside_the_scope_is_named_not_the_optimizer(mirrored_strategy, call, where):
     # TensorFlow 2.21 raises a bare AssertionError (in MirroredStrategy's update) here.
     w = td.Variable(np.arange(3, dtype=np.float32), name="outside_w")
-    with mirrored_2cpu.scope():
+    with mirrored_strategy.scope():
         opt = td.optimizers.SGD(0.5)
     with pytest.raises(td.errors.ValidationError) as info:
-        call(mirrored_2cpu, opt, w)
+        call(mirrored_strategy, opt, w)
     assert isinstance(info.value, AssertionError)
     message = str(info.value)
     assert message.startswith(
@@ -703,12 +713,12 @@ def test_a_variable_created_outside_the_scope_is_named_not_the_optimizer(mirrore
     assert message.endswith("Create it inside `with strategy.scope():` so that every replica has a copy to update.")
     assert "Mixing different strategies" not in message
     np.testing.assert_array_equal(w.numpy(), np.arange(3, dtype=np.float32))
-    with mirrored_2cpu.scope():
+    with mirrored_strategy.scope():
         good = td.Variable(np.arange(3, dtype=np.float32), name="inside_w")
-    assert_good_step(mirrored_2cpu, opt, good)
+    assert_good_step(mirrored_strategy, opt, good)
 
 
-def test_variables_created_outside_the_scope_are_all_named(mirrored_2cpu):
+def test_variables_created_outside_the_scope_are_all_named(mirrored_strategy):
     w = td.Variable(np.zeros(3, np.float32), name="plain_w")
     b = td.Variable(np.float32(0.0), name="plain_b")
     opt = td.optimizers.SGD(0.5)  # created outside too: the variables are still what is at fault
@@ -717,12 +727,12 @@ def test_variables_created_outside_the_scope_are_all_named(mirrored_2cpu):
         match=r"got variables created outside strategy.scope\(\): 'plain_w' \(shape \(3,\)\), 'plain_b' "
         r"\(shape \(\)\) are plain variables of no strategy.* Create them inside",
     ):
-        mirrored_2cpu.run(lambda: opt.apply_gradients([(np.ones(3, np.float32), w), (np.float32(1.0), b)]))
+        mirrored_strategy.run(lambda: opt.apply_gradients([(np.ones(3, np.float32), w), (np.float32(1.0), b)]))
 
 
-def test_a_plain_variable_given_to_an_optimizer_bound_to_a_strategy_is_named(mirrored_2cpu):
-    w, _, opt = simple_setup(mirrored_2cpu, name="boundplain")
-    assert_good_step(mirrored_2cpu, opt, w)
+def test_a_plain_variable_given_to_an_optimizer_bound_to_a_strategy_is_named(mirrored_strategy):
+    w, _, opt = simple_setup(mirrored_strategy, name="boundplain")
+    assert_good_step(mirrored_strategy, opt, w)
     plain = td.Variable(np.zeros(3, np.float32), name="plain_v")
     with pytest.raises(
         td.errors.ValidationError,
@@ -739,21 +749,21 @@ def test_plain_variables_and_optimizer_with_no_strategy_work():
     np.testing.assert_allclose(w.numpy(), [0.5, 0.5])
 
 
-def test_iterations_created_under_another_strategy_raise(mirrored_2cpu):
-    w, _, _ = simple_setup(mirrored_2cpu, name="itdefault")
+def test_iterations_created_under_another_strategy_raise(mirrored_strategy):
+    w, _, _ = simple_setup(mirrored_strategy, name="itdefault")
     opt = td.optimizers.SGD(0.5)  # no scope: the counter goes to the default strategy
     assert int(opt.iterations.numpy()) == 0
     with pytest.raises(ValueError, match="step counter was created under DefaultStrategy"):
-        mirrored_2cpu.run(lambda: opt.apply_gradients([(np.full(3, rid() + 1.0, np.float32), w)]))
-    assert_all_components_close(mirrored_2cpu, w, np.arange(3, dtype=np.float32))
-    with mirrored_2cpu.scope():
+        mirrored_strategy.run(lambda: opt.apply_gradients([(np.full(3, rid() + 1.0, np.float32), w)]))
+    assert_all_components_close(mirrored_strategy, w, np.arange(3, dtype=np.float32))
+    with mirrored_strategy.scope():
         good = td.optimizers.SGD(0.5)
-    assert_good_step(mirrored_2cpu, good, w)
+    assert_good_step(mirrored_strategy, good, w)
 
 
-def test_get_slot_errors(mirrored_2cpu):
-    w, b, _ = simple_setup(mirrored_2cpu, name="getslot")
-    with mirrored_2cpu.scope():
+def test_get_slot_errors(mirrored_strategy):
+    w, b, _ = simple_setup(mirrored_strategy, name="getslot")
+    with mirrored_strategy.scope():
         opt = td.optimizers.Adam()
     opt.build([w])
     with pytest.raises(KeyError, match="variable getslot_w:0 has no such slot. Got slot_name='momentum'"):
@@ -829,27 +839,28 @@ def test_compute_average_loss_with_global_batch_size():
     assert float(result) == 1.0
 
 
-def test_compute_average_loss_in_replicas_uses_the_global_batch(multi_replica):
-    n = multi_replica.num_replicas_in_sync
+@pytest.mark.replicas(2, 4)
+def test_compute_average_loss_in_replicas_uses_the_global_batch(mirrored_strategy):
+    n = mirrored_strategy.num_replicas_in_sync
 
     def fn():
         r = rid()
         losses = np.array([1.0, 2.0, 3.0], np.float32) * (r + 1)
         return td.nn.compute_average_loss(losses), td.nn.compute_average_loss(losses, global_batch_size=2)
 
-    per_replica, explicit = multi_replica.run(fn)
-    local = [float(x) for x in multi_replica.experimental_local_results(per_replica)]
+    per_replica, explicit = mirrored_strategy.run(fn)
+    local = [float(x) for x in mirrored_strategy.experimental_local_results(per_replica)]
     assert local == pytest.approx([6.0 * (r + 1) / (3 * n) for r in range(n)])
-    summed = float(multi_replica.reduce(ReduceOp.SUM, per_replica, axis=None))
+    summed = float(mirrored_strategy.reduce(ReduceOp.SUM, per_replica, axis=None))
     assert summed == pytest.approx(np.mean([6.0 * (r + 1) / 3 for r in range(n)]))
-    assert [float(x) for x in multi_replica.experimental_local_results(explicit)] == pytest.approx(
+    assert [float(x) for x in mirrored_strategy.experimental_local_results(explicit)] == pytest.approx(
         [6.0 * (r + 1) / 2 for r in range(n)]
     )
 
 
-def test_compute_average_loss_in_cross_replica_context_needs_global_batch_size(mirrored_2cpu):
+def test_compute_average_loss_in_cross_replica_context_needs_global_batch_size(mirrored_strategy):
     losses = np.array([1.0, 2.0])
-    with mirrored_2cpu.scope():
+    with mirrored_strategy.scope():
         with pytest.raises(RuntimeError, match="calling `compute_average_loss` in cross replica context"):
             td.nn.compute_average_loss(losses)
         assert float(td.nn.compute_average_loss(losses, global_batch_size=4)) == 0.75
@@ -942,10 +953,11 @@ def test_same_rank_weights_may_broadcast_the_losses_like_tensorflow():
     assert float(result) == pytest.approx(np.ones((3, 2)).sum() / 3)
 
 
-def test_scale_regularization_loss_divides_by_the_replicas(multi_replica):
-    n = multi_replica.num_replicas_in_sync
-    result = multi_replica.run(lambda: td.nn.scale_regularization_loss(np.array([1.0, 2.0, 3.0], np.float32)))
-    for value in multi_replica.experimental_local_results(result):
+@pytest.mark.replicas(2, 4)
+def test_scale_regularization_loss_divides_by_the_replicas(mirrored_strategy):
+    n = mirrored_strategy.num_replicas_in_sync
+    result = mirrored_strategy.run(lambda: td.nn.scale_regularization_loss(np.array([1.0, 2.0, 3.0], np.float32)))
+    for value in mirrored_strategy.experimental_local_results(result):
         assert value.dtype == np.float32
         assert float(value) == pytest.approx(6.0 / n)
 
@@ -956,13 +968,13 @@ def test_scale_regularization_loss_without_strategy():
     assert result.dtype == np.float64 and float(result) == 6.0
 
 
-def test_scale_regularization_loss_in_cross_replica_context_raises(mirrored_2cpu):
-    with mirrored_2cpu.scope():
+def test_scale_regularization_loss_in_cross_replica_context_raises(mirrored_strategy):
+    with mirrored_strategy.scope():
         with pytest.raises(RuntimeError, match="calling `scale_regularization_loss` in cross replica context"):
             td.nn.scale_regularization_loss(np.float32(1.0))
     # Still usable in replica context: the replicas' shares of the term sum back to it.
-    shares = mirrored_2cpu.run(lambda: td.nn.scale_regularization_loss(np.float32(1.0)))
-    assert float(mirrored_2cpu.reduce(ReduceOp.SUM, shares, axis=None)) == pytest.approx(1.0)
+    shares = mirrored_strategy.run(lambda: td.nn.scale_regularization_loss(np.float32(1.0)))
+    assert float(mirrored_strategy.reduce(ReduceOp.SUM, shares, axis=None)) == pytest.approx(1.0)
 
 
 # --- 6. td.Module -----------------------------------------------------------------------------
@@ -1061,9 +1073,9 @@ def test_module_non_ascii_name_raises():
         td.Module(name="modulé")
 
 
-def test_module_trainable_variables_train_with_an_optimizer(mirrored_2cpu):
+def test_module_trainable_variables_train_with_an_optimizer(mirrored_strategy):
     """A Module's trainable variables go straight into apply_gradients; the non-trainable one is untouched."""
-    with mirrored_2cpu.scope():
+    with mirrored_strategy.scope():
         model = MyModel()
         opt = td.optimizers.SGD(0.5)
     trainable = model.trainable_variables
@@ -1071,8 +1083,8 @@ def test_module_trainable_variables_train_with_an_optimizer(mirrored_2cpu):
     def step():
         return opt.apply_gradients((np.full(v.shape, rid() + 1.0, v.dtype), v) for v in trainable)
 
-    mirrored_2cpu.run(step)
+    mirrored_strategy.run(step)
     for var in trainable:
         start = 1.0 if var is model.extras["scale"] else 0.0
-        assert_all_components_close(mirrored_2cpu, var, np.full(var.shape, start - 0.5 * 3.0, np.float32))
-    assert [int(v) for v in host_values(mirrored_2cpu, model.extras["steps"])] == [0, 0]
+        assert_all_components_close(mirrored_strategy, var, np.full(var.shape, start - 0.5 * 3.0, np.float32))
+    assert [int(v) for v in host_values(mirrored_strategy, model.extras["steps"])] == [0, 0]

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import _mpiexec
+from conftest import TEST_PROGRAMS, _mpiexec
 
-CHILD = Path(__file__).resolve().parents[1] / "programs" / "mpi_preemption_child.py"
+CHILD = TEST_PROGRAMS / "mpi_preemption_child.py"
 pytestmark = [pytest.mark.launches_mpi, pytest.mark.timeout(240)]
 STEPS = 20
 

@@ -296,10 +296,10 @@ def test_cross_replica_assign_of_distributed_value_uses_the_first_component(css)
     assert float(v) == 5.0
 
 
-def test_cross_replica_write_inside_another_strategys_scope_raises(css, mirrored_2cpu):
+def test_cross_replica_write_inside_another_strategys_scope_raises(css, mirrored_strategy):
     with css.scope():
         v = td.Variable(1.0)
-    with mirrored_2cpu.scope():
+    with mirrored_strategy.scope():
         with pytest.raises(ContextError):
             v.assign(2.0)
     assert float(v) == 1.0
@@ -346,9 +346,9 @@ def test_update_in_replica_context_uses_replica_0s_argument(css):
     assert float(v) == 1.0
 
 
-def test_update_of_a_variable_created_elsewhere_raises(css, mirrored_2cpu):
+def test_update_of_a_variable_created_elsewhere_raises(css, mirrored_strategy):
     plain = td.Variable(1.0)
-    with mirrored_2cpu.scope():
+    with mirrored_strategy.scope():
         mirrored = td.Variable(1.0)
     for var in (plain, mirrored):
         with pytest.raises(ValidationError):
@@ -466,11 +466,11 @@ def test_colocate_vars_with_places_variables_on_the_parameter_device(css):
     assert float(slot) == 2.0
 
 
-def test_colocate_vars_with_rejects_foreign_variables(css, mirrored_2cpu):
+def test_colocate_vars_with_rejects_foreign_variables(css, mirrored_strategy):
     other = CentralStorageStrategy(compute_devices=cpus(2), parameter_device="CPU:0")
     with other.scope():
         other_var = td.Variable(1.0)
-    with mirrored_2cpu.scope():
+    with mirrored_strategy.scope():
         mirrored = td.Variable(1.0)
     plain = td.Variable(1.0)
     with css.scope():

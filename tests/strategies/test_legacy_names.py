@@ -17,11 +17,11 @@ import towerdist as td
 from towerdist._src import aliases
 from towerdist._src import device as device_lib
 
-from conftest import cpus
+from conftest import cpus, mirrored_param
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-LEGACY_STRATEGIES = ["default", "one_device_cpu", "mirrored_1cpu", "mirrored_2cpu"]
+LEGACY_STRATEGIES = ["default", "one_device_cpu", mirrored_param(1), mirrored_param(2)]
 
 
 @pytest.fixture(params=LEGACY_STRATEGIES)

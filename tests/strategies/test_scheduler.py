@@ -45,22 +45,23 @@ def fresh2() -> td.distribute.MirroredStrategy:
 # --- threads ------------------------------------------------------------------------------
 
 
-def test_replica_0_runs_on_the_callers_thread_and_the_others_on_named_threads(mirrored_4cpu):
-    names = mirrored_4cpu.run(lambda: threading.current_thread().name)
+@pytest.mark.replicas(4)
+def test_replica_0_runs_on_the_callers_thread_and_the_others_on_named_threads(mirrored_strategy):
+    names = mirrored_strategy.run(lambda: threading.current_thread().name)
     caller = threading.current_thread().name
-    assert mirrored_4cpu.experimental_local_results(names) == (caller, *(f"towerdist-replica-{i}" for i in range(1, 4)))
-    idents = mirrored_4cpu.experimental_local_results(mirrored_4cpu.run(threading.get_ident))
+    assert mirrored_strategy.experimental_local_results(names) == (caller, *(f"towerdist-replica-{i}" for i in range(1, 4)))
+    idents = mirrored_strategy.experimental_local_results(mirrored_strategy.run(threading.get_ident))
     assert idents[0] == threading.get_ident()
     assert len(set(idents)) == 4
 
 
-def test_threads_are_reused_between_runs(mirrored_2cpu):
-    first = mirrored_2cpu.experimental_local_results(mirrored_2cpu.run(threading.get_ident))
-    second = mirrored_2cpu.experimental_local_results(mirrored_2cpu.run(threading.get_ident))
+def test_threads_are_reused_between_runs(mirrored_strategy):
+    first = mirrored_strategy.experimental_local_results(mirrored_strategy.run(threading.get_ident))
+    second = mirrored_strategy.experimental_local_results(mirrored_strategy.run(threading.get_ident))
     assert first == second
 
 
-def test_replicas_run_concurrently(mirrored_2cpu):
+def test_replicas_run_concurrently(mirrored_strategy):
     """Each replica waits for an event the other sets: only concurrent replicas finish."""
     events = [threading.Event(), threading.Event()]
 
@@ -70,16 +71,16 @@ def test_replicas_run_concurrently(mirrored_2cpu):
         return events[1 - me].wait(WAIT)
 
     # Both replicas return the same object (True), which regroup leaves unwrapped.
-    assert mirrored_2cpu.run(fn) is True
+    assert mirrored_strategy.run(fn) is True
 
 
-def test_ten_thousand_runs_leave_no_extra_threads(mirrored_2cpu):
-    mirrored_2cpu.run(lambda: None)
+def test_ten_thousand_runs_leave_no_extra_threads(mirrored_strategy):
+    mirrored_strategy.run(lambda: None)
     before = threading.active_count()
     for _ in range(10_000):
-        mirrored_2cpu.run(lambda: None)
+        mirrored_strategy.run(lambda: None)
     assert threading.active_count() == before
-    assert mirrored_2cpu.extended._scheduler.num_threads == 1  # replica 0 runs on the caller's thread
+    assert mirrored_strategy.extended._scheduler.num_threads == 1  # replica 0 runs on the caller's thread
 
 
 def test_collecting_a_strategy_stops_its_threads():
@@ -94,16 +95,17 @@ def test_collecting_a_strategy_stops_its_threads():
     assert not any(t.is_alive() for t in threads)
 
 
-def test_each_replica_runs_under_its_device_scope(mirrored_4cpu):
-    devices = mirrored_4cpu.run(lambda: device_lib.current().name)
-    assert mirrored_4cpu.experimental_local_results(devices) == mirrored_4cpu.extended.worker_devices
+@pytest.mark.replicas(4)
+def test_each_replica_runs_under_its_device_scope(mirrored_strategy):
+    devices = mirrored_strategy.run(lambda: device_lib.current().name)
+    assert mirrored_strategy.experimental_local_results(devices) == mirrored_strategy.extended.worker_devices
 
 
-def test_concurrent_runs_from_two_user_threads(mirrored_2cpu):
+def test_concurrent_runs_from_two_user_threads(mirrored_strategy):
     results: dict[int, object] = {}
 
     def user(k: int) -> None:
-        results[k] = mirrored_2cpu.run(lambda: td.distribute.get_replica_context().merge_call(lambda s: k) + replica_id())
+        results[k] = mirrored_strategy.run(lambda: td.distribute.get_replica_context().merge_call(lambda s: k) + replica_id())
 
     threads = [threading.Thread(target=user, args=(k,)) for k in (10, 20)]
     for t in threads:
@@ -112,13 +114,14 @@ def test_concurrent_runs_from_two_user_threads(mirrored_2cpu):
         t.join(timeout=WAIT)
     assert not any(t.is_alive() for t in threads)
     for k in (10, 20):
-        assert mirrored_2cpu.experimental_local_results(results[k]) == (k, k + 1)
+        assert mirrored_strategy.experimental_local_results(results[k]) == (k, k + 1)
 
 
 # --- merge_call ---------------------------------------------------------------------------
 
 
-def test_merge_fn_runs_once_in_cross_replica_context_with_regrouped_args(mirrored_4cpu):
+@pytest.mark.replicas(4)
+def test_merge_fn_runs_once_in_cross_replica_context_with_regrouped_args(mirrored_strategy):
     calls = []
 
     def merge_fn(strategy, value, *, scale):
@@ -130,19 +133,20 @@ def test_merge_fn_runs_once_in_cross_replica_context_with_regrouped_args(mirrore
     def fn():
         return td.distribute.get_replica_context().merge_call(merge_fn, args=(replica_id(),), kwargs={"scale": 2})
 
-    result = mirrored_4cpu.run(fn)
-    assert calls == [(mirrored_4cpu, True, None, 2)]
+    result = mirrored_strategy.run(fn)
+    assert calls == [(mirrored_strategy, True, None, 2)]
     assert result == 2 * (0 + 1 + 2 + 3)  # the same int for every replica is not wrapped
 
 
-def test_each_replica_receives_its_component_of_a_distributed_merge_result(mirrored_4cpu):
+@pytest.mark.replicas(4)
+def test_each_replica_receives_its_component_of_a_distributed_merge_result(mirrored_strategy):
     def fn():
         return td.distribute.get_replica_context().merge_call(lambda s, v: v, args=(replica_id() * 10,))
 
-    assert mirrored_4cpu.experimental_local_results(mirrored_4cpu.run(fn)) == (0, 10, 20, 30)
+    assert mirrored_strategy.experimental_local_results(mirrored_strategy.run(fn)) == (0, 10, 20, 30)
 
 
-def test_merge_args_are_in_replica_order_whatever_the_arrival_order(mirrored_2cpu):
+def test_merge_args_are_in_replica_order_whatever_the_arrival_order(mirrored_strategy):
     replica1_arrived = threading.Event()
 
     def fn():
@@ -155,19 +159,20 @@ def test_merge_args_are_in_replica_order_whatever_the_arrival_order(mirrored_2cp
             lambda s, v: s.experimental_local_results(v), args=(f"from {me}",)
         )
 
-    assert mirrored_2cpu.run(fn) == ("from 0", "from 1")
+    assert mirrored_strategy.run(fn) == ("from 0", "from 1")
 
 
-def test_merge_fn_sees_the_callers_device_scope(mirrored_2cpu):
+def test_merge_fn_sees_the_callers_device_scope(mirrored_strategy):
     def fn():
         return td.distribute.get_replica_context().merge_call(lambda s: device_lib.current())
 
     with td.device("CPU:5"):
-        seen = mirrored_2cpu.run(fn)
+        seen = mirrored_strategy.run(fn)
     assert seen == device_lib.parse("CPU:5")
 
 
-def test_several_merge_calls_in_one_step(mirrored_4cpu):
+@pytest.mark.replicas(4)
+def test_several_merge_calls_in_one_step(mirrored_strategy):
     def fn():
         ctx = td.distribute.get_replica_context()
         total = 0
@@ -176,45 +181,46 @@ def test_several_merge_calls_in_one_step(mirrored_4cpu):
         return total
 
     expected = sum(sum(r + k for r in range(4)) for k in range(5))
-    assert mirrored_4cpu.run(fn) == expected
+    assert mirrored_strategy.run(fn) == expected
 
 
-def test_run_inside_merge_fn_is_allowed(mirrored_2cpu):
+def test_run_inside_merge_fn_is_allowed(mirrored_strategy):
     def merge_fn(strategy):
         return strategy.experimental_local_results(strategy.run(replica_id))
 
-    result = mirrored_2cpu.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))
+    result = mirrored_strategy.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))
     assert result == (0, 1)
 
 
 # --- failures -----------------------------------------------------------------------------
 
 
+@pytest.mark.replicas(4)
 @pytest.mark.parametrize("failing", [0, 1, 2, 3])
-def test_exception_in_one_replica_reaches_the_caller_with_its_identity(mirrored_4cpu, failing):
+def test_exception_in_one_replica_reaches_the_caller_with_its_identity(mirrored_strategy, failing):
     def fn():
         if replica_id() == failing:
             raise KeyError(f"boom in replica {failing}")
         return td.distribute.get_replica_context().merge_call(lambda s: "merged")
 
     with pytest.raises(KeyError, match=f"boom in replica {failing}") as info:
-        mirrored_4cpu.run(fn)
+        mirrored_strategy.run(fn)
     notes = "\n".join(getattr(info.value, "__notes__", []))
     assert f"replica {failing} (on /cpu:{failing})" in notes
-    assert mirrored_4cpu.run(lambda: 7) == 7
+    assert mirrored_strategy.run(lambda: 7) == 7
 
 
-def test_exception_in_merge_fn_reaches_the_caller(mirrored_2cpu):
+def test_exception_in_merge_fn_reaches_the_caller(mirrored_strategy):
     def fn():
         return td.distribute.get_replica_context().merge_call(lambda s: 1 / 0)
 
     with pytest.raises(ZeroDivisionError) as info:
-        mirrored_2cpu.run(fn)
+        mirrored_strategy.run(fn)
     assert "merge_fn" in "\n".join(getattr(info.value, "__notes__", []))
-    assert mirrored_2cpu.experimental_local_results(mirrored_2cpu.run(replica_id)) == (0, 1)
+    assert mirrored_strategy.experimental_local_results(mirrored_strategy.run(replica_id)) == (0, 1)
 
 
-def test_replicas_cannot_swallow_the_stop_of_a_failed_step(mirrored_2cpu):
+def test_replicas_cannot_swallow_the_stop_of_a_failed_step(mirrored_strategy):
     """A replica catching Exception around merge_call does not hide replica 1's error."""
 
     def fn():
@@ -226,10 +232,10 @@ def test_replicas_cannot_swallow_the_stop_of_a_failed_step(mirrored_2cpu):
             return "swallowed"
 
     with pytest.raises(ValueError, match="replica 1 failed"):
-        mirrored_2cpu.run(fn)
+        mirrored_strategy.run(fn)
 
 
-def test_every_replica_failing_reports_one_error_and_mentions_the_others(mirrored_2cpu):
+def test_every_replica_failing_reports_one_error_and_mentions_the_others(mirrored_strategy):
     both_failing = threading.Barrier(2, timeout=WAIT)
 
     def fn():
@@ -237,12 +243,12 @@ def test_every_replica_failing_reports_one_error_and_mentions_the_others(mirrore
         raise RuntimeError(f"failure {replica_id()}")
 
     with pytest.raises(RuntimeError, match="failure [01]") as info:
-        mirrored_2cpu.run(fn)
+        mirrored_strategy.run(fn)
     assert "Other replicas also raised" in "\n".join(info.value.__notes__)
 
 
 @pytest.mark.parametrize("extra", [0, 1])
-def test_unequal_merge_call_counts_raise(mirrored_2cpu, extra):
+def test_unequal_merge_call_counts_raise(mirrored_strategy, extra):
     def fn():
         ctx = td.distribute.get_replica_context()
         ctx.merge_call(lambda s: None)
@@ -251,19 +257,20 @@ def test_unequal_merge_call_counts_raise(mirrored_2cpu, extra):
         return "done"
 
     with pytest.raises(td.errors.MergeCallCountError, match="Some replicas made a different number of merge_call") as info:
-        mirrored_2cpu.run(fn)
+        mirrored_strategy.run(fn)
     assert info.value.counts == {extra: 2, 1 - extra: 1}
     assert isinstance(info.value, RuntimeError)
-    assert mirrored_2cpu.run(lambda: "ok") == "ok"
+    assert mirrored_strategy.run(lambda: "ok") == "ok"
 
 
-def test_merge_call_count_mismatch_when_one_replica_makes_none(mirrored_4cpu):
+@pytest.mark.replicas(4)
+def test_merge_call_count_mismatch_when_one_replica_makes_none(mirrored_strategy):
     def fn():
         if replica_id() != 2:
             td.distribute.get_replica_context().merge_call(lambda s: None)
 
     with pytest.raises(td.errors.MergeCallCountError, match="replica 2 returned after 0 merge_call"):
-        mirrored_4cpu.run(fn)
+        mirrored_strategy.run(fn)
 
 
 def test_keyboard_interrupt_in_the_caller_stops_the_step(fresh2):
@@ -359,7 +366,8 @@ def test_hard_timeout_raises_and_the_strategy_recovers(fresh2, replica_timeouts)
     assert not stuck[0].is_alive()
 
 
-def test_large_reduction_inside_merge_fn_uses_parked_replica_threads(mirrored_4cpu):
+@pytest.mark.replicas(4)
+def test_large_reduction_inside_merge_fn_uses_parked_replica_threads(mirrored_strategy):
     """A multi-MiB all-reduce is split over the replica threads and stays exact."""
     size = 1 << 20  # 4 MiB of float32 per replica, above the parallel threshold
 
@@ -367,20 +375,20 @@ def test_large_reduction_inside_merge_fn_uses_parked_replica_threads(mirrored_4c
         value = np.full(size, replica_id() + 1, dtype=np.float32)
         return td.distribute.get_replica_context().all_reduce("sum", value)
 
-    for result in mirrored_4cpu.experimental_local_results(mirrored_4cpu.run(fn)):
+    for result in mirrored_strategy.experimental_local_results(mirrored_strategy.run(fn)):
         np.testing.assert_array_equal(result, np.full(size, 10, dtype=np.float32))
 
 
-def test_results_are_freed_without_the_cycle_collector(mirrored_2cpu):
+def test_results_are_freed_without_the_cycle_collector(mirrored_strategy):
     """A run keeps no reference cycle to its results: dropping them frees the buffers at once."""
 
     def fn():
         return td.distribute.get_replica_context().all_reduce("sum", np.ones(1000))
 
-    mirrored_2cpu.run(fn)  # warm up
+    mirrored_strategy.run(fn)  # warm up
     gc.disable()
     try:
-        result = mirrored_2cpu.run(fn)
+        result = mirrored_strategy.run(fn)
         refs = [weakref.ref(component) for component in result.values]
         del result
         assert [ref() for ref in refs] == [None, None]
@@ -391,7 +399,8 @@ def test_results_are_freed_without_the_cycle_collector(mirrored_2cpu):
 # --- parallel parts on replica threads ----------------------------------------------------
 
 
-def test_merge_fn_can_run_parts_on_the_parked_replica_threads(mirrored_4cpu):
+@pytest.mark.replicas(4)
+def test_merge_fn_can_run_parts_on_the_parked_replica_threads(mirrored_strategy):
     """Inside merge_fn the other replicas are parked and accept parts of a parallel job."""
 
     def merge_fn(strategy):
@@ -400,16 +409,17 @@ def test_merge_fn_can_run_parts_on_the_parked_replica_threads(mirrored_4cpu):
         parallel.run_parts(lambda part: ran_on.__setitem__(part, threading.get_ident()), workers)
         return workers, ran_on
 
-    workers, ran_on = mirrored_4cpu.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))
+    workers, ran_on = mirrored_strategy.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))
     assert workers == min(4, os.cpu_count() or 1)
     assert len(set(ran_on)) == workers  # every part ran on a different thread
 
 
-def test_cross_replica_reductions_borrow_the_idle_replica_threads(mirrored_4cpu):
-    mirrored_4cpu.run(lambda: None)  # the pool exists
-    replica_threads = set(mirrored_4cpu.experimental_local_results(mirrored_4cpu.run(threading.get_ident))[1:])
+@pytest.mark.replicas(4)
+def test_cross_replica_reductions_borrow_the_idle_replica_threads(mirrored_strategy):
+    mirrored_strategy.run(lambda: None)  # the pool exists
+    replica_threads = set(mirrored_strategy.experimental_local_results(mirrored_strategy.run(threading.get_ident))[1:])
     ran_on: list[int] = []
-    with mirrored_4cpu.extended._scheduler.idle_helpers():
+    with mirrored_strategy.extended._scheduler.idle_helpers():
         workers = parallel.max_parts()
         parallel.run_parts(lambda part: ran_on.append(threading.get_ident()), workers)
     assert workers == min(3 + 1, os.cpu_count() or 1)  # the 3 replica threads and the caller
@@ -417,7 +427,8 @@ def test_cross_replica_reductions_borrow_the_idle_replica_threads(mirrored_4cpu)
     assert len(set(ran_on) & replica_threads) == workers - 1
 
 
-def test_an_error_in_a_parallel_part_reaches_the_caller(mirrored_4cpu):
+@pytest.mark.replicas(4)
+def test_an_error_in_a_parallel_part_reaches_the_caller(mirrored_strategy):
     def merge_fn(strategy):
         last = parallel.max_parts() - 1  # a helper thread's part when there are helpers
 
@@ -428,8 +439,8 @@ def test_an_error_in_a_parallel_part_reaches_the_caller(mirrored_4cpu):
         parallel.run_parts(part, last + 1)
 
     with pytest.raises(ArithmeticError, match="part .* failed"):
-        mirrored_4cpu.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))
-    assert mirrored_4cpu.run(lambda: "ok") == "ok"
+        mirrored_strategy.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))
+    assert mirrored_strategy.run(lambda: "ok") == "ok"
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
@@ -449,7 +460,8 @@ def test_chunked_parallel_reduction_is_exact(dtype, op):
         np.testing.assert_array_equal(part, expected)
 
 
-def test_the_barrier_makes_once_only_work_deterministic_under_random_timing(mirrored_4cpu):
+@pytest.mark.replicas(4)
+def test_the_barrier_makes_once_only_work_deterministic_under_random_timing(mirrored_strategy):
     """The hook for creating variables inside run: made once, from replica 0's value, whatever
     the order in which replicas arrive (delays are injected with events, not sleeps)."""
     created: list[object] = []
@@ -472,9 +484,9 @@ def test_the_barrier_makes_once_only_work_deterministic_under_random_timing(mirr
         gates = [threading.Event() for _ in range(4)]
         gates[order[0]].set()
         created.clear()
-        result = mirrored_4cpu.run(fn, args=(order,))
+        result = mirrored_strategy.run(fn, args=(order,))
         assert created == [5]  # once, from replica 0's value, whatever the arrival order
-        assert [part["shared"] for part in mirrored_4cpu.experimental_local_results(result)] == [5, 5, 5, 5]
+        assert [part["shared"] for part in mirrored_strategy.experimental_local_results(result)] == [5, 5, 5, 5]
 
 
 # --- stalls, interrupts and hung merge_fns: none may hang, leak threads or lose a release --
@@ -713,7 +725,8 @@ def test_the_default_strategy_is_one_object_in_every_thread():
     assert len(seen) == 8 and all(s is td.distribute.get_strategy() for s in seen)
 
 
-def test_a_parallel_jobs_owner_keeps_its_own_error(mirrored_4cpu):
+@pytest.mark.replicas(4)
+def test_a_parallel_jobs_owner_keeps_its_own_error(mirrored_strategy):
     def merge_fn(strategy):
         workers = parallel.max_parts()
 
@@ -723,7 +736,7 @@ def test_a_parallel_jobs_owner_keeps_its_own_error(mirrored_4cpu):
         parallel.run_parts(part, workers)
 
     with pytest.raises(LookupError, match="owner"):
-        mirrored_4cpu.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))
+        mirrored_strategy.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))
 
 
 # --- interrupts wherever they land, forked children, slow replicas, broken exceptions -------
@@ -855,7 +868,7 @@ class _OtherUnprintableError(_UnprintableError):
     pass
 
 
-def test_an_exception_whose_str_raises_never_replaces_the_original(mirrored_2cpu):
+def test_an_exception_whose_str_raises_never_replaces_the_original(mirrored_strategy):
     both_failing = threading.Barrier(2, timeout=WAIT)
 
     def fn():
@@ -863,11 +876,11 @@ def test_an_exception_whose_str_raises_never_replaces_the_original(mirrored_2cpu
         raise (_UnprintableError if replica_id() == 0 else _OtherUnprintableError)()
 
     with pytest.raises(_UnprintableError) as info:
-        mirrored_2cpu.run(fn)
+        mirrored_strategy.run(fn)
     other = "_OtherUnprintableError" if type(info.value) is _UnprintableError else "_UnprintableError"
     notes = "\n".join(info.value.__notes__)
     assert f"Other replicas also raised: replica {1 if other.startswith('_Other') else 0}: {other}(<{other}.__str__ raised>)" in notes
-    assert mirrored_2cpu.run(lambda: 5) == 5
+    assert mirrored_strategy.run(lambda: 5) == 5
 
 
 # --- replica 0 runs on the caller's thread ----------------------------------------------------

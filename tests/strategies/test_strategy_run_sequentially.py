@@ -61,7 +61,7 @@ def test_the_switch_is_off_by_default():
 
 
 @pytest.mark.timeout(60)
-def test_state_on_a_shared_object_gives_tensorflows_result_when_replicas_take_turns(mirrored_2cpu, sequential):
+def test_state_on_a_shared_object_gives_tensorflows_result_when_replicas_take_turns(mirrored_strategy, sequential):
     # TensorFlow 2.21 (eager MirroredStrategy, 2 logical CPUs) returns [6.0, 22.0] for this step.
     layer = Dense()
     events: list[tuple[str, int]] = []
@@ -72,13 +72,13 @@ def test_state_on_a_shared_object_gives_tensorflows_result_when_replicas_take_tu
         events.append(("backward", rid()))
         return layer.backward()
 
-    result = mirrored_2cpu.experimental_local_results(mirrored_2cpu.run(step, args=(inputs(mirrored_2cpu),)))
+    result = mirrored_strategy.experimental_local_results(mirrored_strategy.run(step, args=(inputs(mirrored_strategy),)))
     assert result == (6.0, 22.0)
     assert events == [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1)]
 
 
 @pytest.mark.timeout(60)
-def test_state_on_a_shared_object_is_wrong_when_replicas_run_at_once(mirrored_2cpu):
+def test_state_on_a_shared_object_is_wrong_when_replicas_run_at_once(mirrored_strategy):
     # The same step run concurrently, with the interleaving the issue saw forced by events:
     # replica 1's forward pass, then replica 0's, then both backward passes read replica 0's state.
     layer = Dense()
@@ -95,18 +95,19 @@ def test_state_on_a_shared_object_is_wrong_when_replicas_run_at_once(mirrored_2c
             assert forward_0_done.wait(WAIT)
         return layer.backward()
 
-    result = mirrored_2cpu.experimental_local_results(mirrored_2cpu.run(step, args=(inputs(mirrored_2cpu),)))
+    result = mirrored_strategy.experimental_local_results(mirrored_strategy.run(step, args=(inputs(mirrored_strategy),)))
     assert result == (6.0, 6.0)
 
 
 @pytest.mark.timeout(60)
-def test_replicas_run_at_once_without_the_switch(mirrored_2cpu):
+def test_replicas_run_at_once_without_the_switch(mirrored_strategy):
     both_running = threading.Barrier(2, timeout=WAIT)  # passes only if both replicas run at the same time
-    assert mirrored_2cpu.experimental_local_results(mirrored_2cpu.run(both_running.wait)) in ((0, 1), (1, 0))
+    assert mirrored_strategy.experimental_local_results(mirrored_strategy.run(both_running.wait)) in ((0, 1), (1, 0))
 
 
+@pytest.mark.replicas(4)
 @pytest.mark.timeout(60)
-def test_each_replica_runs_to_its_return_before_the_next_starts(mirrored_4cpu, sequential):
+def test_each_replica_runs_to_its_return_before_the_next_starts(mirrored_strategy, sequential):
     events: list[tuple[str, int]] = []
 
     def step():
@@ -114,12 +115,12 @@ def test_each_replica_runs_to_its_return_before_the_next_starts(mirrored_4cpu, s
         events.append(("end", rid()))
         return rid()
 
-    assert mirrored_4cpu.experimental_local_results(mirrored_4cpu.run(step)) == (0, 1, 2, 3)
+    assert mirrored_strategy.experimental_local_results(mirrored_strategy.run(step)) == (0, 1, 2, 3)
     assert events == [(kind, r) for r in range(4) for kind in ("start", "end")]
 
 
 @pytest.mark.timeout(60)
-def test_all_reduce_and_merge_call_work_and_replica_0_goes_first_after_each(mirrored_2cpu, sequential):
+def test_all_reduce_and_merge_call_work_and_replica_0_goes_first_after_each(mirrored_strategy, sequential):
     # The order TensorFlow 2.21 gives for all_reduce: [a0, a1, b0, b1].
     events: list[tuple[str, int]] = []
 
@@ -132,26 +133,26 @@ def test_all_reduce_and_merge_call_work_and_replica_0_goes_first_after_each(mirr
         events.append(("c", rid()))
         return total, merged
 
-    result = mirrored_2cpu.experimental_local_results(mirrored_2cpu.run(step, args=(inputs(mirrored_2cpu),)))
+    result = mirrored_strategy.experimental_local_results(mirrored_strategy.run(step, args=(inputs(mirrored_strategy),)))
     assert [(float(t), float(m)) for t, m in result] == [(3.0, 3.0), (3.0, 3.0)]
     assert events == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1)]
 
 
 @pytest.mark.timeout(60)
-def test_an_optimizer_step_works_in_turns(mirrored_2cpu, sequential):
-    with mirrored_2cpu.scope():
+def test_an_optimizer_step_works_in_turns(mirrored_strategy, sequential):
+    with mirrored_strategy.scope():
         w = td.Variable(1.0)
         opt = td.optimizers.SGD(0.5)
-    mirrored_2cpu.run(lambda: opt.apply_gradients([(float(rid() + 1), w)]))
+    mirrored_strategy.run(lambda: opt.apply_gradients([(float(rid() + 1), w)]))
     assert float(w.numpy()) == 1.0 - 0.5 * 3.0
 
 
 @pytest.mark.timeout(60)
-def test_a_failure_in_a_turn_stops_the_step_and_the_strategy_recovers(mirrored_2cpu, sequential):
+def test_a_failure_in_a_turn_stops_the_step_and_the_strategy_recovers(mirrored_strategy, sequential):
     with pytest.raises(ZeroDivisionError) as info:
-        mirrored_2cpu.run(lambda: 1 / rid())
+        mirrored_strategy.run(lambda: 1 / rid())
     assert "Raised in replica 0" in "\n".join(info.value.__notes__)
-    assert mirrored_2cpu.experimental_local_results(mirrored_2cpu.run(rid)) == (0, 1)
+    assert mirrored_strategy.experimental_local_results(mirrored_strategy.run(rid)) == (0, 1)
 
 
 @pytest.mark.timeout(60)

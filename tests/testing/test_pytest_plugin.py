@@ -66,6 +66,58 @@ def test_fixtures_markers_and_skips_with_reasons(pytester: pytest.Pytester):
     result.stdout.fnmatch_lines(["*needs 2 GPU(s); 0 available*", "*needs mpiexec with at least 2 ranks*"])
 
 
+SEVERAL_COUNTS = '''
+import pytest
+import towerdist as td
+
+pytestmark = pytest.mark.replicas(1, 3)
+
+
+def test_module_counts(mirrored_strategy, replicas):
+    assert mirrored_strategy.num_replicas_in_sync == replicas
+
+
+@pytest.mark.replicas(2, 4)
+def test_own_counts_win(mirrored_strategy, replicas):
+    assert mirrored_strategy.num_replicas_in_sync == replicas
+
+
+@pytest.mark.replicas(5)
+def test_own_single_count_wins(mirrored_strategy):
+    assert mirrored_strategy.num_replicas_in_sync == 5
+
+
+@pytest.mark.parametrize("replicas", [6], indirect=True)
+def test_parametrize_wins(mirrored_strategy):
+    assert mirrored_strategy.num_replicas_in_sync == 6
+
+
+def test_no_replicas_no_parametrization():
+    pass
+
+
+@pytest.mark.parametrize("name", ["one_device", pytest.param("mirrored_strategy", marks=pytest.mark.replicas(7), id="m7")])
+def test_by_name(request, name):
+    if name == "one_device":
+        return
+    strategy = request.getfixturevalue(name)
+    assert strategy.num_replicas_in_sync == 7
+    assert strategy.extended.worker_devices[-1].endswith("CPU:6")
+'''
+
+
+def test_a_replicas_marker_with_several_counts_runs_the_test_per_count(pytester: pytest.Pytester):
+    pytester.makepyfile(test_counts=SEVERAL_COUNTS)
+    result = pytester.runpytest_subprocess("--strict-markers", "-v", "-p", "no:cacheprovider", timeout=120)
+    result.assert_outcomes(passed=9)
+    result.stdout.fnmatch_lines_random([
+        "*test_module_counts?1? PASSED*", "*test_module_counts?3? PASSED*",
+        "*test_own_counts_win?2? PASSED*", "*test_own_counts_win?4? PASSED*",
+        "*test_own_single_count_wins PASSED*", "*test_parametrize_wins?6? PASSED*",
+        "*test_no_replicas_no_parametrization PASSED*", "*test_by_name?m7? PASSED*",
+    ])  # fmt: skip
+
+
 def test_a_hanging_test_fails_with_the_stall_diagnosis(pytester: pytest.Pytester):
     pytester.makeini("[pytest]\ntowerdist_replica_timeout = 1\ntowerdist_replica_warning = 0.5\n")
     pytester.makepyfile(test_hang='''
@@ -204,7 +256,7 @@ def docs_plugin_example() -> str:
     return section[start : section.index("```", start)]
 
 
-@pytest.mark.parametrize(("gpus", "passed", "skipped"), [("", 5, 2), ("4", 6, 1)], ids=["cpus", "4-simulated-gpus"])
+@pytest.mark.parametrize(("gpus", "passed", "skipped"), [("", 7, 2), ("4", 8, 1)], ids=["cpus", "4-simulated-gpus"])
 def test_the_docs_plugin_example_passes(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, gpus: str, passed: int, skipped: int
 ):

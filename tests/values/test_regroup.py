@@ -38,81 +38,83 @@ def assert_strategy_works(strategy):
 # --- what TensorFlow 2.21 returns on 2 replicas ----------------------------------------
 
 
-def test_diff_tensors_give_per_replica(mirrored_2cpu):
-    result = mirrored_2cpu.run(lambda: td.constant(float(rid())))
+def test_diff_tensors_give_per_replica(mirrored_strategy):
+    result = mirrored_strategy.run(lambda: td.constant(float(rid())))
     assert isinstance(result, PerReplica)
     assert [v.item() for v in result.values] == [0.0, 1.0]
     assert [v.dtype for v in result.values] == [np.float32, np.float32]
 
 
-def test_list_with_shared_int_and_replica_id(mirrored_2cpu):
-    result = mirrored_2cpu.run(lambda: [1, rid()])
+def test_list_with_shared_int_and_replica_id(mirrored_strategy):
+    result = mirrored_strategy.run(lambda: [1, rid()])
     assert type(result) is list
     assert result[0] == 1 and type(result[0]) is int
     assert isinstance(result[1], PerReplica)
     assert result[1].values == (0, 1)
 
 
-def test_none_gives_none(mirrored_2cpu):
-    assert mirrored_2cpu.run(lambda: None) is None
+def test_none_gives_none(mirrored_strategy):
+    assert mirrored_strategy.run(lambda: None) is None
 
 
-def test_namedtuple_of_shared_array_and_replica_id(mirrored_2cpu):
-    result = mirrored_2cpu.run(lambda: NT(SHARED, rid()))
+def test_namedtuple_of_shared_array_and_replica_id(mirrored_strategy):
+    result = mirrored_strategy.run(lambda: NT(SHARED, rid()))
     assert type(result) is NT
     assert result.a is SHARED
     assert isinstance(result.b, PerReplica)
     assert result.b.values == (0, 1)
 
 
-def test_different_python_ints_give_per_replica(mirrored_2cpu):
-    result = mirrored_2cpu.run(rid)
+def test_different_python_ints_give_per_replica(mirrored_strategy):
+    result = mirrored_strategy.run(rid)
     assert isinstance(result, PerReplica)
     assert result.values == (0, 1)
 
 
-def test_same_python_int_is_returned_unwrapped(mirrored_2cpu):
-    assert mirrored_2cpu.run(lambda: 5) == 5
-    assert type(mirrored_2cpu.run(lambda: 5)) is int
+def test_same_python_int_is_returned_unwrapped(mirrored_strategy):
+    assert mirrored_strategy.run(lambda: 5) == 5
+    assert type(mirrored_strategy.run(lambda: 5)) is int
 
 
-def test_replica_id_gives_per_replica_of_int32(mirrored_2cpu):
-    result = mirrored_2cpu.run(lambda: td.distribute.get_replica_context().replica_id_in_sync_group)
+def test_replica_id_gives_per_replica_of_int32(mirrored_strategy):
+    result = mirrored_strategy.run(lambda: td.distribute.get_replica_context().replica_id_in_sync_group)
     assert isinstance(result, PerReplica)
     assert [v.dtype for v in result.values] == [np.int32, np.int32]
     assert [int(v) for v in result.values] == [0, 1]
 
 
-def test_same_shared_array_is_returned_as_the_same_object(mirrored_2cpu):
-    assert mirrored_2cpu.run(lambda: SHARED) is SHARED
+def test_same_shared_array_is_returned_as_the_same_object(mirrored_strategy):
+    assert mirrored_strategy.run(lambda: SHARED) is SHARED
 
 
-def test_comparison_results_regroup_per_replica_though_numpy_interns_them(mirrored_2cpu):
-    with mirrored_2cpu.scope():
+def test_comparison_results_regroup_per_replica_though_numpy_interns_them(mirrored_strategy):
+    with mirrored_strategy.scope():
         v = td.Variable(15.0)
-    result = mirrored_2cpu.run(lambda: v > 12.0)  # numpy gives every replica its np.True_ singleton
+    result = mirrored_strategy.run(lambda: v > 12.0)  # numpy gives every replica its np.True_ singleton
     assert isinstance(result, PerReplica)
     assert [bool(r) for r in result.values] == [True, True]
     assert all(type(r) is np.bool_ for r in result.values)
 
 
+@pytest.mark.replicas(4)
 @pytest.mark.parametrize("value", [np.True_, np.False_])
-def test_numpy_booleans_from_every_replica_give_a_per_replica(mirrored_4cpu, value):
-    result = mirrored_4cpu.run(lambda: value)
+def test_numpy_booleans_from_every_replica_give_a_per_replica(mirrored_strategy, value):
+    result = mirrored_strategy.run(lambda: value)
     assert isinstance(result, PerReplica) and list(result.values) == [value] * 4
 
 
-def test_python_booleans_keep_the_identity_rule(mirrored_2cpu):
-    assert mirrored_2cpu.run(lambda: True) is True  # Python objects: TensorFlow's rule
+def test_python_booleans_keep_the_identity_rule(mirrored_strategy):
+    assert mirrored_strategy.run(lambda: True) is True  # Python objects: TensorFlow's rule
 
 
-def test_one_replica_numpy_boolean_is_not_wrapped(mirrored_1cpu):
-    assert mirrored_1cpu.run(lambda: np.float32(3.0) > 1.0) is np.True_
+@pytest.mark.replicas(1)
+def test_one_replica_numpy_boolean_is_not_wrapped(mirrored_strategy):
+    assert mirrored_strategy.run(lambda: np.float32(3.0) > 1.0) is np.True_
 
 
-def test_equal_but_distinct_arrays_are_wrapped(mirrored_2cpu):
+def test_equal_but_distinct_arrays_are_wrapped(mirrored_strategy):
     # Identity, not equality: equal values from different objects still give a PerReplica.
-    result = mirrored_2cpu.run(lambda: np.array(7.0))
+    result = mirrored_strategy.run(lambda: np.array(7.0))
     assert isinstance(result, PerReplica)
     assert result.values[0] is not result.values[1]
 
@@ -120,8 +122,8 @@ def test_equal_but_distinct_arrays_are_wrapped(mirrored_2cpu):
 # --- containers -------------------------------------------------------------------------
 
 
-def test_dict_result_keeps_key_order(mirrored_2cpu):
-    result = mirrored_2cpu.run(lambda: {"b": rid(), "a": 1, "c": SHARED})
+def test_dict_result_keeps_key_order(mirrored_strategy):
+    result = mirrored_strategy.run(lambda: {"b": rid(), "a": 1, "c": SHARED})
     assert type(result) is dict
     assert list(result) == ["b", "a", "c"]
     assert result["b"].values == (0, 1)
@@ -129,30 +131,30 @@ def test_dict_result_keeps_key_order(mirrored_2cpu):
     assert result["c"] is SHARED
 
 
-def test_dicts_with_the_same_keys_in_another_order_regroup_by_key(mirrored_2cpu):
-    result = mirrored_2cpu.run(lambda: {"b": rid(), "a": 1} if rid() == 0 else {"a": 1, "b": rid()})
+def test_dicts_with_the_same_keys_in_another_order_regroup_by_key(mirrored_strategy):
+    result = mirrored_strategy.run(lambda: {"b": rid(), "a": 1} if rid() == 0 else {"a": 1, "b": rid()})
     assert list(result) == ["b", "a"]
     assert result["b"].values == (0, 1)
     assert result["a"] == 1
 
 
 @pytest.mark.parametrize("mapping", [collections.OrderedDict, lambda items: collections.defaultdict(int, items)])
-def test_dict_subclasses_keep_their_type(mirrored_2cpu, mapping):
-    result = mirrored_2cpu.run(lambda: mapping([("z", rid()), ("y", 2)]))
+def test_dict_subclasses_keep_their_type(mirrored_strategy, mapping):
+    result = mirrored_strategy.run(lambda: mapping([("z", rid()), ("y", 2)]))
     assert type(result) is type(mapping([]))
     assert list(result) == ["z", "y"]
     assert result["z"].values == (0, 1)
 
 
-def test_tuple_result_stays_a_tuple(mirrored_2cpu):
-    result = mirrored_2cpu.run(lambda: (SHARED, rid()))
+def test_tuple_result_stays_a_tuple(mirrored_strategy):
+    result = mirrored_strategy.run(lambda: (SHARED, rid()))
     assert type(result) is tuple
     assert result[0] is SHARED
     assert result[1].values == (0, 1)
 
 
-def test_nested_containers_regroup_leaf_by_leaf(mirrored_2cpu):
-    result = mirrored_2cpu.run(lambda: {"x": [SHARED, (rid(), None)], "y": NT(3, rid() * 10)})
+def test_nested_containers_regroup_leaf_by_leaf(mirrored_strategy):
+    result = mirrored_strategy.run(lambda: {"x": [SHARED, (rid(), None)], "y": NT(3, rid() * 10)})
     assert result["x"][0] is SHARED
     assert result["x"][1][0].values == (0, 1)
     assert result["x"][1][1] is None
@@ -160,31 +162,35 @@ def test_nested_containers_regroup_leaf_by_leaf(mirrored_2cpu):
     assert result["y"].b.values == (0, 10)
 
 
-def test_results_are_in_replica_order_on_four_replicas(mirrored_4cpu):
-    result = mirrored_4cpu.run(lambda: rid() * 10)
+@pytest.mark.replicas(4)
+def test_results_are_in_replica_order_on_four_replicas(mirrored_strategy):
+    result = mirrored_strategy.run(lambda: rid() * 10)
     assert result.values == (0, 10, 20, 30)
 
 
 # --- one replica ------------------------------------------------------------------------
 
 
+@pytest.mark.replicas(1)
 @pytest.mark.parametrize(
     "fn",
     [lambda: td.constant(3.0), rid, lambda: td.distribute.get_replica_context().replica_id_in_sync_group],
     ids=["array", "python-int", "replica-id"],
 )
-def test_one_replica_never_wraps(mirrored_1cpu, fn):
-    result = mirrored_1cpu.run(fn)
+def test_one_replica_never_wraps(mirrored_strategy, fn):
+    result = mirrored_strategy.run(fn)
     assert not isinstance(result, td.distribute.DistributedValues)
 
 
-def test_one_replica_returns_the_object_itself(mirrored_1cpu):
+@pytest.mark.replicas(1)
+def test_one_replica_returns_the_object_itself(mirrored_strategy):
     value = np.array([1.0, 2.0])
-    assert mirrored_1cpu.run(lambda: value) is value
+    assert mirrored_strategy.run(lambda: value) is value
 
 
-def test_one_replica_nested_result_is_plain(mirrored_1cpu):
-    result = mirrored_1cpu.run(lambda: {"a": [td.constant(1.0), rid()]})
+@pytest.mark.replicas(1)
+def test_one_replica_nested_result_is_plain(mirrored_strategy):
+    result = mirrored_strategy.run(lambda: {"a": [td.constant(1.0), rid()]})
     assert result["a"][1] == 0
     assert not isinstance(result["a"][0], td.distribute.DistributedValues)
 
@@ -192,27 +198,27 @@ def test_one_replica_nested_result_is_plain(mirrored_1cpu):
 # --- distributed arguments returned unchanged ----------------------------------------------
 
 
-def test_per_replica_argument_returned_unchanged_gives_a_new_per_replica(mirrored_2cpu):
+def test_per_replica_argument_returned_unchanged_gives_a_new_per_replica(mirrored_strategy):
     arg = PerReplica([np.array(1.0), np.array(2.0)])
-    result = mirrored_2cpu.run(lambda x: x, args=(arg,))
+    result = mirrored_strategy.run(lambda x: x, args=(arg,))
     assert isinstance(result, PerReplica)
     assert result is not arg
     assert result.values[0] is arg.values[0]
     assert result.values[1] is arg.values[1]
 
 
-def test_mirrored_argument_returned_unchanged_gives_a_per_replica(mirrored_2cpu):
+def test_mirrored_argument_returned_unchanged_gives_a_per_replica(mirrored_strategy):
     arg = Mirrored([np.array(1.0), np.array(1.0)])
-    result = mirrored_2cpu.run(lambda x: x, args=(arg,))
+    result = mirrored_strategy.run(lambda x: x, args=(arg,))
     assert type(result) is PerReplica
     assert result.values[0] is arg.values[0]
     assert result.values[1] is arg.values[1]
 
 
-def test_replicas_receive_their_component_of_args_and_kwargs(mirrored_2cpu):
+def test_replicas_receive_their_component_of_args_and_kwargs(mirrored_strategy):
     pr = PerReplica(["a0", "a1"])
     mirrored = Mirrored(["m0", "m1"])
-    result = mirrored_2cpu.run(lambda x, y=None: (x, y), args=([pr, 5],), kwargs={"y": {"k": mirrored}})
+    result = mirrored_strategy.run(lambda x, y=None: (x, y), args=([pr, 5],), kwargs={"y": {"k": mirrored}})
     assert result[0][0].values == ("a0", "a1")
     assert result[0][1] == 5
     assert result[1]["k"].values == ("m0", "m1")
@@ -234,20 +240,21 @@ def test_replicas_receive_their_component_of_args_and_kwargs(mirrored_2cpu):
     ],
     ids=["list-lengths", "list-vs-tuple", "dict-keys", "dict-key-count", "nested-path", "list-vs-leaf", "none-vs-list"],
 )
-def test_mismatched_result_structures_raise_validation_error(mirrored_2cpu, fn, where):
+def test_mismatched_result_structures_raise_validation_error(mirrored_strategy, fn, where):
     with pytest.raises(ValidationError, match="The results of the replicas must have the same structure") as info:
-        mirrored_2cpu.run(fn)
+        mirrored_strategy.run(fn)
     assert "replica 0 and replica 1 differ" in str(info.value)
     assert where in str(info.value)
-    assert_strategy_works(mirrored_2cpu)
+    assert_strategy_works(mirrored_strategy)
 
 
+@pytest.mark.replicas(4)
 @pytest.mark.parametrize("odd_one", [1, 2, 3])
-def test_mismatch_names_the_first_replica_that_differs(mirrored_4cpu, odd_one):
+def test_mismatch_names_the_first_replica_that_differs(mirrored_strategy, odd_one):
     with pytest.raises(ValidationError, match="The results of the replicas must have the same structure") as info:
-        mirrored_4cpu.run(lambda: [1, 2] if rid() == odd_one else [1])
+        mirrored_strategy.run(lambda: [1, 2] if rid() == odd_one else [1])
     assert f"replica 0 and replica {odd_one} differ" in str(info.value)
-    assert_strategy_works(mirrored_4cpu)
+    assert_strategy_works(mirrored_strategy)
 
 
 def test_validation_error_is_both_value_error_and_assertion_error():
@@ -255,10 +262,10 @@ def test_validation_error_is_both_value_error_and_assertion_error():
     assert issubclass(ValidationError, AssertionError)
 
 
-def test_mismatch_can_be_caught_as_assertion_error_like_tf(mirrored_2cpu):
+def test_mismatch_can_be_caught_as_assertion_error_like_tf(mirrored_strategy):
     with pytest.raises(AssertionError, match="The results of the replicas must have the same structure"):
-        mirrored_2cpu.run(lambda: [1] * (rid() + 1))
-    assert_strategy_works(mirrored_2cpu)
+        mirrored_strategy.run(lambda: [1] * (rid() + 1))
+    assert_strategy_works(mirrored_strategy)
 
 
 # --- select_replica / split_for_replicas ------------------------------------------------
@@ -301,13 +308,13 @@ def test_split_for_replicas_gives_each_replica_its_components():
     ],
     ids=["args", "nested-args", "kwargs", "mirrored"],
 )
-def test_run_with_wrong_component_count_raises_value_error(mirrored_2cpu, args, kwargs, where, count):
+def test_run_with_wrong_component_count_raises_value_error(mirrored_strategy, args, kwargs, where, count):
     with pytest.raises(ValueError, match="Strategy.run\\(\\) got a") as info:
-        mirrored_2cpu.run(lambda *a, **k: None, args=args, kwargs=kwargs)
+        mirrored_strategy.run(lambda *a, **k: None, args=args, kwargs=kwargs)
     message = str(info.value)
     assert f"with {count} components at {where}" in message
     assert "the strategy has 2 replicas" in message
-    assert_strategy_works(mirrored_2cpu)
+    assert_strategy_works(mirrored_strategy)
 
 
 # --- local results ----------------------------------------------------------------------
@@ -329,13 +336,14 @@ def test_local_results_of_a_plain_value_is_a_one_tuple(value):
     assert len(result) == 1 and result[0] is value
 
 
-def test_experimental_local_results_of_a_dict_result_is_a_tuple_of_dicts(mirrored_2cpu):
-    result = mirrored_2cpu.run(lambda: {"id": rid(), "same": 1})
-    assert mirrored_2cpu.experimental_local_results(result) == ({"id": 0, "same": 1}, {"id": 1, "same": 1})
+def test_experimental_local_results_of_a_dict_result_is_a_tuple_of_dicts(mirrored_strategy):
+    result = mirrored_strategy.run(lambda: {"id": rid(), "same": 1})
+    assert mirrored_strategy.experimental_local_results(result) == ({"id": 0, "same": 1}, {"id": 1, "same": 1})
 
 
-def test_experimental_local_results_of_run_result_are_in_replica_order(mirrored_4cpu):
-    assert mirrored_4cpu.experimental_local_results(mirrored_4cpu.run(rid)) == (0, 1, 2, 3)
+@pytest.mark.replicas(4)
+def test_experimental_local_results_of_run_result_are_in_replica_order(mirrored_strategy):
+    assert mirrored_strategy.experimental_local_results(mirrored_strategy.run(rid)) == (0, 1, 2, 3)
 
 
 # --- merge_call arguments ---------------------------------------------------------------
@@ -345,36 +353,36 @@ def merge_call(merge_fn, args=(), kwargs=None):
     return td.distribute.get_replica_context().merge_call(merge_fn, args=args, kwargs=kwargs)
 
 
-def test_merge_call_shared_int_kwarg_arrives_as_int(mirrored_2cpu):
+def test_merge_call_shared_int_kwarg_arrives_as_int(mirrored_strategy):
     seen = []
-    mirrored_2cpu.run(lambda: merge_call(lambda strategy, y: seen.append(y), kwargs={"y": 3}))
+    mirrored_strategy.run(lambda: merge_call(lambda strategy, y: seen.append(y), kwargs={"y": 3}))
     assert seen == [3]
     assert type(seen[0]) is int
 
 
-def test_merge_call_equal_list_args_arrive_as_a_list(mirrored_2cpu):
+def test_merge_call_equal_list_args_arrive_as_a_list(mirrored_strategy):
     seen = []
-    mirrored_2cpu.run(lambda: merge_call(lambda strategy, x: seen.append(x), args=([1, 2],)))
+    mirrored_strategy.run(lambda: merge_call(lambda strategy, x: seen.append(x), args=([1, 2],)))
     assert seen == [[1, 2]]
     assert type(seen[0]) is list
 
 
-def test_merge_call_different_args_arrive_as_per_replica(mirrored_2cpu):
+def test_merge_call_different_args_arrive_as_per_replica(mirrored_strategy):
     seen = []
-    mirrored_2cpu.run(lambda: merge_call(lambda strategy, x: seen.append(x), args=(rid(),)))
+    mirrored_strategy.run(lambda: merge_call(lambda strategy, x: seen.append(x), args=(rid(),)))
     assert len(seen) == 1
     assert isinstance(seen[0], PerReplica)
     assert seen[0].values == (0, 1)
 
 
-def test_merge_call_returning_the_per_replica_gives_each_replica_its_component(mirrored_2cpu):
-    result = mirrored_2cpu.run(lambda: merge_call(lambda strategy, x: x, args=(rid() * 10,)))
+def test_merge_call_returning_the_per_replica_gives_each_replica_its_component(mirrored_strategy):
+    result = mirrored_strategy.run(lambda: merge_call(lambda strategy, x: x, args=(rid() * 10,)))
     assert result.values == (0, 10)
 
 
-def test_merge_call_returning_a_plain_list_gives_every_replica_that_list(mirrored_2cpu):
+def test_merge_call_returning_a_plain_list_gives_every_replica_that_list(mirrored_strategy):
     answer = [10, 20]
-    got_it = mirrored_2cpu.run(lambda: merge_call(lambda strategy: answer) is answer)
+    got_it = mirrored_strategy.run(lambda: merge_call(lambda strategy: answer) is answer)
     assert got_it is True
 
 

@@ -47,11 +47,11 @@ def expected_layout(cls_name, components, formatter):
 
 
 @pytest.fixture
-def distributed_values(mirrored_2cpu):
+def distributed_values(mirrored_strategy):
     """The docs' first global batch of ``from_tensor_slices([5., 6., 7., 8.]).batch(2)`` on two
     replicas: replica 0 holds [5.], replica 1 holds [6.]."""
     batch = np.array([5.0, 6.0], dtype=np.float32)
-    return mirrored_2cpu.experimental_distribute_values_from_function(
+    return mirrored_strategy.experimental_distribute_values_from_function(
         lambda ctx: batch[ctx.replica_id_in_sync_group : ctx.replica_id_in_sync_group + 1]
     )
 
@@ -62,30 +62,30 @@ def test_distributed_values_doc_example_repr(distributed_values):
     )
 
 
-def test_distributed_values_doc_example_returned_by_run(mirrored_2cpu):
+def test_distributed_values_doc_example_returned_by_run(mirrored_strategy):
     @td.function
     def run():
         return td.distribute.get_replica_context().replica_id_in_sync_group
 
-    values = mirrored_2cpu.run(run)
+    values = mirrored_strategy.run(run)
     assert isinstance(values, td.distribute.PerReplica)
     assert [(int(v), v.dtype) for v in values.values] == [(0, np.int32), (1, np.int32)]
 
 
-def test_distributed_values_doc_example_as_input_into_run(mirrored_2cpu, distributed_values):
-    updated = mirrored_2cpu.run(lambda value: value + 1.0, args=(distributed_values,))
+def test_distributed_values_doc_example_as_input_into_run(mirrored_strategy, distributed_values):
+    updated = mirrored_strategy.run(lambda value: value + 1.0, args=(distributed_values,))
     assert isinstance(updated, td.distribute.PerReplica)
     np.testing.assert_array_equal(updated.values[0], np.array([6.0], np.float32))
     np.testing.assert_array_equal(updated.values[1], np.array([7.0], np.float32))
 
 
-def test_distributed_values_doc_example_as_input_into_reduce(mirrored_2cpu, distributed_values):
-    reduced = mirrored_2cpu.reduce(td.distribute.ReduceOp.SUM, distributed_values, axis=0)
+def test_distributed_values_doc_example_as_input_into_reduce(mirrored_strategy, distributed_values):
+    reduced = mirrored_strategy.reduce(td.distribute.ReduceOp.SUM, distributed_values, axis=0)
     assert reduced.shape == () and reduced.dtype == np.float32 and reduced == 11.0
 
 
-def test_distributed_values_doc_example_local_results(mirrored_2cpu, distributed_values):
-    parts = mirrored_2cpu.experimental_local_results(distributed_values)
+def test_distributed_values_doc_example_local_results(mirrored_strategy, distributed_values):
+    parts = mirrored_strategy.experimental_local_results(distributed_values)
     assert isinstance(parts, tuple) and len(parts) == 2
     np.testing.assert_array_equal(parts[0], [5.0])
     np.testing.assert_array_equal(parts[1], [6.0])
@@ -129,8 +129,8 @@ def test_repr_layout(cls, components):
     assert repr(cls(components)) == expected_layout(cls.__name__, components, repr)
 
 
-def test_repr_of_a_run_result_has_one_line_per_replica(mirrored_2cpu):
-    result = mirrored_2cpu.run(replica_id)
+def test_repr_of_a_run_result_has_one_line_per_replica(mirrored_strategy):
+    result = mirrored_strategy.run(replica_id)
     assert repr(result) == "PerReplica:{\n  0: %r,\n  1: %r\n}" % (np.int32(0), np.int32(1))
 
 
@@ -143,9 +143,10 @@ def test_per_replica_values_are_a_tuple_in_replica_order():
     assert PerReplica([A0, A1]).values[1] is A1
 
 
-def test_run_result_values_are_the_replica_results(multi_replica):
-    result = multi_replica.run(replica_id)
-    assert [int(v) for v in result.values] == list(range(multi_replica.num_replicas_in_sync))
+@pytest.mark.replicas(2, 4)
+def test_run_result_values_are_the_replica_results(mirrored_strategy):
+    result = mirrored_strategy.run(replica_id)
+    assert [int(v) for v in result.values] == list(range(mirrored_strategy.num_replicas_in_sync))
     assert all(v.dtype == np.int32 for v in result.values)
 
 
@@ -172,22 +173,22 @@ def test_per_replica_to_array_outside_any_strategy_raises():
         np.asarray(PerReplica([A0, A1]))
 
 
-def test_per_replica_to_array_in_cross_replica_context_raises(mirrored_2cpu):
-    with mirrored_2cpu.scope():
+def test_per_replica_to_array_in_cross_replica_context_raises(mirrored_strategy):
+    with mirrored_strategy.scope():
         with pytest.raises(ValueError, match=NOT_IN_REPLICA):
             np.asarray(PerReplica([A0, A1]))
-    assert int(mirrored_2cpu.reduce("SUM", mirrored_2cpu.run(replica_id), axis=None)) == 1
+    assert int(mirrored_strategy.reduce("SUM", mirrored_strategy.run(replica_id), axis=None)) == 1
 
 
-def test_per_replica_to_array_in_merge_fn_raises(mirrored_2cpu):
+def test_per_replica_to_array_in_merge_fn_raises(mirrored_strategy):
     pr = PerReplica([A0, A1])
 
     def merge_fn(strategy):
         np.asarray(pr)
 
     with pytest.raises(ValueError, match=NOT_IN_REPLICA):
-        mirrored_2cpu.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))
-    assert int(mirrored_2cpu.reduce("SUM", mirrored_2cpu.run(replica_id), axis=None)) == 1
+        mirrored_strategy.run(lambda: td.distribute.get_replica_context().merge_call(merge_fn))
+    assert int(mirrored_strategy.reduce("SUM", mirrored_strategy.run(replica_id), axis=None)) == 1
 
 
 def test_per_replica_to_array_in_default_strategy_run_raises(default):
@@ -198,16 +199,16 @@ def test_per_replica_to_array_in_default_strategy_run_raises(default):
     assert default.run(lambda: 3) == 3
 
 
-def test_per_replica_converts_to_the_local_component_inside_run(mirrored_2cpu):
+def test_per_replica_converts_to_the_local_component_inside_run(mirrored_strategy):
     pr = PerReplica([A0, A1])
-    result = mirrored_2cpu.run(lambda: np.asarray(pr) * 1)
+    result = mirrored_strategy.run(lambda: np.asarray(pr) * 1)
     np.testing.assert_array_equal(result.values[0], A0)
     np.testing.assert_array_equal(result.values[1], A1)
 
 
-def test_per_replica_converts_with_a_dtype_inside_run(mirrored_2cpu):
+def test_per_replica_converts_with_a_dtype_inside_run(mirrored_strategy):
     pr = PerReplica([A0, A1])
-    result = mirrored_2cpu.run(lambda: np.asarray(pr, dtype=np.float32))
+    result = mirrored_strategy.run(lambda: np.asarray(pr, dtype=np.float32))
     assert [v.dtype for v in result.values] == [np.float32, np.float32]
     np.testing.assert_array_equal(result.values[1], A1.astype(np.float32))
 
@@ -298,26 +299,27 @@ def test_mirrored_without_recorded_devices_uses_the_first_component_on_any_devic
         np.testing.assert_array_equal(Mirrored([A0, A1]) + 0, A0)
 
 
-def test_mirrored_in_strategy_scope_uses_the_component_on_the_current_device(mirrored_2cpu):
+def test_mirrored_in_strategy_scope_uses_the_component_on_the_current_device(mirrored_strategy):
     m = on_cpus([A0, A1], "CPU:0", "CPU:1")
-    with mirrored_2cpu.scope():
+    with mirrored_strategy.scope():
         np.testing.assert_array_equal(m * 1, A0)
         with td.device("CPU:1"):
             np.testing.assert_array_equal(m * 1, A1)
 
 
 @pytest.mark.parametrize("op", [fn for _, fn in BINARY_OPS], ids=ids(BINARY_OPS))
-def test_mirrored_delegates_to_the_replica_component_inside_run(mirrored_2cpu, op):
+def test_mirrored_delegates_to_the_replica_component_inside_run(mirrored_strategy, op):
     m = on_cpus([A0, A1], "CPU:0", "CPU:1")
-    result = mirrored_2cpu.run(lambda: op(m))
-    for got, component in zip(mirrored_2cpu.experimental_local_results(result), (A0, A1)):
+    result = mirrored_strategy.run(lambda: op(m))
+    for got, component in zip(mirrored_strategy.experimental_local_results(result), (A0, A1)):
         np.testing.assert_array_equal(got, op(component))
 
 
-def test_mirrored_of_equal_values_reads_the_same_in_every_replica(mirrored_4cpu):
-    m = mirrored_4cpu.extended.broadcast_to(np.array([1.0, 2.0]), destinations=mirrored_4cpu.run(replica_id))
+@pytest.mark.replicas(4)
+def test_mirrored_of_equal_values_reads_the_same_in_every_replica(mirrored_strategy):
+    m = mirrored_strategy.extended.broadcast_to(np.array([1.0, 2.0]), destinations=mirrored_strategy.run(replica_id))
     assert isinstance(m, Mirrored)
-    for got in mirrored_4cpu.experimental_local_results(mirrored_4cpu.run(lambda: m * 2.0)):
+    for got in mirrored_strategy.experimental_local_results(mirrored_strategy.run(lambda: m * 2.0)):
         np.testing.assert_array_equal(got, [2.0, 4.0])
 
 
@@ -368,16 +370,16 @@ def test_per_replica_is_not_mirrored():
     assert not isinstance(Mirrored([1, 2]), PerReplica)
 
 
-def test_run_result_is_a_types_experimental_per_replica(mirrored_2cpu):
-    assert isinstance(mirrored_2cpu.run(replica_id), td.types.experimental.PerReplica)
+def test_run_result_is_a_types_experimental_per_replica(mirrored_strategy):
+    assert isinstance(mirrored_strategy.run(replica_id), td.types.experimental.PerReplica)
 
 
 # --- numpy 2's copy argument ----------------------------------------------------------------
 
 
-def test_np_array_of_a_mirrored_value_is_a_writable_copy(mirrored_2cpu):
-    source = mirrored_2cpu.experimental_distribute_values_from_function(lambda ctx: np.ones(3))
-    mirrored = mirrored_2cpu.extended.reduce_to("sum", source, source)
+def test_np_array_of_a_mirrored_value_is_a_writable_copy(mirrored_strategy):
+    source = mirrored_strategy.experimental_distribute_values_from_function(lambda ctx: np.ones(3))
+    mirrored = mirrored_strategy.extended.reduce_to("sum", source, source)
     copied = np.array(mirrored)
     assert copied is not mirrored.values[0] and not np.shares_memory(copied, mirrored.values[0])
     copied += 1  # a copy is writable even though the shared result is read-only
@@ -385,22 +387,22 @@ def test_np_array_of_a_mirrored_value_is_a_writable_copy(mirrored_2cpu):
     assert np.shares_memory(np.asarray(mirrored), mirrored.values[0])  # asarray does not copy
 
 
-def test_np_array_of_a_per_replica_inside_run_does_not_alias_the_input(mirrored_2cpu):
+def test_np_array_of_a_per_replica_inside_run_does_not_alias_the_input(mirrored_strategy):
     inputs = [np.zeros(2), np.zeros(2)]
-    values = mirrored_2cpu.experimental_distribute_values_from_function(lambda ctx: inputs[ctx.replica_id_in_sync_group])
+    values = mirrored_strategy.experimental_distribute_values_from_function(lambda ctx: inputs[ctx.replica_id_in_sync_group])
 
     def fn():
         copied = np.array(values)  # captured, not an argument: PerReplica.__array__ runs here
         copied += 5
         return copied
 
-    mirrored_2cpu.run(fn)
+    mirrored_strategy.run(fn)
     np.testing.assert_array_equal(inputs[0], [0.0, 0.0])
     np.testing.assert_array_equal(inputs[1], [0.0, 0.0])
 
 
-def test_copy_false_refuses_a_conversion_that_needs_a_copy(mirrored_2cpu):
-    source = mirrored_2cpu.experimental_distribute_values_from_function(lambda ctx: np.ones(3))
-    mirrored = mirrored_2cpu.extended.reduce_to("sum", source, source)
+def test_copy_false_refuses_a_conversion_that_needs_a_copy(mirrored_strategy):
+    source = mirrored_strategy.experimental_distribute_values_from_function(lambda ctx: np.ones(3))
+    mirrored = mirrored_strategy.extended.reduce_to("sum", source, source)
     with pytest.raises(ValueError):
         np.asarray(mirrored, dtype=np.float32, copy=False)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import towerdist as td
+from towerdist.testing.pytest_plugin import mirrored_strategy_for
 
 Mirrored = td.distribute.Mirrored
 PerReplica = td.distribute.PerReplica
@@ -64,6 +65,7 @@ def maybe_scope(strategy, in_scope: bool):
 # --- update in cross-replica context -----------------------------------------------------
 
 
+@pytest.mark.replicas(1, 2, 4)
 @pytest.mark.parametrize("in_scope", [True, False], ids=["in_scope", "outside_scope"])
 def test_update_calls_fn_once_per_component(mirrored_strategy, in_scope):
     n = mirrored_strategy.num_replicas_in_sync
@@ -88,6 +90,7 @@ def test_update_calls_fn_once_per_component(mirrored_strategy, in_scope):
         assert [float(x) for x in result.values] == [1.0] * n
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_update_returns_none_when_fn_returns_none(mirrored_strategy):
     with mirrored_strategy.scope():
         v = td.Variable(5.0)
@@ -96,6 +99,7 @@ def test_update_returns_none_when_fn_returns_none(mirrored_strategy):
     assert len(calls) == mirrored_strategy.num_replicas_in_sync
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_update_group_false_gives_one_entry_per_component(mirrored_strategy):
     n = mirrored_strategy.num_replicas_in_sync
     with mirrored_strategy.scope():
@@ -107,6 +111,7 @@ def test_update_group_false_gives_one_entry_per_component(mirrored_strategy):
     assert values_of(v) == [2.0] * n
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_update_group_false_of_none_is_a_one_tuple(mirrored_strategy):
     # TF 2.21: the per-component Nones regroup to one None, whose local results are (None,).
     with mirrored_strategy.scope():
@@ -114,6 +119,7 @@ def test_update_group_false_of_none_is_a_one_tuple(mirrored_strategy):
     assert mirrored_strategy.extended.update(v, lambda c: None, group=False) == (None,)
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_update_result_structure_is_regrouped_leaf_by_leaf(mirrored_strategy):
     n = mirrored_strategy.num_replicas_in_sync
     with mirrored_strategy.scope():
@@ -131,27 +137,29 @@ def test_update_result_structure_is_regrouped_leaf_by_leaf(mirrored_strategy):
     assert ungrouped[1] == (1,)
 
 
-def test_update_result_dict_is_regrouped(multi_replica):
-    n = multi_replica.num_replicas_in_sync
-    with multi_replica.scope():
+@pytest.mark.replicas(2, 4)
+def test_update_result_dict_is_regrouped(mirrored_strategy):
+    n = mirrored_strategy.num_replicas_in_sync
+    with mirrored_strategy.scope():
         v = td.Variable(4.0)
-    result = multi_replica.extended.update(v, lambda c: {"value": c.read_value(), "tag": "x"})
+    result = mirrored_strategy.extended.update(v, lambda c: {"value": c.read_value(), "tag": "x"})
     assert set(result) == {"value", "tag"}
     assert result["tag"] == "x"
     assert type(result["value"]) is Mirrored
     assert [float(x) for x in result["value"].values] == [4.0] * n
 
 
-def test_update_returns_a_mirrored_of_the_new_values(mirrored_2cpu):
-    with mirrored_2cpu.scope():
+def test_update_returns_a_mirrored_of_the_new_values(mirrored_strategy):
+    with mirrored_strategy.scope():
         v = td.Variable(5.0, aggregation=SUM)
-    result = mirrored_2cpu.extended.update(v, lambda c: c.assign(1.0))
+    result = mirrored_strategy.extended.update(v, lambda c: c.assign(1.0))
     assert type(result) is Mirrored
     assert [float(x) for x in result.values] == [1.0, 1.0]
     assert str(result) == "Mirrored:{\n  0: 1.0,\n  1: 1.0\n}"
     assert values_of(v) == [1.0, 1.0]
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_update_returns_the_new_values_on_every_replica_count(mirrored_strategy):
     n = mirrored_strategy.num_replicas_in_sync
     with mirrored_strategy.scope():
@@ -164,6 +172,7 @@ def test_update_returns_the_new_values_on_every_replica_count(mirrored_strategy)
 # --- the update context --------------------------------------------------------------------
 
 
+@pytest.mark.replicas(1, 2, 4)
 @pytest.mark.parametrize("in_scope", [True, False], ids=["in_scope", "outside_scope"])
 def test_get_update_device_names_each_components_device(mirrored_strategy, in_scope):
     with mirrored_strategy.scope():
@@ -184,8 +193,9 @@ def test_get_update_device_names_each_components_device(mirrored_strategy, in_sc
     assert all(name.startswith("/job:localhost/replica:0/task:0/device:CPU:") for name in workers)
 
 
-def test_update_context_is_left_when_fn_raises(multi_replica):
-    with multi_replica.scope():
+@pytest.mark.replicas(2, 4)
+def test_update_context_is_left_when_fn_raises(mirrored_strategy):
+    with mirrored_strategy.scope():
         v = td.Variable(5.0)
 
     def fn(component):
@@ -194,13 +204,14 @@ def test_update_context_is_left_when_fn_raises(multi_replica):
         return component.assign(7.0)
 
     with pytest.raises(KeyError, match="boom"):
-        multi_replica.extended.update(v, fn)
+        mirrored_strategy.extended.update(v, fn)
     assert td.distribute.get_update_device() is None
     assert td.distribute.in_cross_replica_context() is False
     assert values_of(v)[0] == 7.0  # component 0 was updated before component 1 raised
-    assert_strategy_works(multi_replica)
+    assert_strategy_works(mirrored_strategy)
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_per_replica_args_and_kwargs_are_split_per_component(mirrored_strategy):
     n = mirrored_strategy.num_replicas_in_sync
     with mirrored_strategy.scope():
@@ -219,6 +230,7 @@ def test_per_replica_args_and_kwargs_are_split_per_component(mirrored_strategy):
     assert local_floats(mirrored_strategy, result) == [110.0 * i for i in range(n)]
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_mirrored_args_are_split_per_component(mirrored_strategy):
     n = mirrored_strategy.num_replicas_in_sync
     with mirrored_strategy.scope():
@@ -228,6 +240,7 @@ def test_mirrored_args_are_split_per_component(mirrored_strategy):
     assert values_of(v) == [2.0 + i for i in range(n)]
 
 
+@pytest.mark.replicas(1, 2, 4)
 @pytest.mark.parametrize("where", ["args", "kwargs"])
 def test_per_replica_with_wrong_component_count_raises(mirrored_strategy, where):
     n = mirrored_strategy.num_replicas_in_sync
@@ -241,6 +254,7 @@ def test_per_replica_with_wrong_component_count_raises(mirrored_strategy, where)
     assert_strategy_works(mirrored_strategy)
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_distributed_variable_args_are_passed_whole_and_write_their_component(mirrored_strategy):
     n = mirrored_strategy.num_replicas_in_sync
     with mirrored_strategy.scope():
@@ -260,9 +274,10 @@ def test_distributed_variable_args_are_passed_whole_and_write_their_component(mi
     assert local_floats(mirrored_strategy, result) == [10.0 * i for i in range(n)]
 
 
-def test_distributed_variable_args_read_their_component(multi_replica):
-    n = multi_replica.num_replicas_in_sync
-    with multi_replica.scope():
+@pytest.mark.replicas(2, 4)
+def test_distributed_variable_args_read_their_component(mirrored_strategy):
+    n = mirrored_strategy.num_replicas_in_sync
+    with mirrored_strategy.scope():
         v = td.Variable(0.0)
         other = td.Variable(0.0)
     # A PerReplica assigned in cross-replica context desynchronises the copies (as in TensorFlow).
@@ -273,13 +288,14 @@ def test_distributed_variable_args_read_their_component(multi_replica):
         assert o.device == td.distribute.get_update_device()
         return component.assign(o.read_value() * 2.0 + float(o))
 
-    multi_replica.extended.update(v, fn, args=(other,))
+    mirrored_strategy.extended.update(v, fn, args=(other,))
     assert values_of(v) == [3.0 * i for i in range(n)]
 
 
 # --- update in replica context (through merge_call) -------------------------------------------
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_update_in_replica_context_uses_each_replicas_argument(mirrored_strategy):
     n = mirrored_strategy.num_replicas_in_sync
     with mirrored_strategy.scope():
@@ -303,18 +319,20 @@ def test_update_in_replica_context_uses_each_replicas_argument(mirrored_strategy
     )
 
 
-def test_update_in_replica_context_splits_kwargs(multi_replica):
-    n = multi_replica.num_replicas_in_sync
-    with multi_replica.scope():
+@pytest.mark.replicas(2, 4)
+def test_update_in_replica_context_splits_kwargs(mirrored_strategy):
+    n = mirrored_strategy.num_replicas_in_sync
+    with mirrored_strategy.scope():
         v = td.Variable(0.0)
 
     def step():
-        return multi_replica.extended.update(v, lambda c, x=None: c.assign(x), kwargs={"x": td.constant(rid() + 10.0)})
+        return mirrored_strategy.extended.update(v, lambda c, x=None: c.assign(x), kwargs={"x": td.constant(rid() + 10.0)})
 
-    multi_replica.run(step)
+    mirrored_strategy.run(step)
     assert values_of(v) == [10.0 + i for i in range(n)]
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_replica_context_update_writes_every_component(mirrored_strategy):
     n = mirrored_strategy.num_replicas_in_sync
     with mirrored_strategy.scope():
@@ -329,17 +347,18 @@ def test_replica_context_update_writes_every_component(mirrored_strategy):
     assert values_of(v) == [1.0] * n
 
 
-def test_replica_context_update_returns_this_replicas_part(multi_replica):
-    n = multi_replica.num_replicas_in_sync
-    with multi_replica.scope():
+@pytest.mark.replicas(2, 4)
+def test_replica_context_update_returns_this_replicas_part(mirrored_strategy):
+    n = mirrored_strategy.num_replicas_in_sync
+    with mirrored_strategy.scope():
         v = td.Variable(0.0)
 
     def step():
         ctx = td.distribute.get_replica_context()
         return ctx._update(v, lambda c, x: c.assign(x), args=(td.constant(rid() + 0.5),))
 
-    result = multi_replica.run(step)
-    assert local_floats(multi_replica, result) == [i + 0.5 for i in range(n)]
+    result = mirrored_strategy.run(step)
+    assert local_floats(mirrored_strategy, result) == [i + 0.5 for i in range(n)]
     assert values_of(v) == [i + 0.5 for i in range(n)]
 
 
@@ -398,6 +417,7 @@ def _merge_call_reduce_then_update(var):
     return td.distribute.get_replica_context().merge_call(_reduce_then_update, args=(td.identity(1.0), var))
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_reduce_to_then_update_sets_every_component_to_the_sum(mirrored_strategy):
     n = mirrored_strategy.num_replicas_in_sync
     with mirrored_strategy.scope():
@@ -407,10 +427,10 @@ def test_reduce_to_then_update_sets_every_component_to_the_sum(mirrored_strategy
     assert local_floats(mirrored_strategy, result) == [float(n)] * n
 
 
-def test_reduce_to_then_update_repr_on_two_replicas(mirrored_2cpu):
-    with mirrored_2cpu.scope():
+def test_reduce_to_then_update_repr_on_two_replicas(mirrored_strategy):
+    with mirrored_strategy.scope():
         v = td.Variable(5.0)
-    mirrored_2cpu.run(_merge_call_reduce_then_update, args=(v,))
+    mirrored_strategy.run(_merge_call_reduce_then_update, args=(v,))
     assert repr(v) == (
         "MirroredVariable:{\n"
         "  0: <tf.Variable 'Variable:0' shape=() dtype=float32, numpy=2.0>,\n"
@@ -449,13 +469,13 @@ def test_variable_created_in_scope_inside_and_outside_the_scope(any_strategy, de
         assert any_strategy.extended.variable_created_in_scope(outside) is False
 
 
-def test_default_strategy_owns_only_variables_created_outside_any_scope(default, one_device_cpu, mirrored_2cpu):
+def test_default_strategy_owns_only_variables_created_outside_any_scope(default, one_device_cpu, mirrored_strategy):
     plain = td.Variable(1.0)
     with default.scope():
         in_default_scope = td.Variable(1.0)
     with one_device_cpu.scope():
         one_device_var = td.Variable(1.0)
-    with mirrored_2cpu.scope():
+    with mirrored_strategy.scope():
         mirrored_var = td.Variable(1.0)
     created_in = default.extended.variable_created_in_scope
     assert [created_in(x) for x in (plain, in_default_scope, one_device_var, mirrored_var)] == [
@@ -465,18 +485,20 @@ def test_default_strategy_owns_only_variables_created_outside_any_scope(default,
         False,
     ]
     assert one_device_cpu.extended.variable_created_in_scope(mirrored_var) is False
-    assert mirrored_2cpu.extended.variable_created_in_scope(one_device_var) is False
+    assert mirrored_strategy.extended.variable_created_in_scope(one_device_var) is False
 
 
-def test_variable_created_inside_run_is_created_in_scope(multi_replica, other_mirrored_strategy):
-    v = multi_replica.run(lambda: td.Variable(1.0, name="made_in_run"))
-    assert multi_replica.extended.variable_created_in_scope(v) is True
+@pytest.mark.replicas(2, 4)
+def test_variable_created_inside_run_is_created_in_scope(mirrored_strategy, other_mirrored_strategy):
+    v = mirrored_strategy.run(lambda: td.Variable(1.0, name="made_in_run"))
+    assert mirrored_strategy.extended.variable_created_in_scope(v) is True
     assert other_mirrored_strategy.extended.variable_created_in_scope(v) is False
 
 
 # --- non_slot_devices / update_non_slot -----------------------------------------------------
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_non_slot_devices_of_mirrored_are_its_worker_devices(mirrored_strategy):
     with mirrored_strategy.scope():
         v = td.Variable(1.0)
@@ -499,6 +521,7 @@ def test_non_slot_devices_of_one_device_is_its_device(one_device_cpu):
     assert one_device_cpu.extended.non_slot_devices([v]) == ("/job:localhost/replica:0/task:0/device:CPU:0",)
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_update_non_slot_returns_mirrored_per_device(mirrored_strategy):
     n = mirrored_strategy.num_replicas_in_sync
     with mirrored_strategy.scope():
@@ -517,18 +540,20 @@ def test_update_non_slot_returns_mirrored_per_device(mirrored_strategy):
     assert devices == mirrored_strategy.extended.worker_devices
 
 
-def test_update_non_slot_splits_per_replica_args(multi_replica):
-    n = multi_replica.num_replicas_in_sync
-    with multi_replica.scope():
+@pytest.mark.replicas(2, 4)
+def test_update_non_slot_splits_per_replica_args(mirrored_strategy):
+    n = mirrored_strategy.num_replicas_in_sync
+    with mirrored_strategy.scope():
         v = td.Variable(1.0)
-    colocate_with = multi_replica.extended.non_slot_devices([v])
+    colocate_with = mirrored_strategy.extended.non_slot_devices([v])
     value = PerReplica([td.constant(float(i)) for i in range(n)])
-    result = multi_replica.extended.update_non_slot(
+    result = mirrored_strategy.extended.update_non_slot(
         colocate_with, lambda x, k=0.0: x * 2.0 + k, args=(value,), kwargs={"k": 1.0}
     )
-    assert local_floats(multi_replica, result) == [2.0 * i + 1.0 for i in range(n)]
+    assert local_floats(mirrored_strategy, result) == [2.0 * i + 1.0 for i in range(n)]
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_update_non_slot_in_replica_context_raises(mirrored_strategy):
     colocate_with = mirrored_strategy.extended.non_slot_devices([])
     calls = []
@@ -588,6 +613,7 @@ def test_non_slot_step_counter_pattern(any_strategy):
 # --- colocate_vars_with -----------------------------------------------------------------------
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_colocate_vars_with_places_variables_with_the_given_one(mirrored_strategy):
     with mirrored_strategy.scope():
         v = td.Variable(1.0)
@@ -603,6 +629,7 @@ def test_colocate_vars_with_places_variables_with_the_given_one(mirrored_strateg
     assert values_of(slot) == [1.0 + i for i in range(mirrored_strategy.num_replicas_in_sync)]
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_colocate_vars_with_accepts_non_slot_devices(mirrored_strategy):
     with mirrored_strategy.scope():
         v = td.Variable(1.0)
@@ -611,17 +638,18 @@ def test_colocate_vars_with_accepts_non_slot_devices(mirrored_strategy):
     assert counter._devices == v._devices
 
 
-def test_colocate_vars_with_inside_run(multi_replica):
-    with multi_replica.scope():
+@pytest.mark.replicas(2, 4)
+def test_colocate_vars_with_inside_run(mirrored_strategy):
+    with mirrored_strategy.scope():
         v = td.Variable(1.0)
 
     def step():
-        with multi_replica.extended.colocate_vars_with(v):
+        with mirrored_strategy.extended.colocate_vars_with(v):
             return td.Variable(2.0, name="made_in_run")
 
-    slot = multi_replica.run(step)
+    slot = mirrored_strategy.run(step)
     assert slot._devices == v._devices
-    assert values_of(slot) == [2.0] * multi_replica.num_replicas_in_sync
+    assert values_of(slot) == [2.0] * mirrored_strategy.num_replicas_in_sync
 
 
 def test_colocate_vars_with_on_default_strategy_follows_the_variables_device(default):
@@ -635,28 +663,31 @@ def test_colocate_vars_with_on_default_strategy_follows_the_variables_device(def
     assert after.device != target.device
 
 
-def test_colocate_vars_with_rejects_variables_of_another_strategy(multi_replica, other_mirrored_strategy):
+@pytest.mark.replicas(2, 4)
+def test_colocate_vars_with_rejects_variables_of_another_strategy(mirrored_strategy, other_mirrored_strategy):
     with other_mirrored_strategy.scope():
         foreign = td.Variable(1.0)
     plain = td.Variable(1.0)
-    with multi_replica.scope():
+    with mirrored_strategy.scope():
         with pytest.raises(ValueError, match=COLOCATE_ERROR):
-            multi_replica.extended.colocate_vars_with(foreign)
+            mirrored_strategy.extended.colocate_vars_with(foreign)
         with pytest.raises(ValueError, match=COLOCATE_ERROR):
-            multi_replica.extended.colocate_vars_with(plain)
+            mirrored_strategy.extended.colocate_vars_with(plain)
         with pytest.raises(ValueError, match=COLOCATE_ERROR):
-            multi_replica.extended.colocate_vars_with(foreign.values[0])
+            mirrored_strategy.extended.colocate_vars_with(foreign.values[0])
         ok = td.Variable(1.0)  # the scope is still usable
     assert type(ok).__name__ == "MirroredVariable"
-    assert_strategy_works(multi_replica)
+    assert_strategy_works(mirrored_strategy)
 
 
-def test_colocate_vars_with_rejects_non_slot_devices_of_another_strategy(mirrored_4cpu, mirrored_2cpu):
-    with mirrored_4cpu.scope():
+def test_colocate_vars_with_rejects_non_slot_devices_of_another_strategy(mirrored_strategy):
+    four_replicas = mirrored_strategy_for(4)
+    with four_replicas.scope():
         with pytest.raises(ValueError, match=COLOCATE_ERROR):
-            mirrored_4cpu.extended.colocate_vars_with(mirrored_2cpu.extended.non_slot_devices([]))
+            four_replicas.extended.colocate_vars_with(mirrored_strategy.extended.non_slot_devices([]))
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_colocate_vars_with_outside_the_scope_raises(mirrored_strategy):
     with mirrored_strategy.scope():
         v = td.Variable(1.0)
@@ -664,16 +695,16 @@ def test_colocate_vars_with_outside_the_scope_raises(mirrored_strategy):
         mirrored_strategy.extended.colocate_vars_with(v)
 
 
-def test_colocation_does_not_leak_to_another_strategy(default, one_device_cpu, mirrored_2cpu):
+def test_colocation_does_not_leak_to_another_strategy(default, one_device_cpu, mirrored_strategy):
     with td.device("CPU:3"):
         target = td.Variable(1.0)
     with default.extended.colocate_vars_with(target):
-        with mirrored_2cpu.scope():
+        with mirrored_strategy.scope():
             mirrored = td.Variable(1.0)
         with one_device_cpu.scope():
             single = td.Variable(1.0)
         colocated = td.Variable(1.0)
-    assert [c.device for c in mirrored.values] == list(mirrored_2cpu.extended.worker_devices)
+    assert [c.device for c in mirrored.values] == list(mirrored_strategy.extended.worker_devices)
     assert single.device == "/job:localhost/replica:0/task:0/device:CPU:0"
     assert colocated.device == target.device
 
@@ -694,6 +725,7 @@ def test_colocation_block_exits_cleanly_on_exception(default):
 # --- value_container / read_var ----------------------------------------------------------------
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_value_container_gives_the_distributed_variable(mirrored_strategy):
     with mirrored_strategy.scope():
         v = td.Variable(1.0)
@@ -706,14 +738,15 @@ def test_value_container_gives_the_distributed_variable(mirrored_strategy):
     assert extended.value_container(plain) is plain
 
 
-def test_value_container_d_3_11(mirrored_2cpu):
-    with mirrored_2cpu.scope():
+def test_value_container_d_3_11(mirrored_strategy):
+    with mirrored_strategy.scope():
         v = td.Variable(1.0)
-    assert mirrored_2cpu.extended.value_container(v.values[1]) is v
+    assert mirrored_strategy.extended.value_container(v.values[1]) is v
     tensor = td.constant(2.0)
-    assert mirrored_2cpu.extended.value_container(tensor) is tensor
+    assert mirrored_strategy.extended.value_container(tensor) is tensor
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_read_var_of_mirrored_variable_is_a_copy(mirrored_strategy):
     with mirrored_strategy.scope():
         v = td.Variable(np.array([1.0, 2.0], np.float32))
@@ -726,6 +759,7 @@ def test_read_var_of_mirrored_variable_is_a_copy(mirrored_strategy):
     np.testing.assert_array_equal(value, [1.0, 2.0])
 
 
+@pytest.mark.replicas(1, 2, 4)
 @pytest.mark.parametrize(
     "aggregation, expected",
     [
@@ -743,51 +777,52 @@ def test_read_var_of_sync_on_read_variable_is_the_aggregate(mirrored_strategy, a
     assert float(mirrored_strategy.extended.read_var(v)) == pytest.approx(expected(n))
 
 
-def test_read_var_of_a_mirrored_variable_in_a_replica_is_its_copy(mirrored_2cpu):
+def test_read_var_of_a_mirrored_variable_in_a_replica_is_its_copy(mirrored_strategy):
     # TensorFlow 2.21, 2 CPU replicas, tf.Variable(1.0) in scope: read_var in run gives [1.0, 1.0].
-    with mirrored_2cpu.scope():
+    with mirrored_strategy.scope():
         v = td.Variable(1.0)
         plain_in_scope = td.Variable([1.0, 2.0], synchronization=td.VariableSynchronization.ON_WRITE)
-    result = mirrored_2cpu.run(lambda: mirrored_2cpu.extended.read_var(v))
-    assert [float(x) for x in mirrored_2cpu.experimental_local_results(result)] == [1.0, 1.0]
-    result = mirrored_2cpu.run(lambda: mirrored_2cpu.extended.read_var(plain_in_scope) * (1.0 + rid()))
-    assert [x.tolist() for x in mirrored_2cpu.experimental_local_results(result)] == [[1.0, 2.0], [2.0, 4.0]]
+    result = mirrored_strategy.run(lambda: mirrored_strategy.extended.read_var(v))
+    assert [float(x) for x in mirrored_strategy.experimental_local_results(result)] == [1.0, 1.0]
+    result = mirrored_strategy.run(lambda: mirrored_strategy.extended.read_var(plain_in_scope) * (1.0 + rid()))
+    assert [x.tolist() for x in mirrored_strategy.experimental_local_results(result)] == [[1.0, 2.0], [2.0, 4.0]]
 
 
-def test_read_var_of_a_mirrored_variable_under_another_scope_is_its_value(mirrored_2cpu):
+def test_read_var_of_a_mirrored_variable_under_another_scope_is_its_value(mirrored_strategy):
     # TensorFlow 2.21: 1.0 under a OneDeviceStrategy's scope.
-    with mirrored_2cpu.scope():
+    with mirrored_strategy.scope():
         v = td.Variable(1.0)
     with td.distribute.OneDeviceStrategy("/cpu:0").scope():
-        assert float(mirrored_2cpu.extended.read_var(v)) == 1.0
+        assert float(mirrored_strategy.extended.read_var(v)) == 1.0
 
 
 @pytest.mark.parametrize("aggregation", [td.VariableAggregation.SUM, td.VariableAggregation.MEAN], ids=["sum", "mean"])
-def test_read_var_of_a_sync_on_read_variable_in_a_replica_raises(mirrored_2cpu, aggregation):
+def test_read_var_of_a_sync_on_read_variable_in_a_replica_raises(mirrored_strategy, aggregation):
     # TensorFlow 2.21: RuntimeError "Method requires being in cross-replica context".
-    with mirrored_2cpu.scope():
+    with mirrored_strategy.scope():
         v = td.Variable(2.0, synchronization=ON_READ, aggregation=aggregation)
 
     def replica_fn():
         with pytest.raises(td.errors.ContextError, match="^StrategyExtended.read_var\\(\\) must be called in cross-replica"):
-            mirrored_2cpu.extended.read_var(v)
+            mirrored_strategy.extended.read_var(v)
 
-    mirrored_2cpu.run(replica_fn)
+    mirrored_strategy.run(replica_fn)
 
 
-def test_read_var_of_a_sync_on_read_variable_under_another_scope_raises(mirrored_2cpu):
+def test_read_var_of_a_sync_on_read_variable_under_another_scope_raises(mirrored_strategy):
     # TensorFlow 2.21: RuntimeError "Mixing different tf.distribute.Strategy objects".
-    with mirrored_2cpu.scope():
+    with mirrored_strategy.scope():
         v = td.Variable(2.0, synchronization=ON_READ, aggregation=td.VariableAggregation.SUM)
     with td.distribute.OneDeviceStrategy("/cpu:0").scope():
         with pytest.raises(RuntimeError, match="^Mixing different strategies: StrategyExtended.read_var"):
-            mirrored_2cpu.extended.read_var(v)
-    assert float(mirrored_2cpu.extended.read_var(v)) == 4.0  # TF: 2.0 on each of 2 replicas, summed
+            mirrored_strategy.extended.read_var(v)
+    assert float(mirrored_strategy.extended.read_var(v)) == 4.0  # TF: 2.0 on each of 2 replicas, summed
 
 
 # --- errors -----------------------------------------------------------------------------------
 
 
+@pytest.mark.replicas(1, 2, 4)
 @pytest.mark.parametrize("in_scope", [True, False], ids=["in_scope", "outside_scope"])
 def test_update_of_a_plain_variable_raises_validation_error(mirrored_strategy, in_scope):
     plain = td.Variable(1.0)
@@ -800,6 +835,7 @@ def test_update_of_a_plain_variable_raises_validation_error(mirrored_strategy, i
     assert_strategy_works(mirrored_strategy)
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_update_of_another_strategys_variable_raises(mirrored_strategy, other_mirrored_strategy):
     with other_mirrored_strategy.scope():
         foreign = td.Variable(1.0)
@@ -812,25 +848,27 @@ def test_update_of_another_strategys_variable_raises(mirrored_strategy, other_mi
     assert_strategy_works(mirrored_strategy)
 
 
-def test_update_of_another_strategys_variable_in_replica_context_raises(multi_replica, other_mirrored_strategy):
+@pytest.mark.replicas(2, 4)
+def test_update_of_another_strategys_variable_in_replica_context_raises(mirrored_strategy, other_mirrored_strategy):
     with other_mirrored_strategy.scope():
         foreign = td.Variable(1.0, aggregation=SUM)
     with pytest.raises(ValidationError):
-        multi_replica.run(lambda: multi_replica.extended.update(foreign, lambda c: c.assign(2.0)))
+        mirrored_strategy.run(lambda: mirrored_strategy.extended.update(foreign, lambda c: c.assign(2.0)))
     assert values_of(foreign) == [1.0, 1.0]
-    assert_strategy_works(multi_replica)
+    assert_strategy_works(mirrored_strategy)
 
 
-def test_update_inside_another_strategys_scope_raises(mirrored_2cpu, other_mirrored_strategy):
-    with mirrored_2cpu.scope():
+def test_update_inside_another_strategys_scope_raises(mirrored_strategy, other_mirrored_strategy):
+    with mirrored_strategy.scope():
         v = td.Variable(1.0)
     with other_mirrored_strategy.scope():
         with pytest.raises(ContextError):
-            mirrored_2cpu.extended.update(v, lambda c: c.assign(2.0))
+            mirrored_strategy.extended.update(v, lambda c: c.assign(2.0))
     assert values_of(v) == [1.0, 1.0]
-    assert_strategy_works(mirrored_2cpu)
+    assert_strategy_works(mirrored_strategy)
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_update_args_must_be_a_list_or_tuple(mirrored_strategy):
     with mirrored_strategy.scope():
         v = td.Variable(1.0)
@@ -844,6 +882,7 @@ def test_update_args_must_be_a_list_or_tuple(mirrored_strategy):
     assert_strategy_works(mirrored_strategy)
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_update_kwargs_must_be_a_dict(mirrored_strategy):
     with mirrored_strategy.scope():
         v = td.Variable(1.0)
@@ -857,41 +896,44 @@ def test_update_kwargs_must_be_a_dict(mirrored_strategy):
     assert_strategy_works(mirrored_strategy)
 
 
-def test_bad_update_arguments_in_replica_context_raise(multi_replica):
-    with multi_replica.scope():
+@pytest.mark.replicas(2, 4)
+def test_bad_update_arguments_in_replica_context_raise(mirrored_strategy):
+    with mirrored_strategy.scope():
         v = td.Variable(1.0)
     with pytest.raises(ValueError, match="list or tuple"):
-        multi_replica.run(lambda: multi_replica.extended.update(v, lambda c, x: c.assign(x), args=td.constant(2.0)))
+        mirrored_strategy.run(lambda: mirrored_strategy.extended.update(v, lambda c, x: c.assign(x), args=td.constant(2.0)))
     with pytest.raises(TypeError, match="dict"):
-        multi_replica.run(lambda: multi_replica.extended.update(v, lambda c: c, kwargs=["x"]))
-    assert values_of(v) == [1.0] * multi_replica.num_replicas_in_sync
-    assert_strategy_works(multi_replica)
+        mirrored_strategy.run(lambda: mirrored_strategy.extended.update(v, lambda c: c, kwargs=["x"]))
+    assert values_of(v) == [1.0] * mirrored_strategy.num_replicas_in_sync
+    assert_strategy_works(mirrored_strategy)
 
 
-def test_error_inside_fn_in_replica_context_propagates(multi_replica):
-    with multi_replica.scope():
+@pytest.mark.replicas(2, 4)
+def test_error_inside_fn_in_replica_context_propagates(mirrored_strategy):
+    with mirrored_strategy.scope():
         v = td.Variable(1.0)
 
     def step():
-        return multi_replica.extended.update(v, lambda c: 1 / 0)
+        return mirrored_strategy.extended.update(v, lambda c: 1 / 0)
 
     with pytest.raises(ZeroDivisionError):
-        multi_replica.run(step)
+        mirrored_strategy.run(step)
     assert td.distribute.get_update_device() is None
-    assert_strategy_works(multi_replica)
+    assert_strategy_works(mirrored_strategy)
 
 
 # --- the full "How to update a variable" pattern of the StrategyExtended docs ---------------
 
 
-def test_batch_reduce_to_then_update_in_merge_call_matches_numpy_gradient_descent(multi_replica):
-    n = multi_replica.num_replicas_in_sync
+@pytest.mark.replicas(2, 4)
+def test_batch_reduce_to_then_update_in_merge_call_matches_numpy_gradient_descent(mirrored_strategy):
+    n = mirrored_strategy.num_replicas_in_sync
     rng = np.random.default_rng(3)
     w0 = rng.standard_normal(3).astype(np.float32)
     b0 = np.float32(0.5)
     steps = [rng.standard_normal((n, 3)).astype(np.float32) for _ in range(3)]
     lr = np.float32(0.05)
-    with multi_replica.scope():
+    with mirrored_strategy.scope():
         w = td.Variable(w0)
         b = td.Variable(b0)
 
@@ -907,7 +949,7 @@ def test_batch_reduce_to_then_update_in_merge_call_matches_numpy_gradient_descen
 
     ref_w, ref_b = w0.copy(), b0
     for xs in steps:
-        multi_replica.run(step, args=(PerReplica([td.constant(x) for x in xs]),))
+        mirrored_strategy.run(step, args=(PerReplica([td.constant(x) for x in xs]),))
         ref_w = ref_w - lr * np.sum(ref_w * xs, axis=0, dtype=np.float32)
         ref_b = ref_b - lr * np.sum(xs, dtype=np.float32)
     w_parts = [np.asarray(c.value()) for c in w.values]
@@ -919,6 +961,7 @@ def test_batch_reduce_to_then_update_in_merge_call_matches_numpy_gradient_descen
     assert b_parts[0] == pytest.approx(float(ref_b), rel=1e-5)
 
 
+@pytest.mark.replicas(1, 2, 4)
 def test_reduce_to_then_assign_add_in_merge_call_adds_the_summed_update(mirrored_strategy):
     n = mirrored_strategy.num_replicas_in_sync
     with mirrored_strategy.scope():
@@ -944,29 +987,29 @@ def test_one_device_update_names_the_strategys_device(one_device_cpu):
     assert strategy.extended.update(var, lambda c: td.distribute.get_update_device()).endswith("CPU:1")
 
 
-def test_update_non_slot_checks_per_replica_component_counts(mirrored_2cpu):
-    devices = mirrored_2cpu.extended.non_slot_devices([])
+def test_update_non_slot_checks_per_replica_component_counts(mirrored_strategy):
+    devices = mirrored_strategy.extended.non_slot_devices([])
     with pytest.raises(ValueError, match="PerReplica with 3 components"):
-        mirrored_2cpu.extended.update_non_slot(devices, lambda x: x, args=(td.distribute.PerReplica([1, 2, 3]),))
+        mirrored_strategy.extended.update_non_slot(devices, lambda x: x, args=(td.distribute.PerReplica([1, 2, 3]),))
 
 
-def test_replicas_updating_different_variables_raise(mirrored_2cpu):
-    with mirrored_2cpu.scope():
+def test_replicas_updating_different_variables_raise(mirrored_strategy):
+    with mirrored_strategy.scope():
         v, w = td.Variable(0.0, name="v"), td.Variable(0.0, name="w")
 
     def step():
         ctx = td.distribute.get_replica_context()
         target = v if int(ctx.replica_id_in_sync_group) == 0 else w
-        mirrored_2cpu.extended.update(target, lambda c, x: c.assign(x), args=(1.0,))
+        mirrored_strategy.extended.update(target, lambda c, x: c.assign(x), args=(1.0,))
 
     with pytest.raises(ValueError, match=r"called by the replicas with different variables \(v:0, w:0"):
-        mirrored_2cpu.run(step)
+        mirrored_strategy.run(step)
     assert [float(c.numpy()) for c in v.values] == [0.0, 0.0] and [float(c.numpy()) for c in w.values] == [0.0, 0.0]
 
 
-def test_read_var_of_a_sync_on_read_variable_needs_cross_replica_context(mirrored_2cpu):
-    with mirrored_2cpu.scope():
+def test_read_var_of_a_sync_on_read_variable_needs_cross_replica_context(mirrored_strategy):
+    with mirrored_strategy.scope():
         v = td.Variable(1.0, synchronization=ON_READ, aggregation=td.VariableAggregation.SUM)
     with pytest.raises(ContextError, match=r"StrategyExtended.read_var\(\) must be called in cross-replica context"):
-        mirrored_2cpu.run(lambda: mirrored_2cpu.extended.read_var(v))
-    assert float(mirrored_2cpu.extended.read_var(v)) == 2.0
+        mirrored_strategy.run(lambda: mirrored_strategy.extended.read_var(v))
+    assert float(mirrored_strategy.extended.read_var(v)) == 2.0

@@ -4,8 +4,11 @@ Installed with towerdist (a ``pytest11`` entry point): nothing to import or regi
 
 Fixtures:
   ``replicas``: the number of replicas a test wants: ``@pytest.mark.replicas(n)``, else 2.
-    Override it with ``@pytest.mark.parametrize("replicas", [1, 2, 4], indirect=True)``,
-    or with a parametrized ``replicas`` fixture in a ``conftest.py``, to run a test per count.
+    ``@pytest.mark.replicas(1, 2, 4)`` runs the test once per count (ids ``1``, ``2``, ``4``),
+    as does ``@pytest.mark.parametrize("replicas", [1, 2, 4], indirect=True)`` (which wins over
+    the marker) or a parametrized ``replicas`` fixture in a ``conftest.py``. On a ``pytest.param``
+    the marker chooses the count of a test that asks for ``mirrored_strategy`` by name
+    (``request.getfixturevalue``), so one parametrization can mix it with other strategies.
   ``mirrored_strategy``: a ``MirroredStrategy`` over ``replicas`` devices: the first GPUs when
     at least that many (real or simulated) are present, else logical CPU devices. One strategy
     per count is kept for the whole session (its replica threads are reused).
@@ -14,7 +17,7 @@ Fixtures:
     one strategy to another (scopes, variables, optimizers). One per test module.
 
 Markers (registered, so ``--strict-markers`` passes):
-  ``replicas(n)``: see the fixture.
+  ``replicas(n, ...)``: see the fixture.
   ``gpus(n)``: skipped, with the reason, unless ``n`` GPUs (real or simulated) are present.
   ``mpi(n)``: skipped unless the session runs under an MPI launcher with at least ``n`` ranks
     (``mpiexec -n 2 python -m pytest``).
@@ -51,6 +54,10 @@ Example (``test_mine.py``)::
         result = mirrored_strategy.run(lambda: td.distribute.get_replica_context().all_reduce("sum", 1.0))
         assert [float(x) for x in mirrored_strategy.experimental_local_results(result)] == [4.0] * 4
 
+    @pytest.mark.replicas(1, 2, 4)
+    def test_every_count(mirrored_strategy, replicas):
+        assert mirrored_strategy.num_replicas_in_sync == replicas
+
     @pytest.mark.gpus(2)
     def test_on_two_gpus(mirrored_strategy):
         assert all("GPU" in d for d in mirrored_strategy.extended.worker_devices)
@@ -72,7 +79,7 @@ from towerdist._src.backend import cupy_backend, simulation
 from towerdist._src.device import DeviceSpec
 from towerdist._src.testing.rank_agreement import AgreementError, RankAgreement
 
-__all__ = ["mirrored_strategy_for", "pytest_addoption", "pytest_configure"]
+__all__ = ["mirrored_strategy_for", "pytest_addoption", "pytest_configure", "pytest_generate_tests"]
 
 _DEFAULT_REPLICAS = 2
 _AGREEMENT_TIMEOUT = 300.0
@@ -93,7 +100,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Registers the markers, bounds replica waits, and joins the other ranks under MPI."""
-    config.addinivalue_line("markers", "replicas(n): the number of replicas of the mirrored_strategy fixture")
+    config.addinivalue_line(
+        "markers", "replicas(n, ...): the number of replicas of the mirrored_strategy fixture (several: one test each)"
+    )
     config.addinivalue_line("markers", "gpus(n): needs n GPUs, real or simulated (skipped otherwise)")
     config.addinivalue_line("markers", "mpi(n): needs an MPI launcher with at least n ranks (skipped otherwise)")
     try:
@@ -120,6 +129,23 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             session.config.pluginmanager.unregister(reporter)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A ``replicas`` marker with several counts runs the test once per count (an explicit parametrize wins)."""
+    if "replicas" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("replicas")
+    if marker is None or len(marker.args) < 2:
+        return
+    if any("replicas" in _argnames(mark) for mark in metafunc.definition.iter_markers("parametrize")):
+        return
+    metafunc.parametrize("replicas", [int(n) for n in marker.args], indirect=True)
+
+
+def _argnames(parametrize: pytest.Mark) -> list[str]:
+    names = parametrize.args[0] if parametrize.args else parametrize.kwargs.get("argnames", ())
+    return [name.strip() for name in names.split(",")] if isinstance(names, str) else list(names)
 
 
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection: only the tests that will run count
@@ -365,13 +391,16 @@ def broadcast_from_rank_0(config: pytest.Config, value: Any) -> Any:
 
 
 def _replicas_wanted(item: pytest.Item) -> int:
-    """How many replicas the test's ``mirrored_strategy`` (or ``replicas``) asks for (0: it uses neither)."""
-    if "replicas" not in getattr(item, "fixturenames", ()):
+    """How many replicas the test's ``mirrored_strategy`` (or ``replicas``) asks for (0: it uses neither).
+
+    A ``replicas`` marker counts even where the test asks for the fixture by name only.
+    """
+    marker = item.get_closest_marker("replicas")
+    if "replicas" not in getattr(item, "fixturenames", ()) and marker is None:
         return 0
     wanted = _DEFAULT_REPLICAS
-    marker = item.get_closest_marker("replicas")
     if marker is not None and marker.args:
-        wanted = int(marker.args[0])
+        wanted = max(int(n) for n in marker.args)
     callspec = getattr(item, "callspec", None)
     if callspec is not None and "replicas" in callspec.params:
         wanted = int(callspec.params["replicas"])

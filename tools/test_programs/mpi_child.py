@@ -1,6 +1,6 @@
 """Scenarios run under ``mpiexec -n 2`` by ``test_multi_worker_processes.py``.
 
-``python tests/programs/mpi_child.py <scenario> [directory]``: each rank appends what it observed,
+``python tools/test_programs/mpi_child.py <scenario> [directory]``: each rank appends what it observed,
 one JSON object per line, to ``$MPI_CHILD_RESULTS/rank-<rank>.jsonl`` (the ranks' stdout
 lines interleave); the test reads every rank's file (it never trusts mpiexec's exit status
 alone). A scenario that makes a rank stall does so on purpose: the

@@ -1,6 +1,6 @@
 """MultiWorkerMirroredStrategy on SIMULATED GPUs, run under ``mpiexec -n 2`` by ``test_multi_worker_gpus.py``.
 
-``TOWERDIST_SIMULATE_GPUS=2 python tests/programs/mpi_gpu_child.py <scenario>``: every process
+``TOWERDIST_SIMULATE_GPUS=2 python tools/test_programs/mpi_gpu_child.py <scenario>``: every process
 simulates the same 2-GPU host; the simulator's NCCL connects the ranks of the two
 processes through files (``towerdist.testing``). Each rank appends what it observed, one
 JSON object per line, to ``$MPI_CHILD_RESULTS/rank-<rank>.jsonl``.

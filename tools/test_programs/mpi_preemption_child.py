@@ -1,6 +1,6 @@
 """A training job with a PreemptionCheckpointHandler, run under ``mpiexec -n 2`` by ``test_preemption_mpi.py``.
 
-``python tests/programs/mpi_preemption_child.py '<json config>'`` trains ``steps`` steps of SGD with
+``python tools/test_programs/mpi_preemption_child.py '<json config>'`` trains ``steps`` steps of SGD with
 momentum on a float64 variable, whose gradient depends on the step and the worker, so a
 resumed run must restore the variable, the optimizer's slots and the step count exactly to
 end bit-identical to an uninterrupted one. Config keys:
