@@ -198,33 +198,34 @@ def close_iterator(iterator: Any) -> None:
         close()
 
 
-def sample_element(dataset: Dataset, api: str) -> Any:
+def sample_element(dataset: Dataset, operation: str) -> Any:
     """What a user function is traced with: ``dataset``'s first element, else zeros of its spec.
 
     TensorFlow learns a function's output structure by tracing it symbolically; towerdist
     calls it on a real element, or on :func:`placeholder_element` when there is none.
+    ``operation`` is the dataset operation whose function is traced (``"map"``), for messages.
     """
     source = dataset._iterate()
     try:
         return next(source)
     except StopIteration:
-        return placeholder_element(dataset._spec(probe=True), api)
+        return placeholder_element(dataset._spec(probe=True), operation)
     finally:
         close_iterator(source)
 
 
-def placeholder_element(spec: Any, api: str) -> Any:
+def placeholder_element(spec: Any, operation: str) -> Any:
     """A zero-valued element of ``spec``: what ``map_func`` is traced with when the input is empty."""
     if spec is None:
         raise ValueError(
-            f"Cannot determine the element_spec of Dataset.{api}(): its input is empty and its structure is "
+            f"Cannot determine the element_spec of Dataset.{operation}(): its input is empty and its structure is "
             f"decided by user code. Give from_generator an output_signature."
         )
 
     def zeros(s: TensorSpec) -> Any:
         if s.shape is None:
             raise ValueError(
-                f"Cannot determine the element_spec of Dataset.{api}(): its input is empty and has a "
+                f"Cannot determine the element_spec of Dataset.{operation}(): its input is empty and has a "
                 f"component of unknown rank ({s!r})."
             )
         if s.dtype == np.object_:
