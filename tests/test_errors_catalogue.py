@@ -363,7 +363,7 @@ def test_bad_devices_are_rejected(devices, error, first_words):
 def test_missing_cupy_names_the_extra_to_install():
     if cupy_backend.device_count() > 0:
         pytest.skip("cupy is installed and sees a GPU")
-    from towerdist._src.cross_device_ops.nccl_all_reduce import nccl_unavailable_reason
+    from towerdist._src.backend.cupy_backend import nccl_unavailable_reason
 
     reason = nccl_unavailable_reason()
     assert reason is not None

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import towerdist as td
+from towerdist._src.backend.cupy_backend import nccl_unavailable_reason
 from towerdist._src.cross_device_ops import select
-from towerdist._src.cross_device_ops.nccl_all_reduce import nccl_unavailable_reason
 from towerdist._src.device import parse
 from towerdist.testing.pytest_plugin import mirrored_strategy_for
 

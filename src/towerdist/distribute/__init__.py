@@ -46,7 +46,7 @@ from towerdist._src.strategies.multi_worker_mirrored import MultiWorkerMirroredS
 from towerdist._src.strategies.one_device import OneDeviceStrategy as OneDeviceStrategy
 from towerdist._src.strategies.replica_context import ReplicaContext as ReplicaContext
 from towerdist._src.strategies.strategy import Strategy as Strategy
-from towerdist._src.strategies.strategy import StrategyExtended as StrategyExtended
+from towerdist._src.strategies.strategy_extended import StrategyExtended as StrategyExtended
 from towerdist._src.values.distributed_values import DistributedValues as DistributedValues
 from towerdist._src.values.distributed_values import Mirrored as Mirrored
 from towerdist._src.values.distributed_values import PerReplica as PerReplica

@@ -17,8 +17,8 @@ from typing import Any
 
 from towerdist._src import config, mpi_runtime
 from towerdist._src.backend import cupy_backend, gpu_module
+from towerdist._src.backend.cupy_backend import nccl_unavailable_reason
 from towerdist._src.cli.command_error import CommandError
-from towerdist._src.cross_device_ops.nccl_all_reduce import nccl_unavailable_reason
 from towerdist._src.device import DeviceSpec
 from towerdist._src.strategies.mirrored import MirroredStrategy
 from towerdist._src.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy

@@ -48,9 +48,9 @@ from typing import Any
 
 from towerdist._src import config, mpi_runtime
 from towerdist._src.backend import cupy_backend, simulation
+from towerdist._src.backend.cupy_backend import nccl_unavailable_reason
 from towerdist._src.cli.command_error import CommandError
 from towerdist._src.cli.mpi_launch import MPI_INSTALL, find_mpiexec
-from towerdist._src.cross_device_ops.nccl_all_reduce import nccl_unavailable_reason
 from towerdist._src.cross_device_ops.select import choose_cross_device_ops
 from towerdist._src.errors import MissingDependencyError
 from towerdist._src.version import __version__

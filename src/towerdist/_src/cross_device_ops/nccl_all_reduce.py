@@ -19,7 +19,7 @@ from towerdist._src.cross_device_ops.nccl_cliques import Clique
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import MissingDependencyError, UnavailableError
 
-__all__ = ["NCCL_DTYPES", "NcclAllReduce", "nccl_unavailable_reason"]
+__all__ = ["NCCL_DTYPES", "NcclAllReduce"]
 
 def _close(cliques: dict[tuple[int, ...], Clique]) -> None:
     for clique in cliques.values():

@@ -6,9 +6,10 @@ import logging
 from collections.abc import Sequence
 
 from towerdist._src.backend import gpu_module
+from towerdist._src.backend.cupy_backend import nccl_unavailable_reason
 from towerdist._src.cross_device_ops.base import CrossDeviceOps
 from towerdist._src.cross_device_ops.hierarchical_copy import HierarchicalCopyAllReduce
-from towerdist._src.cross_device_ops.nccl_all_reduce import NcclAllReduce, nccl_unavailable_reason
+from towerdist._src.cross_device_ops.nccl_all_reduce import NcclAllReduce
 from towerdist._src.cross_device_ops.shared_memory import SharedMemoryAllReduce
 from towerdist._src.device import DeviceSpec
 

@@ -38,7 +38,6 @@ __all__ = [
     "SkipDataset",
     "TakeDataset",
     "UnbatchDataset",
-    "close_iterator",
     "cut_rows",
 ]
 

@@ -21,8 +21,8 @@ from towerdist._src import profiler as _profiler
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.optional import Optional
 from towerdist._src.data.spec import is_fully_defined, structure_of
-from towerdist._src.data.structure import to_element
-from towerdist._src.data.transforms import close_iterator, cut_rows
+from towerdist._src.data.structure import close_iterator, to_element
+from towerdist._src.data.transforms import cut_rows
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import OutOfRangeError
 from towerdist._src.failures import unworded, worded_at

@@ -17,8 +17,7 @@ from towerdist._src import backend, nest
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.spec import TensorSpec, structure_of
-from towerdist._src.data.structure import normalize_output, read_only_element
-from towerdist._src.data.transforms import close_iterator
+from towerdist._src.data.structure import close_iterator, normalize_output, read_only_element
 from towerdist._src.failures import unworded
 
 __all__ = ["as_dataset"]

@@ -10,7 +10,8 @@ from towerdist._src import device as device_lib
 from towerdist._src.cross_device_ops.reduction_to_one_device import ReductionToOneDevice
 from towerdist._src.errors import ValidationError
 from towerdist._src.strategies.mirrored import MirroredExtended
-from towerdist._src.strategies.strategy import Strategy, StrategyExtended
+from towerdist._src.strategies.strategy import Strategy
+from towerdist._src.strategies.strategy_extended import StrategyExtended
 from towerdist._src.values.distributed_values import DistributedValues
 from towerdist._src.variables import creation
 from towerdist._src.variables.aggregating_variable import AggregatingVariable

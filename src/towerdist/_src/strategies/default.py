@@ -15,7 +15,8 @@ from towerdist._src.input.input_context import InputContext
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.replica_context import DefaultReplicaContext, ReplicaContext
-from towerdist._src.strategies.strategy import Strategy, StrategyExtended
+from towerdist._src.strategies.strategy import Strategy
+from towerdist._src.strategies.strategy_extended import StrategyExtended
 
 __all__ = ["default_strategy"]
 

@@ -26,7 +26,8 @@ from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.barrier import CollectiveRequest, MergeRequest, StopReplica
 from towerdist._src.strategies.replica_context import ReplicaContext
 from towerdist._src.strategies.replica_threads import ReplicaScheduler
-from towerdist._src.strategies.strategy import Strategy, StrategyExtended, update_regroup
+from towerdist._src.strategies.strategy import Strategy
+from towerdist._src.strategies.strategy_extended import StrategyExtended, update_regroup
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 from towerdist._src.values.regroup import regroup, split_for_replicas
 from towerdist._src.variables import creation

@@ -18,10 +18,10 @@ import numpy as np
 
 from towerdist._src import array_ops, backend, config
 from towerdist._src import device as device_lib
+from towerdist._src.backend.cupy_backend import nccl_unavailable_reason
 from towerdist._src.cluster_resolver.cluster_resolver import ClusterResolver
 from towerdist._src.cluster_resolver.mpi import resolve_for_mpi
 from towerdist._src.cross_device_ops.gather import axis_index
-from towerdist._src.cross_device_ops.nccl_all_reduce import nccl_unavailable_reason
 from towerdist._src.cross_device_ops.placement import ResolvedDevices, mirror, validate_components
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError

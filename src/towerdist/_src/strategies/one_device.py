@@ -11,7 +11,8 @@ from towerdist._src.device import DeviceSpec
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.replica_context import ReplicaContext
-from towerdist._src.strategies.strategy import Strategy, StrategyExtended
+from towerdist._src.strategies.strategy import Strategy
+from towerdist._src.strategies.strategy_extended import StrategyExtended
 from towerdist._src.type_aliases import DeviceLike
 
 __all__ = ["OneDeviceStrategy"]

@@ -20,12 +20,12 @@ from towerdist._src.input.input_context import InputContext, InputOptions
 from towerdist._src.options import ValueContext
 from towerdist._src.reduce_op import ReduceOp, parse_reduce_op
 from towerdist._src.strategies.arguments import check_input_options, element_count, reduce_axes
-from towerdist._src.strategies.strategy_extended import StrategyExtended, update_regroup
+from towerdist._src.strategies.strategy_extended import StrategyExtended
 from towerdist._src.type_aliases import AxisLike, Nest, ReduceOpLike, ReplicaFn
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.values.regroup import local_results
 
-__all__ = ["Strategy", "StrategyExtended", "update_regroup"]
+__all__ = ["Strategy"]
 
 _GATHER = "Strategy.gather()"  # also what the workers of a multi-worker strategy call its collective
 
