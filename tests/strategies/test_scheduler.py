@@ -419,9 +419,12 @@ def test_cross_replica_reductions_borrow_the_idle_replica_threads(mirrored_strat
     mirrored_strategy.run(lambda: None)  # the pool exists
     replica_threads = set(mirrored_strategy.experimental_local_results(mirrored_strategy.run(threading.get_ident))[1:])
     ran_on: list[int] = []
-    with mirrored_strategy.extended._scheduler.idle_helpers():
-        workers = parallel.max_parts()
-        parallel.run_parts(lambda part: ran_on.append(threading.get_ident()), workers)
+    lease = mirrored_strategy.extended._scheduler.lend_idle_helpers()
+    try:
+        workers = parallel.max_parts(lease)
+        parallel.run_parts(lambda part: ran_on.append(threading.get_ident()), workers, lease)
+    finally:
+        lease.release()
     assert workers == min(3 + 1, os.cpu_count() or 1)  # the 3 replica threads and the caller
     assert threading.get_ident() in ran_on  # the caller does one part itself
     assert len(set(ran_on) & replica_threads) == workers - 1

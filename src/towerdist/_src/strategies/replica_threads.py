@@ -49,11 +49,10 @@ import os
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from towerdist._src import intra_op_threads, parallel, waiting
+from towerdist._src import intra_op_threads, waiting
 from towerdist._src import profiler as _profiler
 from towerdist._src.backend import cupy_streams
 from towerdist._src.device import DeviceSpec
@@ -388,16 +387,6 @@ class ReplicaScheduler:
         Pass it as the ``helpers`` of a collective, then call its ``release()`` (in a ``finally``).
         """
         return HelperLease(self)
-
-    @contextmanager
-    def idle_helpers(self) -> Iterator[None]:
-        """Lets this (cross-replica) thread's parallel parts in the block use an idle pool's threads."""
-        lease = self.lend_idle_helpers()
-        with parallel.helpers_installed(lease):
-            try:
-                yield
-            finally:
-                lease.release()
 
     def _take_idle_pool(self) -> _Pool | None:
         with self._lock:
