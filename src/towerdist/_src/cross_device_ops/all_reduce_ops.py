@@ -13,7 +13,7 @@ from typing import Any
 
 from towerdist._src import array_ops, backend, parallel
 from towerdist._src.cross_device_ops import packing
-from towerdist._src.cross_device_ops.base import CrossDeviceOps
+from towerdist._src.cross_device_ops.base import CrossDeviceOps, library_algorithm
 from towerdist._src.cross_device_ops.placement import mirror
 from towerdist._src.cross_device_ops.reduction_to_one_device import ReductionToOneDevice
 from towerdist._src.device import DeviceSpec
@@ -24,6 +24,7 @@ from towerdist._src.values.distributed_values import DistributedValues
 __all__ = ["AllReduceCrossDeviceOps"]
 
 
+@library_algorithm
 class AllReduceCrossDeviceOps(CrossDeviceOps):
     """Base of the all-reduce algorithms: packing, fallback, MEAN; subclasses reduce packs."""
 

@@ -18,7 +18,7 @@ strategy is built (``collectives.collectives_for``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from towerdist._src import array_ops, backend, parallel
 from towerdist._src.cross_device_ops.gather import gather_to
@@ -35,7 +35,14 @@ from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 
-__all__ = ["DEFAULT_OPTIONS", "CrossDeviceOps", "batch_reduce_with_hooks", "copy_in_place", "reduce_with_hooks"]
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "CrossDeviceOps",
+    "batch_reduce_with_hooks",
+    "copy_in_place",
+    "library_algorithm",
+    "reduce_with_hooks",
+]
 
 DEFAULT_OPTIONS = CommunicationOptions()
 
@@ -49,6 +56,15 @@ def _check_reduce_op(reduce_op: Any) -> ReduceOp:
     return reduce_op
 
 
+C = TypeVar("C", bound="CrossDeviceOps")
+
+
+def library_algorithm(cls: type[C]) -> type[C]:
+    """Marks ``cls`` (exactly, not its subclasses) as one of towerdist's own algorithms."""
+    cls._library_algorithm = True
+    return cls
+
+
 class CrossDeviceOps:
     """Base class for cross-device reduction and broadcast (``tf.distribute.CrossDeviceOps``).
 
@@ -59,6 +75,13 @@ class CrossDeviceOps:
 
     # (Collectives) a batch of values each reduced onto its own devices may take ``_all_reduce``.
     _all_reduces_batches = True
+    # Whether this exact class is one of the library's algorithms (``library_algorithm``): a
+    # strategy calls those directly, and wraps any other class, a user's, once (collectives.py).
+    _library_algorithm: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._library_algorithm = False  # a subclass of a library algorithm is the user's
 
     def __init__(self) -> None:
         self._num_between_graph_workers = 1

@@ -35,9 +35,6 @@ from towerdist._src.values.distributed_values import DistributedValues
 
 __all__ = ["Collectives", "collectives_for"]
 
-_LIBRARY = "towerdist."
-
-
 class Collectives(Protocol):
     """What a strategy calls: arguments checked, destinations resolved, helper threads explicit.
 
@@ -79,7 +76,7 @@ class Collectives(Protocol):
 
 def collectives_for(ops: CrossDeviceOps) -> Collectives:
     """``ops`` itself if it is one of the library's own classes, else ``ops`` wrapped (once)."""
-    if type(ops).__module__.startswith(_LIBRARY):
+    if type(ops)._library_algorithm:
         return ops
     return _UserOps(ops)
 

@@ -13,11 +13,13 @@ from typing import Any
 
 from towerdist._src import backend
 from towerdist._src.cross_device_ops.all_reduce_ops import AllReduceCrossDeviceOps
+from towerdist._src.cross_device_ops.base import library_algorithm
 from towerdist._src.device import DeviceSpec
 
 __all__ = ["HierarchicalCopyAllReduce"]
 
 
+@library_algorithm
 class HierarchicalCopyAllReduce(AllReduceCrossDeviceOps):
     """Hierarchical-copy all-reduce (``tf.distribute.HierarchicalCopyAllReduce``).
 

@@ -15,6 +15,7 @@ from towerdist._src.backend import cupy_backend, cupy_streams
 from towerdist._src.backend.cupy_backend import nccl_unavailable_reason
 from towerdist._src.cross_device_ops import nccl_cliques
 from towerdist._src.cross_device_ops.all_reduce_ops import AllReduceCrossDeviceOps
+from towerdist._src.cross_device_ops.base import library_algorithm
 from towerdist._src.cross_device_ops.nccl_cliques import Clique
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import MissingDependencyError, UnavailableError
@@ -48,6 +49,7 @@ NCCL_DTYPES = {
 }
 
 
+@library_algorithm
 class NcclAllReduce(AllReduceCrossDeviceOps):
     """All-reduce with NCCL across the GPUs of this process (``tf.distribute.NcclAllReduce``).
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from towerdist._src import array_ops, backend
 from towerdist._src import device as device_lib
-from towerdist._src.cross_device_ops.base import CrossDeviceOps
+from towerdist._src.cross_device_ops.base import CrossDeviceOps, library_algorithm
 from towerdist._src.cross_device_ops.placement import mirror
 from towerdist._src.device import DeviceSpec
 from towerdist._src.options import CommunicationOptions
@@ -17,6 +17,7 @@ from towerdist._src.values.distributed_values import DistributedValues
 __all__ = ["ReductionToOneDevice"]
 
 
+@library_algorithm
 class ReductionToOneDevice(CrossDeviceOps):
     """Reduces on one device, then broadcasts (``tf.distribute.ReductionToOneDevice``).
 

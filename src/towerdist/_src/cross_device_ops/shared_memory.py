@@ -27,7 +27,7 @@ import numpy as np
 
 from towerdist._src import array_ops, backend, parallel
 from towerdist._src.cross_device_ops import packing
-from towerdist._src.cross_device_ops.base import CrossDeviceOps, copy_in_place
+from towerdist._src.cross_device_ops.base import CrossDeviceOps, copy_in_place, library_algorithm
 from towerdist._src.cross_device_ops.placement import mirror
 from towerdist._src.device import DeviceSpec
 from towerdist._src.options import CommunicationOptions
@@ -142,6 +142,7 @@ def _reduce_flat_into(
     parallel.run_parts(reduce_part, parts, helpers)
 
 
+@library_algorithm
 class SharedMemoryAllReduce(CrossDeviceOps):
     """All-reduce through host memory; the default cross-device ops for CPU devices.
 
