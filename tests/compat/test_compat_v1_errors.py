@@ -43,6 +43,20 @@ def test_call_for_each_tower_inside_a_tower_is_a_context_error():
     assert_usable(strategy)
 
 
+@pytest.mark.parametrize("as_keyword", [False, True])
+def test_a_per_replica_argument_of_the_wrong_size_is_named_as_runs_error(as_keyword):
+    strategy = tower(2)
+    wrong = td.distribute.PerReplica([np.float32(1.0), np.float32(2.0), np.float32(3.0)])
+    where = "kwargs['x']" if as_keyword else "args[0]"
+    with pytest.raises(ValueError) as info:
+        if as_keyword:
+            strategy.call_for_each_tower(lambda x: x, x=wrong)
+        else:
+            strategy.call_for_each_tower(lambda x: x, wrong)
+    assert str(info.value).startswith(f"Strategy.run() got a PerReplica with 3 components at {where}, but ")
+    assert_usable(strategy)
+
+
 @pytest.mark.parametrize("api", ["reduce", "batch_reduce", "tower_local_var_scope"])
 def test_unknown_method_string_is_a_value_error_naming_it(api):
     strategy = tower(2)

@@ -28,7 +28,7 @@ from towerdist._src.compat.per_tower_dataset import PerTowerDataset
 from towerdist._src.cross_device_ops.base import CrossDeviceOps
 from towerdist._src.cross_device_ops.placement import ResolvedDevices
 from towerdist._src.device import DeviceSpec
-from towerdist._src.failures import unworded, worded_at
+from towerdist._src.failures import name_api, unworded, worded_at
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.mirrored import MirroredExtended
 from towerdist._src.strategies.mirrored import MirroredStrategy as _ModernMirroredStrategy
@@ -214,7 +214,11 @@ class MirroredStrategy(_ModernMirroredStrategy):
         assert isinstance(extended, MirroredExtended)
         with self.scope():
             sequential = not run_concurrently if given else None
-            return extended._call_for_each_replica(fn, args, kwargs, sequential=sequential)
+            try:
+                return extended._call_for_each_replica(fn, args, kwargs, sequential=sequential)
+            except BaseException as error:  # (free until raised: every step's path)
+                name_api(error, "Strategy.run()")  # its errors have always read as run()'s
+                raise
 
     @aliases.old_name("td.Variable(..., synchronization=ON_READ, aggregation=...)", since="1.10")
     def tower_local_var_scope(self, reduce_method: Any) -> Any:
