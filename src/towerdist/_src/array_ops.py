@@ -20,7 +20,7 @@ import numpy as np
 
 from towerdist._src import backend
 from towerdist._src import device as device_lib
-from towerdist._src.dtypes import python_dtype as _python_dtype
+from towerdist._src.dtypes import python_dtype
 from towerdist._src.errors import OutOfRangeError, OutOfRangeStopIteration
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 
@@ -96,7 +96,7 @@ def constant(value: Any, dtype: Any = None, shape: Sequence[int] | None = None, 
     else:
         impl = _backend_for_new()
         raw = from_python(value, "td.constant()")
-        array = impl.asarray(raw, dtype=dtype if dtype is not None else _python_dtype(raw), device=device_lib.current())
+        array = impl.asarray(raw, dtype=dtype if dtype is not None else python_dtype(raw), device=device_lib.current())
     if shape is not None:
         shape = tuple(shape)
         if array.ndim == 0 or array.size == 1:

@@ -7,8 +7,8 @@ Build a pipeline from a source and transformations, and iterate it, or hand it t
 """
 
 from towerdist._src.data.dataset import Dataset as Dataset
-from towerdist._src.data.dataset import DatasetIterator as Iterator
 from towerdist._src.data.files import TextLineDataset as TextLineDataset
+from towerdist._src.data.iterator import DatasetIterator as Iterator
 from towerdist._src.data.options import AUTOTUNE as AUTOTUNE
 from towerdist._src.data.options import INFINITE as INFINITE_CARDINALITY
 from towerdist._src.data.options import UNKNOWN as UNKNOWN_CARDINALITY

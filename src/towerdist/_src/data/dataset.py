@@ -21,7 +21,7 @@ from towerdist._src.data.node import Node
 from towerdist._src.errors import UnimplementedError
 from towerdist._src.failures import worded_at
 
-__all__ = ["Dataset", "DatasetIterator"]
+__all__ = ["Dataset"]
 
 
 class Dataset(Node):

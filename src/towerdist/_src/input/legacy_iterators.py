@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from towerdist._src.data.dataset import Dataset, DatasetIterator
+from towerdist._src.data.dataset import Dataset
+from towerdist._src.data.iterator import DatasetIterator
 from towerdist._src.input.distributed_dataset import DistributedIterator, _DistributedInput
 
 __all__ = ["DefaultInputIterator", "DistributedIteratorV1", "input_iterator"]

@@ -60,15 +60,13 @@ from towerdist._src.input import device_copies
 from towerdist._src.mailbox import RUN, SHUTDOWN, TASK
 from towerdist._src.strategies import watchdog
 from towerdist._src.strategies.barrier import Step, StopReplica
-from towerdist._src.strategies.watchdog import get_replica_timeouts, name_of, set_replica_timeouts
+from towerdist._src.strategies.watchdog import name_of
 
 __all__ = [
     "ReplicaScheduler",
     "StopReplica",
-    "get_replica_timeouts",
     "replicas_run_sequentially",
     "run_replicas_sequentially",
-    "set_replica_timeouts",
 ]
 
 _SEQUENTIAL_VARIABLE = "TOWERDIST_RUN_REPLICAS_SEQUENTIALLY"

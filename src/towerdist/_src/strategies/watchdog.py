@@ -25,7 +25,7 @@ into an error, a test timeout) stops the step; ``run`` re-raises it once the rep
 idle, wherever it landed (the wait trusts ``step.remaining``, never a wake-up the
 interrupt may have consumed). A second one gives up on the threads at once.
 
-The bounds are set with :func:`set_replica_timeouts` or the environment variables
+The bounds are set with ``td.config.set_replica_timeouts`` or the environment variables
 ``TOWERDIST_REPLICA_WARNING_SECONDS`` and ``TOWERDIST_REPLICA_TIMEOUT_SECONDS``.
 """
 
@@ -44,12 +44,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from towerdist._src import replica_timeouts, waiting
 from towerdist._src.errors import DeadlineExceededError, ReplicaStallWarning
-from towerdist._src.replica_timeouts import get_replica_timeouts, set_replica_timeouts
 
 if TYPE_CHECKING:
     from towerdist._src.strategies.barrier import Step
 
-__all__ = ["Status", "Watch", "get_replica_timeouts", "name_of", "set_replica_timeouts", "wait_for"]
+__all__ = ["Status", "Watch", "name_of", "wait_for"]
 
 logger = logging.getLogger("towerdist")
 
