@@ -17,7 +17,7 @@ import numpy as np
 from towerdist._src import array_ops, backend, context, nest, thread_state
 from towerdist._src import device as device_lib
 from towerdist._src.backend import cupy_backend
-from towerdist._src.failures import name_api, worded_at
+from towerdist._src.failures import name_api
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import parse_reduce_op
 from towerdist._src.strategies.collective_args import (
@@ -233,8 +233,8 @@ class ReplicaContext:
             devices = strategy.extended._replica_devices
             num_leaves = len(parts[0].arrays)
             per_leaf = [PerReplica([part.arrays[k] for part in parts], devices) for k in range(num_leaves)]
-            with worded_at(api):  # _gather_to's errors are unworded: named here
-                gathered = [strategy.extended._gather_to(v, v, axis, collective=api) for v in per_leaf]
+            # (_gather_to's errors are unworded: _collective, or the barrier, names them after api)
+            gathered = [strategy.extended._gather_to(v, v, axis, collective=api) for v in per_leaf]
             return [
                 _fresh([_component(gathered[k], r) for k in range(num_leaves)], part.arrays)
                 for r, part in enumerate(parts)

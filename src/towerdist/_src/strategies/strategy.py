@@ -234,11 +234,14 @@ class Strategy:
             self, "Strategy.gather()", fix="use get_replica_context().all_gather() in a replica instead"
         )
         destination = ResolvedDevices((self._extended._reduce_destination(),))
-        with worded_at("Strategy.gather()"):
+        try:
             return nest.map_structure(
                 lambda v: local_results(self._extended._gather_to(v, destination, axis, collective=_GATHER), 1)[0],
                 value,
             )
+        except BaseException as error:
+            name_api(error, _GATHER)
+            raise
 
     def group(self, value: Any, name: str | None = None) -> None:
         """Waits until every component of ``value`` is computed (``tf.group`` of its local results).
