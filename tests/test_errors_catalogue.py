@@ -1,7 +1,7 @@
 """DESIGN section 12: every bad input in scope gives a clear error of the documented type,
 and leaves the strategy usable.
 
-Each row triggers one error on ``mirrored_2cpu`` and pins the exception type and the first
+Each row triggers one error on the plugin's ``mirrored_strategy`` (2 CPU replicas) and pins the exception type and the first
 words of the message; the test then checks that ``run`` and ``reduce`` still work. The rows
 about variables and datasets are here too (and in depth in their own tests); errors
 concerning MPI are tested with that feature.

@@ -544,7 +544,7 @@ def _per_replica(*shapes: tuple[int | None, ...], dtype: str) -> PerReplicaSpec:
 
 # TF 2.21, ({"a": [1, 2, 3, 4, 5]}, [5., 6., 7., 8., 9.]).batch(4): get_next_as_optional().element_spec
 # of the first step, the partial second step, and the empty third.
-TF_OPTIONAL_SPECS = {  # by replica count: mirrored_2cpu, one_device_cpu
+TF_OPTIONAL_SPECS = {  # by replica count: 2 (mirrored_strategy), 1 (one_device_cpu)
     2: [
         ({"a": _per_replica((2,), (2,), dtype="int32")}, _per_replica((2,), (2,), dtype="float32")),
         ({"a": _per_replica((1,), (0,), dtype="int32")}, _per_replica((1,), (0,), dtype="float32")),

@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.m
 STRATEGIES = ["default", "one_device_cpu", mirrored_param(1), mirrored_param(2)]
 
 # The first two elements of range(8).batch(2) through each kind of iterator, per strategy,
-# as each replica's list (TF 2.21's values for one_device_cpu and mirrored_2cpu).
-# By replica count: the default, one_device_cpu and mirrored_1cpu have one replica.
+# as each replica's list (TF 2.21's values for one_device_cpu and a 2-replica MirroredStrategy).
+# By replica count: the default, one_device_cpu and mirrored_param(1) have one replica.
 FIRST_OF_DATASET = {
     1: [[[0, 1]], [[2, 3]]],
     2: [[[0], [1]], [[2], [3]]],

@@ -43,7 +43,6 @@ from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.failures import unworded
 
 __all__ = ["FlatMapDataset", "InterleaveDataset", "default_cycle_length"]
-"""Receives an error that ``ignore_errors`` drops (see ``combinators.IgnoreErrorsDataset``)."""
 
 logger = logging.getLogger("towerdist")
 
