@@ -42,7 +42,7 @@ the caller's thread, where a ``KeyboardInterrupt`` may land between any two byte
 once a round is complete, the replica settling it releases every parked replica whatever
 happens (``_release_unreleased``); and while the caller waits at the barrier (on the main
 thread), signal handlers are held until the message in hand has been acted on
-(``_interrupts_held``), so an interrupt cannot take away a ``RESUME`` or a ``TASK``.
+(``held_signals.py``), so an interrupt cannot take away a ``RESUME`` or a ``TASK``.
 
 **Streams.** On GPUs, work changes threads at four points, and each is ordered on the GPU
 by CUDA events (``backend/cupy_streams.py``), never by a host wait: the caller marks its
@@ -65,14 +65,12 @@ sequential step. Every waiting thread watches the step through :meth:`status`.
 
 from __future__ import annotations
 
-import contextlib
 import queue
-import signal
 import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from towerdist._src import context, thread_state, waiting
@@ -83,6 +81,7 @@ from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import MergeCallCountError
 from towerdist._src.failures import name_api
 from towerdist._src.mailbox import INTERRUPTED, RESUME, SHUTDOWN, STOP, TASK
+from towerdist._src.strategies import held_signals
 from towerdist._src.strategies.watchdog import Status, Watch, name_of
 from towerdist._src.thread_state import Mode
 from towerdist._src.values.regroup import regroup, select_replica
@@ -102,7 +101,9 @@ class MergeRequest:
 
     __slots__ = ("args", "collective", "kwargs", "merge_fn")
 
-    def __init__(self, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], collective: str) -> None:
+    def __init__(
+        self, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], collective: str
+    ) -> None:
         self.merge_fn = merge_fn
         self.args = args
         self.kwargs = kwargs
@@ -413,7 +414,7 @@ class Step:
     def _park(self, i: int) -> Any:
         """Waits at the barrier for this replica's part; runs parts of parallel jobs meanwhile."""
         if i == 0 and self.on_caller_thread() and threading.current_thread() is threading.main_thread():
-            with _interrupts_held(self._mailboxes[0]) as held:
+            with held_signals.interrupts_held(self._mailboxes[0]) as held:
                 return self._park_loop(i, held)
         return self._park_loop(i, None)
 
@@ -442,7 +443,7 @@ class Step:
                 raise StopReplica
             if kind is INTERRUPTED and held is not None:
                 try:
-                    _run_held_handler(held)  # the SIGINT handler, now that no message is in flight
+                    held_signals.run_held_handler(held)  # the SIGINT handler, now that no message is in flight
                 except BaseException as error:
                     self._caller_interrupted(error)
                 continue
@@ -696,58 +697,6 @@ class Step:
             f"all_reduce(), all_gather(), variable creations and aggregated variable writes; check for "
             f"replica-dependent branches around them."
         )
-
-
-# --- interrupts while the caller waits at the barrier ------------------------------------------------
-
-# The signals whose Python handlers are held while the caller is parked (those a program or
-# a test runner commonly handles: Ctrl-C, a scheduler's stop, pytest-timeout's alarm, ...).
-_HELD_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGALRM", "SIGHUP", "SIGUSR1", "SIGUSR2")
-    if hasattr(signal, name)
-)
-
-
-@contextlib.contextmanager
-def _interrupts_held(mailbox: queue.SimpleQueue[Any]) -> Iterator[list[Any]]:
-    """Holds signal handlers back while the caller (the main thread) is parked as replica 0.
-
-    Python raises an exception from a signal handler (``KeyboardInterrupt``, ...) between any
-    two bytecodes, so one landing just after a message was taken out of the mailbox would
-    lose it (a ``RESUME``: the caller would wait forever; a ``TASK``: the replica settling
-    the round would). While parked, each Python-level handler of ``_HELD_SIGNALS`` only
-    records its signal and posts ``INTERRUPTED``; the park loop runs the original handler
-    when it reads that message, between two messages. ``SIG_DFL``/``SIG_IGN`` are left alone.
-    """
-    held: list[Any] = []
-    replaced: list[tuple[int, Any]] = []
-    for signum in _HELD_SIGNALS:
-        previous = signal.getsignal(signum)
-        if callable(previous):
-            replaced.append((signum, previous))
-    if not replaced:
-        yield held
-        return
-
-    def hold(signum: int, frame: Any) -> None:
-        held.append((dict(replaced)[signum], signum, frame))
-        mailbox.put((INTERRUPTED,))
-
-    for signum, _ in replaced:
-        signal.signal(signum, hold)
-    try:
-        yield held
-    finally:
-        for signum, previous in replaced:
-            signal.signal(signum, previous)
-        if held:  # still pending (the park ended first): the handlers run now, outside the wait
-            _run_held_handler(held)
-
-
-def _run_held_handler(held: list[Any]) -> None:
-    while held:
-        handler, signum, frame = held.pop(0)
-        handler(signum, frame)
 
 
 def _add_call_site(error: Exception) -> None:
