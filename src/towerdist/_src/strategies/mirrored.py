@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from towerdist._src import config, context, thread_state
 from towerdist._src import device as device_lib
@@ -34,6 +34,8 @@ from towerdist._src.variables import creation
 from towerdist._src.variables.distributed_variable import DistributedVariable
 
 __all__ = ["MirroredStrategy"]
+
+T = TypeVar("T")
 
 
 class MirroredStrategy(Strategy):
@@ -229,15 +231,7 @@ class MirroredExtended(StrategyExtended):
             return self._reduce_non_distributed(reduce_op, value, devices)
         value = self._as_value(value)
         validate_components(value)
-        options = options or DEFAULT_OPTIONS
-        helpers = thread_state.state.helpers  # inside a merge_fn: the parked replicas help
-        if helpers is not None:
-            return self._collectives._reduce_to(reduce_op, value, devices, options, helpers)
-        lease = self._scheduler.lend_idle_helpers()
-        try:
-            return self._collectives._reduce_to(reduce_op, value, devices, options, lease)
-        finally:
-            lease.release()
+        return self._with_helpers(self._collectives._reduce_to, reduce_op, value, devices, options or DEFAULT_OPTIONS)
 
     def _reduce_non_distributed(self, reduce_op: ReduceOp, value: Any, devices: ResolvedDevices) -> Any:
         if reduce_op is ReduceOp.MEAN:
@@ -287,15 +281,7 @@ class MirroredExtended(StrategyExtended):
         except BaseException as error:  # named after the cross-device ops' batch_reduce, as before
             name_api(error, self._batch_api)
             raise
-        options = options or DEFAULT_OPTIONS
-        helpers = thread_state.state.helpers
-        if helpers is not None:
-            return collectives._batch_reduce_to(reduce_op, checked, options, helpers)
-        lease = self._scheduler.lend_idle_helpers()
-        try:
-            return collectives._batch_reduce_to(reduce_op, checked, options, lease)
-        finally:
-            lease.release()
+        return self._with_helpers(collectives._batch_reduce_to, reduce_op, checked, options or DEFAULT_OPTIONS)
 
     def _all_reduce(
         self,
@@ -309,16 +295,22 @@ class MirroredExtended(StrategyExtended):
         del collective  # the workers' name for it: one process has none to agree with
         if len(self._devices) == 1:
             return [list(column) for column in columns]
-        helpers = thread_state.state.helpers  # inside a merge_fn: the parked replicas help
+        return self._with_helpers(
+            self._collectives._all_reduce, reduce_op, columns, self._devices, options or DEFAULT_OPTIONS, out
+        )
+
+    def _with_helpers(self, collective: Callable[..., T], *args: Any) -> T:
+        """``collective(*args, helpers)``, with the threads that may run its parts.
+
+        Inside a ``merge_fn`` those are the parked replicas (the barrier set them on this
+        thread); otherwise an idle replica pool is lent for the call and given back after.
+        """
+        helpers = thread_state.state.helpers
         if helpers is not None:
-            return self._collectives._all_reduce(
-                reduce_op, columns, self._devices, options or DEFAULT_OPTIONS, out, helpers
-            )
+            return collective(*args, helpers)
         lease = self._scheduler.lend_idle_helpers()
         try:
-            return self._collectives._all_reduce(
-                reduce_op, columns, self._devices, options or DEFAULT_OPTIONS, out, lease
-            )
+            return collective(*args, lease)
         finally:
             lease.release()
 
