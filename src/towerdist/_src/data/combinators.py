@@ -25,6 +25,7 @@ import numpy as np
 
 from towerdist._src import nest
 from towerdist._src.data import options as options_lib
+from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import ErrorHandler, tolerant
 from towerdist._src.data.spec import (
@@ -109,7 +110,7 @@ class ConcatenateDataset(Dataset):
         if first is not None and second is not None:
             _concatenated_spec(first, second)  # TensorFlow checks at construction
 
-    def _iterate(self) -> Iterator[Any]:
+    def _iterate(self, state: State) -> Iterator[Any]:
         specs = [node._spec(probe=False) for node in self._inputs]
         check = None
         if None in specs:  # a spec known only by running its input: check the first elements
@@ -117,7 +118,7 @@ class ConcatenateDataset(Dataset):
             for key, spec in enumerate(specs):
                 check.known(key, spec)
         for key, node in enumerate(self._inputs):
-            source = node._iterate()
+            source = node._cursor()
             try:
                 if check is not None and specs[key] is None:
                     first = next(source, _NOTHING)
@@ -193,13 +194,13 @@ class ScanDataset(Dataset):
                 )
         return new_state, output
 
-    def _iterate(self) -> Iterator[Any]:
-        state = self._initial
-        source = self._inputs[0]._iterate()
+    def _iterate(self, state: State) -> Iterator[Any]:
+        carry = self._initial
+        source = self._inputs[0]._cursor()
         try:
             for index, element in enumerate(source):
                 try:
-                    state, output = self._step(state, element, index)
+                    carry, output = self._step(carry, element, index)
                 except Exception as error:
                     if self._on_error is None:
                         raise
@@ -271,10 +272,10 @@ class UniqueDataset(Dataset):
         if spec is not None:
             _check_unique_spec(spec)
 
-    def _iterate(self) -> Iterator[Any]:
+    def _iterate(self, state: State) -> Iterator[Any]:
         seen: set[Any] = set()
         checked = self._inputs[0]._spec(probe=False) is not None
-        source = self._inputs[0]._iterate()
+        source = self._inputs[0]._cursor()
         try:
             for element in source:
                 if not checked:
@@ -323,8 +324,8 @@ class TakeWhileDataset(Dataset):
             )
         return bool(keep)
 
-    def _iterate(self) -> Iterator[Any]:
-        source = self._inputs[0]._iterate()
+    def _iterate(self, state: State) -> Iterator[Any]:
+        source = self._inputs[0]._cursor()
         try:
             for index, element in enumerate(source):
                 try:
@@ -370,11 +371,11 @@ class IgnoreErrorsDataset(Dataset):
         if self._log:
             logger.warning("Dataset.ignore_errors() dropped an element. Error raised with error message: %s", error)
 
-    def _iterate(self) -> Iterator[Any]:
+    def _iterate(self, state: State) -> Iterator[Any]:
         with self._lock:
             if self._tolerant_input is None:
                 self._tolerant_input = tolerant(self._inputs[0], self._report)
-            source = self._tolerant_input._iterate()
+            source = self._tolerant_input._cursor()
         try:
             while True:
                 try:
@@ -407,7 +408,7 @@ class IgnoreErrorsDataset(Dataset):
 
 def get_single_element(dataset: Dataset) -> Any:
     """The only element of ``dataset``; InvalidArgumentError for none or more than one."""
-    iterator = dataset._iterate()
+    iterator = dataset._cursor()
     try:
         first = next(iterator, _NOTHING)
         if first is _NOTHING:

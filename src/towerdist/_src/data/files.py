@@ -14,6 +14,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from towerdist._src.data import options as options_lib
+from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.sources import TensorSliceDataset
 from towerdist._src.data.spec import TensorSpec
@@ -93,8 +94,8 @@ class TextLineDataset(Dataset):
     def _reads_files(self) -> bool:
         return True
 
-    def _iterate(self) -> Iterator[Any]:
-        names = self._inputs[0]._iterate()
+    def _iterate(self, state: State) -> Iterator[Any]:
+        names = self._inputs[0]._cursor()
         try:
             for name in names:
                 path = os.fsdecode(name if isinstance(name, bytes) else bytes(name))

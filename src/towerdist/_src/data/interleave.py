@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from towerdist._src.data import options as options_lib
+from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import ErrorHandler, tolerant
 from towerdist._src.data.spec import FirstElementCheck
@@ -174,8 +175,8 @@ class InterleaveDataset(Dataset):
         spec = made._spec(probe=False)
         if spec is not None:
             check.spec(index, spec)
-            return made._iterate()
-        return _first_checked(made._iterate(), check, index)
+            return made._cursor()
+        return _first_checked(made._cursor(), check, index)
 
     def _mismatch(self, a: int, spec_a: Any, b: int, spec_b: Any, where: str) -> str:
         return (
@@ -193,13 +194,13 @@ class InterleaveDataset(Dataset):
 
     # --- sequential ------------------------------------------------------------------------
 
-    def _iterate(self) -> Iterator[Any]:
+    def _iterate(self, state: State) -> Iterator[Any]:
         if self._workers:
             return self._iterate_parallel()
         return self._iterate_sequential()
 
     def _iterate_sequential(self) -> Iterator[Any]:
-        source = self._inputs[0]._iterate()
+        source = self._inputs[0]._cursor()
         slots: list[Iterator[Any] | None] = [None] * self._cycle
         check = FirstElementCheck(self._mismatch)
         try:
@@ -253,7 +254,7 @@ class InterleaveDataset(Dataset):
     def _iterate_parallel(self) -> Iterator[Any]:
         stop = threading.Event()
         pool = DaemonPool(self._workers, f"towerdist-{self._api}")
-        source = self._inputs[0]._iterate()
+        source = self._inputs[0]._cursor()
         slots: list[_Slot | None] = [None] * self._cycle
         check = FirstElementCheck(self._mismatch)
         upcoming: collections.deque[_Slot] = collections.deque()  # opened ahead, in input order
@@ -333,7 +334,7 @@ class InterleaveDataset(Dataset):
     def _reads_files(self) -> bool:
         """True if ``map_func`` makes datasets that read files (FILE auto-sharding shards the input then)."""
         if self._reads_files_cache is None:
-            source = self._inputs[0]._iterate()
+            source = self._inputs[0]._cursor()
             try:
                 element = next(source, _EXHAUSTED)
             finally:

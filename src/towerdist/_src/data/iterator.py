@@ -1,18 +1,32 @@
-"""``td.data.Iterator``: one pass over a dataset, shareable by several threads."""
+"""``td.data.Iterator``: one pass over a dataset, shareable by several threads, and checkpointable."""
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from towerdist._src.data import options as options_lib
+from towerdist._src.data import state_codec
+from towerdist._src.data.cursor import (
+    Cursor,
+    Saved,
+    check_pipeline,
+    pipeline_signature,
+    random_state,
+    restore_random_state,
+)
 from towerdist._src.data.optional import Optional
-from towerdist._src.errors import OutOfRangeError
+from towerdist._src.errors import FailedPreconditionError, InvalidArgumentError, OutOfRangeError
+from towerdist._src.failures import unworded
 
 if TYPE_CHECKING:
     from towerdist._src.data.dataset import Dataset
 
-__all__ = ["DatasetIterator"]
+__all__ = ["DatasetIterator", "external_state_check"]
+
+logger = logging.getLogger("towerdist")
 
 
 class DatasetIterator:
@@ -28,12 +42,15 @@ class DatasetIterator:
     report the end of the data.
 
     Like a ``tf.data`` iterator, one iterator may be shared by several threads: each
-    element goes to exactly one of them.
+    element goes to exactly one of them. It can be saved in a ``td.train.Checkpoint``
+    (``td.train.Checkpoint(iterator=iterator)``): restoring it, in this process or another
+    one with the same pipeline, continues with exactly the elements it would have produced.
     """
 
     def __init__(self, dataset: Dataset) -> None:
         self._dataset = dataset
-        self._iterator: Iterator[Any] | None = dataset._iterate()
+        self._cursor: Cursor | None = dataset._cursor()
+        self._failed = False  # the pipeline raised: the pass is over
         # Serialises the steps of the pipeline's generators, which cannot run in two threads
         # at once. Re-entrant, so that pipeline code touching its own iterator fails with
         # Python's "generator already executing" instead of a deadlock.
@@ -51,13 +68,16 @@ class DatasetIterator:
         lock = self._lock
         lock.acquire()  # (measured: acquire/try/finally costs about half of a ``with`` block here)
         try:
-            iterator = self._iterator
-            if iterator is None:
+            cursor = self._cursor
+            if cursor is None:
                 raise StopIteration
             try:
-                return next(iterator)
+                return next(cursor)
             except StopIteration:
-                self._iterator = None
+                self._cursor = None
+                raise
+            except BaseException:
+                self._failed = True
                 raise
         finally:
             lock.release()
@@ -91,13 +111,120 @@ class DatasetIterator:
         A ``next()`` running in another thread finishes first.
         """
         with self._lock:
-            iterator, self._iterator = self._iterator, None
-            close = getattr(iterator, "close", None)
-            if close is not None:
-                close()
+            cursor, self._cursor = self._cursor, None
+            if cursor is not None:
+                cursor.close()
 
     def _restart(self) -> None:
         """Ends the pass now, as ``close``, and starts a new one from the first element."""
         with self._lock:
             self.close()
-            self._iterator = self._dataset._iterate()
+            self._cursor = self._dataset._cursor()
+            self._failed = False
+
+    # --- checkpointing -----------------------------------------------------------------------
+
+    def _position(self) -> Saved:
+        """Where this pass stands: a tree for ``state_codec`` (taken between elements).
+
+        Raises:
+          FailedPreconditionError: the pipeline keeps state outside itself and the dataset's
+            ``experimental_external_state_policy`` is FAIL.
+        """
+        with self._lock:
+            cursor = self._cursor
+            position: Saved = {"pipeline": pipeline_signature(self._dataset), "random": random_state(self._dataset)}
+            if cursor is None or self._failed:
+                return {**position, "ended": True}
+            external_state_check(cursor, self._dataset.options())
+            return {**position, "ended": False, "cursor": cursor.save()}
+
+    def _restorer(self, position: Saved) -> Callable[[], None]:
+        """Checks ``position`` against this iterator's pipeline and builds the pass it describes.
+
+        Nothing changes until the returned function is called, which makes the built pass
+        this iterator's (closing the current one).
+
+        Raises:
+          PipelineMismatchError: the position is not one of this pipeline.
+        """
+        check_pipeline(self._dataset, position["pipeline"])
+        cursor = None if position.get("ended") else self._dataset._cursor(position["cursor"])
+
+        def commit() -> None:
+            restore_random_state(self._dataset, position["random"])
+            with self._lock:
+                old, self._cursor = self._cursor, cursor
+                self._failed = False
+            if old is not None:
+                old.close()
+
+        return commit
+
+    def _checkpoint_state(self) -> bytes:
+        """This iterator's position as bytes, for ``td.train.Checkpoint``."""
+        position = self._position()
+        try:
+            return state_codec.encode({"kind": "dataset_iterator", "position": position})
+        except TypeError as error:
+            raise unworded(
+                InvalidArgumentError(f"cannot save the iterator's position: {error}. {_UNSAVABLE_HINT}")
+            ) from None
+
+    def _checkpoint_restorer(self, state: bytes) -> Callable[[], None]:
+        """Prepares restoring the position ``state`` (from ``_checkpoint_state``); the result commits it."""
+        tree = state_codec.decode(state)
+        if not isinstance(tree, dict) or tree.get("kind") != "dataset_iterator":
+            kind = tree.get("kind") if isinstance(tree, dict) else None
+            raise unworded(
+                FailedPreconditionError(
+                    f"cannot restore a td.data iterator from the saved state of a {kind or 'different object'}: "
+                    f"restore each iterator from the key it was saved under."
+                )
+            )
+        return self._restorer(tree["position"])
+
+
+_UNSAVABLE_HINT = (
+    "An iterator's position holds the elements its operations buffer (shuffle, prefetch, ...): numpy arrays, "
+    "numbers, strings, and tuples, namedtuples and dicts of them"
+)
+
+
+def external_state_check(cursor: Cursor, options: options_lib.Options) -> None:
+    """Applies ``options.experimental_external_state_policy`` to the nodes of ``cursor``'s tree whose
+    position cannot be saved (raises under FAIL, warns under WARN)."""
+    found = sorted({reason for reason in _external_states(cursor)})
+    if not found:
+        return
+    policy = options.experimental_external_state_policy
+    if policy is None:
+        policy = options_lib.ExternalStatePolicy.WARN
+    described = "; ".join(found)
+    if policy == options_lib.ExternalStatePolicy.FAIL:
+        raise unworded(
+            FailedPreconditionError(
+                f"cannot save the iterator: its pipeline keeps state outside itself ({described}), which a "
+                f"checkpoint cannot hold (experimental_external_state_policy=FAIL). Build the input from datasets "
+                f"(from_tensor_slices, TextLineDataset, ...) to make it savable, or set the policy to WARN or IGNORE "
+                f"to save the rest of the position."
+            )
+        )
+    if policy == options_lib.ExternalStatePolicy.WARN:
+        logger.warning(
+            "Saving the iterator's position without the state its pipeline keeps outside itself (%s): restored, "
+            "those sources start over. (tf.data.Options.experimental_external_state_policy=WARN)",
+            described,
+        )
+
+
+def _external_states(cursor: Cursor) -> list[str]:
+    found = []
+    stack = [cursor]
+    while stack:
+        current = stack.pop()
+        reason = current.node._external_state()
+        if reason is not None:
+            found.append(reason)
+        stack.extend(current.state.children())
+    return found

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from towerdist._src.data import options as options_lib
+from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import ErrorHandler
 from towerdist._src.data.spec import EmptyDatasetError, relax_batch, structure_of
@@ -66,8 +67,8 @@ class MapDataset(Dataset):
         clone.__class__ = _TolerantMap
         return clone
 
-    def _iterate(self) -> Iterator[Any]:
-        source = self._inputs[0]._iterate()
+    def _iterate(self, state: State) -> Iterator[Any]:
+        source = self._inputs[0]._cursor()
         try:
             if self._workers <= 1:
                 for index, element in enumerate(source):
@@ -126,8 +127,8 @@ class _TolerantMap(MapDataset):
             self._on_error(error)
             return _DROPPED
 
-    def _iterate(self) -> Iterator[Any]:
-        source = super()._iterate()
+    def _iterate(self, state: State) -> Iterator[Any]:
+        source = super()._iterate(state)
         try:
             for value in source:
                 if value is not _DROPPED:
@@ -152,8 +153,8 @@ class FilterDataset(Dataset):
         self._predicate = predicate
         self._on_error: ErrorHandler | None = None  # set on the copies ignore_errors() makes
 
-    def _iterate(self) -> Iterator[Any]:
-        source = self._inputs[0]._iterate()
+    def _iterate(self, state: State) -> Iterator[Any]:
+        source = self._inputs[0]._cursor()
         try:
             for index, element in enumerate(source):
                 try:

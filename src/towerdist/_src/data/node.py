@@ -4,7 +4,13 @@ A dataset is a graph of nodes: sources (``from_tensor_slices``, ``range``, files
 transformations (``batch``, ``map``, ``shuffle``, ...), each a subclass of ``Dataset``
 implementing a few hooks:
 
-* ``_iterate()``: a generator of elements for one pass;
+* ``_iterate(state)``: a generator of elements for one pass, keeping its position in
+  ``state`` (see :mod:`~towerdist._src.data.cursor`: everything that outlives an element is
+  a public attribute of ``state`` whenever the generator yields; inputs are iterated
+  through ``state.input()``);
+* ``_save_state(state)``, ``_state_params()``, ``_restored_input(key, state)``,
+  ``_external_state()``: how a pass's position is saved and checked on restore (the
+  defaults suit most nodes);
 * ``_spec(probe)``: the element spec, derived from the inputs' specs; ``probe=True`` allows
   running the pipeline up to its first element where user code decides the structure
   (``map``, ``from_generator`` without a signature);
@@ -27,6 +33,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 
+from towerdist._src.data.cursor import Cursor, Saved, State, saved_state
 from towerdist._src.data.spec import EmptyDatasetError, structure_of
 
 if TYPE_CHECKING:
@@ -50,8 +57,42 @@ class Node:
     _inputs: tuple[Dataset, ...] = ()
     _op = ""  # the Dataset method that makes this node, for a node that calls user code per element
 
-    def _iterate(self) -> Iterator[Any]:
+    def _iterate(self, state: State) -> Iterator[Any]:
         raise NotImplementedError
+
+    def _cursor(self, saved: Saved | None = None) -> Cursor:
+        """A new pass over this node (at the position ``saved``, if given)."""
+        return Cursor(cast("Dataset", self), saved)
+
+    # --- saving a pass's position (see cursor) ----------------------------------------------
+
+    def _save_state(self, state: State) -> Saved:
+        """The position of the pass ``state`` belongs to; called between elements."""
+        return saved_state(cast("Dataset", self), state)
+
+    def _state_name(self) -> str:
+        """The operation's name in a saved position, checked on restore."""
+        return type(self).__name__
+
+    def _state_params(self) -> dict[str, Any]:
+        """Arguments a saved position is only valid for, checked on restore (plain JSON values)."""
+        return {}
+
+    def _restored_input(self, key: str, state: State) -> Dataset:
+        """The node the saved child ``key`` of a restored ``state`` iterates (by default input ``key``)."""
+        return self._inputs[int(key)]
+
+    def _external_state(self) -> str | None:
+        """What makes this node's position unsavable (state outside the pipeline), or None."""
+        return None
+
+    def _random_state(self) -> dict[str, Any] | None:
+        """What this node's future passes draw from that belongs to the dataset, not to a pass
+        (a seed drawn for this process, the next epoch number), or None; saved with an iterator."""
+        return None
+
+    def _restore_random_state(self, saved: dict[str, Any]) -> None:
+        """Adopts the ``_random_state`` of the saved run's node (only called if it had one)."""
 
     def _spec(self, probe: bool) -> Any:
         return self._inputs[0]._spec(probe)
@@ -94,7 +135,7 @@ class Node:
 
     def _probe_spec(self) -> Any:
         """The exact spec of the first element (runs the pipeline up to it)."""
-        iterator = self._iterate()
+        iterator = self._cursor()
         try:
             first = next(iterator)
         except StopIteration:
@@ -103,9 +144,7 @@ class Node:
                 f"its structure is decided by user code. Give from_generator an output_signature."
             ) from None
         finally:
-            close = getattr(iterator, "close", None)
-            if close is not None:
-                close()
+            iterator.close()
         return structure_of(first)
 
 

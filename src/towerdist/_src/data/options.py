@@ -5,7 +5,16 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-__all__ = ["AUTOTUNE", "AutoShardPolicy", "DistributeOptions", "INFINITE", "Options", "SHARD_HINT", "UNKNOWN"]
+__all__ = [
+    "AUTOTUNE",
+    "AutoShardPolicy",
+    "DistributeOptions",
+    "ExternalStatePolicy",
+    "INFINITE",
+    "Options",
+    "SHARD_HINT",
+    "UNKNOWN",
+]
 
 AUTOTUNE = -1
 """Let towerdist choose a buffer size or degree of parallelism (``tf.data.AUTOTUNE``)."""
@@ -40,6 +49,23 @@ class AutoShardPolicy(enum.IntEnum):
     FILE = 1
     DATA = 2
     HINT = 3
+
+
+class ExternalStatePolicy(enum.IntEnum):
+    """What saving an iterator does with state its pipeline keeps outside itself
+    (``tf.data.experimental.ExternalStatePolicy``).
+
+    A ``from_generator`` source (its generator's position lives in Python, not in the
+    pipeline) or a foreign iterable cannot be saved with the rest of the position:
+
+    * ``WARN`` (the default): save the rest, logging a warning; restored, such a source starts over.
+    * ``IGNORE``: the same, without the warning.
+    * ``FAIL``: saving raises ``td.errors.FailedPreconditionError`` naming the operation.
+    """
+
+    WARN = 0
+    IGNORE = 1
+    FAIL = 2
 
 
 class DistributeOptions:
@@ -81,8 +107,10 @@ class DistributeOptions:
 class Options:
     """Options for a dataset (``tf.data.Options``); attach them with ``dataset.with_options``.
 
-    Only ``experimental_distribute.auto_shard_policy`` changes behaviour; the other
-    attributes TensorFlow has are accepted and kept so that code setting them runs.
+    ``experimental_distribute.auto_shard_policy`` and ``experimental_external_state_policy``
+    (an ``ExternalStatePolicy``: what saving an iterator does with state the pipeline keeps
+    outside itself) change behaviour; the other attributes TensorFlow has are accepted and
+    kept so that code setting them runs.
 
     Example:
       >>> options = td.data.Options()
@@ -97,6 +125,26 @@ class Options:
         self.experimental_optimization: Any = None
         self.experimental_threading: Any = None
         self.threading: Any = None
+        self._external_state_policy: ExternalStatePolicy | None = None
+        self.experimental_symbolic_checkpoint: bool | None = None
+
+    @property
+    def experimental_external_state_policy(self) -> ExternalStatePolicy | None:
+        """What saving an iterator does with state kept outside the pipeline (None: ``WARN``)."""
+        return self._external_state_policy
+
+    @experimental_external_state_policy.setter
+    def experimental_external_state_policy(self, value: Any) -> None:
+        if value is None:
+            self._external_state_policy = None
+            return
+        try:
+            self._external_state_policy = ExternalStatePolicy(value)
+        except ValueError:
+            raise ValueError(
+                f"experimental_external_state_policy must be a td.data.experimental.ExternalStatePolicy (WARN, "
+                f"IGNORE, FAIL). Got {value!r}."
+            ) from None
 
     def merge(self, options: Options) -> Options:
         """New options: these, overridden by every non-default field of ``options``."""

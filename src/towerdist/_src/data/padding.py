@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from towerdist._src import backend, nest
+from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.spec import TensorSpec, dtype_name
 from towerdist._src.data.structure import close_iterator, to_component
@@ -346,8 +347,8 @@ class PaddedBatchDataset(Dataset):
             specs.append(TensorSpec(array.shape, array.dtype))
         return plan_padding(treespec.unflatten(specs), self._padded_shapes, self._padding_values, rank_only=True)
 
-    def _iterate(self) -> Iterator[Any]:
-        source = self._inputs[0]._iterate()
+    def _iterate(self, state: State) -> Iterator[Any]:
+        source = self._inputs[0]._cursor()
         plan = self._static_plan
         try:
             while True:

@@ -60,6 +60,7 @@ import numpy as np
 
 from towerdist._src import nest
 from towerdist._src.data import options as options_lib
+from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.interleave import default_cycle_length
 from towerdist._src.data.padding import refuse_unrepresentable
@@ -264,7 +265,7 @@ def save(
     writers: dict[int, ShardWriter] = {}
     tracker = _SpecTracker()
     shards: list[dict[str, Any]] = []
-    source = dataset._iterate()
+    source = dataset._cursor()
     try:
         for position, element in enumerate(source):
             index = 0 if shard_func is None else _shard_index(call_with_element(shard_func, element), position)
@@ -497,7 +498,7 @@ class ShardDataset(Dataset):
         self._element_spec = spec
         self._shard = shard
 
-    def _iterate(self) -> Iterator[Any]:
+    def _iterate(self, state: State) -> Iterator[Any]:
         _, structure = nest.flatten(self._element_spec)
         reader = read_shard(
             os.path.join(self._directory, self._shard["file"]),
@@ -530,8 +531,8 @@ class LoadDataset(Dataset):
         self._element_spec = spec
         self._count = cardinality
 
-    def _iterate(self) -> Iterator[Any]:
-        return self._reader._iterate()
+    def _iterate(self, state: State) -> Iterator[Any]:
+        return self._reader._cursor()
 
     def _spec(self, probe: bool) -> Any:
         return self._element_spec

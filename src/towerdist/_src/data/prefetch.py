@@ -12,6 +12,7 @@ from typing import Any
 from towerdist._src import waiting
 from towerdist._src.data import options as options_lib
 from towerdist._src.data import workers
+from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.structure import close_iterator
 from towerdist._src.data.transforms import _int_arg, _Transparent
@@ -37,10 +38,10 @@ class PrefetchDataset(_Transparent):
             )
         self._buffer_size = _AUTOTUNE_BUFFER if size == options_lib.AUTOTUNE else size
 
-    def _iterate(self) -> Iterator[Any]:
+    def _iterate(self, state: State) -> Iterator[Any]:
         if self._buffer_size == 0:
-            return self._inputs[0]._iterate()
-        return background(self._inputs[0]._iterate, self._buffer_size)
+            return self._inputs[0]._cursor()
+        return background(self._inputs[0]._cursor, self._buffer_size)
 
     def _gather_plan(self) -> None:
         return None  # the thread must run on the real elements

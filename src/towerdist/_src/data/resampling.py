@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from towerdist._src.data import options as options_lib
+from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.spec import TensorSpec
 from towerdist._src.data.structure import call_with_element, close_iterator, sample_element
@@ -152,7 +153,7 @@ class RejectionResampleDataset(Dataset):
 
     def _original(self) -> Generator[tuple[Any, Any], None, None]:
         """Every input element, as a ``(class, element)`` pair."""
-        source = self._inputs[0]._iterate()
+        source = self._inputs[0]._cursor()
         try:
             for index, element in enumerate(source):
                 yield self._class_of(element, index)[1], element
@@ -163,7 +164,7 @@ class RejectionResampleDataset(Dataset):
         self, acceptances: Iterable[np.ndarray], rng: np.random.Generator
     ) -> Generator[tuple[Any, Any], None, None]:
         """The input elements kept with their class's probability in the matching entry of ``acceptances``."""
-        source = self._inputs[0]._iterate()
+        source = self._inputs[0]._cursor()
         try:
             for index, (element, acceptance) in enumerate(zip(source, acceptances)):
                 label, value = self._class_of(element, index)
@@ -175,7 +176,7 @@ class RejectionResampleDataset(Dataset):
     def _estimates(self) -> Generator[np.ndarray, None, None]:
         """The estimated class distribution for each element position, from a pass over the classes."""
         counts = np.full(self._target.size, _ESTIMATE_PRIOR, dtype=np.float64)
-        source = self._inputs[0]._iterate()
+        source = self._inputs[0]._cursor()
         try:
             for start in itertools.count(0, _ESTIMATE_BATCH):
                 batch = list(itertools.islice(source, _ESTIMATE_BATCH))
@@ -190,7 +191,7 @@ class RejectionResampleDataset(Dataset):
         finally:
             close_iterator(source)
 
-    def _iterate(self) -> Iterator[Any]:
+    def _iterate(self, state: State) -> Iterator[Any]:
         choose_rng, accept_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(self._seed).spawn(2))
         if self._initial is not None:
             acceptance, original_share = _mixing(self._target, self._initial)

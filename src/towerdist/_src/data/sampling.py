@@ -33,6 +33,7 @@ import numpy as np
 
 from towerdist._src import nest
 from towerdist._src.data import options as options_lib
+from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.spec import FirstElementCheck, TensorSpec, common_spec, dtype_name
 from towerdist._src.data.structure import close_iterator
@@ -122,7 +123,7 @@ class _DirectedInterleave(Dataset):
             f"elements differ {where}: dataset {a} element_spec={spec_a!r}; dataset {b} element_spec={spec_b!r}."
         )
 
-    def _iterate(self) -> Iterator[Any]:
+    def _iterate(self, state: State) -> Iterator[Any]:
         iterators: list[Iterator[Any] | None] = [None] * self._num
         alive = [True] * self._num
         specs = [d._spec(probe=False) for d in self._inputs[: self._num]]
@@ -138,7 +139,7 @@ class _DirectedInterleave(Dataset):
                     continue  # a pick of an input that ended: dropped (TensorFlow's rule)
                 iterator = iterators[index]
                 if iterator is None:
-                    iterator = iterators[index] = self._inputs[index]._iterate()
+                    iterator = iterators[index] = self._inputs[index]._cursor()
                 element = next(iterator, _END)
                 if unchecked[index] and element is not _END:
                     unchecked[index] = False
@@ -194,7 +195,7 @@ class SampleFromDatasets(_DirectedInterleave):
         if self._weights is not None:
             yield from self._constant_picks(self._weights, alive, uniform)
             return
-        source = self._inputs[self._num]._iterate()
+        source = self._inputs[self._num]._cursor()
         try:
             for position, vector in enumerate(source):
                 yield _draw(self._weight_vector(vector, position), uniform())
@@ -346,7 +347,7 @@ class ChooseFromDatasets(_DirectedInterleave):
         self._inputs = (*datasets, choice_dataset)
 
     def _picks(self, alive: list[bool]) -> Iterator[int]:
-        source = self._inputs[self._num]._iterate()
+        source = self._inputs[self._num]._cursor()
         try:
             for position, choice in enumerate(source):
                 array = np.asarray(choice) if isinstance(choice, (np.ndarray, np.generic)) else None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-import threading
+import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -11,8 +11,10 @@ import numpy as np
 
 from towerdist._src import nest
 from towerdist._src.data import options as options_lib
+from towerdist._src.data.cursor import Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import GatherPlan
+from towerdist._src.data.seeds import Seeded
 from towerdist._src.data.spec import TensorSpec, dtype_name, shapes_compatible, structure_of
 from towerdist._src.data.structure import read_only, read_only_element, to_component, to_element
 from towerdist._src.errors import InvalidArgumentError
@@ -65,14 +67,21 @@ class TensorSliceDataset(Dataset):
         self._size = sizes[0]
         self._single = self._treespec.num_leaves == 1 and self._treespec.num_nodes == 1
 
-    def _iterate(self) -> Iterator[Any]:
+    def _iterate(self, state: State) -> Iterator[Any]:
+        rows = _rows(state, range(self._size))
         if self._single:
-            yield from self._leaves[0]
-            return
+            return map(self._leaves[0].__getitem__, rows)
+        return self._elements(rows)
+
+    def _elements(self, rows: Iterator[int]) -> Iterator[Any]:
         unflatten = self._treespec.unflatten
         leaves = self._leaves
-        for i in range(self._size):
+        for i in rows:
             yield unflatten([leaf[i] for leaf in leaves])
+
+    def _save_state(self, state: State) -> Saved:
+        _note_position(state)
+        return super()._save_state(state)
 
     def _spec(self, probe: bool) -> Any:
         specs = [TensorSpec(np.shape(leaf)[1:], leaf.dtype) for leaf in self._leaves]
@@ -93,8 +102,12 @@ class TensorDataset(Dataset):
     def __init__(self, tensors: Any) -> None:
         self._element = nest.map_structure(_frozen, to_element(tensors))
 
-    def _iterate(self) -> Iterator[Any]:
-        yield self._element
+    def _iterate(self, state: State) -> Iterator[Any]:
+        if not state.resumed:
+            state.done = False
+        if not state.done:
+            state.done = True
+            yield self._element
 
     def _spec(self, probe: bool) -> Any:
         return structure_of(self._element)
@@ -118,10 +131,12 @@ class RangeDataset(Dataset):
         self._range = range(*bounds)
         self._dtype = np.dtype(output_type)
 
-    def _iterate(self) -> Iterator[Any]:
-        scalar = self._dtype.type
-        for value in self._range:
-            yield scalar(value)
+    def _iterate(self, state: State) -> Iterator[Any]:
+        return map(self._dtype.type, _rows(state, self._range))
+
+    def _save_state(self, state: State) -> Saved:
+        _note_position(state)
+        return super()._save_state(state)
 
     def _spec(self, probe: bool) -> Any:
         return TensorSpec((), self._dtype)
@@ -140,14 +155,35 @@ class IndexDataset(Dataset):
     def __init__(self, size: int) -> None:
         self._size = size
 
-    def _iterate(self) -> Iterator[Any]:
-        return iter(range(self._size))
+    def _iterate(self, state: State) -> Iterator[Any]:
+        return _rows(state, range(self._size))
+
+    def _save_state(self, state: State) -> Saved:
+        _note_position(state)
+        return super()._save_state(state)
 
     def _spec(self, probe: bool) -> Any:
         return TensorSpec((), np.int64)
 
     def _cardinality(self) -> int:
         return self._size
+
+
+def _rows(state: State, values: range) -> Iterator[int]:
+    """``values`` from the pass's position on, for a source that reads rows by index.
+
+    The values come from a C range iterator (no Python step per element); :func:`_note_position`
+    reads how far it got when the position is saved.
+    """
+    start = state.position if state.resumed else 0
+    state.position = start  # (brought up to date by _note_position when saved)
+    state._size = len(values)
+    state._rows = rows = iter(values[start:])
+    return rows
+
+
+def _note_position(state: State) -> None:
+    state.position = state._size - operator.length_hint(state._rows)
 
 
 class GeneratorDataset(Dataset):
@@ -170,7 +206,12 @@ class GeneratorDataset(Dataset):
         if self._signature is not None:
             self._leaf_specs, self._treespec = nest.flatten(self._signature)
 
-    def _iterate(self) -> Iterator[Any]:
+    def _external_state(self) -> str | None:
+        return f"Dataset.from_generator({_callable_name(self._generator)}): the generator's position"
+
+    def _iterate(self, state: State) -> Iterator[Any]:
+        # The generator's own position cannot be saved (see _external_state): a restored pass
+        # calls it again, from its start.
         iterator = iter(self._generator(*self._args))
         try:
             for index in itertools.count():
@@ -233,6 +274,10 @@ class GeneratorDataset(Dataset):
         return options_lib.UNKNOWN
 
 
+def _callable_name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
 def _preview(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -285,8 +330,8 @@ class ZipDataset(Dataset):
                 )
         self._inputs = tuple(leaves)
 
-    def _iterate(self) -> Iterator[Any]:
-        iterators = [node._iterate() for node in self._inputs]
+    def _iterate(self, state: State) -> Iterator[Any]:
+        iterators = [state.input(k) for k in range(len(self._inputs))]
         unflatten = self._treespec.unflatten
         try:
             while True:
@@ -297,9 +342,7 @@ class ZipDataset(Dataset):
                 yield unflatten(values)
         finally:
             for it in iterators:
-                close = getattr(it, "close", None)
-                if close is not None:
-                    close()
+                it.close()
 
     def _spec(self, probe: bool) -> Any:
         specs = [node._spec(probe) for node in self._inputs]
@@ -343,21 +386,26 @@ class CounterDataset(Dataset):
         self._start = _scalar_of(start, self._dtype, "start")
         self._step = _scalar_of(step, self._dtype, "step")
 
-    def _iterate(self) -> Iterator[Any]:
+    def _iterate(self, state: State) -> Iterator[Any]:
         if self._dtype.kind in "iu":
             # Python ints, wrapped into the dtype's range: TensorFlow's counter overflows silently.
             info = np.iinfo(self._dtype)
             span, low = int(info.max) - int(info.min) + 1, int(info.min)
-            value, step, scalar = int(self._start), int(self._step), self._dtype.type
+            step, scalar = int(self._step), self._dtype.type
+            if not state.resumed:
+                state.value = int(self._start)
             while True:
+                value = state.value
+                state.value = (value + step - low) % span + low
                 yield scalar(value)
-                value = (value + step - low) % span + low
         else:
-            value = self._start
+            if not state.resumed:
+                state.value = self._start
             with np.errstate(over="ignore"):
                 while True:
+                    value = state.value
+                    state.value = self._dtype.type(value + self._step)
                     yield value
-                    value = self._dtype.type(value + self._step)
 
     def _spec(self, probe: bool) -> Any:
         return TensorSpec((), self._dtype)
@@ -366,28 +414,33 @@ class CounterDataset(Dataset):
         return options_lib.INFINITE
 
 
-class RandomDataset(Dataset):
+class RandomDataset(Seeded, Dataset):
     """Uniform int64 values in ``[0, 2**32)`` from numpy's generator (not TensorFlow's stream)."""
 
     _CHUNK = 1024
 
     def __init__(self, seed: Any, rerandomize_each_iteration: bool | None) -> None:
-        if seed is None:
-            self._seed = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
-        elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
             raise TypeError(f"Dataset.random() takes an integer seed or None. Got seed={seed!r}.")
-        else:
-            self._seed = int(seed) & (2**64 - 1)
+        self._init_seed(None if seed is None else int(seed) & (2**64 - 1))
         self._rerandomize = bool(rerandomize_each_iteration)
-        self._epochs = itertools.count()
-        self._epoch_lock = threading.Lock()
 
-    def _iterate(self) -> Iterator[Any]:
-        with self._epoch_lock:
-            epoch = next(self._epochs) if self._rerandomize else 0
-        rng = np.random.default_rng([self._seed, epoch])
+    def _iterate(self, state: State) -> Iterator[Any]:
+        # The epoch is drawn as the pass is created (see cursor); the position is the random
+        # generator, its current chunk of values and how many of them were taken.
+        if not state.resumed:
+            state.epoch = self._seeds.next_epoch() if self._rerandomize else 0
+            state.rng = np.random.default_rng([self._seed, state.epoch])
+            state.chunk, state.taken = np.empty(0, np.int64), 0
+        return self._values(state)
+
+    def _values(self, state: State) -> Iterator[Any]:
         while True:
-            yield from rng.integers(0, 2**32, size=self._CHUNK, dtype=np.int64)
+            if state.taken == len(state.chunk):
+                state.chunk, state.taken = state.rng.integers(0, 2**32, size=self._CHUNK, dtype=np.int64), 0
+            value = state.chunk[state.taken]
+            state.taken += 1
+            yield value
 
     def _spec(self, probe: bool) -> Any:
         return TensorSpec((), np.int64)

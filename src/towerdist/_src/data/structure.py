@@ -205,7 +205,7 @@ def sample_element(dataset: Dataset, operation: str) -> Any:
     calls it on a real element, or on :func:`placeholder_element` when there is none.
     ``operation`` is the dataset operation whose function is traced (``"map"``), for messages.
     """
-    source = dataset._iterate()
+    source = dataset._cursor()
     try:
         return next(source)
     except StopIteration:

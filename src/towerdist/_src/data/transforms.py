@@ -18,10 +18,12 @@ import numpy as np
 
 from towerdist._src import backend, nest
 from towerdist._src.data import options as options_lib
+from towerdist._src.data.cursor import Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import GatherPlan
+from towerdist._src.data.seeds import Seeded
 from towerdist._src.data.spec import TensorSpec, spec_with_batch
-from towerdist._src.data.structure import close_iterator, read_only_element, stack, unstack_count
+from towerdist._src.data.structure import read_only_element, stack, unstack_count
 from towerdist._src.errors import DataLossError, InvalidArgumentError, NotFoundError, PermissionDeniedError
 from towerdist._src.failures import unworded
 
@@ -38,7 +40,7 @@ __all__ = [
     "SkipDataset",
     "TakeDataset",
     "UnbatchDataset",
-    "cut_rows",
+    "RowCutter",
 ]
 
 INFINITE, UNKNOWN = options_lib.INFINITE, options_lib.UNKNOWN
@@ -101,9 +103,20 @@ class BatchDataset(Dataset):
             raise InvalidArgumentError(f"Batch size must be greater than zero. Got batch_size={self._size}.")
         self._drop = bool(drop_remainder)
 
-    def _iterate(self) -> Iterator[Any]:
-        plan = self._inputs[0]._gather_plan()
-        source = plan.indices._iterate() if plan is not None else self._inputs[0]._iterate()
+    def _plan(self, state: State) -> GatherPlan | None:
+        """The input's gather plan, made once per pass (a restored pass makes it for its saved input)."""
+        if not hasattr(state, "_plan"):
+            state._plan = self._inputs[0]._gather_plan()
+        plan: GatherPlan | None = state._plan
+        return plan
+
+    def _restored_input(self, key: str, state: State) -> Dataset:
+        plan = self._plan(state)
+        return plan.indices if plan is not None else self._inputs[0]
+
+    def _iterate(self, state: State) -> Iterator[Any]:
+        plan = self._plan(state)
+        source = state.open(plan.indices if plan is not None else self._inputs[0], "0")
         size, drop = self._size, self._drop
         try:
             while True:
@@ -115,7 +128,7 @@ class BatchDataset(Dataset):
                 else:
                     yield stack_elements(chunk)
         finally:
-            close_iterator(source)
+            source.close()
 
     def _spec(self, probe: bool) -> Any:
         spec = self._inputs[0]._spec(probe)
@@ -137,20 +150,36 @@ class UnbatchDataset(Dataset):
             if any(s.shape is not None and len(s.shape) == 0 for s in leaves):
                 raise ValueError("Cannot unbatch an input with scalar components.")
 
-    def _iterate(self) -> Iterator[Any]:
-        source = self._inputs[0]._iterate()
+    def _iterate(self, state: State) -> Iterator[Any]:
+        # The position: the input element being cut (``element``) and its next row (``row``).
+        if not state.resumed:
+            state.element, state.row = None, 0
+        source = state.input()
+        pull = iter(source)
         try:
-            for element in source:
+            while True:
+                if state.element is None:
+                    try:
+                        state.element = next(pull)
+                    except StopIteration:
+                        return
+                    state.row = 0
+                element = state.element
                 if not isinstance(element, (tuple, dict)):
-                    unstack_count([element], "unbatch")
-                    yield from element
-                    continue
-                leaves, treespec = nest.flatten(element)
-                n = unstack_count(leaves, "unbatch")
-                for i in range(n):
-                    yield treespec.unflatten([leaf[i] for leaf in leaves])
+                    n = unstack_count([element], "unbatch")
+                    while state.row < n:
+                        state.row += 1
+                        yield element[state.row - 1]
+                else:
+                    leaves, treespec = nest.flatten(element)
+                    n = unstack_count(leaves, "unbatch")
+                    while state.row < n:
+                        i = state.row
+                        state.row = i + 1
+                        yield treespec.unflatten([leaf[i] for leaf in leaves])
+                state.element = None
         finally:
-            close_iterator(source)
+            source.close()
 
     def _spec(self, probe: bool) -> Any:
         spec = self._inputs[0]._spec(probe)
@@ -162,43 +191,89 @@ class UnbatchDataset(Dataset):
         return INFINITE if self._inputs[0]._cardinality() == INFINITE else UNKNOWN
 
 
-def cut_rows(source: Iterator[Any], sizes: Sequence[int], drop_remainder: bool = False) -> Iterator[Any]:
-    """Re-cuts the rows of ``source``'s elements into pieces of ``sizes[0], sizes[1], ...`` (cycled).
+class RowCutter:
+    """Re-cuts the rows of a stream of elements into pieces of ``sizes[0], sizes[1], ...`` (cycled).
 
     Pieces may span element boundaries (unbatch-then-batch semantics); a piece that fits
     in one element is a view of it. A size of 0 gives an empty piece that keeps the other
     dimensions. At the end, a short last piece is yielded unless ``drop_remainder``.
+
+    Its position is plain data, saved with the cursor that owns it: ``pending``, the
+    elements whose rows are not all cut yet (each with its first unread row), ``template``,
+    an element of the stream (its structure, for empty pieces), ``turn``, the index of the
+    next size, and ``exhausted``.
     """
-    pending: list[tuple[list[Any], int, int]] = []  # (leaves, first unread row, rows)
-    available = 0
-    treespec = None
-    exhausted = False
-    template: list[Any] | None = None
-    for size in itertools.cycle(sizes):
-        # A positive size needs rows; a zero size only needs to know the structure, so that
-        # the empty pieces of a cycle are produced even after the last row (no row is lost).
-        while (available < size or template is None) and not exhausted:
-            try:
-                element = next(source)
-            except StopIteration:
-                exhausted = True
-                break
-            leaves, spec = nest.flatten(element)
-            if treespec is None:
-                treespec = spec
-            elif spec != treespec:
-                raise InvalidArgumentError(f"Cannot rebatch elements of different structures: {treespec} and {spec}.")
-            rows = unstack_count(leaves, "rebatch")
-            template = leaves
-            if rows:
-                pending.append((leaves, 0, rows))
-                available += rows
-        if template is None or (size > 0 and available == 0) or (available < size and drop_remainder):
-            return
-        assert treespec is not None
-        take = min(size, available)
-        yield treespec.unflatten(_take_rows(pending, take, template))
-        available -= take
+
+    def __init__(self, sizes: Sequence[int], drop_remainder: bool = False) -> None:
+        self.sizes = list(sizes)
+        self.drop_remainder = drop_remainder
+        self.pending: list[list[Any]] = []  # [element, first unread row]
+        self.template: Any = None
+        self.turn = 0
+        self.exhausted = False
+
+    def position(self) -> dict[str, Any]:
+        return {
+            "pending": [list(entry) for entry in self.pending],
+            "template": self.template,
+            "turn": self.turn,
+            "exhausted": self.exhausted,
+        }
+
+    def resume(self, position: dict[str, Any]) -> None:
+        self.pending = [list(entry) for entry in position["pending"]]
+        self.template = position["template"]
+        self.turn = position["turn"]
+        self.exhausted = position["exhausted"]
+
+    def rows_ahead(self) -> int:
+        """How many rows are read from the stream but not cut yet."""
+        return sum(_rows_of(element) - start for element, start in self.pending)
+
+    def pieces(self, source: Iterator[Any]) -> Iterator[Any]:
+        """The pieces of ``source``'s rows (after the rows already pending)."""
+        sizes = self.sizes
+        treespec = None if self.template is None else nest.flatten(self.template)[1]
+        pending = [(nest.flatten(element)[0], start, _rows_of(element)) for element, start in self.pending]
+        available = sum(rows - start for _, start, rows in pending)
+        while True:
+            size = sizes[self.turn]
+            # A positive size needs rows; a zero size only needs to know the structure, so that
+            # the empty pieces of a cycle are produced even after the last row (no row is lost).
+            while (available < size or self.template is None) and not self.exhausted:
+                try:
+                    element = next(source)
+                except StopIteration:
+                    self.exhausted = True
+                    break
+                leaves, spec = nest.flatten(element)
+                if treespec is None:
+                    treespec = spec
+                elif spec != treespec:
+                    raise InvalidArgumentError(
+                        f"Cannot rebatch elements of different structures: {treespec} and {spec}."
+                    )
+                rows = unstack_count(leaves, "rebatch")
+                self.template = element
+                if rows:
+                    pending.append((leaves, 0, rows))
+                    self.pending.append([element, 0])
+                    available += rows
+            if self.template is None or (size > 0 and available == 0) or (available < size and self.drop_remainder):
+                return
+            assert treespec is not None
+            take = min(size, available)
+            piece = treespec.unflatten(_take_rows(pending, take, nest.flatten(self.template)[0]))
+            available -= take
+            del self.pending[: len(self.pending) - len(pending)]
+            if pending:
+                self.pending[0][1] = pending[0][1]
+            self.turn = (self.turn + 1) % len(sizes)
+            yield piece
+
+
+def _rows_of(element: Any) -> int:
+    return unstack_count(nest.flatten(element)[0], "rebatch")
 
 
 def _take_rows(pending: list[tuple[list[Any], int, int]], count: int, template: list[Any]) -> list[Any]:
@@ -230,12 +305,22 @@ class RebatchDataset(Dataset):
             )
         self._drop = bool(drop_remainder)
 
-    def _iterate(self) -> Iterator[Any]:
-        source = self._inputs[0]._iterate()
+    def _iterate(self, state: State) -> Iterator[Any]:
+        state._cutter = cutter = RowCutter(self._sizes, self._drop)
+        if state.resumed:
+            cutter.resume(state.cutter)
+        return self._pieces(state, cutter)
+
+    def _pieces(self, state: State, cutter: RowCutter) -> Iterator[Any]:
+        source = state.input()
         try:
-            yield from cut_rows(source, self._sizes, self._drop)
+            yield from cutter.pieces(iter(source))
         finally:
-            close_iterator(source)
+            source.close()
+
+    def _save_state(self, state: State) -> Saved:
+        state.cutter = state._cutter.position()
+        return super()._save_state(state)
 
     def _spec(self, probe: bool) -> Any:
         spec = self._inputs[0]._spec(probe)
@@ -259,7 +344,7 @@ class RebatchDataset(Dataset):
 # --- selecting and reordering ------------------------------------------------------------------
 
 
-class ShuffleDataset(_Transparent):
+class ShuffleDataset(Seeded, _Transparent):
     def __init__(self, input_dataset: Dataset, buffer_size: Any, seed: Any, reshuffle_each_iteration: bool) -> None:
         self._inputs = (input_dataset,)
         self._buffer_size = _int_arg(buffer_size, "buffer_size")
@@ -270,40 +355,43 @@ class ShuffleDataset(_Transparent):
                 f"a buffer of every element). Got buffer_size={self._buffer_size}; for a uniform shuffle of the "
                 f"whole dataset pass buffer_size=dataset.cardinality()."
             )
-        if seed is None:
-            self._seed = int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
-        else:
-            self._seed = _int_arg(seed, "seed") & (2**64 - 1)
+        self._init_seed(None if seed is None else _int_arg(seed, "seed") & (2**64 - 1))
         self._reshuffle = bool(reshuffle_each_iteration)
-        self._epochs = itertools.count()
-        self._epoch_lock = threading.Lock()
 
-    def _iterate(self) -> Iterator[Any]:
-        with self._epoch_lock:
-            epoch = next(self._epochs) if self._reshuffle else 0
-        rng = np.random.default_rng([self._seed, epoch])
+    def _iterate(self, state: State) -> Iterator[Any]:
+        # The position: the random generator, the buffer, the unused uniforms drawn for picks,
+        # and whether the input has ended (the buffer is draining). The epoch is drawn now, as
+        # the pass is created (see cursor).
+        if not state.resumed:
+            state.epoch = self._seeds.next_epoch() if self._reshuffle else 0
+            state.rng = np.random.default_rng([self._seed, state.epoch])
+            state.buffer, state.uniforms, state.draining = [], [], False
+        return self._shuffled(state)
+
+    def _shuffled(self, state: State) -> Iterator[Any]:
+        rng, buffer, uniforms = state.rng, state.buffer, state.uniforms
         capacity = self._buffer_size if self._buffer_size > 0 else None
-        uniforms: list[float] = []
-        buffer: list[Any] = []
-        source = self._inputs[0]._iterate()
+        source = state.input()
         try:
-            for element in source:
-                if capacity is None or len(buffer) < capacity:
-                    buffer.append(element)
-                    continue
-                if not uniforms:
-                    uniforms = rng.random(1024).tolist()
-                j = int(uniforms.pop() * len(buffer))
-                chosen, buffer[j] = buffer[j], element
-                yield chosen
+            if not state.draining:
+                for element in source:
+                    if capacity is None or len(buffer) < capacity:
+                        buffer.append(element)
+                        continue
+                    if not uniforms:
+                        uniforms.extend(rng.random(1024).tolist())
+                    j = int(uniforms.pop() * len(buffer))
+                    chosen, buffer[j] = buffer[j], element
+                    yield chosen
+                state.draining = True
             while buffer:
                 if not uniforms:
-                    uniforms = rng.random(1024).tolist()
+                    uniforms.extend(rng.random(1024).tolist())
                 j = int(uniforms.pop() * len(buffer))
                 buffer[j], buffer[-1] = buffer[-1], buffer[j]
                 yield buffer.pop()
         finally:
-            close_iterator(source)
+            source.close()
 
 
 class RepeatDataset(_Transparent):
@@ -313,19 +401,22 @@ class RepeatDataset(_Transparent):
         if self._count < -1:
             raise InvalidArgumentError(f"repeat() count must be >= 0, or -1/None for forever. Got count={count}.")
 
-    def _iterate(self) -> Iterator[Any]:
-        passes = itertools.count() if self._count == -1 else range(self._count)
-        for _ in passes:
-            produced = False
-            source = self._inputs[0]._iterate()
+    def _iterate(self, state: State) -> Iterator[Any]:
+        # The position: the passes completed, whether the current one produced anything, and
+        # the current pass over the input (the child).
+        if not state.resumed:
+            state.passes, state.produced = 0, False
+        while self._count == -1 or state.passes < self._count:
+            source = state.input()
             try:
                 for element in source:
-                    produced = True
+                    state.produced = True
                     yield element
             finally:
-                close_iterator(source)
-            if not produced:
+                source.close()
+            if not state.produced:
                 return  # repeating an empty dataset forever yields nothing, as in TensorFlow
+            state.passes, state.produced = state.passes + 1, False
 
     def _cardinality(self) -> int:
         n = self._inputs[0]._cardinality()
@@ -343,12 +434,23 @@ class TakeDataset(_Transparent):
         if self._count < -1:
             raise InvalidArgumentError(f"take() count must be >= 0, or -1 for all. Got count={count}.")
 
-    def _iterate(self) -> Iterator[Any]:
-        source = self._inputs[0]._iterate()
+    def _iterate(self, state: State) -> Iterator[Any]:
+        if not state.resumed:
+            state.taken = 0
+        source = state.input()
         try:
-            yield from (source if self._count == -1 else itertools.islice(source, self._count))
+            if self._count == -1:
+                yield from source
+                return
+            if state.taken >= self._count:
+                return
+            for element in source:
+                state.taken += 1
+                yield element
+                if state.taken >= self._count:
+                    return
         finally:
-            close_iterator(source)
+            source.close()
 
     def _cardinality(self) -> int:
         n = self._inputs[0]._cardinality()
@@ -366,16 +468,22 @@ class SkipDataset(_Transparent):
         if self._count < -1:
             raise InvalidArgumentError(f"skip() count must be >= 0, or -1 for all. Got count={count}.")
 
-    def _iterate(self) -> Iterator[Any]:
-        source = self._inputs[0]._iterate()
+    def _iterate(self, state: State) -> Iterator[Any]:
+        if not state.resumed:
+            state.skipped = False
+        source = state.input()
         try:
             if self._count == -1:
                 for _ in source:
                     pass
                 return
-            yield from itertools.islice(source, self._count, None)
+            yield from itertools.islice(source, 0 if state.skipped else self._count, None)
         finally:
-            close_iterator(source)
+            source.close()
+
+    def _save_state(self, state: State) -> Saved:
+        state.skipped = True  # between elements, the skipping is done
+        return super()._save_state(state)
 
     def _cardinality(self) -> int:
         n = self._inputs[0]._cardinality()
@@ -401,22 +509,28 @@ class ShardDataset(_Transparent):
                 f"Index must be between 0 and {self._num_shards - 1} (currently index = {self._index})."
             )
 
-    def _filled(self, num_shards: int, index: int) -> ShardDataset:
-        """This hint with ``shard(SHARD_HINT, ...)`` replaced by ``shard(num_shards, index)``."""
-        return ShardDataset(self._inputs[0], num_shards, index)
-
-    def _iterate(self) -> Iterator[Any]:
+    def _iterate(self, state: State) -> Iterator[Any]:
         if self._is_hint:
             raise InvalidArgumentError(
                 "shard(SHARD_HINT, SHARD_HINT) is a placeholder that AutoShardPolicy.HINT fills in when a "
                 "multi-worker strategy distributes the dataset; iterate it through the strategy or give "
                 "shard() real numbers."
             )
-        source = self._inputs[0]._iterate()
+        if not state.resumed:
+            state.started = False
+        source = state.input()
         try:
-            yield from itertools.islice(source, self._index, None, self._num_shards)
+            # Before the first element the shard skips ``index`` elements; after any other, the
+            # ``num_shards - 1`` elements of the other shards.
+            first = self._num_shards - 1 if state.started else self._index
+            for element in itertools.islice(source, first, None, self._num_shards):
+                state.started = True
+                yield element
         finally:
-            close_iterator(source)
+            source.close()
+
+    def _state_params(self) -> dict[str, Any]:
+        return {"num_shards": self._num_shards, "index": self._index}
 
     def _cardinality(self) -> int:
         n = self._inputs[0]._cardinality()
@@ -432,8 +546,8 @@ class OptionsDataset(_Transparent):
         self._inputs = (input_dataset,)
         self._own_options = options
 
-    def _iterate(self) -> Iterator[Any]:
-        return self._inputs[0]._iterate()
+    def _iterate(self, state: State) -> Iterator[Any]:
+        return iter(state.input())
 
 
 _INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
@@ -449,15 +563,18 @@ class EnumerateDataset(Dataset):
                 f"Got start={self._start}."
             )
 
-    def _iterate(self) -> Iterator[Any]:
-        source = self._inputs[0]._iterate()
+    def _iterate(self, state: State) -> Iterator[Any]:
+        if not state.resumed:
+            state.count = self._start
+        source = state.input()
         try:
             # TensorFlow zips the input with range(start, int64 max): the count is pulled first,
             # and the dataset ends where the count would leave int64.
-            for i, element in zip(range(self._start, _INT64_MAX), source):
+            for i, element in zip(range(state.count, _INT64_MAX), source):
+                state.count = i + 1
                 yield np.int64(i), element
         finally:
-            close_iterator(source)
+            source.close()
 
     def _cardinality(self) -> int:
         n = self._inputs[0]._cardinality()
@@ -541,14 +658,26 @@ class CacheDataset(Dataset):
                     os.unlink(tmp)
                 raise
 
-    def _iterate(self) -> Iterator[Any]:
-        cached = self._load()
-        if cached is not None:
-            yield from cached
+    def _iterate(self, state: State) -> Iterator[Any]:
+        # The position: whether this pass fills the cache (then ``collected``, the elements
+        # read so far, and the input's pass) or reads a complete one (then ``position``).
+        if not state.resumed:
+            cached = self._load()
+            state.filling, state.position = cached is None, 0
+            state.collected = [] if cached is None else None
+        elif not state.filling:
+            cached = self._load()
+            if cached is None:
+                cached = self._adopt(state.elements)
+        if not state.filling:
+            assert cached is not None
+            while state.position < len(cached):
+                state.position += 1
+                yield cached[state.position - 1]
             return
         reserved = self._reserve() if self._filename else None
-        collected = []
-        source = self._inputs[0]._iterate()
+        collected = state.collected
+        source = state.input()
         try:
             for element in source:
                 # Every pass, this first one included, hands out the cached arrays themselves:
@@ -556,13 +685,35 @@ class CacheDataset(Dataset):
                 element = read_only_element(element)
                 collected.append(element)
                 yield element
-            close_iterator(source)
+            source.close()
             handed, reserved = reserved, None
-            self._store(collected, handed)  # reached only after a complete pass
+            self._store(list(collected), handed)  # reached only after a complete pass
         finally:
-            close_iterator(source)
+            source.close()
             if reserved is not None:  # an abandoned or failed pass
                 _discard(*reserved)
+
+    def _save_state(self, state: State) -> Saved:
+        # A pass reading an in-memory cache saves the cache too: restored in another process,
+        # it is not in memory there. (A file cache is read from its file again.)
+        state.elements = None if state.filling or self._filename else self._memory
+        return super()._save_state(state)
+
+    def _adopt(self, elements: list[Any] | None) -> list[Any]:
+        """The cache a restored reading pass reads: this process's, else the saved elements (kept as the cache)."""
+        if self._filename:
+            raise unworded(
+                NotFoundError(
+                    f"cannot restore the iterator: it was reading the cache file {self._filename!r} of "
+                    f"Dataset.cache(), which no longer exists. Restore it where that file is.",
+                    path=self._filename,
+                )
+            )
+        assert elements is not None
+        with self._lock:
+            if self._memory is None:
+                self._memory = elements
+            return self._memory
 
     def _batch_size(self) -> int | None:
         return self._inputs[0]._batch_size()

@@ -21,6 +21,7 @@ import numpy as np
 
 from towerdist._src import nest
 from towerdist._src.data import options as options_lib
+from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.padding import int_argument, pad_batch, padded_spec, plan_padding, up_to
 from towerdist._src.data.spec import DatasetSpec, TensorSpec, dtype_name, structure_of, unknown_sizes
@@ -46,7 +47,7 @@ class ElementsDataset(Dataset):
         self._elements = list(elements)
         self._element_spec = spec
 
-    def _iterate(self) -> Iterator[Any]:
+    def _iterate(self, state: State) -> Iterator[Any]:
         return iter(self._elements)
 
     def _spec(self, probe: bool) -> Any:
@@ -75,8 +76,8 @@ class WindowDataset(Dataset):
         """How many input elements a full window covers, from its first to its last."""
         return (self._size - 1) * self._stride + 1
 
-    def _iterate(self) -> Iterator[Any]:
-        source = self._inputs[0]._iterate()
+    def _iterate(self, state: State) -> Iterator[Any]:
+        source = self._inputs[0]._cursor()
         static = self._inputs[0]._spec(probe=False)
         span, shift = self._span, self._shift
         buffer: list[Any] = []  # the elements from index ``start`` on (none before it are kept)
@@ -162,8 +163,8 @@ class _Grouping(Dataset):
     def _reduce(self, key: int, elements: list[Any], spec: Any) -> Iterator[Any]:
         raise NotImplementedError
 
-    def _iterate(self) -> Iterator[Any]:
-        source = self._inputs[0]._iterate()
+    def _iterate(self, state: State) -> Iterator[Any]:
+        source = self._inputs[0]._cursor()
         static = self._inputs[0]._spec(probe=False)
         windows: dict[int, list[Any]] = {}
         sizes: dict[int, int] = {}
@@ -245,7 +246,7 @@ class GroupByWindowDataset(_Grouping):
                     f"{type(result).__name__} for key {key}."
                 )
             )
-        source = result._iterate()
+        source = result._cursor()
         try:
             yield from source
         finally:

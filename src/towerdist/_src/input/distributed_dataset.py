@@ -22,7 +22,7 @@ from towerdist._src.data import options as options_lib
 from towerdist._src.data.optional import Optional
 from towerdist._src.data.spec import is_fully_defined, structure_of
 from towerdist._src.data.structure import close_iterator, to_element
-from towerdist._src.data.transforms import cut_rows
+from towerdist._src.data.transforms import RowCutter
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import OutOfRangeError
 from towerdist._src.failures import unworded, worded_at
@@ -197,13 +197,13 @@ class DistributedDataset(_DistributedInput):
     def _steps(self) -> Iterator[list[Any]]:
         worker = self._worker
         n, local = worker.num_replicas_in_sync, worker.num_local
-        source = self._sharded._iterate()
+        source = self._sharded._cursor()
         try:
             if n == 1:
                 for element in source:
                     yield [element]
             elif self._sizes is not None:
-                yield from _group(cut_rows(source, self._sizes), local)
+                yield from _group(RowCutter(self._sizes).pieces(iter(source)), local)
             elif self._mode is ShardMode.OWN:
                 for element in source:
                     pieces = legacy_split(element, n)
@@ -256,7 +256,7 @@ class DistributedDatasetsFromFunction(_DistributedInput):
         return self._datasets[0]._spec(probe)
 
     def _steps(self) -> Iterator[list[Any]]:
-        sources = [dataset._iterate() for dataset in self._datasets]
+        sources = [dataset._cursor() for dataset in self._datasets]
         try:
             if not self._per_replica:
                 yield from _group(sources[0], self._worker.num_local)

@@ -15,6 +15,7 @@ import numpy as np
 
 from towerdist._src import backend, nest
 from towerdist._src.data import options as options_lib
+from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.spec import TensorSpec, structure_of
 from towerdist._src.data.structure import close_iterator, normalize_output, read_only_element
@@ -84,7 +85,7 @@ class IterableDataset(Dataset):
         self._peeked: list[Any] = []  # a one-shot input's first element, read for its spec
         self._lock = threading.Lock()
 
-    def _iterate(self) -> Iterator[Any]:
+    def _iterate(self, state: State) -> Iterator[Any]:
         with self._lock:
             if self._one_shot and self._started:
                 raise ValueError(
@@ -145,7 +146,7 @@ class TFDataset(Dataset):
         self._own_options = options_lib.Options()
         self._own_options.experimental_distribute.auto_shard_policy = options_lib.AutoShardPolicy(policy)
 
-    def _iterate(self) -> Iterator[Any]:
+    def _iterate(self, state: State) -> Iterator[Any]:
         source = self._tf_dataset.as_numpy_iterator()
         for value in source:
             yield normalize_output(value)

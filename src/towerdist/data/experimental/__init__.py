@@ -11,6 +11,7 @@ from towerdist._src.data.options import SHARD_HINT as SHARD_HINT
 from towerdist._src.data.options import UNKNOWN as UNKNOWN_CARDINALITY
 from towerdist._src.data.options import AutoShardPolicy as AutoShardPolicy
 from towerdist._src.data.options import DistributeOptions as DistributeOptions
+from towerdist._src.data.options import ExternalStatePolicy as ExternalStatePolicy
 from towerdist._src.data.persistence import experimental_load as load
 from towerdist._src.data.persistence import experimental_save as save
 from towerdist._src.data.resampling import experimental_rejection_resample as rejection_resample
@@ -28,6 +29,7 @@ __all__ = [
     "AutoShardPolicy",
     "Counter",
     "DistributeOptions",
+    "ExternalStatePolicy",
     "bucket_by_sequence_length",
     "choose_from_datasets",
     "get_single_element",
