@@ -34,7 +34,7 @@ from towerdist._src.cross_device_ops.nccl_all_reduce import NcclAllReduce as Ncc
 from towerdist._src.cross_device_ops.reduction_to_one_device import ReductionToOneDevice as ReductionToOneDevice
 from towerdist._src.cross_device_ops.shared_memory import SharedMemoryAllReduce as SharedMemoryAllReduce
 from towerdist._src.input.distributed_dataset import DistributedDataset as DistributedDataset
-from towerdist._src.input.distributed_dataset import DistributedIterator as DistributedIterator
+from towerdist._src.input.distributed_iterator import DistributedIterator as DistributedIterator
 from towerdist._src.input.input_context import InputContext as InputContext
 from towerdist._src.input.input_context import InputOptions as InputOptions
 from towerdist._src.input.input_context import InputReplicationMode as InputReplicationMode

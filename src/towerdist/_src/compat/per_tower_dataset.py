@@ -14,7 +14,7 @@ from typing import Any
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.errors import OutOfRangeError
 from towerdist._src.failures import worded_at
-from towerdist._src.input.distributed_dataset import place_on_device
+from towerdist._src.input.device_copies import place_on_device
 from towerdist._src.input.foreign import as_dataset
 from towerdist._src.values.regroup import regroup
 

@@ -32,7 +32,7 @@ from towerdist._src.data.options import AutoShardPolicy
 from towerdist._src.data.transforms import ShardDataset
 from towerdist._src.errors import InvalidArgumentError, NotFoundError
 
-__all__ = ["ShardMode", "auto_shard"]
+__all__ = ["ShardMode", "auto_shard", "read_from_files"]
 
 
 class ShardMode(enum.Enum):
@@ -63,7 +63,7 @@ def _readers(dataset: Dataset) -> list[Dataset]:
     return [reader for node in dataset._inputs for reader in _readers(node)]
 
 
-def _read_from_files(dataset: Dataset) -> bool:
+def read_from_files(dataset: Dataset) -> bool:
     """True if every source of the pipeline is under a file reader (what FILE sharding needs).
 
     TensorFlow finds a source that reads no files (a ``range`` zipped with the lines, say)
@@ -71,7 +71,7 @@ def _read_from_files(dataset: Dataset) -> bool:
     """
     if dataset._reads_files():
         return True
-    return bool(dataset._inputs) and all(_read_from_files(node) for node in dataset._inputs)
+    return bool(dataset._inputs) and all(read_from_files(node) for node in dataset._inputs)
 
 
 def _shard_at_sources(names: Dataset, num_workers: int, worker_index: int) -> Dataset:
@@ -124,10 +124,10 @@ def auto_shard(
     if num_workers == 1:
         # Nothing to shard, but TensorFlow still resolves the policy: FILE keeps the cycling
         # rule even without a file reader, AUTO does when the pipeline reads files.
-        if policy == AutoShardPolicy.FILE or _read_from_files(dataset):
+        if policy == AutoShardPolicy.FILE or read_from_files(dataset):
             return dataset, ShardMode.OWN
         return dataset, ShardMode.DATA
-    by_file = _read_from_files(dataset)
+    by_file = read_from_files(dataset)
     file_counts = [reader._inputs[0]._cardinality() for reader in _readers(dataset)] if by_file else []
     if policy == AutoShardPolicy.FILE:
         if not by_file:

@@ -24,10 +24,11 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from towerdist._src import backend, nest
 from towerdist._src.backend import cupy_backend, cupy_streams
 from towerdist._src.device import DeviceSpec
 
-__all__ = ["DeviceCopier", "Placed", "follow_handed_out"]
+__all__ = ["DeviceCopier", "Placed", "follow_handed_out", "place_on_device"]
 
 
 class Placed:
@@ -101,3 +102,19 @@ class DeviceCopier:
             if piece is not skip and device.device_type != "GPU":
                 placed[k] = place(piece, device)
         return Placed(placed, cupy_streams.Marks(threading.get_ident(), points), self)
+
+
+def place_on_device(piece: Any, device: DeviceSpec) -> Any:
+    """``piece`` (a nest of arrays) with its numeric arrays on ``device``; host memory serves every CPU."""
+    if device.device_type != "GPU":
+        return piece  # host memory serves every CPU device
+    impl = backend.for_device(device)
+    return nest.map_structure(lambda leaf: leaf if _stays_on_host(leaf) else impl.to_device(leaf, device), piece)
+
+
+def _stays_on_host(leaf: Any) -> bool:
+    """Strings, bytes, objects and datetimes stay in host memory (cupy holds numbers only), as in TensorFlow."""
+    if isinstance(leaf, (bytes, str)):
+        return True
+    kind = getattr(getattr(leaf, "dtype", None), "kind", "f")
+    return kind in "OSUVMm"

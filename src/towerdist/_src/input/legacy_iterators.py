@@ -12,7 +12,8 @@ from typing import Any
 
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.iterator import DatasetIterator
-from towerdist._src.input.distributed_dataset import DistributedIterator, _DistributedInput
+from towerdist._src.input.distributed_dataset import _DistributedInput
+from towerdist._src.input.distributed_iterator import DistributedIterator
 
 __all__ = ["DefaultInputIterator", "DistributedIteratorV1", "input_iterator"]
 

@@ -244,6 +244,15 @@ class Workers:
             raise _chief_error(name, f"{message} (raised on the chief, worker 0)", details)
         return received["result"]
 
+    def gather_bytes(self, data: bytes, collective: str) -> list[bytes]:
+        """Every worker's ``data``, in rank order (the lengths may differ)."""
+        if self._communicator is None:
+            return [data]
+        lengths = self.agree_extra(f"{collective} (lengths)", len(data), None)
+        gathered = self.gather(np.frombuffer(data, np.uint8), 0, collective, None)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        return [bytes(gathered[offsets[k] : offsets[k + 1]].tobytes()) for k in range(len(lengths))]
+
     def broadcast_bytes(self, data: bytes, collective: str) -> bytes:
         """Worker 0's ``data`` on every worker."""
         if self._communicator is None:

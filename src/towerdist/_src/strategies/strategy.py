@@ -188,6 +188,7 @@ class Strategy:
             )
         if kwargs is not None and not isinstance(kwargs, dict):
             raise TypeError(f"Strategy.run() takes kwargs as a dict. Got kwargs of type {type(kwargs).__name__}.")
+        self._extended.steps_begun.count += 1
         try:
             return self._extended._run(fn, tuple(args), kwargs or {})
         except BaseException as error:  # a hot path: no context manager, nothing to pay until it raises

@@ -1,0 +1,455 @@
+"""``DistributedIterator``: the steps of a distributed dataset, handed out one per ``next()``, and checkpointable.
+
+A step is one piece per local replica (see :mod:`~towerdist._src.input.feeds`). The iterator
+prepares steps ahead (``InputOptions.experimental_per_replica_buffer_size``), placing them
+on their devices, and agrees with the other workers, step by step, whether any still has
+data.
+
+**Saving** (``td.train.Checkpoint(iterator=iterator)``). The position of a worker is its
+pipelines' positions, its feed's leftovers, and the raw form of every step it read but did
+not hand out, and of every step it handed out that no ``strategy.run`` has used yet (a step
+drawn with ``next(iterator)`` for a ``run`` that a preemption handler never made): restored,
+the iterator makes those steps again first. A step counts as used once its strategy begins
+a ``run`` after handing it out; the iterator holds at most :data:`HELD_STEPS` unused ones (it
+warns when a save finds it had to let older ones go). Under ``MultiWorkerMirroredStrategy``
+saving is collective: every worker's position is gathered into the saved state.
+
+**Restoring onto another number of replicas or workers** (:mod:`~towerdist._src.input.resume`
+holds the rules): with the same workers, each restores its own position, and steps are cut
+for the new number of replicas from the same data. With another number of workers, the
+input must not depend on it: sharding by data (or no sharding), every worker at the same
+position; then every worker restores that one. Otherwise restoring raises
+``FailedPreconditionError`` naming the saved and the new counts.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from towerdist._src import context, nest
+from towerdist._src import profiler as _profiler
+from towerdist._src.data import state_codec
+from towerdist._src.data.cursor import Cursor, check_pipeline, pipeline_signature, random_state, restore_random_state
+from towerdist._src.data.iterator import external_state_check
+from towerdist._src.data.optional import Optional
+from towerdist._src.data.spec import structure_of
+from towerdist._src.data.structure import to_element
+from towerdist._src.errors import FailedPreconditionError, InvalidArgumentError, OutOfRangeError
+from towerdist._src.failures import unworded
+from towerdist._src.input.device_copies import DeviceCopier, Placed, place_on_device
+from towerdist._src.input.feeds import MISSING, Feed, Step
+from towerdist._src.input.resume import choose_position
+from towerdist._src.input.split import dummy_like
+from towerdist._src.values.per_replica_spec import PerReplicaSpec
+from towerdist._src.values.regroup import regroup
+
+if TYPE_CHECKING:
+    from towerdist._src.input.distributed_dataset import _DistributedInput
+
+__all__ = ["HELD_STEPS", "DistributedIterator", "StepsBegun"]
+
+logger = logging.getLogger("towerdist")
+
+HELD_STEPS = 4  # unused steps an iterator keeps for a checkpoint (see the module docstring)
+_KIND = "distributed_iterator"
+
+
+class StepsBegun:
+    """How many steps (``strategy.run`` calls) a strategy has begun: what its distributed iterators
+    compare to tell the steps a ``run`` used from those drawn for a ``run`` not made yet."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+class DistributedIterator:
+    """An iterator over a distributed dataset (``tf.distribute.DistributedIterator``).
+
+    ``next()`` returns a per-replica value (a ``PerReplica`` per array, in the element's
+    structure; with one replica, the plain element) and raises ``StopIteration`` at the
+    end; ``get_next()`` raises ``td.errors.OutOfRangeError`` instead;
+    ``get_next_as_optional()`` returns an empty ``Optional``. Call them outside
+    ``strategy.run`` and pass the value in: ``strategy.run(fn, args=(next(iterator),))``.
+
+    The iterator prepares steps ahead (``InputOptions.experimental_per_replica_buffer_size``),
+    but an exception raised by the input pipeline comes out in order: every step before
+    it is delivered first, then the exception, then the end of the data, as with the
+    dataset's own iterator. Threads may share one iterator; each step goes to one of them.
+
+    It can be saved in a ``td.train.Checkpoint`` (unlike TensorFlow's), and restored into an
+    iterator of the same dataset distributed over the same or another number of replicas
+    or workers; see the module docstring for what restores where.
+    """
+
+    def __init__(self, source: _DistributedInput) -> None:
+        self._source = source
+        self._feed: Feed | None = None  # made by the first step (or a restore)
+        self._steps: Iterator[Step] | None = None
+        self._ahead: collections.deque[tuple[Placed, Any]] = collections.deque()  # (placed step, raw form)
+        self._held: collections.deque[Any] = collections.deque()  # raw forms of handed-out steps no run used
+        self._held_at = -1  # the strategy's StepsBegun count when the held steps were handed out
+        self._dropped = 0  # held steps let go (more than HELD_STEPS drawn without a run)
+        self._handed = 0  # steps handed out, in all (with those the saved run handed out, once restored)
+        self._ended = False
+        self._copier = DeviceCopier()
+        options = source._options
+        self._to_gpus = (options.experimental_fetch_to_device or options.experimental_place_dataset_on_device) and any(
+            d.device_type == "GPU" for d in source._worker.devices
+        )
+        self._error: Exception | None = None  # raised by the pipeline while reading ahead
+        self._lock = threading.Lock()
+        self._template: list[Any] | None = None
+
+    @property
+    def element_spec(self) -> Any:
+        """The element spec of the distributed dataset this iterator iterates."""
+        return self._source.element_spec
+
+    def __iter__(self) -> DistributedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return self.get_next()
+        except OutOfRangeError:
+            raise StopIteration from None
+
+    def get_next(self) -> Any:
+        """The next per-replica element.
+
+        Raises:
+          OutOfRangeError: the data has ended.
+          ValueError: called inside a replica function.
+        """
+        context.require_outside_replica_fn(self._source._strategy, "DistributedIterator.get_next()")
+        with self._lock:
+            step = self._step()
+            if step is None:
+                raise OutOfRangeError("End of sequence")
+            if _has_missing(step) and not self._source._partial_enabled():
+                self._finish()  # TensorFlow ends iteration rather than pad a statically shaped step
+                raise OutOfRangeError("End of sequence")
+            return self._wrap(self._fill(step))
+
+    def get_next_as_optional(self) -> Optional:
+        """The next per-replica element as an ``Optional``, empty at the end.
+
+        Replicas without data in the last step get empty pieces. As in TensorFlow, the
+        Optional's ``element_spec`` describes the pieces it holds (a ``PerReplicaSpec`` per
+        array, with each piece's exact shape; with one replica, plain specs), and an empty
+        one's is the iterator's ``element_spec``.
+        """
+        context.require_outside_replica_fn(self._source._strategy, "DistributedIterator.get_next_as_optional()")
+        with self._lock:
+            if self._source.cardinality == 0 and self._source._worker.num_workers == 1:
+                return Optional._deferred_empty(self._spec_when_empty)
+            step = self._step()
+            if step is None:
+                return Optional._deferred_empty(self._spec_when_empty)
+            pieces = self._fill(step)
+            one_replica = self._source._worker.num_replicas_in_sync == 1
+            return Optional._deferred(self._wrap(pieces), lambda: _spec_of_pieces(pieces, one_replica))
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _restart(self) -> None:
+        """Ends the current pass (stopping its read-ahead); the next call starts a new one."""
+        with self._lock:
+            self._finish()
+            self._feed, self._steps = None, None
+            self._error = None
+            self._template = None
+            self._held.clear()
+            self._handed, self._dropped, self._ended = 0, 0, False
+
+    def _step(self) -> list[Any] | None:
+        if _profiler.active:
+            with _profiler.Span("input: next step"):
+                return self._next_step()
+        return self._next_step()
+
+    def _start(self) -> None:
+        if self._steps is None:
+            cursors = [dataset._cursor() for dataset in self._source._pipelines()]
+            self._feed = self._source._feed(cursors, [], None)
+            self._steps = self._feed.steps()
+
+    def _next_step(self) -> list[Any] | None:
+        self._start()
+        assert self._steps is not None
+        # The step returned now plus ``experimental_per_replica_buffer_size`` steps ahead.
+        ahead = self._source._options.experimental_per_replica_buffer_size + 1
+        while len(self._ahead) < ahead and self._error is None and not self._ended:
+            try:
+                made = next(self._steps, None)
+                if made is None:
+                    break
+                self._ahead.append((self._place(made.pieces), made.raw))
+            except Exception as error:
+                # Read ahead, the error belongs after the steps already read: it is raised
+                # once they are delivered, where the dataset's own iterator raises it.
+                self._error = error
+        if not self._ahead and self._error is not None:
+            pending, self._error = self._error, None
+            self._finish()  # the pipeline's generators ended with the error, as a plain pass does
+            raise pending
+        if self._ahead:
+            placed, raw = self._ahead.popleft()
+            step: list[Any] | None = placed.hand_out()
+            self._hold(raw)
+        else:
+            step = None
+        worker = self._source._worker
+        has_data = step is not None
+        if worker.workers_with_data is not None:
+            flags = worker.workers_with_data(has_data)
+            has_data = any(flags)
+            if has_data and not all(flags):
+                self._check_batched([w for w, flag in enumerate(flags) if not flag])
+        if not has_data:
+            self._finish()
+            return None
+        if step is None:
+            step = [MISSING] * worker.num_local  # other workers still have data
+        return step
+
+    def _hold(self, raw: Any) -> None:
+        """Keeps the raw form of a step handed out, until a ``strategy.run`` begins (see the module docstring)."""
+        self._handed += 1
+        counter = self._source._worker.steps_begun
+        count = -1 if counter is None else counter.count
+        if count != self._held_at:
+            self._held.clear()
+            self._held_at, self._dropped = count, 0
+        self._held.append(raw)
+        if len(self._held) > HELD_STEPS:
+            self._held.popleft()
+            self._dropped += 1
+
+    def _unused(self) -> list[Any]:
+        """The raw forms of the handed-out steps no run has used yet (read between steps)."""
+        counter = self._source._worker.steps_begun
+        if counter is not None and counter.count != self._held_at:
+            return []
+        return list(self._held)
+
+    def _check_batched(self, out_of_data: list[int]) -> None:
+        """Raises (on every worker alike) if workers out of data would be fed made-up scalars."""
+        spec = self._source._replica_spec(probe=True)
+        if spec is None or not all(leaf.shape == () for leaf in nest.flatten(spec)[0]):
+            return  # batched: the workers out of data get empty (0, ...) pieces
+        self._finish()
+        raise ValueError(
+            f"The input of {'worker' if len(out_of_data) == 1 else 'workers'} {', '.join(map(str, out_of_data))} "
+            f"ran out of elements while other workers still have some, and the elements are unbatched scalars: "
+            f"there is no empty piece to give the replicas of a worker without data (a zero would look like real "
+            f"data). Call batch() on the dataset so that a worker out of data gets empty (0, ...) batches, or give "
+            f"every worker the same number of elements."
+        )
+
+    def _finish(self) -> None:
+        feed, steps = self._feed, self._steps
+        self._steps = iter(())
+        self._ended = True
+        self._ahead.clear()
+        if steps is not None and hasattr(steps, "close"):
+            steps.close()
+        if feed is not None:
+            feed.close()
+
+    def _place(self, step: list[Any]) -> Placed:
+        if not self._to_gpus:
+            return Placed(step, None)  # host memory serves every CPU replica
+        return self._copier.place(step, self._source._worker.devices, place_on_device, MISSING)
+
+    def _spec_when_empty(self) -> Any:
+        try:
+            return self.element_spec
+        except ValueError:
+            return None  # a one-shot input, already used up, cannot be asked for its structure
+
+    def _fill(self, step: list[Any]) -> list[Any]:
+        """The step's pieces, with empty ones for the replicas without data."""
+        present = next((piece for piece in step if piece is not MISSING), None)
+        if present is not None:
+            self._template = step
+        if _has_missing(step):
+            example = present
+            if example is None and self._template is not None:
+                example = next((p for p in self._template if p is not MISSING), None)
+            # A worker with no data yet has no piece to copy shapes from: ask the spec.
+            spec = self._source._replica_spec(probe=example is None)
+            if spec is None and example is None:
+                raise ValueError(
+                    "This worker has no data for a step that other workers have data for, and the input's "
+                    "element structure is unknown, so no empty pieces can be made. Use a td.data.Dataset (or a "
+                    "tf.data.Dataset) so that its element_spec is known."
+                )
+            step = [
+                place_on_device(dummy_like(spec, example), device) if piece is MISSING else piece
+                for piece, device in zip(step, self._source._worker.devices, strict=True)
+            ]
+        return step
+
+    def _wrap(self, pieces: list[Any]) -> Any:
+        """The per-replica value of a step's pieces (with one replica, the piece itself)."""
+        worker = self._source._worker
+        if worker.num_replicas_in_sync == 1:
+            return pieces[0]
+        return regroup(pieces, worker.devices, always_wrap=True, what="pieces")
+
+    # --- checkpointing -----------------------------------------------------------------------
+
+    @property
+    def _checkpoint_collective(self) -> bool:
+        """Saving needs every worker (each gives its position)."""
+        return self._source._worker.num_workers > 1
+
+    def _position(self) -> dict[str, Any]:
+        """This worker's position (see the module docstring), taken between steps."""
+        source = self._source
+        worker = source._worker
+        with self._lock:
+            held = self._unused()
+            if self._dropped and held:
+                logger.warning(
+                    "Saving a distributed iterator that handed out %d steps no strategy.run has used since; the "
+                    "%d oldest are counted as used (it keeps the newest %d for a checkpoint).",
+                    len(held) + self._dropped,
+                    self._dropped,
+                    HELD_STEPS,
+                )
+            feed = self._feed
+            datasets = source._pipelines()
+            pipelines = []
+            for k, dataset in enumerate(datasets):
+                cursor = None if feed is None or self._ended else feed.cursors[k]
+                if cursor is not None:
+                    external_state_check(cursor, dataset.options())
+                pipelines.append(
+                    {
+                        "pipeline": pipeline_signature(dataset),
+                        "random": random_state(dataset),
+                        "cursor": None if cursor is None else cursor.save(),
+                    }
+                )
+            units: list[Any] = []
+            kind = None if feed is None else feed.kind
+            if feed is not None and not self._ended:
+                for raw in [*held, *(raw for _, raw in self._ahead)]:
+                    units.extend(feed.units_of(raw))
+                units.extend(feed.leftover())
+            return {
+                "kind": kind,
+                "world": {
+                    "num_workers": worker.num_workers,
+                    "num_local": worker.num_local,
+                    "worker_index": worker.worker_index,
+                    "sharding": source._sharding(),
+                },
+                "pipelines": pipelines,
+                "leftover": units,
+                "state": {} if feed is None else feed.state(),
+                "steps": self._handed - len(held),
+                "started": feed is not None,
+                "ended": self._ended and not held,
+                "error": None if self._error is None else f"{type(self._error).__name__}: {self._error}",
+            }
+
+    def _checkpoint_state(self) -> bytes:
+        """Every worker's position as bytes, for ``td.train.Checkpoint`` (collective with several workers)."""
+        try:
+            mine = state_codec.encode(self._position())
+        except TypeError as error:
+            raise unworded(
+                InvalidArgumentError(f"cannot save the distributed iterator's position: {error}.")
+            ) from None
+        share = self._source._worker.share_states
+        positions = [mine] if share is None else share(mine)
+        return state_codec.encode({"kind": _KIND, "workers": [np.frombuffer(p, np.uint8) for p in positions]})
+
+    def _checkpoint_restorer(self, state: bytes) -> Callable[[], None]:
+        """Prepares restoring ``state`` (from ``_checkpoint_state``, maybe on another world); the result commits it.
+
+        Raises:
+          FailedPreconditionError: the saved position cannot continue exactly here (see ``resume``),
+            or the pipeline differs from the saved one.
+        """
+        tree = state_codec.decode(state)
+        if not isinstance(tree, dict) or tree.get("kind") != _KIND:
+            kind = tree.get("kind") if isinstance(tree, dict) else None
+            raise unworded(
+                FailedPreconditionError(
+                    f"cannot restore a distributed iterator from the saved state of a {kind or 'different object'}: "
+                    f"restore each iterator from the key it was saved under."
+                )
+            )
+        saved = [state_codec.decode(bytes(blob)) for blob in tree["workers"]]
+        position = choose_position(saved, self._source)
+        datasets = self._source._pipelines()
+        cursors: list[Cursor] = []
+        try:
+            for dataset, pipeline in zip(datasets, position["pipelines"], strict=True):
+                check_pipeline(dataset, pipeline["pipeline"])
+                cursors.append(dataset._cursor(pipeline["cursor"]))
+            resumed = {"kind": position["kind"], "state": position["state"], "steps": position["steps"]}
+            feed = self._source._feed(cursors, list(position["leftover"]), resumed)
+        except BaseException:
+            for cursor in cursors:
+                cursor.close()
+            raise
+
+        def commit() -> None:
+            for dataset, pipeline in zip(datasets, position["pipelines"], strict=True):
+                restore_random_state(dataset, pipeline["random"])
+            with self._lock:
+                self._finish()
+                self._ended = False
+                self._feed = feed if position["started"] else None
+                self._steps = feed.steps() if position["started"] else None
+                if not position["started"]:
+                    feed.close()
+                self._error = None
+                self._template = None
+                self._held.clear()
+                self._held_at, self._dropped = -1, 0
+                self._handed = position["steps"]
+                if position["ended"]:
+                    self._finish()
+                elif position["error"] is not None:
+                    self._error = _RestoredError(position["error"])
+
+        return commit
+
+
+class _RestoredError(FailedPreconditionError):
+    """The input pipeline had failed when the iterator was saved: raised after the steps read before it."""
+
+    def __init__(self, description: str) -> None:
+        super().__init__(
+            f"The input pipeline raised {description} before this iterator was saved; restored, it ends there too, "
+            f"after the steps read before the error."
+        )
+
+
+def _spec_of_pieces(pieces: list[Any], one_replica: bool) -> Any:
+    """The element's structure with a ``PerReplicaSpec`` of the pieces' exact specs per array (None if not arrays)."""
+    try:
+        specs = [structure_of(to_element(piece)) for piece in pieces]
+    except (TypeError, ValueError):
+        return None
+    if one_replica:
+        return specs[0]
+    return nest.map_structure(lambda *replicas: PerReplicaSpec(*replicas), *specs)
+
+
+def _has_missing(step: list[Any]) -> bool:
+    return any(piece is MISSING for piece in step)

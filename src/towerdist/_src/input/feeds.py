@@ -1,0 +1,279 @@
+"""Where one worker's steps come from, and the position a checkpoint keeps of it.
+
+A *feed* turns this worker's input pipeline(s) into steps (one piece per local replica),
+the way its distributed dataset says, and keeps, in the units of that way, what it has
+read but not yet made into steps. Each step comes with its *raw* form, in the same units:
+what the step was cut from. A distributed iterator keeps the raw form of the steps it read
+ahead and of those it handed out that no ``strategy.run`` has used yet; saved, they go back
+in front of the feed's own leftovers (:meth:`Feed.leftover`), so a restored feed — on this
+number of replicas or another — makes its steps from exactly the data the saved run would
+have used next.
+
+The kinds, by the rule that makes the steps (``split``):
+
+* :class:`BatchFeed` — every global batch split across all replicas (sharding by data; or
+  one replica); the unit is the global batch, so it restores onto any number of replicas
+  or workers.
+* :class:`RowFeed` — the worker's rows re-cut by its rotation of the per-replica sizes (the
+  cycling rule); the unit is the row.
+* :class:`SplitAllFeed` — each element split over every replica of every worker, this
+  worker feeding all the pieces, its replicas in turn (a worker's own stream of unknown batch
+  size); the unit is the element with the index of its next group of pieces.
+* :class:`ElementFeed` — whole elements of one pipeline, ``num_local`` per step
+  (``distribute_datasets_from_function``); the unit is the element.
+* :class:`PerReplicaFeed` — one pipeline per local replica, one element of each per step
+  (``InputReplicationMode.PER_REPLICA``); the unit is the element, per pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
+
+from towerdist._src import nest
+from towerdist._src.data.cursor import Cursor
+from towerdist._src.data.dataset import Dataset
+from towerdist._src.data.structure import unstack_count
+from towerdist._src.data.transforms import RowCutter
+from towerdist._src.input.split import legacy_split
+
+__all__ = ["MISSING", "BatchFeed", "ElementFeed", "Feed", "PerReplicaFeed", "RowFeed", "SplitAllFeed", "Step"]
+
+MISSING: Any = object()  # a replica without data in this step
+
+
+class Step(NamedTuple):
+    """One step: a piece per local replica (``MISSING`` where a replica has no data), and its raw form."""
+
+    pieces: list[Any]
+    raw: Any
+
+
+class Feed:
+    """One worker's steps from its input pipeline(s) (see the module docstring).
+
+    Args:
+      datasets: the worker's pipeline(s).
+      cursors: a pass over each (new, or restored at a saved position).
+      leftover: raw units read before and not yet made into steps, to use first.
+    """
+
+    kind = ""
+
+    def __init__(self, datasets: Sequence[Dataset], cursors: Sequence[Cursor], leftover: list[Any]) -> None:
+        self.datasets = list(datasets)
+        self.cursors = list(cursors)
+        self._leftover = list(leftover)
+
+    def steps(self) -> Iterator[Step]:
+        raise NotImplementedError
+
+    def leftover(self) -> list[Any]:
+        """What was read from the pipeline(s) but is not in a step yet, as raw units (read between steps)."""
+        return list(self._leftover)
+
+    def close(self) -> None:
+        for cursor in self.cursors:
+            cursor.close()
+
+    # --- raw units --------------------------------------------------------------------------
+
+    @staticmethod
+    def units_of(raw: Any) -> list[Any]:
+        """The raw units of a step's raw form, in order (what goes back in front of the leftovers)."""
+        return [raw]
+
+    def state(self) -> dict[str, Any]:
+        """What the feed keeps besides its leftovers (saved with it)."""
+        return {}
+
+
+class BatchFeed(Feed):
+    """Each global batch split into ``num_replicas`` pieces; this worker keeps ``pieces[first:first+local]``.
+
+    With one replica in all, the batch itself is the piece.
+    """
+
+    kind = "batches"
+
+    def __init__(
+        self, datasets: Sequence[Dataset], cursors: Sequence[Cursor], leftover: list[Any], num: int, first: int, local: int
+    ) -> None:
+        super().__init__(datasets, cursors, leftover)
+        self._num, self._first, self._local = num, first, local
+
+    def steps(self) -> Iterator[Step]:
+        source = iter(self.cursors[0])
+        leftover = self._leftover
+        num, first, local = self._num, self._first, self._local
+        while True:
+            if leftover:
+                element = leftover.pop(0)
+            else:
+                try:
+                    element = next(source)
+                except StopIteration:
+                    return
+            pieces = [element] if num == 1 else legacy_split(element, num)[first : first + local]
+            yield Step(pieces, element)
+
+
+class RowFeed(Feed):
+    """This worker's rows re-cut by its rotation of the per-replica sizes, ``local`` pieces per step.
+
+    ``turn`` is the index of the next size in the rotation (after ``s`` steps of a worker with
+    ``R`` replicas among ``W`` workers: ``R * (s mod W)``).
+    """
+
+    kind = "rows"
+
+    def __init__(
+        self,
+        datasets: Sequence[Dataset],
+        cursors: Sequence[Cursor],
+        leftover: list[Any],
+        sizes: Sequence[int],
+        local: int,
+        turn: int = 0,
+        template: Any = None,
+        exhausted: bool = False,
+    ) -> None:
+        super().__init__(datasets, cursors, [])
+        self._cutter = RowCutter(sizes)
+        self._cutter.resume(
+            {
+                "pending": [[unit, 0] for unit in leftover if _rows(unit) > 0],
+                "template": template if template is not None else (leftover[0] if leftover else None),
+                "turn": turn % len(sizes),
+                "exhausted": exhausted,
+            }
+        )
+        self._local = local
+
+    def steps(self) -> Iterator[Step]:
+        pieces = self._cutter.pieces(iter(self.cursors[0]))
+        step: list[Any] = []
+        for piece in pieces:
+            step.append(piece)
+            if len(step) == self._local:
+                yield Step(step, list(step))
+                step = []
+        if step:
+            yield Step(step + [MISSING] * (self._local - len(step)), list(step))
+
+    def leftover(self) -> list[Any]:
+        position = self._cutter.position()
+        return [_rows_from(element, start) for element, start in position["pending"]]
+
+    @staticmethod
+    def units_of(raw: Any) -> list[Any]:
+        return [piece for piece in raw if _rows(piece) > 0]
+
+    def state(self) -> dict[str, Any]:
+        position = self._cutter.position()
+        return {"template": position["template"], "exhausted": position["exhausted"]}
+
+
+class SplitAllFeed(Feed):
+    """Each element split over all ``num`` replicas; this worker feeds every piece, ``local`` per step.
+
+    A unit is ``[element, next group]``: the element and the index of the first piece of its
+    next step.
+    """
+
+    kind = "split_all"
+
+    def __init__(
+        self, datasets: Sequence[Dataset], cursors: Sequence[Cursor], leftover: list[Any], num: int, local: int
+    ) -> None:
+        super().__init__(datasets, cursors, leftover)
+        self._num, self._local = num, local
+
+    def steps(self) -> Iterator[Step]:
+        source = iter(self.cursors[0])
+        leftover = self._leftover
+        num, local = self._num, self._local
+        while True:
+            if leftover:
+                element, start = leftover[0]
+            else:
+                try:
+                    element, start = next(source), 0
+                except StopIteration:
+                    return
+                leftover.append([element, 0])
+            pieces = legacy_split(element, num)
+            if start + local >= num:
+                leftover.pop(0)
+            else:
+                leftover[0] = [element, start + local]
+            yield Step(pieces[start : start + local], [element, start])
+
+
+class ElementFeed(Feed):
+    """Whole elements of one pipeline, ``local`` consecutive ones per step (the last padded with ``MISSING``)."""
+
+    kind = "elements"
+
+    def __init__(self, datasets: Sequence[Dataset], cursors: Sequence[Cursor], leftover: list[Any], local: int) -> None:
+        super().__init__(datasets, cursors, leftover)
+        self._local = local
+
+    def steps(self) -> Iterator[Step]:
+        source = iter(self.cursors[0])
+        leftover = self._leftover
+        local = self._local
+        while True:
+            step: list[Any] = []
+            while len(step) < local:
+                if leftover:
+                    step.append(leftover.pop(0))
+                    continue
+                try:
+                    step.append(next(source))
+                except StopIteration:
+                    break
+            if not step:
+                return
+            yield Step(step + [MISSING] * (local - len(step)), list(step))
+            if len(step) < local:
+                return
+
+    @staticmethod
+    def units_of(raw: Any) -> list[Any]:
+        return list(raw)
+
+
+class PerReplicaFeed(Feed):
+    """One pipeline per local replica; a step takes the next element of each (``MISSING`` once one ends).
+
+    Leftovers are per pipeline: a unit is the list of every pipeline's element of a step
+    (``None`` for a pipeline that had ended).
+    """
+
+    kind = "per_replica"
+
+    def steps(self) -> Iterator[Step]:
+        sources = [iter(cursor) for cursor in self.cursors]
+        leftover = self._leftover
+        while True:
+            if leftover:
+                unit = leftover.pop(0)
+                step = [MISSING if element is None else element for element in unit]
+            else:
+                step = [next(source, MISSING) for source in sources]
+            if all(piece is MISSING for piece in step):
+                return
+            yield Step(step, [None if piece is MISSING else piece for piece in step])
+
+
+def _rows(element: Any) -> int:
+    return unstack_count(nest.flatten(element)[0], "rebatch")
+
+
+def _rows_from(element: Any, start: int) -> Any:
+    """``element`` without its first ``start`` rows (views)."""
+    if start == 0:
+        return element
+    leaves, treespec = nest.flatten(element)
+    return treespec.unflatten([leaf[start:] for leaf in leaves])
