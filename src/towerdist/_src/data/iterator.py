@@ -24,9 +24,19 @@ from towerdist._src.failures import unworded
 if TYPE_CHECKING:
     from towerdist._src.data.dataset import Dataset
 
-__all__ = ["DatasetIterator", "external_state_check"]
+__all__ = ["DatasetIterator", "external_state_check", "register_state_converter"]
 
 logger = logging.getLogger("towerdist")
+
+# Saved states of other kinds of iterator a DatasetIterator restores from, by kind: each
+# converter turns such a state into a DatasetIterator position for a dataset.
+_converters: dict[str, Callable[[Saved, Dataset], Saved]] = {}
+
+
+def register_state_converter(kind: str, converter: Callable[[Saved, Dataset], Saved]) -> None:
+    """Lets ``DatasetIterator`` restore the saved states of ``kind`` (the input package registers the
+    distributed iterator's: the default strategy's input is the dataset itself)."""
+    _converters[kind] = converter
 
 
 class DatasetIterator:
@@ -51,6 +61,7 @@ class DatasetIterator:
         self._dataset = dataset
         self._cursor: Cursor | None = dataset._cursor()
         self._failed = False  # the pipeline raised: the pass is over
+        self._pending: list[Any] = []  # elements to yield before the cursor's (restored from a distributed iterator)
         # Serialises the steps of the pipeline's generators, which cannot run in two threads
         # at once. Re-entrant, so that pipeline code touching its own iterator fails with
         # Python's "generator already executing" instead of a deadlock.
@@ -68,6 +79,8 @@ class DatasetIterator:
         lock = self._lock
         lock.acquire()  # (measured: acquire/try/finally costs about half of a ``with`` block here)
         try:
+            if self._pending:
+                return self._pending.pop(0)
             cursor = self._cursor
             if cursor is None:
                 raise StopIteration
@@ -121,6 +134,7 @@ class DatasetIterator:
             self.close()
             self._cursor = self._dataset._cursor()
             self._failed = False
+            self._pending = []
 
     # --- checkpointing -----------------------------------------------------------------------
 
@@ -133,7 +147,11 @@ class DatasetIterator:
         """
         with self._lock:
             cursor = self._cursor
-            position: Saved = {"pipeline": pipeline_signature(self._dataset), "random": random_state(self._dataset)}
+            position: Saved = {
+                "pipeline": pipeline_signature(self._dataset),
+                "random": random_state(self._dataset),
+                "pending": list(self._pending),
+            }
             if cursor is None or self._failed:
                 return {**position, "ended": True}
             external_state_check(cursor, self._dataset.options())
@@ -149,13 +167,16 @@ class DatasetIterator:
           PipelineMismatchError: the position is not one of this pipeline.
         """
         check_pipeline(self._dataset, position["pipeline"])
-        cursor = None if position.get("ended") else self._dataset._cursor(position["cursor"])
+        saved_cursor = position.get("cursor")
+        cursor = None if position.get("ended") else self._dataset._cursor(saved_cursor)
+        pending = list(position.get("pending", []))
 
         def commit() -> None:
             restore_random_state(self._dataset, position["random"])
             with self._lock:
                 old, self._cursor = self._cursor, cursor
                 self._failed = False
+                self._pending = pending
             if old is not None:
                 old.close()
 
@@ -172,8 +193,15 @@ class DatasetIterator:
             ) from None
 
     def _checkpoint_restorer(self, state: bytes) -> Callable[[], None]:
-        """Prepares restoring the position ``state`` (from ``_checkpoint_state``); the result commits it."""
+        """Prepares restoring the position ``state`` (from ``_checkpoint_state``); the result commits it.
+
+        The state of a distributed iterator restores too, where its steps were whole elements
+        of this one pipeline (the default strategy's input is the dataset itself).
+        """
         tree = state_codec.decode(state)
+        converter = _converters.get(str(tree.get("kind"))) if isinstance(tree, dict) else None
+        if converter is not None:
+            return self._restorer(converter(tree, self._dataset))
         if not isinstance(tree, dict) or tree.get("kind") != "dataset_iterator":
             kind = tree.get("kind") if isinstance(tree, dict) else None
             raise unworded(

@@ -28,6 +28,7 @@ from towerdist._src.input.distributed_iterator import DistributedIterator, Steps
 from towerdist._src.input.feeds import BatchFeed, ElementFeed, Feed, PerReplicaFeed, RowFeed, SplitAllFeed
 from towerdist._src.input.foreign import IterableDataset, as_dataset
 from towerdist._src.input.input_context import InputContext, InputOptions
+from towerdist._src.input.resume import recut
 from towerdist._src.input.split import _needs_batch, batch_sizes_for_worker, compute_batch_size, replica_spec
 from towerdist._src.values.per_replica_spec import PerReplicaSpec
 
@@ -285,4 +286,9 @@ class DistributedDatasetsFromFunction(_DistributedInput):
     def _feed(self, cursors: list[Cursor], leftover: list[Any], resumed: dict[str, Any] | None) -> Feed:
         if self._per_replica:
             return PerReplicaFeed(self._datasets, cursors, leftover)
-        return ElementFeed(self._datasets, cursors, leftover, self._worker.num_local)
+        local = self._worker.num_local
+        if resumed is not None and leftover and resumed["world"]["num_local"] != local:
+            size = self._datasets[0]._batch_size()  # the per-replica batch size, if the pipeline batches
+            if size is not None:
+                leftover = recut(leftover, size, resumed["world"]["num_local"], local)
+        return ElementFeed(self._datasets, cursors, leftover, local)

@@ -36,7 +36,8 @@ from towerdist._src import context, nest
 from towerdist._src import profiler as _profiler
 from towerdist._src.data import state_codec
 from towerdist._src.data.cursor import Cursor, check_pipeline, pipeline_signature, random_state, restore_random_state
-from towerdist._src.data.iterator import external_state_check
+from towerdist._src.data.dataset import Dataset
+from towerdist._src.data.iterator import external_state_check, register_state_converter
 from towerdist._src.data.optional import Optional
 from towerdist._src.data.spec import structure_of
 from towerdist._src.data.structure import to_element
@@ -44,8 +45,8 @@ from towerdist._src.errors import FailedPreconditionError, InvalidArgumentError,
 from towerdist._src.failures import unworded
 from towerdist._src.input.device_copies import DeviceCopier, Placed, place_on_device
 from towerdist._src.input.feeds import MISSING, Feed, Step
-from towerdist._src.input.resume import choose_position
-from towerdist._src.input.split import dummy_like
+from towerdist._src.input.resume import choose_position, recut, same_position
+from towerdist._src.input.split import compute_batch_size, dummy_like
 from towerdist._src.values.per_replica_spec import PerReplicaSpec
 from towerdist._src.values.regroup import regroup
 
@@ -384,6 +385,8 @@ class DistributedIterator:
             or the pipeline differs from the saved one.
         """
         tree = state_codec.decode(state)
+        if isinstance(tree, dict) and tree.get("kind") == "dataset_iterator":
+            tree = {"kind": _KIND, "workers": [_from_dataset_iterator(tree["position"], self._source._sharding())]}
         if not isinstance(tree, dict) or tree.get("kind") != _KIND:
             kind = tree.get("kind") if isinstance(tree, dict) else None
             raise unworded(
@@ -392,7 +395,7 @@ class DistributedIterator:
                     f"restore each iterator from the key it was saved under."
                 )
             )
-        saved = [state_codec.decode(bytes(blob)) for blob in tree["workers"]]
+        saved = [blob if isinstance(blob, dict) else state_codec.decode(bytes(blob)) for blob in tree["workers"]]
         position = choose_position(saved, self._source)
         datasets = self._source._pipelines()
         cursors: list[Cursor] = []
@@ -400,7 +403,12 @@ class DistributedIterator:
             for dataset, pipeline in zip(datasets, position["pipelines"], strict=True):
                 check_pipeline(dataset, pipeline["pipeline"])
                 cursors.append(dataset._cursor(pipeline["cursor"]))
-            resumed = {"kind": position["kind"], "state": position["state"], "steps": position["steps"]}
+            resumed = {
+                "kind": position["kind"],
+                "state": position["state"],
+                "steps": position["steps"],
+                "world": position["world"],
+            }
             feed = self._source._feed(cursors, list(position["leftover"]), resumed)
         except BaseException:
             for cursor in cursors:
@@ -428,6 +436,65 @@ class DistributedIterator:
                     self._error = _RestoredError(position["error"])
 
         return commit
+
+
+def _from_dataset_iterator(position: dict[str, Any], sharding: str) -> dict[str, Any]:
+    """A ``DatasetIterator``'s position (the default strategy's input) as one worker's distributed position:
+    a stream of global batches."""
+    return {
+        "kind": "batches",
+        "world": {"num_workers": 1, "num_local": 1, "worker_index": 0, "sharding": sharding},
+        "pipelines": [
+            {"pipeline": position["pipeline"], "random": position["random"], "cursor": position.get("cursor")}
+        ],
+        "leftover": list(position.get("pending", [])),
+        "state": {},
+        "steps": 0,
+        "started": True,
+        "ended": bool(position.get("ended")),
+        "error": None,
+    }
+
+
+def _to_dataset_iterator(tree: dict[str, Any], dataset: Dataset) -> dict[str, Any]:
+    """A distributed iterator's saved state as a ``DatasetIterator`` position of ``dataset``, where its
+    steps were whole elements of that one pipeline.
+
+    Raises:
+      FailedPreconditionError: the steps were not (one pipeline per replica, or an element split
+        part-way, or workers at different positions).
+    """
+    saved = [state_codec.decode(bytes(blob)) for blob in tree["workers"]]
+    first = saved[0]
+    problem = None
+    if first["world"]["sharding"] == "own" and len(saved) > 1:
+        problem = "its input was split between the workers by file or shard"
+    elif any(not same_position(first, other) for other in saved[1:]):
+        problem = "its workers were at different positions"
+    elif first["kind"] not in (None, "batches", "elements", "rows") or len(first["pipelines"]) != 1:
+        problem = "its steps were not whole elements of one pipeline"
+    if problem is not None:
+        raise unworded(
+            FailedPreconditionError(
+                f"cannot restore a td.data iterator from the saved state of a distributed iterator: {problem}. "
+                f"Restore it into an iterator of the same distributed dataset."
+            )
+        )
+    leftover = list(first["leftover"])
+    if first["kind"] == "rows":
+        size = compute_batch_size(dataset)
+        leftover = recut(leftover, size, first["world"]["num_local"], 1) if size is not None else leftover
+    pipeline = first["pipelines"][0]
+    return {
+        "pipeline": pipeline["pipeline"],
+        "random": pipeline["random"],
+        "pending": leftover,
+        "ended": bool(first["ended"]),
+        "cursor": pipeline["cursor"],
+    }
+
+
+register_state_converter(_KIND, _to_dataset_iterator)
 
 
 class _RestoredError(FailedPreconditionError):

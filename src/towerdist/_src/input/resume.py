@@ -28,13 +28,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from towerdist._src import nest
+from towerdist._src.data.structure import unstack_count
+from towerdist._src.data.transforms import RowCutter
 from towerdist._src.errors import DataLossError, FailedPreconditionError
 from towerdist._src.failures import unworded
 
 if TYPE_CHECKING:
     from towerdist._src.input.distributed_dataset import _DistributedInput
 
-__all__ = ["choose_position"]
+__all__ = ["choose_position", "recut", "same_position"]
 
 _SHARDING_WORDS = {
     "data": "sharded by data (every worker runs the whole pipeline)",
@@ -66,7 +69,7 @@ def choose_position(saved: list[dict[str, Any]], source: _DistributedInput) -> d
     workers, local = worker.num_workers, worker.num_local
     sharding = world["sharding"]
     counts = (
-        f"It was saved on {_count(saved_workers, 'worker')} of {_count(saved_local, 'replica')} and is restored on "
+        f"it was saved on {_count(saved_workers, 'worker')} of {_count(saved_local, 'replica')} and is restored on "
         f"{_count(workers, 'worker')} of {_count(local, 'replica')}"
     )
     new_sharding = source._sharding()
@@ -90,7 +93,7 @@ def choose_position(saved: list[dict[str, Any]], source: _DistributedInput) -> d
             )
         )
     else:
-        different = [k for k in range(1, len(saved)) if not _same_position(saved[0], saved[k])]
+        different = [k for k in range(1, len(saved)) if not same_position(saved[0], saved[k])]
         if different:
             hint = (
                 "its dataset_fn makes a different pipeline on each worker (e.g. it shards by "
@@ -132,7 +135,30 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def _same_position(a: dict[str, Any], b: dict[str, Any]) -> bool:
+def recut(leftover: list[Any], size: int, saved_local: int, local: int) -> list[Any]:
+    """Elements read ahead by a run of ``saved_local`` replicas, their rows cut again into elements of ``size``.
+
+    A ``dataset_fn`` batches by the per-replica batch size, which changes with the number of
+    replicas: the saved elements' rows are cut into batches of the new size (what the
+    rebuilt pipeline yields), so that every step covers the same rows as before.
+
+    Raises:
+      FailedPreconditionError: the rows read ahead do not make whole batches of ``size``.
+    """
+    rows = sum(unstack_count(nest.flatten(element)[0], "restore") for element in leftover)
+    if rows % size:
+        raise unworded(
+            FailedPreconditionError(
+                f"cannot restore the distributed iterator exactly: it was saved on {_count(saved_local, 'replica')} "
+                f"per worker with {rows} rows read ahead of the steps used, and is restored on {local}, whose "
+                f"elements are batches of {size} rows: {rows} rows do not make whole batches of {size}. Restore it "
+                f"on {_count(saved_local, 'replica')} per worker."
+            )
+        )
+    return list(RowCutter([size]).pieces(iter(leftover)))
+
+
+def same_position(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """True if two workers' positions are the same (everything but the worker's own identity)."""
     keys = set(a) | set(b)
     keys.discard("world")
