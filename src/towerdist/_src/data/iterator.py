@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +26,7 @@ from towerdist._src.failures import unworded
 if TYPE_CHECKING:
     from towerdist._src.data.dataset import Dataset
 
-__all__ = ["DatasetIterator", "external_state_check", "register_state_converter"]
+__all__ = ["EXIT_LOCK_SECONDS", "DatasetIterator", "close_at_exit", "external_state_check", "register_state_converter"]
 
 logger = logging.getLogger("towerdist")
 
@@ -66,6 +68,7 @@ class DatasetIterator:
         # at once. Re-entrant, so that pipeline code touching its own iterator fails with
         # Python's "generator already executing" instead of a deadlock.
         self._lock = threading.RLock()
+        close_at_exit(self)
 
     @property
     def element_spec(self) -> Any:
@@ -127,6 +130,14 @@ class DatasetIterator:
             cursor, self._cursor = self._cursor, None
             if cursor is not None:
                 cursor.close()
+
+    def _close_at_exit(self) -> None:
+        # Bounded: a (daemon) thread may be inside next() for good at exit.
+        if self._lock.acquire(timeout=EXIT_LOCK_SECONDS):
+            try:
+                self.close()
+            finally:
+                self._lock.release()
 
     def _restart(self) -> None:
         """Ends the pass now, as ``close``, and starts a new one from the first element."""
@@ -211,6 +222,29 @@ class DatasetIterator:
                 )
             )
         return self._restorer(tree["position"])
+
+
+_open_iterators: weakref.WeakSet[Any] = weakref.WeakSet()
+EXIT_LOCK_SECONDS = 1.0  # how long closing an iterator at exit waits for a next() in another thread
+
+
+def close_at_exit(iterator: Any) -> None:
+    """Closes ``iterator`` (its ``_close_at_exit()``) when the interpreter exits, if it is still alive then.
+
+    A pipeline left open by a program that exits (a ``sys.exit(42)`` out of a preemption
+    handler, say) would otherwise be finalized while the interpreter tears its modules down,
+    and its generators' cleanup would fail noisily ("Exception ignored in: <generator ...>").
+    """
+    _open_iterators.add(iterator)
+
+
+@atexit.register
+def _close_open_iterators() -> None:
+    for iterator in list(_open_iterators):
+        try:
+            iterator._close_at_exit()
+        except Exception:  # noqa: BLE001 - at exit, a pipeline that fails to close must not stop the others
+            logger.debug("closing an input iterator at exit failed", exc_info=True)
 
 
 _UNSAVABLE_HINT = (

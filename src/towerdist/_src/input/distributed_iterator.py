@@ -37,7 +37,12 @@ from towerdist._src import profiler as _profiler
 from towerdist._src.data import state_codec
 from towerdist._src.data.cursor import Cursor, check_pipeline, pipeline_signature, random_state, restore_random_state
 from towerdist._src.data.dataset import Dataset
-from towerdist._src.data.iterator import external_state_check, register_state_converter
+from towerdist._src.data.iterator import (
+    EXIT_LOCK_SECONDS,
+    close_at_exit,
+    external_state_check,
+    register_state_converter,
+)
 from towerdist._src.data.optional import Optional
 from towerdist._src.data.spec import structure_of
 from towerdist._src.data.structure import to_element
@@ -108,6 +113,7 @@ class DistributedIterator:
         self._error: Exception | None = None  # raised by the pipeline while reading ahead
         self._lock = threading.Lock()
         self._template: list[Any] | None = None
+        close_at_exit(self)
 
     @property
     def element_spec(self) -> Any:
@@ -160,6 +166,14 @@ class DistributedIterator:
             return Optional._deferred(self._wrap(pieces), lambda: _spec_of_pieces(pieces, one_replica))
 
     # --- internals -------------------------------------------------------------------------
+
+    def _close_at_exit(self) -> None:
+        """Ends the iteration, stopping its read-ahead and the pipelines' background threads (at exit)."""
+        if self._lock.acquire(timeout=EXIT_LOCK_SECONDS):  # a thread may be inside next() for good at exit
+            try:
+                self._finish()
+            finally:
+                self._lock.release()
 
     def _restart(self) -> None:
         """Ends the current pass (stopping its read-ahead); the next call starts a new one."""
