@@ -212,6 +212,7 @@ class MirroredStrategy(_ModernMirroredStrategy):
         )
         extended = self.extended
         assert isinstance(extended, MirroredExtended)
+        extended.steps_begun.count += 1
         with self.scope():
             sequential = not run_concurrently if given else None
             try:
