@@ -76,8 +76,9 @@ CASES: dict[str, Case] = {
     # --- group_by_window ---
     "group_by_window": Case(
         lambda: D.range(30).group_by_window(lambda x: x % 3, lambda key, w: w.batch(2), window_size=4),
-        # the first full window (key 0: 0, 3, 6, 9) gives 2 batches: after 1 the reduction is half done
-        {"mid_reduction": 1, "between_reductions": 2, "flushing": 15},
+        # the first full window (key 0: 0, 3, 6, 9) gives 2 batches: after 1 the reduction is half
+        # done, after 2 it is at its end; the input ends with keys 1 and 2 open (batches 12-15)
+        {"mid_reduction": 1, "reduction_done": 2, "flushing": 13},
     ),
     "group_by_window_size_func": Case(
         lambda: D.range(40).group_by_window(
@@ -104,8 +105,9 @@ CASES: dict[str, Case] = {
         )
     ),
     "bucket_pad_to_boundary": Case(
-        lambda: varlen().bucket_by_sequence_length(length, [2, 4, 7], [2, 3, 2, 1], pad_to_bucket_boundary=True),
-        {"flushing": 9},
+        lambda: varlen().bucket_by_sequence_length(length, [2, 4, 7], [3, 4, 3, 2], pad_to_bucket_boundary=True),
+        # the input ends with buckets 0 and 2 open: after the first of them is handed out
+        {"flushing": 7},
     ),
     "bucket_drop_remainder": Case(
         lambda: varlen(90).bucket_by_sequence_length(length, [3], [3, 2], drop_remainder=True)
@@ -143,8 +145,8 @@ CASES: dict[str, Case] = {
             D.from_tensor_slices(np.array([0, 1, 1, 0, 0, 0, 0, 0, 1, 1, 0, 1], np.int64)),
             stop_on_empty_dataset=False,
         ),
-        # choice 7 picks the ended range(5): dropped
-        {"input_exhausted": 6},
+        # choice 6 takes the last element of range(5) (output 7); choice 7 picks it again: dropped
+        {"last_of_an_input": 7, "input_exhausted": 8},
     ),
     "choose_stop_on_empty_dataset": Case(
         lambda: D.choose_from_datasets(
