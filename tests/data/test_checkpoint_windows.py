@@ -317,3 +317,13 @@ def test_a_reduce_func_that_makes_another_dataset_fails_to_restore_naming_it() -
     with pytest.raises(td.errors.FailedPreconditionError, match="GroupByWindowDataset <- PaddedBatchDataset"):
         iterator._checkpoint_restorer(saved.state)
     assert len(list(iterator)) == 15
+
+
+def test_a_reduce_func_that_no_longer_returns_a_dataset_fails_to_restore_naming_the_operation() -> None:
+    def make(reduce_func: Callable[[Any, td.data.Dataset], Any]) -> td.data.Dataset:
+        return D.range(30).group_by_window(lambda x: x % 3, reduce_func, window_size=4)
+
+    saved = save_after(lambda: make(lambda key, w: w.batch(2)), 1)  # in the middle of a reduction
+    iterator = iter(make(lambda key, w: 0))
+    with pytest.raises(TypeError, match=r"Dataset.group_by_window\(\) reduce_func must return a single td.data.Dataset"):
+        iterator._checkpoint_restorer(saved.state)

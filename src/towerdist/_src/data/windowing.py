@@ -317,7 +317,8 @@ class GroupByWindowDataset(_Grouping):
         # reduce_func makes the dataset again, from the saved key and window; the dataset's
         # saved position is then restored into it.
         group, elements = state.reducing
-        return self._reduction(group, elements, _window_spec(self._inputs[0]._spec(probe=False), elements))
+        with worded_at(self._api):
+            return self._reduction(group, elements, _window_spec(self._inputs[0]._spec(probe=False), elements))
 
     def _drain(self, state: State, source: Cursor) -> Iterator[Any]:
         try:
