@@ -16,16 +16,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
-
-import towerdist as td
-
-from checkpoint_helpers import (
+from iterator_checkpoint_helpers import (
     assert_same_elements,
     restored_rest,
     restored_rest_in_subprocess,
     save_after,
     take,
 )
+
+import towerdist as td
 
 D = td.data.Dataset
 
