@@ -22,11 +22,13 @@ target. TensorFlow's scheme, which rejects as few elements as it can, is followe
   ``n``.
 
 The output elements are ``(class, element)`` pairs, the class with ``class_func``'s dtype:
-int32 or int64, or int16 when ``initial_dist`` is given (TensorFlow refuses other dtypes with
-a ``TypeError``). Two differences from TensorFlow: the random draws are numpy's (``seed`` makes
-a run reproducible, but which elements come out differs from TensorFlow's run with the same
-seed), and both distributions are normalized to sum to 1 first, where TensorFlow uses the
-weights as given (weights such as ``[1, 1]`` then miss the target there).
+int32 or int64, or int16 when ``initial_dist`` is given (TensorFlow refuses other dtypes
+with a ``TypeError``). Two differences from TensorFlow: the random draws are numpy's
+(``seed`` makes a run reproducible, and every pass the same; without it each pass draws
+anew, and a saved iterator carries what a restored one needs to draw as it would have; which
+elements come out differs from TensorFlow's run with the same seed), and both distributions
+are normalized to sum to 1 first, where TensorFlow uses the weights as given (weights such
+as ``[1, 1]`` then miss the target there).
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ out of range"). An infinite weight is an ``InvalidArgumentError`` (TensorFlow sp
 ``[inf, 1.0]`` once the other input has ended, and fails on ``[inf, inf]``).
 
 The random stream is numpy's (``np.random.default_rng``), so a seeded run is reproducible
-from run to run, but its order differs from TensorFlow's for the same seed.
+from run to run, but its order differs from TensorFlow's for the same seed. Without a seed,
+one is drawn for the process; a saved iterator carries it, so a restored run (in another
+process too) draws as the saved one would have.
 
 Cardinality, as in TensorFlow: infinite when any input is infinite (even with
 ``stop_on_empty_dataset=True``, where the result may in fact end), unknown otherwise.

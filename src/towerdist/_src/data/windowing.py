@@ -8,7 +8,10 @@ window, once full, to a function that returns a dataset; groups still open at th
 handed over in ascending key order. ``bucket_by_sequence_length`` is ``group_by_window`` with
 the bucket of an element's length as the key and a padded batch as the function.
 
-A window holds its elements in memory; it is a finite dataset of known cardinality.
+A window holds its elements in memory; it is a finite dataset of known cardinality, and a
+value a saved iterator position can hold. A ``group_by_window`` pass saved in the middle
+of a reduction calls ``reduce_func`` again on the saved key and window when it is restored,
+and continues that dataset from its saved position.
 """
 
 from __future__ import annotations
