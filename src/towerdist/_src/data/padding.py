@@ -24,7 +24,7 @@ from towerdist._src import backend, nest
 from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.spec import TensorSpec, dtype_name
-from towerdist._src.data.structure import close_iterator, to_component
+from towerdist._src.data.structure import to_component
 from towerdist._src.data.transforms import batched_cardinality
 from towerdist._src.errors import DataLossError, InvalidArgumentError
 from towerdist._src.failures import name_api, unworded, worded_at
@@ -339,17 +339,24 @@ class PaddedBatchDataset(Dataset):
         spec = input_dataset._spec(probe=False)
         self._static_plan = None if spec is None else plan_padding(spec, padded_shapes, padding_values)
 
-    def _plan_from(self, element: Any) -> tuple[list[ComponentPlan], Any]:
+    def _learnt_spec(self, element: Any) -> Any:
+        """The spec the padding of a pass is planned from when the input's is not static: ``element``'s."""
         leaves, treespec = nest.flatten(element)
         specs = []
         for index, leaf in enumerate(leaves):
             array = refuse_unrepresentable(leaf, index)
             specs.append(TensorSpec(array.shape, array.dtype))
-        return plan_padding(treespec.unflatten(specs), self._padded_shapes, self._padding_values, rank_only=True)
+        return treespec.unflatten(specs)
 
     def _iterate(self, state: State) -> Iterator[Any]:
-        source = self._inputs[0]._cursor()
+        # The position: the input's pass, and ``learnt``, the spec the padding was planned from
+        # (the first element's, when the input's spec is not static; None until then).
+        if not state.resumed:
+            state.learnt = None
+        source = state.input()
         plan = self._static_plan
+        if plan is None and state.learnt is not None:
+            plan = plan_padding(state.learnt, self._padded_shapes, self._padding_values, rank_only=True)
         try:
             while True:
                 chunk = list(itertools.islice(source, self._size))
@@ -357,14 +364,15 @@ class PaddedBatchDataset(Dataset):
                     return
                 try:
                     if plan is None:
-                        plan = self._plan_from(chunk[0])
+                        state.learnt = self._learnt_spec(chunk[0])
+                        plan = plan_padding(state.learnt, self._padded_shapes, self._padding_values, rank_only=True)
                     batch = pad_batch(chunk, plan[0], plan[1])
                 except BaseException as error:
                     name_api(error, self._api)
                     raise
                 yield batch
         finally:
-            close_iterator(source)
+            source.close()
 
     def _spec(self, probe: bool) -> Any:
         static = self._inputs[0]._spec(probe=False)

@@ -22,31 +22,35 @@ target. TensorFlow's scheme, which rejects as few elements as it can, is followe
   ``n``.
 
 The output elements are ``(class, element)`` pairs, the class with ``class_func``'s dtype:
-int32 or int64, or int16 when ``initial_dist`` is given (TensorFlow refuses other dtypes with
-a ``TypeError``). Two differences from TensorFlow: the random draws are numpy's (``seed`` makes
-a run reproducible, but which elements come out differs from TensorFlow's run with the same
-seed), and both distributions are normalized to sum to 1 first, where TensorFlow uses the
-weights as given (weights such as ``[1, 1]`` then miss the target there).
+int32 or int64, or int16 when ``initial_dist`` is given (TensorFlow refuses other dtypes
+with a ``TypeError``). Two differences from TensorFlow: the random draws are numpy's
+(``seed`` makes a run reproducible, and every pass the same; without it each pass draws
+anew, and a saved iterator carries what a restored one needs to draw as it would have; which
+elements come out differs from TensorFlow's run with the same seed), and both distributions
+are normalized to sum to 1 first, where TensorFlow uses the weights as given (weights such
+as ``[1, 1]`` then miss the target there).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from towerdist._src.data import options as options_lib
-from towerdist._src.data.cursor import State
+from towerdist._src.data.cursor import Cursor, State
 from towerdist._src.data.dataset import Dataset
+from towerdist._src.data.seeds import Seeded
 from towerdist._src.data.spec import TensorSpec
-from towerdist._src.data.structure import call_with_element, close_iterator, sample_element
+from towerdist._src.data.structure import call_with_element, sample_element
 from towerdist._src.errors import InvalidArgumentError
 
 __all__ = ["RejectionResampleDataset", "experimental_rejection_resample"]
 
 _API = "Dataset.rejection_resample()"
+_END = object()
 
 
 def _distribution(value: Any, name: str) -> np.ndarray:
@@ -78,6 +82,11 @@ _CLASS_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 _CLASS_DTYPES_GIVEN_INITIAL = (*_CLASS_DTYPES, np.dtype(np.int16))
 
 
+def _estimate_start(classes: int) -> dict[str, Any]:
+    """The position of an estimate of the class distribution before its first element (see ``_estimated``)."""
+    return {"counts": [_ESTIMATE_PRIOR] * classes, "read": 0, "left": 0, "value": None}
+
+
 def _mixing(target: np.ndarray, initial: np.ndarray) -> tuple[np.ndarray, float]:
     """The filtered stream's acceptance probability per class, and the probability ``m`` of the original stream.
 
@@ -97,7 +106,7 @@ def _mixing(target: np.ndarray, initial: np.ndarray) -> tuple[np.ndarray, float]
     return acceptance, min(max(low, 0.0), 1.0)
 
 
-class RejectionResampleDataset(Dataset):
+class RejectionResampleDataset(Seeded, Dataset):
     """``rejection_resample``: see the module docstring."""
 
     def __init__(
@@ -121,7 +130,7 @@ class RejectionResampleDataset(Dataset):
                 f"{_API} needs initial_dist and target_dist of the same length (one entry per class). Got "
                 f"{self._initial.size} and {self._target.size}."
             )
-        self._seed = seed
+        self._init_seed(None if seed is None else int(seed))
 
     def _class_of(self, element: Any, index: int) -> tuple[int, Any]:
         """``element``'s class as an int and as the scalar ``class_func`` returned (its dtype kept)."""
@@ -151,77 +160,116 @@ class RejectionResampleDataset(Dataset):
             )
         return label, value[()]
 
-    def _original(self) -> Generator[tuple[Any, Any], None, None]:
-        """Every input element, as a ``(class, element)`` pair."""
-        source = self._inputs[0]._cursor()
-        try:
-            for index, element in enumerate(source):
-                yield self._class_of(element, index)[1], element
-        finally:
-            close_iterator(source)
-
-    def _filtered(
-        self, acceptances: Iterable[np.ndarray], rng: np.random.Generator
-    ) -> Generator[tuple[Any, Any], None, None]:
-        """The input elements kept with their class's probability in the matching entry of ``acceptances``."""
-        source = self._inputs[0]._cursor()
-        try:
-            for index, (element, acceptance) in enumerate(zip(source, acceptances)):
-                label, value = self._class_of(element, index)
-                if rng.random() < acceptance[label]:
-                    yield value, element
-        finally:
-            close_iterator(source)
-
-    def _estimates(self) -> Generator[np.ndarray, None, None]:
-        """The estimated class distribution for each element position, from a pass over the classes."""
-        counts = np.full(self._target.size, _ESTIMATE_PRIOR, dtype=np.float64)
-        source = self._inputs[0]._cursor()
-        try:
-            for start in itertools.count(0, _ESTIMATE_BATCH):
-                batch = list(itertools.islice(source, _ESTIMATE_BATCH))
-                if not batch:
-                    return
-                for offset, element in enumerate(batch):
-                    counts[self._class_of(element, start + offset)[0]] += 1
-                estimate = counts / counts.sum()
-                # The estimate serves a whole batch, a short last one too (so the output can
-                # run up to a multiple of the batch size past the input's length).
-                yield from itertools.repeat(estimate, _ESTIMATE_BATCH)
-        finally:
-            close_iterator(source)
-
     def _iterate(self, state: State) -> Iterator[Any]:
-        choose_rng, accept_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(self._seed).spawn(2))
+        # The position: the two random generators (``choose_rng`` picks the stream of each
+        # output, ``accept_rng`` keeps or rejects the filtered stream's elements), the elements
+        # each stream has read (``original``, ``filtered``; for messages), the passes over the
+        # input (children "original", "filtered") and, without initial_dist, the two estimates
+        # of the class distribution (``shares`` and ``accepts``, see _estimated) with their
+        # passes over the input. The generators are drawn now, as the pass is created (see cursor).
+        if not state.resumed:
+            if self._seeds.seeded:
+                sequence = np.random.SeedSequence(self._seed)  # every pass the same, as in TensorFlow
+            else:
+                sequence = np.random.SeedSequence([self._seed, self._seeds.next_epoch()])
+            state.choose_rng, state.accept_rng = (np.random.default_rng(s) for s in sequence.spawn(2))
+            state.original, state.filtered = 0, 0
+            if self._initial is None:
+                state.shares, state.accepts = _estimate_start(self._target.size), _estimate_start(self._target.size)
+        return self._resampled(state)
+
+    def _resampled(self, state: State) -> Iterator[Any]:
+        estimating = self._initial is None
+        acceptance: np.ndarray | None = None
+        share = 0.0  # (estimated per draw when estimating)
+        keys: tuple[str, ...] = ("original", "filtered", "shares", "accepts")
         if self._initial is not None:
-            acceptance, original_share = _mixing(self._target, self._initial)
-            if original_share >= 1.0 - 1e-9:  # the input already follows the target
-                yield from self._original()
-                return
-            if original_share <= 0.0:  # a plain rejection resampling
-                yield from self._filtered(itertools.repeat(acceptance), accept_rng)
-                return
-            shares: Iterator[float] = itertools.repeat(original_share)
-            acceptances: Iterator[np.ndarray] = itertools.repeat(acceptance)
-            passes: list[Generator[Any, None, None]] = []
-        else:
-            # Separate passes for the filtered stream's acceptances and the draws' shares, so
-            # that each follows its own position in the input, as in TensorFlow.
-            share_estimates, accept_estimates = self._estimates(), self._estimates()
-            acceptances = (_mixing(self._target, estimate)[0] for estimate in accept_estimates)
-            shares = (_mixing(self._target, estimate)[1] for estimate in share_estimates)
-            passes = [share_estimates, accept_estimates]
-        original, filtered = self._original(), self._filtered(acceptances, accept_rng)
-        passes += [original, filtered]
+            acceptance, share = _mixing(self._target, self._initial)
+            if share >= 1.0 - 1e-9:  # the input already follows the target: every element once
+                share, keys = 1.0, ("original",)
+            elif share <= 0.0:  # a plain rejection resampling
+                keys = ("filtered",)
+            else:
+                keys = ("original", "filtered")
+        passes = {key: state.open(self._inputs[0], key) for key in keys}
+        choose_rng: np.random.Generator = state.choose_rng
         try:
-            for share in shares:
-                item = next(original if choose_rng.random() < share else filtered, None)
+            while True:
+                if estimating:
+                    estimated = self._estimated(state.shares, passes["shares"], 1)
+                    if estimated is None:
+                        return
+                    share = estimated
+                if share >= 1.0 or (share > 0.0 and choose_rng.random() < share):
+                    item = self._next_original(state, passes["original"])
+                else:
+                    item = self._next_filtered(state, passes, acceptance)
                 if item is None:  # TensorFlow stops as soon as the stream drawn from is exhausted
                     return
                 yield item
         finally:
-            for generator in passes:
-                generator.close()
+            for source in passes.values():
+                source.close()
+
+    def _restored_input(self, key: str, state: State) -> Dataset:
+        return self._inputs[0]  # every pass ("original", "filtered", "shares", "accepts") is over the input
+
+    def _state_params(self) -> dict[str, Any]:
+        return {"classes": int(self._target.size), "initial_dist": self._initial is not None}
+
+    def _next_original(self, state: State, source: Cursor) -> tuple[Any, Any] | None:
+        """The original stream's next ``(class, element)``: every input element, in order."""
+        element = next(source, _END)
+        if element is _END:
+            return None
+        index = state.original
+        state.original = index + 1
+        return self._class_of(element, index)[1], element
+
+    def _next_filtered(
+        self, state: State, passes: dict[str, Cursor], acceptance: np.ndarray | None
+    ) -> tuple[Any, Any] | None:
+        """The filtered stream's next ``(class, element)``: the next input element kept with its class's
+        probability in ``acceptance``, or (None: estimating) in the estimate for the element's position."""
+        source, rng = passes["filtered"], state.accept_rng
+        while True:
+            element = next(source, _END)
+            if element is _END:
+                return None
+            accepted = acceptance
+            if accepted is None:
+                accepted = self._estimated(state.accepts, passes["accepts"], 0)
+                if accepted is None:
+                    return None
+            index = state.filtered
+            state.filtered = index + 1
+            label, value = self._class_of(element, index)
+            if rng.random() < accepted[label]:
+                return value, element
+
+    def _estimated(self, estimate: dict[str, Any], source: Cursor, part: int) -> Any:
+        """Part ``part`` of ``_mixing`` (0: the acceptances, 1: the share) under the estimated class
+        distribution for the next position, or None at the end of the input.
+
+        ``estimate`` is the position of one estimate: ``counts``, the class counts (starting
+        at ``_ESTIMATE_PRIOR``) of the elements its pass over the input (``source``) has read,
+        ``read``; ``value``, what the current estimate gives, for ``left`` more positions. The
+        estimate is updated once per ``_ESTIMATE_BATCH`` elements and serves those elements'
+        positions, a short last batch too (so the output can run up to a multiple of the batch
+        size past the input's length).
+        """
+        if not estimate["left"]:
+            batch = list(itertools.islice(source, _ESTIMATE_BATCH))
+            if not batch:
+                return None
+            counts, read = estimate["counts"], estimate["read"]
+            for offset, element in enumerate(batch):
+                counts[self._class_of(element, read + offset)[0]] += 1
+            distribution = np.asarray(counts, dtype=np.float64) / sum(counts)
+            estimate["read"], estimate["left"] = read + len(batch), _ESTIMATE_BATCH
+            estimate["value"] = _mixing(self._target, distribution)[part]
+        estimate["left"] -= 1
+        return estimate["value"]
 
     def _spec(self, probe: bool) -> Any:
         if not probe:

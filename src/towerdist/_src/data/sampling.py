@@ -15,7 +15,9 @@ out of range"). An infinite weight is an ``InvalidArgumentError`` (TensorFlow sp
 ``[inf, 1.0]`` once the other input has ended, and fails on ``[inf, inf]``).
 
 The random stream is numpy's (``np.random.default_rng``), so a seeded run is reproducible
-from run to run, but its order differs from TensorFlow's for the same seed.
+from run to run, but its order differs from TensorFlow's for the same seed. Without a seed,
+one is drawn for the process; a saved iterator carries it, so a restored run (in another
+process too) draws as the saved one would have.
 
 Cardinality, as in TensorFlow: infinite when any input is infinite (even with
 ``stop_on_empty_dataset=True``, where the result may in fact end), unknown otherwise.
@@ -23,9 +25,7 @@ Cardinality, as in TensorFlow: infinite when any input is infinite (even with
 
 from __future__ import annotations
 
-import itertools
 import math
-import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -33,9 +33,10 @@ import numpy as np
 
 from towerdist._src import nest
 from towerdist._src.data import options as options_lib
-from towerdist._src.data.cursor import State
+from towerdist._src.data.cursor import Cursor, State
 from towerdist._src.data.dataset import Dataset
-from towerdist._src.data.spec import FirstElementCheck, TensorSpec, common_spec, dtype_name
+from towerdist._src.data.seeds import Seeded
+from towerdist._src.data.spec import FirstElementCheck, TensorSpec, common_spec, dtype_name, structure_of
 from towerdist._src.data.structure import close_iterator
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.failures import name_api, unworded, worded_at
@@ -87,9 +88,9 @@ def _check_datasets(datasets: Any) -> list[Dataset]:
     return list(datasets)
 
 
-def _seed(seed: Any) -> int:
+def _seed(seed: Any) -> int | None:
     if seed is None:
-        return int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
+        return None  # drawn for this process (see seeds)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise unworded(TypeError(f"takes an integer seed. Got seed={seed!r}."))
     return int(seed) & (2**64 - 1)
@@ -113,9 +114,16 @@ class _DirectedInterleave(Dataset):
         counts = [d._cardinality() for d in self._inputs[: self._num]]
         return INFINITE if INFINITE in counts else UNKNOWN
 
-    def _picks(self, alive: list[bool]) -> Iterator[int]:
-        """The selector: the index of the input for every next element (``alive`` says which have not ended)."""
+    def _picks(self, state: State) -> Iterator[int]:
+        """The selector: the index of the input for every next element.
+
+        It keeps its position in ``state`` whenever it yields (a selector started afresh over
+        a restored state goes on from there); ``state.alive`` says which inputs have not ended.
+        """
         raise NotImplementedError
+
+    def _start_picks(self, state: State) -> None:
+        """Sets up the selector's position for a new pass (the random ones draw their epoch now)."""
 
     def _mismatch(self, a: int, spec_a: Any, b: int, spec_b: Any, where: str) -> str:
         return (
@@ -123,34 +131,56 @@ class _DirectedInterleave(Dataset):
             f"elements differ {where}: dataset {a} element_spec={spec_a!r}; dataset {b} element_spec={spec_b!r}."
         )
 
+    def _state_params(self) -> dict[str, Any]:
+        return {"datasets": self._num}
+
     def _iterate(self, state: State) -> Iterator[Any]:
-        iterators: list[Iterator[Any] | None] = [None] * self._num
-        alive = [True] * self._num
-        specs = [d._spec(probe=False) for d in self._inputs[: self._num]]
-        unchecked = [spec is None for spec in specs]  # first elements to check (specs known only by running)
+        # The position: ``alive``, which inputs have not ended; ``unchecked``, the inputs whose
+        # first element is still to be checked against the others' (specs known only by
+        # running), and ``reference``, the first such element's spec; the selector's position
+        # (see _picks); and the passes over the inputs picked so far (children "0", "1", ...;
+        # an input that ended is dropped).
+        if not state.resumed:
+            state.alive = [True] * self._num
+            state.unchecked = [d._spec(probe=False) is None for d in self._inputs[: self._num]]
+            state.reference = None
+            self._start_picks(state)
+        return self._interleaved(state)
+
+    def _interleaved(self, state: State) -> Iterator[Any]:
+        alive: list[bool] = state.alive
+        unchecked: list[bool] = state.unchecked
+        iterators: list[Cursor | None] = [None] * self._num
         check = FirstElementCheck(self._mismatch)
         if any(unchecked):
-            for key, spec in enumerate(specs):
-                check.known(key, spec)
-        picks = self._picks(alive)
+            for key, dataset in enumerate(self._inputs[: self._num]):
+                check.known(key, dataset._spec(probe=False))
+            if state.reference is not None:
+                check.known(*state.reference)  # (only taken when no input's spec is static)
+        picks = self._picks(state)
         try:
             for index in picks:
                 if not alive[index]:
                     continue  # a pick of an input that ended: dropped (TensorFlow's rule)
                 iterator = iterators[index]
                 if iterator is None:
-                    iterator = iterators[index] = self._inputs[index]._cursor()
+                    iterator = iterators[index] = state.input(index)
                 element = next(iterator, _END)
-                if unchecked[index] and element is not _END:
-                    unchecked[index] = False
-                    check.first(index, element)
                 if element is _END:
                     if self._stop:
                         return
                     alive[index] = False
+                    iterators[index] = None
+                    state.drop(str(index))
                     if not any(alive):
                         return
                     continue
+                if unchecked[index]:
+                    spec = structure_of(element)
+                    check.spec(index, spec)
+                    unchecked[index] = False
+                    if state.reference is None:
+                        state.reference = (index, spec)
                 yield element
         except BaseException as error:
             name_api(error, self._api)
@@ -158,15 +188,16 @@ class _DirectedInterleave(Dataset):
         finally:
             close_iterator(picks)
             for iterator in iterators:
-                close_iterator(iterator)
+                if iterator is not None:
+                    iterator.close()
 
 
-class SampleFromDatasets(_DirectedInterleave):
+class SampleFromDatasets(Seeded, _DirectedInterleave):
     def __init__(
         self,
         datasets: list[Dataset],
         weights: Any,
-        seed: int,
+        seed: int | None,
         stop_on_empty_dataset: bool,
         rerandomize_each_iteration: bool,
     ) -> None:
@@ -175,32 +206,36 @@ class SampleFromDatasets(_DirectedInterleave):
         self._stop = bool(stop_on_empty_dataset)
         self._weights = weights if not isinstance(weights, Dataset) else None
         self._inputs = (*datasets, weights) if isinstance(weights, Dataset) else tuple(datasets)
-        self._seed = seed
+        self._init_seed(seed)
         self._rerandomize = bool(rerandomize_each_iteration)
-        self._epochs = itertools.count()
-        self._epoch_lock = threading.Lock()
 
-    def _picks(self, alive: list[bool]) -> Iterator[int]:
-        with self._epoch_lock:
-            epoch = next(self._epochs) if self._rerandomize else 0
-        rng = np.random.default_rng([self._seed, epoch])
-        uniforms: list[float] = []
+    def _start_picks(self, state: State) -> None:
+        # The selector's position: the random generator, the unused uniforms drawn for picks,
+        # and (with a weights dataset) how many weight vectors were read.
+        state.epoch = self._seeds.next_epoch() if self._rerandomize else 0
+        state.rng = np.random.default_rng([self._seed, state.epoch])
+        state.uniforms, state.vectors = [], 0
+
+    def _picks(self, state: State) -> Iterator[int]:
+        rng: np.random.Generator = state.rng
+        uniforms: list[float] = state.uniforms
 
         def uniform() -> float:
-            nonlocal uniforms
             if not uniforms:
-                uniforms = rng.random(256).tolist()
+                uniforms.extend(rng.random(256).tolist())
             return uniforms.pop()
 
         if self._weights is not None:
-            yield from self._constant_picks(self._weights, alive, uniform)
+            yield from self._constant_picks(self._weights, state.alive, uniform)
             return
-        source = self._inputs[self._num]._cursor()
+        source = state.input(self._num)
         try:
-            for position, vector in enumerate(source):
-                yield _draw(self._weight_vector(vector, position), uniform())
+            for position, vector in enumerate(source, start=state.vectors):
+                pick = _draw(self._weight_vector(vector, position), uniform())
+                state.vectors = position + 1
+                yield pick
         finally:
-            close_iterator(source)
+            source.close()
 
     def _constant_picks(self, weights: np.ndarray, alive: list[bool], uniform: Any) -> Iterator[int]:
         # Drawing among the inputs left is the distribution of TensorFlow's "draw among all,
@@ -346,10 +381,13 @@ class ChooseFromDatasets(_DirectedInterleave):
         self._stop = bool(stop_on_empty_dataset)
         self._inputs = (*datasets, choice_dataset)
 
-    def _picks(self, alive: list[bool]) -> Iterator[int]:
-        source = self._inputs[self._num]._cursor()
+    def _start_picks(self, state: State) -> None:
+        state.choices = 0  # how many elements of choice_dataset were read
+
+    def _picks(self, state: State) -> Iterator[int]:
+        source = state.input(self._num)
         try:
-            for position, choice in enumerate(source):
+            for position, choice in enumerate(source, start=state.choices):
                 array = np.asarray(choice) if isinstance(choice, (np.ndarray, np.generic)) else None
                 if array is None or array.dtype != np.int64 or array.ndim != 0:
                     raise unworded(
@@ -366,9 +404,10 @@ class ChooseFromDatasets(_DirectedInterleave):
                             f"but there are {self._num} datasets (indices 0 to {self._num - 1})."
                         )
                     )
+                state.choices = position + 1
                 yield index
         finally:
-            close_iterator(source)
+            source.close()
 
 
 def choose_from_datasets(datasets: Any, choice_dataset: Any, stop_on_empty_dataset: bool = True) -> Dataset:

@@ -8,12 +8,16 @@ window, once full, to a function that returns a dataset; groups still open at th
 handed over in ascending key order. ``bucket_by_sequence_length`` is ``group_by_window`` with
 the bucket of an element's length as the key and a padded batch as the function.
 
-A window holds its elements in memory; it is a finite dataset of known cardinality.
+A window holds its elements in memory; it is a finite dataset of known cardinality, and a
+value a saved iterator position can hold. A ``group_by_window`` pass saved in the middle
+of a reduction calls ``reduce_func`` again on the saved key and window when it is restored,
+and continues that dataset from its saved position.
 """
 
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -21,11 +25,12 @@ import numpy as np
 
 from towerdist._src import nest
 from towerdist._src.data import options as options_lib
-from towerdist._src.data.cursor import State
+from towerdist._src.data import state_codec
+from towerdist._src.data.cursor import Cursor, Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.padding import int_argument, pad_batch, padded_spec, plan_padding, up_to
 from towerdist._src.data.spec import DatasetSpec, TensorSpec, dtype_name, structure_of, unknown_sizes
-from towerdist._src.data.structure import call_with_element, close_iterator
+from towerdist._src.data.structure import call_with_element
 from towerdist._src.data.transforms import stack_elements
 from towerdist._src.errors import InternalError, InvalidArgumentError
 from towerdist._src.failures import name_api, unworded, worded_at
@@ -41,20 +46,43 @@ INFINITE, UNKNOWN = options_lib.INFINITE, options_lib.UNKNOWN
 
 
 class ElementsDataset(Dataset):
-    """A finite dataset over elements held in memory (a window, a group, a list of datasets)."""
+    """A finite dataset over elements held in memory (a window, a group, a list of datasets).
+
+    A pass's position is the index of its next element. An ``ElementsDataset`` is itself a
+    value a saved position can hold (registered with ``state_codec``): a window buffered by
+    another operation (a ``flat_map`` input, a shuffle buffer of windows) is saved with its
+    elements and spec.
+    """
 
     def __init__(self, elements: Sequence[Any], spec: Any) -> None:
         self._elements = list(elements)
         self._element_spec = spec
 
     def _iterate(self, state: State) -> Iterator[Any]:
-        return iter(self._elements)
+        # The elements come from a C list iterator (no Python step per element); _save_state
+        # reads how far it got.
+        start = state.position if state.resumed else 0
+        state.position = start
+        state._rest = rest = iter(self._elements[start:] if start else self._elements)
+        return rest
+
+    def _save_state(self, state: State) -> Saved:
+        state.position = len(self._elements) - operator.length_hint(state._rest)
+        return super()._save_state(state)
 
     def _spec(self, probe: bool) -> Any:
         return self._element_spec
 
     def _cardinality(self) -> int:
         return len(self._elements)
+
+
+state_codec.register(
+    "elements_dataset",
+    ElementsDataset,
+    lambda dataset: [dataset._elements, dataset._element_spec],
+    lambda tree: ElementsDataset(tree[0], tree[1]),
+)
 
 
 # --- window ----------------------------------------------------------------------------------
@@ -77,28 +105,44 @@ class WindowDataset(Dataset):
         return (self._size - 1) * self._stride + 1
 
     def _iterate(self, state: State) -> Iterator[Any]:
-        source = self._inputs[0]._cursor()
+        # The position: ``buffer``, the elements read from the start of the next window on;
+        # ``skip``, how many input elements to pass over before the next window starts (when
+        # ``shift`` is larger than a window's span); ``ended``, whether the input has ended
+        # (then the last, partial windows are being handed out).
+        if not state.resumed:
+            state.buffer, state.skip, state.ended = [], 0, False
+        return self._windows(state)
+
+    def _windows(self, state: State) -> Iterator[Any]:
         static = self._inputs[0]._spec(probe=False)
-        span, shift = self._span, self._shift
-        buffer: list[Any] = []  # the elements from index ``start`` on (none before it are kept)
-        start = 0
-        count = 0
-        try:
-            for element in source:
-                if count >= start:
+        span, shift, stride = self._span, self._shift, self._stride
+        buffer = state.buffer
+        if not state.ended:
+            source = state.input()
+            skip = state.skip
+            try:
+                for element in source:
+                    if skip:
+                        skip -= 1
+                        continue
                     buffer.append(element)
-                count += 1
-                if count == start + span:  # the window at ``start`` is complete
-                    yield self._window(buffer[0 : span : self._stride], static)
-                    start += shift
-                    del buffer[:shift]
-            if not self._drop:
-                while start < count:
-                    yield self._window(buffer[0 : span : self._stride], static)
-                    start += shift
-                    del buffer[:shift]
-        finally:
-            close_iterator(source)
+                    if len(buffer) == span:  # the window is complete
+                        window = self._window(buffer[::stride], static)
+                        del buffer[:shift]
+                        skip = state.skip = max(shift - span, 0)
+                        yield window
+            finally:
+                source.close()
+            state.ended = True
+            state.drop("0")
+        if not self._drop:
+            while buffer:
+                window = self._window(buffer[0:span:stride], static)
+                del buffer[:shift]
+                yield window
+
+    def _state_params(self) -> dict[str, Any]:
+        return {"size": self._size, "shift": self._shift, "stride": self._stride}
 
     def _window(self, elements: list[Any], static: Any) -> Any:
         spec = static if static is not None else unknown_sizes(structure_of(elements[0]))
@@ -160,39 +204,62 @@ class _Grouping(Dataset):
     def _size_for(self, key: int) -> int:
         raise NotImplementedError
 
-    def _reduce(self, key: int, elements: list[Any], spec: Any) -> Iterator[Any]:
+    def _reduce(self, state: State, key: int, elements: list[Any], spec: Any) -> Iterator[Any]:
+        """What the window ``elements`` of ``key`` becomes (a reduction that outlives one element
+        keeps its position in ``state``, as any pass does)."""
+        raise NotImplementedError
+
+    def _rest_of_reduction(self, state: State) -> Iterator[Any]:
+        """The rest of the reduction a restored pass was saved in (``state.reducing`` is set)."""
         raise NotImplementedError
 
     def _iterate(self, state: State) -> Iterator[Any]:
-        source = self._inputs[0]._cursor()
+        # The position: ``windows`` and ``sizes``, each open window and its size by key;
+        # ``ended``, whether the input has ended (then the open windows are reduced, in
+        # ascending key order); ``reducing``, the key and window whose reduction is being
+        # iterated, if it yields more than one element (group_by_window's dataset).
+        if not state.resumed:
+            state.windows, state.sizes, state.ended, state.reducing = {}, {}, False, None
+        return self._grouped(state)
+
+    def _grouped(self, state: State) -> Iterator[Any]:
         static = self._inputs[0]._spec(probe=False)
-        windows: dict[int, list[Any]] = {}
-        sizes: dict[int, int] = {}
+        windows: dict[int, list[Any]] = state.windows
+        sizes: dict[int, int] = state.sizes
         try:
-            for element in source:
-                key = self._key(element)
-                if key not in windows:
-                    size = self._size_for(key)
-                    if size <= 0:
-                        raise unworded(
-                            InvalidArgumentError(
-                                f"window size must be greater than zero, but got {size} for key {key}."
-                            )
-                        )
-                    sizes[key], windows[key] = size, []
-                window = windows[key]
-                window.append(element)
-                if len(window) == sizes[key]:
-                    del windows[key], sizes[key]
-                    yield from self._reduce(key, window, _window_spec(static, window))
-            for key in sorted(windows):  # windows still open at the end, in ascending key order
+            if state.reducing is not None:
+                yield from self._rest_of_reduction(state)
+            if not state.ended:
+                source = state.input()
+                try:
+                    for element in source:
+                        key = self._key(element)
+                        if key not in windows:
+                            size = self._size_for(key)
+                            if size <= 0:
+                                raise unworded(
+                                    InvalidArgumentError(
+                                        f"window size must be greater than zero, but got {size} for key {key}."
+                                    )
+                                )
+                            sizes[key], windows[key] = size, []
+                        window = windows[key]
+                        window.append(element)
+                        if len(window) == sizes[key]:
+                            del windows[key], sizes[key]
+                            yield from self._reduce(state, key, window, _window_spec(static, window))
+                finally:
+                    source.close()
+                state.ended = True
+                state.drop("0")
+            while windows:  # windows still open at the end, in ascending key order
+                key = min(windows)
                 window = windows.pop(key)
-                yield from self._reduce(key, window, _window_spec(static, window))
+                del sizes[key]
+                yield from self._reduce(state, key, window, _window_spec(static, window))
         except BaseException as error:
             name_api(error, self._api)
             raise
-        finally:
-            close_iterator(source)
 
     def _cardinality(self) -> int:
         return INFINITE if self._inputs[0]._cardinality() == INFINITE else UNKNOWN
@@ -237,7 +304,35 @@ class GroupByWindowDataset(_Grouping):
             return self._window_size  # type: ignore[return-value]  # set when the function is not (__init__)
         return _int64_scalar(self._window_size_func(np.int64(key)), "window_size_func")
 
-    def _reduce(self, key: int, elements: list[Any], spec: Any) -> Iterator[Any]:
+    def _reduce(self, state: State, key: int, elements: list[Any], spec: Any) -> Iterator[Any]:
+        state.reducing = (key, elements)
+        return self._drain(state, state.open(self._reduction(key, elements, spec), "reduce"))
+
+    def _rest_of_reduction(self, state: State) -> Iterator[Any]:
+        restored = state.child("reduce")
+        if restored is None:
+            raise InternalError(f"{self._api}: a restored pass lacks the reduce_func dataset it was saved in.")
+        return self._drain(state, state.open(restored.node, "reduce"))
+
+    def _restored_input(self, key: str, state: State) -> Dataset:
+        if key != "reduce":
+            return super()._restored_input(key, state)
+        # reduce_func makes the dataset again, from the saved key and window; the dataset's
+        # saved position is then restored into it.
+        group, elements = state.reducing
+        with worded_at(self._api):
+            return self._reduction(group, elements, _window_spec(self._inputs[0]._spec(probe=False), elements))
+
+    def _drain(self, state: State, source: Cursor) -> Iterator[Any]:
+        try:
+            yield from source
+        finally:
+            source.close()
+        state.reducing = None
+        state.drop("reduce")
+
+    def _reduction(self, key: int, elements: list[Any], spec: Any) -> Dataset:
+        """The dataset ``reduce_func`` makes of the window ``elements`` of ``key``."""
         result = self._reduce_func(np.int64(key), ElementsDataset(elements, spec))
         if not isinstance(result, Dataset):
             raise unworded(
@@ -246,11 +341,10 @@ class GroupByWindowDataset(_Grouping):
                     f"{type(result).__name__} for key {key}."
                 )
             )
-        source = result._cursor()
-        try:
-            yield from source
-        finally:
-            close_iterator(source)
+        return result
+
+    def _state_params(self) -> dict[str, Any]:
+        return {} if self._window_size is None else {"window_size": self._window_size}
 
     def _spec(self, probe: bool) -> Any:
         spec = self._inputs[0]._spec(probe=False)
@@ -350,7 +444,10 @@ class BucketBySequenceLengthDataset(_Grouping):
     def _size_for(self, key: int) -> int:
         return self._batch_sizes[key]
 
-    def _reduce(self, key: int, elements: list[Any], spec: Any) -> Iterator[Any]:
+    def _state_params(self) -> dict[str, Any]:
+        return {"bucket_boundaries": self._boundaries, "bucket_batch_sizes": self._batch_sizes}
+
+    def _reduce(self, state: State, key: int, elements: list[Any], spec: Any) -> Iterator[Any]:
         filler = None
         if self._pad_to_boundary and not self._no_padding:
             if key >= len(self._boundaries):
