@@ -302,7 +302,7 @@ def test_restoring_into_another_pipeline_fails_naming_the_operation_and_changes_
     saved = save_after(make, 2)
     iterator = iter(other())
     head = take(iterator, 1)
-    with pytest.raises(td.errors.FailedPreconditionError, match=f"cannot restore the iterator.*{name}"):
+    with pytest.raises(td.errors.NotFoundError, match=f"cannot restore the iterator.*{name}"):
         iterator._checkpoint_restorer(saved.state)
     assert_same_elements(list(other()), head + list(iterator))
 
@@ -313,7 +313,7 @@ def test_a_reduce_func_that_makes_another_dataset_fails_to_restore_naming_it() -
 
     saved = save_after(lambda: make(lambda key, w: w.batch(2)), 1)  # in the middle of a reduction
     iterator = iter(make(lambda key, w: w.padded_batch(2)))
-    with pytest.raises(td.errors.FailedPreconditionError, match="GroupByWindowDataset <- PaddedBatchDataset"):
+    with pytest.raises(td.errors.NotFoundError, match="GroupByWindowDataset <- PaddedBatchDataset"):
         iterator._checkpoint_restorer(saved.state)
     assert len(list(iterator)) == 15
 
