@@ -101,9 +101,10 @@ class _Producer:
         busy = workers.Busy()  # exit waits for an element being made (see workers), not for a full buffer
         try:
             while not workers.exiting.is_set():  # at exit: the element being made, not a full buffer
-                with room:
-                    while len(queued) >= capacity and not stop.is_set():
-                        room.wait()
+                if len(queued) >= capacity:  # (read without the lock: only this thread makes it grow)
+                    with room:
+                        while len(queued) >= capacity and not stop.is_set():
+                            room.wait()
                 if stop.is_set():
                     return
                 with pull:
