@@ -57,7 +57,7 @@ def _rebuilt(type_name: str, args: list[Any]) -> BaseException | None:
     if not (isinstance(value, type) and issubclass(value, Exception)):
         return None  # (a KeyboardInterrupt or SystemExit a thread caught comes back as an UnknownError naming it)
     try:
-        error = value(*args)
+        error: BaseException = value(*args)
     except Exception:  # an exception class whose constructor takes other arguments
         return None
-    return error if type(error) is value else None
+    return error
