@@ -23,7 +23,7 @@ import pytest
 import towerdist as td
 from towerdist._src import nest
 from towerdist._src.data import prefetch as prefetch_lib
-from towerdist._src.data import saved_errors, workers
+from towerdist._src.data import saved_errors, state_codec, workers
 from towerdist._src.data.node import tolerant
 
 from iterator_checkpoint_helpers import (
@@ -289,6 +289,16 @@ def test_a_parallel_interleave_saves_an_input_whose_map_func_is_blocked_as_not_o
     rest = list(iterator)
     assert_same_elements(rest, restored_rest(make, state))
     assert len(head) == 2
+
+
+def test_a_saved_open_input_that_its_cycle_does_not_hold_is_a_data_loss_error():
+    make = maker("interleave")
+    tree = state_codec.decode(save_after(make, 3).state)
+    fields = tree["position"]["cursor"]["fields"]
+    fields["slots"] = [None] * len(fields["slots"])  # the open inputs' passes are still saved
+    iterator = iter(make())
+    with pytest.raises(td.errors.DataLossError, match="none of its saved inputs is that element"):
+        iterator._checkpoint_restorer(state_codec.encode(tree))()
 
 
 # --- saving while a thread is busy or blocked ----------------------------------------------

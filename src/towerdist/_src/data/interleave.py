@@ -55,7 +55,7 @@ from towerdist._src.data.saved_errors import restore_error, save_error
 from towerdist._src.data.spec import FirstElementCheck
 from towerdist._src.data.structure import call_with_element, close_iterator, sample_element
 from towerdist._src.data.workers import DaemonPool, wait_or_warn
-from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.errors import DataLossError, InvalidArgumentError
 from towerdist._src.failures import unworded
 
 __all__ = ["FlatMapDataset", "InterleaveDataset", "default_cycle_length"]
@@ -221,8 +221,13 @@ class InterleaveDataset(Dataset):
             return super()._restored_input(key, state)
         index = int(key[len(_MADE) :])
         records = [*state.slots, *getattr(state, "upcoming", ())]
-        element = next(record["element"] for record in records if record is not None and record["index"] == index)
-        return self._open(element, index)
+        for record in records:
+            if record is not None and record["index"] == index:
+                return self._open(record["element"], index)
+        raise DataLossError(
+            f"The saved iterator state cannot be read: it holds the position of the dataset Dataset.{self._api}() made "
+            f"of input element {index}, but none of its saved inputs is that element."
+        )
 
     def _save_state(self, state: State) -> Saved:
         slots: list[_Slot | None] | None = getattr(state, "_slots", None)
