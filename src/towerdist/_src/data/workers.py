@@ -147,27 +147,27 @@ def hold(lock: threading.Lock, what: str) -> None:
     while it makes one element, for a save of the iterator's position.
 
     Logs a warning after :data:`_SAVE_WARNING_SECONDS` and fails after :data:`SAVE_SECONDS`
-    (both are checked as they are when called).
+    (both read when called).
 
     Raises:
-      DeadlineExceededError: ``what`` spent :data:`SAVE_SECONDS` on one element.
+      DeadlineExceededError: ``what`` did not finish its element within :data:`SAVE_SECONDS`.
     """
     if lock.acquire(timeout=min(_SAVE_WARNING_SECONDS, SAVE_SECONDS)):
         return
     if SAVE_SECONDS > _SAVE_WARNING_SECONDS:
         logger.warning(
-            "Saving the iterator waits for %s, which has been making one element for %.0f s (in user code: a map "
-            "function, a generator, a file read). The save fails after %.0f s.",
-            what,
+            "Saving the iterator has waited %g s for %s to finish the element it is making (its input runs user "
+            "code: a map function, a generator, a file read). The save fails after %g s.",
             _SAVE_WARNING_SECONDS,
+            what,
             SAVE_SECONDS,
         )
         if lock.acquire(timeout=SAVE_SECONDS - _SAVE_WARNING_SECONDS):
             return
     raise unworded(
         DeadlineExceededError(
-            f"cannot save the iterator: {what} has been making one element for {SAVE_SECONDS:g} s, and the "
-            f"position is taken between two elements. Its input is blocked in user code (a map function, a "
+            f"cannot save the iterator: it waited {SAVE_SECONDS:g} s for {what} to finish the element it is making, "
+            f"and a position is taken between two elements. The input is blocked in user code (a map function, a "
             f"generator, a file read): save again once that call returns."
         )
     )
