@@ -151,6 +151,15 @@ class State:
         if child is not None:
             child.close()
 
+    def release(self, key: str) -> Cursor | None:
+        """Forgets the child under ``key`` without closing it, and returns it.
+
+        For a child a background thread is still running (blocked in user code when its pass
+        is closed): closing it from another thread would fail ("generator already
+        executing"), so the thread's owner leaves it to that thread, or to the garbage collector.
+        """
+        return self._children.pop(key, None)
+
     def close(self) -> None:
         """Closes every child cursor."""
         children, self._children = self._children, {}

@@ -18,12 +18,25 @@ Closing the iterator stops the pool before it returns.
 
 An error raised by ``map_func`` or by an input comes out at the position where that input's
 next element would have been, after every element produced before it.
+
+**Saving.** A pass's position is the cycle's (the slot whose turn it is, the elements it gave
+in this turn, how many input elements were opened, whether the input ended), the input's
+pass, and for each open input the input element it was made of and its own pass (the
+state's child ``made<index>``). A restored pass calls ``map_func`` again on each saved
+element and restores the dataset it makes at the saved position. A parallel pass also saves
+the inputs opened ahead, and for each input the elements its thread buffered and its end or
+error; the thread holds its input's lock while it makes one element and buffers it, and a
+save takes every such lock (see ``workers.hold``) to copy the inputs between two elements.
+An input whose ``map_func`` call is under way is saved as not opened yet: the restored pass
+calls ``map_func`` on it again. ``cycle_length`` is the number of slots a saved position has,
+so a position restores only into a pipeline of the same ``cycle_length``.
 """
 
 from __future__ import annotations
 
 import collections
 import copy
+import functools
 import logging
 import os
 import threading
@@ -34,13 +47,15 @@ from typing import Any
 import numpy as np
 
 from towerdist._src.data import options as options_lib
-from towerdist._src.data.cursor import State
+from towerdist._src.data import workers
+from towerdist._src.data.cursor import Cursor, Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import ErrorHandler, tolerant
+from towerdist._src.data.saved_errors import restore_error, save_error
 from towerdist._src.data.spec import FirstElementCheck
 from towerdist._src.data.structure import call_with_element, close_iterator, sample_element
 from towerdist._src.data.workers import DaemonPool, wait_or_warn
-from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.errors import DataLossError, InvalidArgumentError
 from towerdist._src.failures import unworded
 
 __all__ = ["FlatMapDataset", "InterleaveDataset", "default_cycle_length"]
@@ -48,6 +63,7 @@ __all__ = ["FlatMapDataset", "InterleaveDataset", "default_cycle_length"]
 logger = logging.getLogger("towerdist")
 
 _EXHAUSTED = object()
+_MADE = "made"  # the key of an open input's pass among a state's children: made<index of its input element>
 _STOP_SECONDS = 10.0  # how long closing waits for inputs running in user code
 
 
@@ -169,14 +185,14 @@ class InterleaveDataset(Dataset):
             made = tolerant(made, self._on_error)
         return made
 
-    def _open_iterator(self, element: Any, index: int, check: FirstElementCheck) -> Iterator[Any]:
-        """The elements of the dataset ``map_func`` makes of input element ``index``, its spec checked by ``check``."""
+    def _open_checked(self, element: Any, index: int, check: FirstElementCheck) -> tuple[Dataset, bool]:
+        """The dataset made of input element ``index``, its static spec checked by ``check``; and whether
+        its first element must be checked instead (its spec is known only by running it)."""
         made = self._open(element, index)
         spec = made._spec(probe=False)
         if spec is not None:
             check.spec(index, spec)
-            return made._cursor()
-        return _first_checked(made._cursor(), check, index)
+        return made, spec is None
 
     def _mismatch(self, a: int, spec_a: Any, b: int, spec_b: Any, where: str) -> str:
         return (
@@ -192,41 +208,94 @@ class InterleaveDataset(Dataset):
         self._on_error(error)
         return True
 
+    # --- saving (see the module docstring) ---------------------------------------------------
+
+    def _state_name(self) -> str:
+        return "ParallelInterleaveDataset" if self._workers else type(self).__name__
+
+    def _state_params(self) -> dict[str, Any]:
+        return {"cycle_length": self._cycle}
+
+    def _restored_input(self, key: str, state: State) -> Dataset:
+        if not key.startswith(_MADE):
+            return super()._restored_input(key, state)
+        index = int(key[len(_MADE) :])
+        records = [*state.slots, *getattr(state, "upcoming", ())]
+        for record in records:
+            if record is not None and record["index"] == index:
+                return self._open(record["element"], index)
+        raise DataLossError(
+            f"The saved iterator state cannot be read: it holds the position of the dataset Dataset.{self._api}() made "
+            f"of input element {index}, but none of its saved inputs is that element."
+        )
+
+    def _save_state(self, state: State) -> Saved:
+        slots: list[_Slot | None] | None = getattr(state, "_slots", None)
+        if slots is None:  # sequential, or a parallel pass not started: the attributes say it all
+            return super()._save_state(state)
+        upcoming: collections.deque[_Slot] = state._upcoming
+        held: list[_Slot] = []
+        try:
+            for slot in [*(slot for slot in slots if slot is not None), *upcoming]:
+                reader = f"the Dataset.{self._api}() thread reading the input made of element {slot.index}"
+                workers.hold(slot.lock, reader)
+                held.append(slot)
+            state.slots = [None if slot is None else slot.record() for slot in slots]
+            state.upcoming = [slot.record() for slot in upcoming]
+            return super()._save_state(state)
+        finally:
+            for slot in held:
+                slot.lock.release()
+
     # --- sequential ------------------------------------------------------------------------
 
     def _iterate(self, state: State) -> Iterator[Any]:
+        # The position: the slot whose turn it is (``turn``), the elements it gave in this turn
+        # (``taken``), how many input elements were opened (``opened``), whether the input
+        # ended (``input_done``), the input element and index of each slot's open input
+        # (``slots``; each open input's pass is the child ``made<index>``), and for a parallel
+        # pass the inputs opened ahead (``upcoming``) and each input's buffered elements.
+        if not state.resumed:
+            state.turn, state.taken, state.opened, state.input_done = 0, 0, 0, False
+            state.slots = [None] * self._cycle
+            if self._workers:
+                state.upcoming = []
         if self._workers:
-            return self._iterate_parallel()
-        return self._iterate_sequential()
+            return self._iterate_parallel(state)
+        return self._iterate_sequential(state)
 
-    def _iterate_sequential(self) -> Iterator[Any]:
-        source = self._inputs[0]._cursor()
-        slots: list[Iterator[Any] | None] = [None] * self._cycle
+    def _iterate_sequential(self, state: State) -> Iterator[Any]:
         check = FirstElementCheck(self._mismatch)
+        slots: list[dict[str, Any] | None] = state.slots
+        inputs: list[Iterator[Any] | None] = [
+            None if record is None else self._resumed_input(state, record["index"], check)[1] for record in slots
+        ]
+        source = state.input()
+        cycle, block = self._cycle, self._block
         try:
-            index = 0  # the slot whose turn it is
-            taken = 0  # elements the current slot gave in this turn
-            opened = 0  # input elements opened so far
-            input_done = False
-            while not input_done or any(slot is not None for slot in slots):
-                slot = slots[index]
+            index, taken = state.turn, state.taken
+            while not state.input_done or any(slot is not None for slot in inputs):
+                slot = inputs[index]
                 if slot is None:
-                    if input_done:
-                        index, taken = (index + 1) % self._cycle, 0
+                    if state.input_done:
+                        index, taken = (index + 1) % cycle, 0
                         continue
                     try:
                         element = next(source)
                     except StopIteration:
-                        input_done = True
+                        state.input_done = True
                         continue
-                    opened += 1
+                    opened = state.opened
+                    state.opened = opened + 1
                     try:
-                        slot = self._open_iterator(element, opened - 1, check)
+                        made, check_first = self._open_checked(element, opened, check)
                     except Exception as error:
                         if self._dropped(error):
                             continue  # the next input takes this turn
                         raise
-                    slots[index] = slot
+                    cursor = state.open(made, _MADE + str(opened))
+                    slot = inputs[index] = _first_checked(cursor, check, opened) if check_first else iter(cursor)
+                    slots[index] = {"element": element, "index": opened}
                 try:
                     value = next(slot)
                 except StopIteration:
@@ -236,44 +305,65 @@ class InterleaveDataset(Dataset):
                         raise
                     value = _EXHAUSTED  # the input cannot go on after an error
                 if value is _EXHAUSTED:
+                    record = slots[index]
+                    assert record is not None
                     close_iterator(slot)
-                    slots[index] = None
-                    index, taken = (index + 1) % self._cycle, 0
+                    state.drop(_MADE + str(record["index"]))
+                    slots[index] = inputs[index] = None
+                    index, taken = (index + 1) % cycle, 0
                     continue
-                yield value
                 taken += 1
-                if taken == self._block:
-                    index, taken = (index + 1) % self._cycle, 0
+                if taken >= block:
+                    index, taken = (index + 1) % cycle, 0
+                state.turn, state.taken = index, taken
+                yield value
         finally:
-            for slot in slots:
+            for slot in inputs:
                 close_iterator(slot)
-            close_iterator(source)
+            source.close()
+
+    def _resumed_input(self, state: State, index: int, check: FirstElementCheck) -> tuple[Cursor, Iterator[Any]]:
+        """The restored pass over the input made of element ``index`` (``_restored_input`` made it
+        again), and its elements as ``check`` sees them."""
+        key = _MADE + str(index)
+        restored = state.child(key)
+        assert restored is not None  # saved with its slot's record
+        cursor = state.open(restored.node, key)
+        spec = cursor.node._spec(probe=False)
+        if spec is not None:
+            check.spec(index, spec)
+            return cursor, iter(cursor)
+        return cursor, _first_checked(cursor, check, index)
 
     # --- parallel --------------------------------------------------------------------------
 
-    def _iterate_parallel(self) -> Iterator[Any]:
+    def _iterate_parallel(self, state: State) -> Iterator[Any]:
         stop = threading.Event()
-        pool = DaemonPool(self._workers, f"towerdist-{self._api}")
-        source = self._inputs[0]._cursor()
-        slots: list[_Slot | None] = [None] * self._cycle
+        pool = DaemonPool(self._workers, _thread_name(self))
         check = FirstElementCheck(self._mismatch)
-        upcoming: collections.deque[_Slot] = collections.deque()  # opened ahead, in input order
-        opened = 0
-        input_done = False
-
-        def top_up() -> None:
-            nonlocal opened, input_done
-            while not input_done and len(upcoming) < self._cycle:
-                try:
-                    element = next(source)
-                except StopIteration:
-                    input_done = True
-                    return
-                upcoming.append(_Slot(self, pool, stop, check, element, opened))
-                opened += 1
-
+        make = functools.partial(_Slot, self, state, pool, stop, check)
+        cycle, block = self._cycle, self._block
+        slots: list[_Slot | None] = [None] * cycle
+        upcoming: collections.deque[_Slot] = collections.deque()  # inputs opened ahead, in input order
+        state._slots, state._upcoming = slots, upcoming
+        source = state.input()
         try:
-            index, taken = 0, 0
+            for k, record in enumerate(state.slots):
+                slots[k] = None if record is None else make(record)
+            upcoming.extend(make(record) for record in state.upcoming)
+
+            def top_up() -> None:
+                while not state.input_done and len(upcoming) < cycle:
+                    try:
+                        element = next(source)
+                    except StopIteration:
+                        state.input_done = True
+                        return
+                    opened = state.opened
+                    state.opened = opened + 1
+                    upcoming.append(make({"element": element, "index": opened}))
+
+            index, taken = state.turn, state.taken
             while True:
                 top_up()
                 if not upcoming and all(slot is None for slot in slots):
@@ -281,7 +371,7 @@ class InterleaveDataset(Dataset):
                 slot = slots[index]
                 if slot is None:
                     if not upcoming:
-                        index, taken = (index + 1) % self._cycle, 0
+                        index, taken = (index + 1) % cycle, 0
                         continue
                     slot = slots[index] = upcoming.popleft()
                     top_up()
@@ -301,22 +391,25 @@ class InterleaveDataset(Dataset):
                 if value is _EXHAUSTED:
                     slots[index] = None
                     if not slot.open_failed:  # a dropped map_func error: the next input takes this turn
-                        index, taken = (index + 1) % self._cycle, 0
+                        index, taken = (index + 1) % cycle, 0
                     continue
-                yield value
                 taken += 1
-                if taken == self._block:
-                    index, taken = (index + 1) % self._cycle, 0
+                if taken >= block:
+                    index, taken = (index + 1) % cycle, 0
+                state.turn, state.taken = index, taken
+                yield value
         finally:
             stop.set()
             every = [slot for slot in slots if slot is not None] + list(upcoming)
             running = [slot.future for slot in every if slot.future is not None and not slot.future.cancel()]
             pool.shutdown()
             wait_or_warn(running, _STOP_SECONDS, f"Dataset.{self._api}() input(s)")  # a task stops after its element
-            for slot in every:  # close the inputs no thread is running any more
+            for slot in every:
                 if slot.future is None or slot.future.done():
                     slot.close()
-            close_iterator(source)
+                else:  # a thread still runs it: it is left to that thread
+                    state.release(slot.key)
+            source.close()
 
     # --- hooks -----------------------------------------------------------------------------
 
@@ -355,90 +448,142 @@ class FlatMapDataset(InterleaveDataset):
     def __init__(self, input_dataset: Dataset, map_func: Callable[..., Any]) -> None:
         super().__init__(input_dataset, map_func, 1, 1)
 
+    def _state_params(self) -> dict[str, Any]:
+        return {}  # always one input at a time
+
 
 class _Slot:
     """One input of a parallel interleave: its dataset is opened and iterated on the pool.
 
-    At most one task of a slot runs at a time, so its generator is only ever touched by one
+    At most one task of a slot runs at a time, so its pass is only ever touched by one
     thread; each task produces up to ``block_length`` elements, and the next task is started
-    as soon as the consumer takes the previous one's elements (one block ahead).
+    as soon as the consumer takes the previous one's elements (one block ahead). The task
+    holds ``lock`` while it makes one element and buffers it (and while it registers the
+    input's pass as the child ``made<index>`` of the state); a save takes it to copy the
+    slot (:meth:`record`).
+
+    Made from a ``record``: ``{"element", "index"}`` for a new input, or a saved record,
+    whose buffer, end and error are taken over and whose pass is the restored child.
     """
 
     def __init__(
         self,
         owner: InterleaveDataset,
+        state: State,
         pool: DaemonPool,
         stop: threading.Event,
         check: FirstElementCheck,
-        element: Any,
-        index: int,
+        record: dict[str, Any],
     ) -> None:
         self._owner = owner
+        self._state = state
         self._check = check
         self._pool = pool
         self._stop = stop
-        self._iterator: Iterator[Any] | None = None
-        self._buffer: collections.deque[Any] = collections.deque()
-        self._ended = False
-        self._error: BaseException | None = None
-        self.open_failed = False
-        self.future: Future[None] | None = pool.submit(self._open_and_fetch, element, index)
+        self.element, self.index = record["element"], record["index"]
+        self.key = _MADE + str(self.index)
+        self.lock = threading.Lock()
+        self._cursor: Cursor | None = None  # the pass over the dataset map_func made (a child of the state)
+        self._iterator: Iterator[Any] | None = None  # the same, its first element checked where its spec was not known
+        self.buffer: collections.deque[Any] = collections.deque(record.get("buffer", ()))
+        self._ended = record.get("ended", False)
+        error = record.get("error")
+        self._error: BaseException | None = None if error is None else restore_error(error)
+        self.open_failed = record.get("open_failed", False)
+        self.future: Future[None] | None = None
+        if record.get("opened"):
+            self._cursor, self._iterator = owner._resumed_input(state, self.index, check)
+            if not self.buffer:
+                self.future = pool.submit(self._fetch)
+        elif not self._ended:
+            self.future = pool.submit(self._open_and_fetch)
 
-    def _open_and_fetch(self, element: Any, index: int) -> None:
-        try:
-            self._iterator = self._owner._open_iterator(element, index, self._check)
+    def record(self) -> dict[str, Any]:
+        """This input's position (call with ``lock`` held): what a restored slot is made from."""
+        if self.open_failed and self._error is not None:  # map_func raised: a restored slot calls it again
+            return {"element": self.element, "index": self.index}
+        return {
+            "element": self.element,
+            "index": self.index,
+            "buffer": list(self.buffer),
+            "opened": self._cursor is not None,
+            "ended": self._ended,
+            "error": None if self._error is None else save_error(self._error),
+            "open_failed": self.open_failed,
+        }
+
+    def _open_and_fetch(self) -> None:
+        try:  # map_func runs outside the lock: a save meanwhile saves this input as not opened yet
+            made, check_first = self._owner._open_checked(self.element, self.index, self._check)
         except BaseException as error:
-            self.open_failed = True
-            self._fail(error)
+            with self.lock:
+                self.open_failed = True
+                self._fail(error)
             return
+        with self.lock:
+            if self._stop.is_set():
+                return
+            self._cursor = cursor = self._state.open(made, self.key)
+            self._iterator = _first_checked(cursor, self._check, self.index) if check_first else iter(cursor)
         self._fetch()
 
     def _fetch(self) -> None:
-        iterator = self._iterator
+        iterator, lock, buffer, stop = self._iterator, self.lock, self.buffer, self._stop
         assert iterator is not None
-        produced: list[Any] = []
-        try:
-            while len(produced) < self._owner._block and not self._stop.is_set():
-                produced.append(next(iterator))
-        except StopIteration:
-            self._ended = True
-        except BaseException as error:
-            self._buffer.extend(produced)  # the elements before the error come first
-            self._fail(error)
-            return
-        self._buffer.extend(produced)
+        for _ in range(self._owner._block):
+            with lock:
+                if stop.is_set():
+                    return
+                try:
+                    value = next(iterator)
+                except StopIteration:
+                    self._end()
+                    return
+                except BaseException as error:
+                    self._fail(error)
+                    return
+                buffer.append(value)
 
     def _fail(self, error: BaseException) -> None:
-        self._ended = True
+        """Ends the input after ``error`` (with ``lock`` held); the consumer raises it unless it is dropped."""
+        self._end()
         if not self._owner._dropped(error):
             self._error = error
 
+    def _end(self) -> None:
+        """Ends the input's pass (with ``lock`` held): its position is not saved any more."""
+        self._ended = True
+        self.close()
+        self._state.drop(self.key)
+        self._cursor = None
+
     def ready(self) -> bool:
-        return bool(self._buffer) or self.future is None or self.future.done()
+        return bool(self.buffer) or self.future is None or self.future.done()
 
     def take(self) -> Any:
         """The next element, ``_EXHAUSTED`` at the end; raises the input's error in its place."""
-        if self.future is not None and (not self._buffer or self.future.done()):
+        if self.future is not None and (not self.buffer or self.future.done()):
             self.future.result()  # waits for the running task; it stores its outcome and never raises
             self.future = None
-        if self._buffer:
-            value = self._buffer.popleft()
-            if not self._buffer and self.future is None and not self._ended:
+        if self.buffer:
+            value = self.buffer.popleft()
+            if not self.buffer and self.future is None and not self._ended:
                 self.future = self._pool.submit(self._fetch)
             return value
         if self._error is not None:
             error, self._error = self._error, None
-            error.add_note(f"Raised in a towerdist-{self._owner._api} worker thread.")
+            error.add_note(f"Raised in a {_thread_name(self._owner)} worker thread.")
             raise error
         if not self._ended:  # an empty block: the stop flag was set, or nothing buffered yet
             self.future = self._pool.submit(self._fetch)
             return self.take()
-        self.close()
         return _EXHAUSTED
 
     def close(self) -> None:
         close_iterator(self._iterator)
         self._iterator = None
+        if self._cursor is not None:
+            self._cursor.close()
 
 
 def _first_checked(iterator: Iterator[Any], check: FirstElementCheck, key: int) -> Iterator[Any]:
@@ -451,6 +596,10 @@ def _first_checked(iterator: Iterator[Any], check: FirstElementCheck, key: int) 
         yield from iterator
     finally:
         close_iterator(iterator)
+
+
+def _thread_name(owner: InterleaveDataset) -> str:
+    return f"towerdist-{owner._api}"
 
 
 def _first_ready(slots: list[_Slot | None], start: int) -> int | None:

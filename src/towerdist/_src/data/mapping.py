@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from towerdist._src.data import options as options_lib
-from towerdist._src.data.cursor import State
+from towerdist._src.data.cursor import Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import ErrorHandler
 from towerdist._src.data.spec import EmptyDatasetError, relax_batch, structure_of
@@ -68,39 +68,70 @@ class MapDataset(Dataset):
         return clone
 
     def _iterate(self, state: State) -> Iterator[Any]:
-        source = self._inputs[0]._cursor()
-        try:
-            if self._workers <= 1:
-                for index, element in enumerate(source):
-                    yield self._apply(element, index)
-            else:
-                yield from self._iterate_parallel(source)
-        finally:
-            close_iterator(source)
+        # The position: the index of the next input element (``index``, for the notes on a failing
+        # call's error), the input's pass, and, between a parallel pass's consumer and its input,
+        # the calls under way (``pending``: see _iterate_parallel); ``exhausted``: the input ended.
+        if not state.resumed:
+            state.index, state.pending, state.exhausted = 0, [], False
+        if self._workers > 1:
+            return self._iterate_parallel(state)
+        return self._iterate_sequential(state)
 
-    def _iterate_parallel(self, source: Iterator[Any]) -> Iterator[Any]:
-        # Up to 2 * workers calls in flight; results come out in input order.
-        window: collections.deque[Future[Any]] = collections.deque()
-        pool = DaemonPool(self._workers, "towerdist-map")
+    def _iterate_sequential(self, state: State) -> Iterator[Any]:
+        pending = state.pending  # (saved by a parallel pass: a map of one thread restored from one of several)
+        while pending:
+            kind, value, index = pending.pop(0)
+            yield value if kind == _RESULT else self._apply(value, index)
+        source = state.input()
         try:
-            index = 0
-            exhausted = False
+            if state.exhausted:
+                return
+            for index, element in enumerate(source, state.index):
+                state.index = index + 1
+                yield self._apply(element, index)
+        finally:
+            source.close()
+
+    def _iterate_parallel(self, state: State) -> Iterator[Any]:
+        # Up to 2 * workers calls in flight; results come out in input order. ``window`` holds
+        # each call's future with its input element and index; a save turns it into
+        # ``pending``: the results of the calls that completed, and the input element of every
+        # other call (running, queued or failed), which a restored pass maps again. So a save
+        # never waits for user code, and no element is lost or made twice.
+        window: collections.deque[tuple[Future[Any], Any, int]] = collections.deque()
+        state._window = window
+        pool = DaemonPool(self._workers, "towerdist-map")
+        source = state.input()
+        try:
+            for kind, value, index in state.pending:
+                call = _done(value) if kind == _RESULT else pool.submit(self._apply, value, index)
+                window.append((call, value, index))
+            state.pending = []
             while True:
-                while not exhausted and len(window) < 2 * self._workers:
+                while not state.exhausted and len(window) < 2 * self._workers:
                     try:
                         element = next(source)
                     except StopIteration:
-                        exhausted = True
+                        state.exhausted = True
                         break
-                    window.append(pool.submit(self._apply, element, index))
-                    index += 1
+                    index = state.index
+                    state.index = index + 1
+                    window.append((pool.submit(self._apply, element, index), element, index))
                 if not window:
                     return
-                yield window.popleft().result()
+                yield window.popleft()[0].result()
         finally:
-            running = [future for future in window if not future.cancel()]
+            running = [future for future, _, _ in window if not future.cancel()]
             pool.shutdown()
             wait_or_warn(running, _STOP_SECONDS, "Dataset.map() call(s)")
+            source.close()
+
+    def _save_state(self, state: State) -> Saved:
+        window: collections.deque[tuple[Future[Any], Any, int]] | None = getattr(state, "_window", None)
+        if window is not None:  # a parallel pass under way (its consumer waits between two elements)
+            calls = (_pending(future, element, index) for future, element, index in list(window))
+            state.pending = [call for call in calls if call is not None]
+        return super()._save_state(state)
 
     def _spec(self, probe: bool) -> Any:
         if not probe:
@@ -141,6 +172,22 @@ class _TolerantMap(MapDataset):
 
 
 _DROPPED = object()  # what a tolerant map yields for an element it dropped
+_RESULT, _INPUT = "result", "input"  # the kinds of a parallel map's pending calls in a saved position
+
+
+def _pending(future: Future[Any], element: Any, index: int) -> list[Any] | None:
+    """A parallel map's call as saved: its result if it completed, else its input (mapped again
+    when restored); None for an element a tolerant map dropped."""
+    if future.done() and not future.cancelled() and future.exception() is None:
+        result = future.result()
+        return None if result is _DROPPED else [_RESULT, result, index]
+    return [_INPUT, element, index]
+
+
+def _done(result: Any) -> Future[Any]:
+    future: Future[Any] = Future()
+    future.set_result(result)
+    return future
 
 
 class FilterDataset(Dataset):
@@ -154,9 +201,12 @@ class FilterDataset(Dataset):
         self._on_error: ErrorHandler | None = None  # set on the copies ignore_errors() makes
 
     def _iterate(self, state: State) -> Iterator[Any]:
-        source = self._inputs[0]._cursor()
+        # The position: the index of the next input element (for the notes on errors) and the input's pass.
+        if not state.resumed:
+            state.index = 0
+        source = state.input()
         try:
-            for index, element in enumerate(source):
+            for index, element in enumerate(source, state.index):
                 try:
                     keep = call_with_element(self._predicate, element)
                 except Exception as error:
@@ -171,9 +221,10 @@ class FilterDataset(Dataset):
                         f"type is {structure_of(normalize_output(keep))!r} (element {index})."
                     )
                 if keep:
+                    state.index = index + 1
                     yield element
         finally:
-            close_iterator(source)
+            source.close()
 
     def _tolerant(self) -> Dataset | None:
         return copy.copy(self)

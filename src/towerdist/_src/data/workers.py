@@ -17,11 +17,18 @@ for the threads still running pipeline code (:class:`Busy`) to finish their elem
 whose CPU clock stands still for :data:`_EXIT_STALL_SECONDS` is blocked (in user code: a
 wait, a read) and is not waited for: blocked there, with only Python's C frames under it, it
 never takes the GIL again and the process exits cleanly.
+
+**Saving.** A thread that iterates an input (a ``prefetch`` producer, a parallel
+``interleave`` worker) holds a lock of its own while it makes one element and buffers it;
+saving the iterator's position takes that lock (:func:`hold`), so that the input's position
+and the buffer are copied between two elements. A save thus waits for at most the element
+under way, and a bounded time: :data:`SAVE_SECONDS`, then it fails naming the thread.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import queue
 import threading
 import time
@@ -31,15 +38,20 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, wait
 from typing import Any, TypeVar
 
-from towerdist._src.errors import InternalError
+from towerdist._src.errors import DeadlineExceededError, InternalError
+from towerdist._src.failures import unworded
 
-__all__ = ["Busy", "DaemonPool", "wait_or_warn"]
+__all__ = ["SAVE_SECONDS", "Busy", "DaemonPool", "hold", "wait_or_warn"]
+
+logger = logging.getLogger("towerdist")
 
 T = TypeVar("T")
 
 _EXIT_STALL_SECONDS = 0.2  # at exit, a busy thread whose CPU clock stood still this long is blocked, not working
 _EXIT_SECONDS = 10.0  # the longest exit waits for busy threads to finish their element
 _POLL_SECONDS = 0.01
+SAVE_SECONDS = 60.0  # the longest a save waits for a thread to finish the element it is making
+_SAVE_WARNING_SECONDS = 5.0  # ... and when it says so in the log
 
 _busy_threads: set[threading.Thread] = set()  # threads inside pipeline code now (set ops are atomic under the GIL)
 exiting = threading.Event()  # set at interpreter exit: background producers stop before their next element
@@ -128,6 +140,37 @@ def wait_or_warn(futures: Iterable[Future[Any]], seconds: float, what: str) -> N
             ResourceWarning,
             stacklevel=3,
         )
+
+
+def hold(lock: threading.Lock, what: str) -> None:
+    """Takes ``lock``, which ``what`` (a thread, e.g. ``"the Dataset.prefetch() thread"``) holds
+    while it makes one element, for a save of the iterator's position.
+
+    Logs a warning after :data:`_SAVE_WARNING_SECONDS` and fails after :data:`SAVE_SECONDS`
+    (both read when called).
+
+    Raises:
+      DeadlineExceededError: ``what`` did not finish its element within :data:`SAVE_SECONDS`.
+    """
+    if lock.acquire(timeout=min(_SAVE_WARNING_SECONDS, SAVE_SECONDS)):
+        return
+    if SAVE_SECONDS > _SAVE_WARNING_SECONDS:
+        logger.warning(
+            "Saving the iterator has waited %g s for %s to finish the element it is making (its input runs user "
+            "code: a map function, a generator, a file read). The save fails after %g s.",
+            _SAVE_WARNING_SECONDS,
+            what,
+            SAVE_SECONDS,
+        )
+        if lock.acquire(timeout=SAVE_SECONDS - _SAVE_WARNING_SECONDS):
+            return
+    raise unworded(
+        DeadlineExceededError(
+            f"cannot save the iterator: it waited {SAVE_SECONDS:g} s for {what} to finish the element it is making, "
+            f"and a position is taken between two elements. The input is blocked in user code (a map function, a "
+            f"generator, a file read): save again once that call returns."
+        )
+    )
 
 
 class Busy:
