@@ -611,7 +611,7 @@ def test_restoring_into_a_different_pipeline_names_the_operation_and_leaves_the_
     other = maker_of(restored_as)
     iterator = iter(other())
     head = take(iterator, 2)
-    with pytest.raises(td.errors.FailedPreconditionError, match="cannot restore the iterator") as raised:
+    with pytest.raises(td.errors.NotFoundError, match="cannot restore the iterator") as raised:
         iterator._checkpoint_restorer(state)()
     assert named in str(raised.value)
     assert_same_elements(list(other())[2:], list(iterator))
