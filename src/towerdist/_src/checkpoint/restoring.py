@@ -35,8 +35,6 @@ from towerdist._src.variables.variable import ASSIGN, Variable, to_array
 
 __all__ = ["Plan", "agreed_by_workers", "apply", "assign", "converted", "prepare", "read"]
 
-API = "Checkpoint.restore()"
-
 
 class Plan:
     """What a restore does: assign now, defer until a slot exists, commit saveables, and what it matched."""
@@ -65,15 +63,20 @@ def _shared_by_workers(variable: Variable) -> bool:
     return bool(variable.distribute_strategy.extended._num_workers > 1)
 
 
-def read(prefix: str, collective: bool) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The checkpoint's entries and arrays: read here, or (``collective``) on the chief and sent to every worker."""
+def read(prefix: str, collective: bool, api: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The checkpoint's entries and arrays: read here, or (``collective``) on the chief and sent to every worker.
+
+    ``api`` names the collectives (the public method called).
+    """
     workers = workers_lib.current()
     if not collective or workers is None:
         return files.read_checkpoint(prefix)
-    return _read_on_chief(prefix, workers)
+    return _read_on_chief(prefix, workers, api)
 
 
-def _read_on_chief(prefix: str, workers: workers_lib.Workers) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def _read_on_chief(
+    prefix: str, workers: workers_lib.Workers, api: str
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """``files.read_checkpoint(prefix)`` on the chief, its result broadcast to every worker.
 
     An error reading (no checkpoint, corrupt files) is raised on every worker.
@@ -85,14 +88,14 @@ def _read_on_chief(prefix: str, workers: workers_lib.Workers) -> tuple[dict[str,
         read_here.update(arrays)
         return {"entries": entries, "arrays": [[key, a.dtype.str, list(a.shape)] for key, a in arrays.items()]}
 
-    index = workers.run_on_chief(read_index, API)
+    index = workers.run_on_chief(read_index, api)
     blobs = []
     for key, dtype, shape in index["arrays"]:
         if workers.rank == 0:
             blobs.append(np.ascontiguousarray(read_here[key]).reshape(-1).view(np.uint8))
         else:
             blobs.append(np.empty(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, np.uint8))
-    blobs = workers.broadcast(blobs, f"{API} (the values)", None)
+    blobs = workers.broadcast(blobs, f"{api} (the values)", None)
     arrays = {
         key: blob.view(np.dtype(dtype)).reshape(shape) for (key, dtype, shape), blob in zip(index["arrays"], blobs)
     }
@@ -100,7 +103,12 @@ def _read_on_chief(prefix: str, workers: workers_lib.Workers) -> tuple[dict[str,
 
 
 def prepare(
-    found: graph.Graph, entries: dict[str, Any], arrays: dict[str, np.ndarray], prefix: str, collective: bool
+    found: graph.Graph,
+    entries: dict[str, Any],
+    arrays: dict[str, np.ndarray],
+    prefix: str,
+    collective: bool,
+    api: str = "Checkpoint.restore()",
 ) -> Plan:
     """Matches the saved values to ``found``'s objects and prepares every saveable's restore.
 
@@ -133,7 +141,7 @@ def prepare(
             error = error or caught
     workers = workers_lib.current()
     if collective and workers is not None:
-        workers.settle(error, API)
+        workers.settle(error, api)
     elif error is not None:
         raise error
     return plan
