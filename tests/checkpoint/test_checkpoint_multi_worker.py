@@ -124,17 +124,38 @@ def test_a_restore_that_fails_on_one_worker_fails_on_all_changes_nothing_and_the
     assert stub.state == b"S" and target.values[0].numpy().tolist() == [0.0, 1.0, 2.0]
 
 
-def test_a_path_only_a_non_chief_names_is_written_by_it_with_the_state_file(multi_worker_strategy, shared_tmp_path):
+@pytest.mark.parametrize("saver", ["manager", "checkpoint_save"])
+def test_a_path_only_a_non_chief_names_is_written_by_it_with_the_state_file(
+    multi_worker_strategy, shared_tmp_path, saver
+):
     strategy = multi_worker_strategy
     rank, _ = layout(strategy)
     with strategy.scope():
         w = td.Variable(np.arange(2, dtype=np.float32))
     directory = shared_tmp_path / ("chief" if rank == 0 else f"workertemp_{rank}")
-    manager = td.train.CheckpointManager(td.train.Checkpoint(w=w), str(directory), max_to_keep=1)
+    checkpoint = td.train.Checkpoint(w=w)
+    manager = td.train.CheckpointManager(checkpoint, str(directory), max_to_keep=1)
     for _ in range(2):
-        path = manager.save()
-    assert sorted(os.listdir(directory)) == ["checkpoint", "ckpt-2.data-00000-of-00001", "ckpt-2.index"]
+        path = manager.save() if saver == "manager" else checkpoint.save(str(directory / "ckpt"))
+    kept = ["ckpt-2.data-00000-of-00001", "ckpt-2.index"]
+    if saver == "checkpoint_save":  # Checkpoint.save() deletes nothing
+        kept = ["ckpt-1.data-00000-of-00001", "ckpt-1.index", *kept]
+    assert sorted(os.listdir(directory)) == ["checkpoint", *kept]
     assert td.train.latest_checkpoint(str(directory)) == path == str(directory / "ckpt-2")
+
+
+def test_restore_or_initialize_of_plain_variables_is_local(multi_worker_strategy, shared_tmp_path):
+    strategy = multi_worker_strategy
+    rank, _ = layout(strategy)
+    directory = str(shared_tmp_path / f"worker{rank}")
+    step = td.Variable(np.int64(3 + rank))
+    td.train.CheckpointManager(td.train.Checkpoint(step=step), directory, max_to_keep=1).save()
+    if rank == 0:  # the chief alone: no collective
+        restored = td.Variable(np.int64(0))
+        manager = td.train.CheckpointManager(td.train.Checkpoint(step=restored), directory, max_to_keep=1)
+        assert manager.restore_or_initialize() == os.path.join(directory, "ckpt-1")
+        assert int(restored.numpy()) == 3
+    assert count_replicas(strategy) == strategy.num_replicas_in_sync
 
 
 # --- TensorFlow's tutorial pattern (multi_worker_with_ctl) -----------------------------------------

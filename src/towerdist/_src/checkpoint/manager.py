@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from towerdist._src.checkpoint import files
+from towerdist._src.checkpoint import files, graph, restoring
 from towerdist._src.checkpoint.checkpoint import Checkpoint, require_outside_run, write_files
 from towerdist._src.failures import worded_at
 from towerdist._src.multi_worker import workers as workers_lib
@@ -96,9 +96,14 @@ class CheckpointManager:
     the latest one, but are never deleted.
 
     A manager also removes what crashed saves left in its directory: temporary files and
-    data files no index points to, once they have not been modified for an hour (a
-    younger one may be another process's save in progress). It does so when it starts
-    and on every save.
+    data files no index names, once they have not been modified for an hour (a younger
+    one may be another process's save in progress). It does so when it starts and on
+    every save.
+
+    Under ``MultiWorkerMirroredStrategy`` every worker calls ``save()``. The chief writes
+    its directory; a worker whose directory is its own (TensorFlow's tutorial gives each
+    non-chief ``<dir>/workertemp_<id>``) writes there too, state file included, from its
+    first save on; a worker whose directory is the chief's writes nothing.
 
     Args:
       checkpoint: the ``td.train.Checkpoint`` to save.
@@ -274,11 +279,16 @@ class CheckpointManager:
     def restore_or_initialize(self) -> str | None:
         """Restores the latest checkpoint if there is one, else calls ``init_fn``.
 
+        Under ``MultiWorkerMirroredStrategy``, when the restore is collective (the objects
+        hold distributed variables or distributed iterators; see ``Checkpoint.restore``)
+        every worker calls it and they decide together, from the chief's view of the
+        directory; otherwise each worker decides from its own.
+
         Returns:
           The restored checkpoint's path, or None if it initialized instead.
         """
         workers = workers_lib.current()
-        if workers is not None:  # several workers decide together, from the chief's view of the directory
+        if workers is not None and restoring.agreed_by_workers(graph.walk(self._checkpoint._checkpoint_dependencies())):
             self._latest = workers.run_on_chief(lambda: self._latest, "CheckpointManager.restore_or_initialize()")
         if self._latest is not None:
             self._checkpoint.restore(self._latest)
