@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import towerdist as td
+from towerdist._src.checkpoint import files
 
-from checkpoint_helpers import DataLossError, age, data_file, data_files, index_file, read_index
+from checkpoint_helpers import DataLossError, Stub, age, data_file, data_files, index_file, read_index, seal
 
 FORMAT_V2 = Path(__file__).parent / "data" / "format_v2"
 
@@ -166,3 +169,91 @@ def test_a_manager_sweeps_stale_version_2_orphans_and_keeps_the_referenced_data(
     age(referenced, orphan)
     td.train.CheckpointManager(td.train.Checkpoint(model=Net()), str(v2_directory), max_to_keep=1)
     assert referenced.exists() and not orphan.exists()
+
+
+# --- entries of kind "object", and indexes in the wrong file --------------------------------------
+
+
+def _object_checkpoint(tmp_path: Path) -> str:
+    return td.train.Checkpoint(it=Stub("a", b"state"), v=td.Variable(1.0)).write(str(tmp_path / "ckpt"))
+
+
+def _resealed(path: str, edit: Any, file: Path | None = None) -> None:
+    index = read_index(path)
+    edit(index)
+    seal(index)
+    (file or index_file(path)).write_text(json.dumps(index), encoding="utf-8")
+
+
+MALFORMED = r"^Checkpoint index .* is malformed: "
+ENTRY_DAMAGE = {  # name: (edit of the index, the message after MALFORMED)
+    "unknown_kind": (lambda i: i["entries"]["it"].update(kind="tensor"), r"entry 'it' has kind 'tensor', not"),
+    "no_kind": (lambda i: i["entries"]["v"].pop("kind"), r"entry 'v' has kind None, not 'variable' or 'object'"),
+    "object_not_bytes": (
+        lambda i: i["entries"]["it"].update(dtype="float32"), r"entry 'it' is an object's state, but not a 1-D uint8"
+    ),
+    "object_without_class": (lambda i: i["entries"]["it"].pop("class"), r"entry 'it' has class None, not a string"),
+    "variable_without_aggregation": (
+        lambda i: i["entries"]["v"].pop("aggregation"), r"entry 'v' has aggregation None, not a string"
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(ENTRY_DAMAGE))
+def test_a_resealed_index_with_a_malformed_entry_raises_data_loss(tmp_path, damage):
+    path = _object_checkpoint(tmp_path)
+    edit, message = ENTRY_DAMAGE[damage]
+    _resealed(path, edit)
+    stub, v = Stub("b"), td.Variable(0.0)
+    with pytest.raises(DataLossError, match=MALFORMED + message):
+        td.train.Checkpoint(it=stub, v=v).read(path)
+    assert stub.log == [] and float(v.numpy()) == 0.0
+
+
+def test_a_version_3_index_in_an_index_json_file_is_refused(tmp_path):
+    path = _object_checkpoint(tmp_path)
+    index_file(path).rename(f"{path}.index.json")
+    with pytest.raises(DataLossError, match=r"^Checkpoint .*ckpt\.index\.json has format_version 3; this towerdist "
+                                            r"reads versions 2 \(in \.index\.json files\) and 3 \(in \.index files\)"):
+        td.train.Checkpoint(v=td.Variable(0.0)).read(path)
+
+
+def test_a_version_2_entry_with_a_kind_is_refused(v2_directory):
+    prefix = str(v2_directory / "ckpt-1")
+    index_json = Path(f"{prefix}.index.json")
+    index = json.loads(index_json.read_text())
+    index["entries"]["model/b"]["kind"] = "variable"
+    seal(index)
+    index_json.write_text(json.dumps(index))
+    with pytest.raises(DataLossError, match=MALFORMED + r"entry 'model/b' has a kind, which version 2 entries"):
+        td.train.Checkpoint(model=Net()).restore(prefix)
+
+
+def test_a_checkpoint_rewritten_between_reading_its_index_and_its_data_is_read_again(tmp_path, monkeypatch):
+    v = td.Variable(np.float32(1.0))
+    ckpt = td.train.Checkpoint(v=v)
+    prefix = str(tmp_path / "ckpt")
+    ckpt.write(prefix)
+    real = files._read_data
+    calls = []
+
+    def rewritten_meanwhile(prefix_: str, index: dict[str, Any]) -> Any:
+        if not calls:  # another process replaces the checkpoint after this reader read the old index
+            v.assign(2.0)
+            ckpt.write(prefix)
+        calls.append(index["data_sha256"])
+        return real(prefix_, index)
+
+    monkeypatch.setattr(files, "_read_data", rewritten_meanwhile)
+    target = td.Variable(np.float32(0.0))
+    td.train.Checkpoint(v=target).read(prefix).assert_consumed()
+    assert float(target.numpy()) == 2.0 and len(calls) == 2 and calls[0] != calls[1]
+
+
+def test_an_index_removed_while_being_read_is_not_found(tmp_path, monkeypatch):
+    prefix = str(tmp_path / "ckpt")
+    td.train.Checkpoint(v=td.Variable(1.0)).write(prefix)
+    index_file(prefix).unlink()
+    monkeypatch.setattr(files.os.path, "isfile", lambda path: True)  # it was there a moment ago
+    with pytest.raises(td.errors.NotFoundError, match=r"it was removed while being read"):
+        td.train.Checkpoint(v=td.Variable(0.0)).read(prefix)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import weakref
 from typing import Any
 
@@ -48,6 +49,9 @@ __all__ = ["Restore", "attached", "waiting"]
 logger = logging.getLogger("towerdist")
 _uids = itertools.count(1)
 _waiting: set[Restore] = set()  # restores with values waiting for their objects
+# One catch-up at a time: modules may be built on several replica threads at once (variables
+# created inside strategy.run), each assigning the same shared variable to its attribute.
+_lock = threading.RLock()
 
 
 class _Unused:
@@ -124,7 +128,8 @@ class Restore:
             except TypeError:  # a list, tuple or dict: held while the restore waits
                 self._roots.append((name, value))
         self.visited = found.visited | {id(checkpoint)}
-        _waiting.add(self)
+        with _lock:
+            _waiting.add(self)
 
     def objects(self) -> list[tuple[str, Any]] | None:
         """The objects to walk now: the checkpoint's, or once it is gone, those of its objects that live (None: none)."""
@@ -163,9 +168,11 @@ def attached(owner: Any, value: Any) -> None:
     """
     if not _waiting or not _holds_savable(value):
         return
-    concerned = [restore for restore in _waiting if id(owner) in restore.visited]
-    if concerned:
-        catch_up(concerned)
+    with _lock:
+        # (a copy: a weakref callback may drop a restore meanwhile; set.copy() runs no Python code)
+        concerned = [restore for restore in _waiting.copy() if id(owner) in restore.visited]
+        if concerned:
+            catch_up(concerned)
 
 
 def catch_up(restores: list[Restore]) -> None:
