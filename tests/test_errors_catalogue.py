@@ -168,7 +168,7 @@ def _corrupt_checkpoint(s, tmp):
     w, _ = _model(s)
     checkpoint = td.train.Checkpoint(w=w)
     path = checkpoint.write(str(tmp / "ckpt"))
-    data = next(tmp.glob("ckpt.data-*.npz"))
+    data = tmp / "ckpt.data-00000-of-00001"
     data.write_bytes(data.read_bytes()[:-10])
     checkpoint.restore(path)
 
@@ -190,7 +190,7 @@ def _save_inside_run(s, tmp):
 def _flipped_index(s, tmp):
     w, _ = _model(s)
     path = td.train.Checkpoint(w=w).write(str(tmp / "ckpt"))
-    index = tmp / "ckpt.index.json"
+    index = tmp / "ckpt.index"
     text = index.read_text()
     swapped = text.replace('"member": "a0"', "@").replace('"member": "a1"', '"member": "a0"').replace("@", '"member": "a1"')
     assert swapped != text  # which member holds which variable is swapped

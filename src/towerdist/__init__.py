@@ -23,6 +23,7 @@ from towerdist import data as data
 from towerdist import distribute as distribute
 from towerdist import errors as errors
 from towerdist import experimental as experimental
+from towerdist import io as io
 from towerdist import metrics as metrics
 from towerdist import nn as nn
 from towerdist import optimizers as optimizers
@@ -99,6 +100,7 @@ __all__ = [
     "int16",
     "int32",
     "int64",
+    "io",
     "metrics",
     "name_scope",
     "nn",

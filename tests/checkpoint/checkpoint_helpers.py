@@ -2,11 +2,12 @@
 
 Together, those files test the following.
 
-``td.train`` checkpoints: format v2, restore into any strategy, deferred slots, crash safety, the manager.
+``td.train`` checkpoints: format v3 (v2 still read), restore into any strategy, deferred slots, crash safety, the manager.
 
 Pins DESIGN section 7 ("Checkpoints"): one aggregated value saved per variable, a
-documented and versioned ``.npz`` + JSON index format with every byte checksummed, atomic
-writes (temp file + fsync + rename, the index last), restore inside or outside ``scope()``
+documented and versioned format (``<prefix>.index``, JSON, and ``<prefix>.data-00000-of-00001``,
+an ``.npz``) with every byte checksummed, crash-safe writes (temp file + fsync + rename, the
+index the commit point), restore inside or outside ``scope()``
 and into another replica count, all-or-nothing restores, string variables, dtypes refused
 before anything is written, and TensorFlow's ``Checkpoint`` / ``CheckpointManager`` /
 ``latest_checkpoint`` API (bytes paths, damaged state files). The crash tests run
@@ -25,13 +26,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
+import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
 import towerdist as td
+from towerdist._src.checkpoint import files
 from towerdist._src.variables.distributed_variable import DistributedVariable, SyncOnReadVariable
 
 from conftest import TEST_PROGRAMS, mirrored_param
@@ -179,14 +181,27 @@ def assert_unchanged(before: dict[str, list[np.ndarray]], after: dict[str, list[
             np.testing.assert_array_equal(got, want, err_msg=name)
 
 
+INDEX = ".index"
+DATA = ".data-00000-of-00001"
+
+
+def index_file(prefix: str | Path) -> Path:
+    return Path(f"{prefix}{INDEX}")
+
+
+def data_file(prefix: str | Path) -> Path:
+    return Path(f"{prefix}{DATA}")
+
+
 def read_index(prefix: str | Path) -> dict[str, Any]:
-    with open(f"{prefix}.index.json", encoding="utf-8") as stream:
+    with open(index_file(prefix), encoding="utf-8") as stream:
         return json.load(stream)
 
 
 def data_files(prefix: str | Path) -> list[Path]:
+    """Every data file of ``prefix``: the current one and any pending one (``<data>.<hash>.pending``)."""
     prefix = Path(prefix)
-    return sorted(prefix.parent.glob(f"{prefix.name}.data-*.npz"))
+    return sorted(prefix.parent.glob(f"{prefix.name}.data-*"))
 
 
 def saved_counter(ckpt: td.train.Checkpoint) -> int:
@@ -219,8 +234,14 @@ def checkpoint_files(directory: Path) -> list[str]:
 
 def assert_files(directory: Path, *numbers: int) -> None:
     """The directory holds exactly the index and the one data file of checkpoints ``numbers``."""
-    got = sorted(re.sub(r"data-[0-9a-f]{16}", "data-*", name) for name in checkpoint_files(directory))
-    assert got == sorted(name for n in numbers for name in (f"ckpt-{n}.index.json", f"ckpt-{n}.data-*.npz"))
+    assert checkpoint_files(directory) == sorted(name for n in numbers for name in (f"ckpt-{n}{INDEX}", f"ckpt-{n}{DATA}"))
+
+
+def age(*paths: Path, seconds: float = files.STALE_SECONDS + 60.0) -> None:
+    """Makes ``paths`` look last modified ``seconds`` ago (by default: stale, older than the sweep's bound)."""
+    then = time.time() - seconds
+    for path in paths:
+        os.utime(path, (then, then))
 
 
 def save_numbered(manager: td.train.CheckpointManager, v: Any, count: int) -> list[str]:
@@ -229,3 +250,43 @@ def save_numbered(manager: td.train.CheckpointManager, v: Any, count: int) -> li
         v.assign(np.full(4, saved_counter(manager.checkpoint) + 1, np.float32))
         paths.append(manager.save())
     return paths
+
+
+# --- objects saved as one opaque state -------------------------------------------------------------
+
+
+class Stub:
+    """An object saved as one opaque state (the ``Saveable`` protocol), recording what it is asked.
+
+    ``log`` (shared between stubs to see their order) gets ``("state", name)`` for each
+    ``_checkpoint_state()``, ``("prepare", name, watched)`` for each restorer built and
+    ``("commit", name, watched)`` for each commit, where ``watched`` is ``watch()`` at that
+    moment (e.g. a variable's value). ``refuse``: the restorer raises
+    ``FailedPreconditionError`` instead.
+    """
+
+    def __init__(
+        self, name: str, state: bytes = b"", collective: bool = False, refuse: bool = False,
+        log: list[Any] | None = None, watch: Any = None,
+    ) -> None:
+        self.name = name
+        self.state = state
+        self._checkpoint_collective = collective
+        self.refuse = refuse
+        self.log = [] if log is None else log
+        self.watch = watch or (lambda: None)
+
+    def _checkpoint_state(self) -> bytes:
+        self.log.append(("state", self.name))
+        return self.state
+
+    def _checkpoint_restorer(self, state: bytes) -> Any:
+        self.log.append(("prepare", self.name, self.watch()))
+        if self.refuse:
+            raise td.errors.FailedPreconditionError(f"{self.name} refuses the state {state!r}")
+
+        def commit() -> None:
+            self.log.append(("commit", self.name, self.watch()))
+            self.state = state
+
+        return commit

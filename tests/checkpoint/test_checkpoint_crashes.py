@@ -29,10 +29,13 @@ from checkpoint_helpers import (
     CHILD_SCRIPT,
     CHILD_WAIT_SECONDS,
     PACKAGE_ROOT,
+    age,
     assert_files,
     assert_same_values,
     counter_checkpoint,
+    data_file,
     data_files,
+    index_file,
     read_index,
     save_numbered,
     saved_counter,
@@ -117,25 +120,29 @@ class Child:
 
 KILL_POINTS = {  # name: (os function the child blocks in, which call of it during the second write)
     "data_fsync": ("fsync", 1),
-    "before_data_rename": ("replace", 1),
-    "before_index_rename": ("replace", 2),
-    "before_state_rename": ("replace", 3),
+    "before_pending_rename": ("replace", 1),  # the data, synced, renamed to <data>.<hash>.pending
+    "before_index_rename": ("replace", 2),  # the commit point
+    "before_data_rename": ("replace", 3),  # committed: the pending data renamed to its final name
+    "before_state_rename": ("replace", 4),
 }
+COMMITTED = ("before_data_rename", "before_state_rename")  # the second checkpoint's index is in place
+LEAVES_A_TEMPORARY = ("data_fsync", "before_pending_rename", "before_index_rename", "before_state_rename")
 
 
 def blocked_file(kill_point: str, name: str) -> str:
     """A regular expression of the file the child reports at ``kill_point`` (``name``: the second prefix's)."""
     return {
         "data_fsync": r"\.tmp-\w+\.part",
-        "before_data_rename": rf"{name}\.data-[0-9a-f]{{16}}\.npz",
-        "before_index_rename": rf"{name}\.index\.json",
+        "before_pending_rename": rf"{name}\.data-00000-of-00001\.[0-9a-f]{{16}}\.pending",
+        "before_index_rename": rf"{name}\.index",
+        "before_data_rename": rf"{name}\.data-00000-of-00001",
         "before_state_rename": "checkpoint",
     }[kill_point]
 
 
 def restored_child_values(path: str) -> dict[str, np.ndarray]:
     ckpt = checkpoint_child.make_objects()
-    ckpt.restore(path).assert_consumed()
+    ckpt.read(path).expect_partial().assert_existing_objects_matched()  # (a save also holds save_counter)
     return checkpoint_child.read_values(ckpt)
 
 
@@ -161,31 +168,41 @@ def test_sigkill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path
         assert re.fullmatch(rf"{function} {blocked_file(kill_point, os.path.basename(second))}", blocked), blocked
         names = {p.name for p in directory.iterdir()}
         temporaries = [p for p in directory.iterdir() if p.name.startswith(".tmp-")]
-        assert len(temporaries) == 1, names
+        assert len(temporaries) == (1 if kill_point in LEAVES_A_TEMPORARY else 0), names
         if kill_point == "data_fsync":
             assert temporaries[0].read_bytes().startswith(b"PK\x03\x04"), "the temporary being synced is the npz"
+        pending = [p for p in data_files(second) if p.name.endswith(".pending")]
+        assert len(pending) == (1 if kill_point in ("before_index_rename", "before_data_rename") else 0), names
         new_data_files = len(data_files(second)) - (1 if saver == "write" else 0)
-        assert new_data_files == (1 if kill_point in ("before_index_rename", "before_state_rename") else 0), names
-        assert os.path.isfile(f"{second}.index.json") == (kill_point == "before_state_rename" or saver == "write")
+        assert new_data_files == (0 if kill_point in ("data_fsync", "before_pending_rename") else 1), names
+        assert index_file(second).is_file() == (kill_point in COMMITTED or saver == "write")
         child.kill()
 
     if saver == "save":
         assert td.train.latest_checkpoint(str(directory)) == first
-        if kill_point == "before_state_rename":
+        if kill_point in COMMITTED:
             assert_child_values(second, 2)  # complete (its index is the commit point), just not recorded
-    assert_child_values(first, 1)
-    assert any(p.name.startswith(".tmp-") for p in directory.iterdir())  # the crash left a stray temporary
+        assert_child_values(first, 1)
+    else:  # the prefix rewritten: the old checkpoint, or the new one once its index is in place
+        assert_child_values(second, 2 if kill_point in COMMITTED else 1)
+    if kill_point == "before_data_rename":  # committed, its data still pending: read from there
+        assert data_file(second).exists() == (saver == "write") and len(pending) == 1
+    else:  # the crash left a stray temporary
+        assert any(p.name.startswith(".tmp-") for p in directory.iterdir())
 
     # Saving and restoring go on, unbothered by the strays. Young strays stay: they could
     # be another process's save in progress.
     ckpt = checkpoint_child.make_objects()
-    ckpt.restore(first).assert_consumed()
+    (ckpt.restore if saver == "save" else ckpt.read)(first).assert_consumed()
+    if kill_point == "before_data_rename":  # a rewrite removes the pending data the index it replaces named
+        assert_child_values(second, 2)
     checkpoint_child.set_values(ckpt, 3)
     path = ckpt.save(str(directory / "ckpt")) if saver == "save" else ckpt.write(str(directory / "ckpt"))
     assert path == second
     killed_before_its_index = 1 if kill_point == "before_index_rename" else 0  # its data file has no index
     assert len(data_files(second)) == 1 + killed_before_its_index
-    assert any(p.name.startswith(".tmp-") for p in directory.iterdir())
+    assert not pending or pending[0].exists() == (kill_point == "before_index_rename")
+    assert any(p.name.startswith(".tmp-") for p in directory.iterdir()) == (kill_point in LEAVES_A_TEMPORARY)
     assert_child_values(path, 3)
 
     # Once the strays are stale, the next save (or a manager's start) removes them, and no
@@ -204,19 +221,12 @@ def test_sigkill_in_the_middle_of_a_save_leaves_the_previous_checkpoint(tmp_path
         assert_swept(directory)
 
 
-def age(*paths: Path, seconds: float = files.STALE_SECONDS + 60.0) -> None:
-    """Makes ``paths`` look last modified ``seconds`` ago (by default: stale, older than the sweep's bound)."""
-    then = time.time() - seconds
-    for path in paths:
-        os.utime(path, (then, then))
-
-
 def assert_swept(directory: Path) -> None:
     """No temporary file is left, and every prefix has exactly the one data file its index names."""
     names = sorted(p.name for p in directory.iterdir())
     assert not [n for n in names if n.startswith(".tmp-")], names
-    for index in directory.glob("*.index.json"):
-        prefix = str(index)[: -len(".index.json")]
+    for index in directory.glob("*.index"):
+        prefix = str(index)[: -len(".index")]
         assert [p.name for p in data_files(prefix)] == [read_index(prefix)["data_file"]], names
 
 
@@ -278,8 +288,10 @@ def test_paths_may_be_bytes(tmp_path, monkeypatch, api):
     elif api == "write":
         assert ckpt.write(encoded(str(directory / "plain"))) == str(directory / "plain")
         restored.restore(str(directory / "plain")).assert_consumed()
-    elif api in ("restore", "read"):
-        getattr(restored, api)(encoded(saved)).assert_consumed()
+    elif api == "restore":
+        restored.restore(encoded(saved)).assert_consumed()
+    elif api == "read":  # a save read without its save_counter, as in TensorFlow: its count is not consumed
+        restored.read(encoded(saved)).assert_existing_objects_matched()
     elif api == "latest_checkpoint":
         assert td.train.latest_checkpoint(encoded(str(directory))) == saved
     else:
@@ -299,7 +311,7 @@ def test_a_path_of_another_type_is_refused_naming_the_argument(tmp_path, api):
         "save": (lambda: ckpt.save(7), r"Checkpoint\.save\(\) expects file_prefix"),
         "write": (lambda: ckpt.write(7), r"Checkpoint\.write\(\) expects file_prefix"),
         "restore": (lambda: ckpt.restore(7), r"Checkpoint\.restore\(\) expects save_path"),
-        "read": (lambda: ckpt.read(7), r"Checkpoint\.restore\(\) expects save_path"),
+        "read": (lambda: ckpt.read(7), r"Checkpoint\.read\(\) expects save_path"),
         "latest_checkpoint": (lambda: td.train.latest_checkpoint(7), r"latest_checkpoint\(\) expects checkpoint_dir"),
         "CheckpointManager": (
             lambda: td.train.CheckpointManager(ckpt, 7, max_to_keep=1), r"CheckpointManager\(\) expects directory"
@@ -355,8 +367,8 @@ def damaged_state_directory(tmp_path: Path, damage: str) -> tuple[Path, td.train
     """ckpt-2 and ckpt-3 on disk (ckpt-3 the newer), and a state file damaged as ``damage`` says."""
     ckpt, v = counter_checkpoint()
     save_numbered(td.train.CheckpointManager(ckpt, str(tmp_path), max_to_keep=2), v, 3)
-    age(Path(f"{tmp_path / 'ckpt-2'}.index.json"), seconds=200.0)
-    age(Path(f"{tmp_path / 'ckpt-3'}.index.json"), seconds=100.0)
+    age(index_file(tmp_path / "ckpt-2"), seconds=200.0)
+    age(index_file(tmp_path / "ckpt-3"), seconds=100.0)
     (tmp_path / "checkpoint").write_bytes(STATE_FILE_DAMAGE[damage][0](state_file(tmp_path)))
     return tmp_path, ckpt, v
 
@@ -443,31 +455,31 @@ def test_stale_temporary_files_are_swept_and_younger_ones_kept(tmp_path, trigger
 
 
 def fake_data_file(prefix: Path, digits: str) -> Path:
-    """A data file for ``prefix`` that no index points to (as a save killed before its index leaves)."""
-    path = prefix.parent / f"{prefix.name}.data-{digits * 16}.npz"
+    """A pending data file for ``prefix`` that no index names (as a save killed before its index leaves)."""
+    path = prefix.parent / f"{prefix.name}.data-00000-of-00001.{digits * 16}.pending"
     path.write_bytes(b"PK\x03\x04 an orphan")
     return path
 
 
-def test_a_rewrite_removes_the_replaced_data_file_and_stale_orphans_of_its_prefix_only(tmp_path):
+def test_a_rewrite_removes_the_stale_orphans_of_its_prefix_only(tmp_path):
     ckpt, v = counter_checkpoint()
     prefix = tmp_path / "model"
     ckpt.write(str(prefix))
-    (replaced,) = data_files(prefix)
+    (written,) = data_files(prefix)
     stale_orphan, young_orphan = fake_data_file(prefix, "a"), fake_data_file(prefix, "b")
     other_prefix_orphan = fake_data_file(tmp_path / "model-1", "c")
-    age(replaced, stale_orphan, other_prefix_orphan)
+    age(written, stale_orphan, other_prefix_orphan)
 
     v.assign(np.full(4, 5.0, np.float32))
     ckpt.write(str(prefix))
 
-    (current,) = [p for p in data_files(prefix) if p not in (replaced, stale_orphan, young_orphan)]
-    assert read_index(prefix)["data_file"] == current.name
-    assert not replaced.exists() and not stale_orphan.exists()
+    assert data_files(prefix) == [data_file(prefix), young_orphan]
+    assert read_index(prefix)["data_file"] == data_file(prefix).name
+    assert not stale_orphan.exists()
     assert young_orphan.exists()  # may be another process's save of this prefix, its index to come
     assert other_prefix_orphan.exists()  # not this prefix's
     restored, w = counter_checkpoint()
-    restored.restore(str(prefix)).assert_consumed()
+    restored.read(str(prefix)).assert_consumed()
     np.testing.assert_array_equal(w.numpy(), np.full(4, 5.0, np.float32))
 
 
@@ -479,7 +491,7 @@ def test_a_manager_start_removes_stale_unreferenced_data_files_of_its_checkpoint
     young = [fake_data_file(tmp_path / "ckpt-2", "b"), fake_data_file(tmp_path / "ckpt-8", "b")]
     unreadable_index = fake_data_file(tmp_path / "ckpt-3", "c")  # its index is damaged below: it may name this
     other_name = fake_data_file(tmp_path / "model-4", "d")
-    Path(f"{tmp_path / 'ckpt-3'}.index.json").write_bytes(b"\x00 damaged")
+    index_file(tmp_path / "ckpt-3").write_bytes(b"\x00 damaged")
     age(*referenced, *stale, unreadable_index, other_name)  # referenced files are never removed, however old
 
     td.train.CheckpointManager(ckpt, str(tmp_path), max_to_keep=None)
@@ -498,6 +510,8 @@ def test_a_manager_start_removes_stale_unreferenced_data_files_of_its_checkpoint
         ("save", "before_index_rename", "manager_start"),
         ("save", "before_index_rename", "save_elsewhere"),
         ("write", "before_index_rename", "rewrite_same_prefix"),
+        ("save", "before_data_rename", "manager_start"),
+        ("write", "before_data_rename", "save_elsewhere"),
     ],
 )
 def test_a_save_in_progress_in_another_process_is_not_swept(tmp_path, saver, kill_point, sweeper):
@@ -508,7 +522,7 @@ def test_a_save_in_progress_in_another_process_is_not_swept(tmp_path, saver, kil
         child.expect("SAVED ")
         child.expect(f"BLOCKED {function} ")  # paused inside its second save, files half done
         in_progress = [p for p in directory.iterdir() if p.name.startswith(".tmp-")]
-        in_progress += data_files(second)[-1:] if kill_point == "before_index_rename" else []
+        in_progress += [p for p in data_files(second) if p.name.endswith(".pending")]
         assert in_progress
 
         ours = checkpoint_child.make_objects()  # this process saves into the same directory meanwhile

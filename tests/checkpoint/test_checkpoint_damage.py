@@ -18,7 +18,9 @@ from checkpoint_helpers import (
     DataLossError,
     NotFoundError,
     assert_unchanged,
+    data_file,
     data_files,
+    index_file,
     make_state,
     read_index,
     saved_counter,
@@ -38,7 +40,7 @@ def _edit_index(prefix: Path, edit: Any, reseal: bool = True) -> Path:
     edit(index)
     if reseal:
         seal(index)
-    path = Path(f"{prefix}.index.json")
+    path = index_file(prefix)
     path.write_text(json.dumps(index), encoding="utf-8")
     return path
 
@@ -56,7 +58,7 @@ def _flip_byte(path: Path) -> Path:
 
 
 def _overwrite_index(prefix: Path, content: bytes) -> Path:
-    path = Path(f"{prefix}.index.json")
+    path = index_file(prefix)
     path.write_bytes(content)
     return path
 
@@ -67,11 +69,10 @@ def _delete_data(prefix: Path) -> Path:
     return path
 
 
-def _point_index_at_missing_data(prefix: Path) -> Path:
-    sha256 = "0123456789abcdef" * 4
-    missing = f"ckpt-1.data-{sha256[:16]}.npz"
-    _edit_index(prefix, lambda index: index.update(data_file=missing, data_sha256=sha256))
-    return prefix.parent / missing
+def _point_index_at_other_data(prefix: Path) -> Path:
+    """An index naming data of another hash (as a newer save's index would, with its data file still pending)."""
+    _edit_index(prefix, lambda index: index.update(data_sha256="0123456789abcdef" * 4))
+    return data_file(prefix)
 
 
 def _edit_first_entry(prefix: Path, reseal: bool = True, **fields: Any) -> Path:
@@ -92,7 +93,7 @@ def _as_format_version_1(index: dict[str, Any]) -> None:
 
 
 def _duplicate_key(prefix: Path) -> Path:
-    path = Path(f"{prefix}.index.json")
+    path = index_file(prefix)
     text = path.read_text(encoding="utf-8")
     return _overwrite_index(prefix, text.replace('"entries": {', '"data_size": 0,\n "entries": {', 1).encode())
 
@@ -108,10 +109,8 @@ CORRUPTIONS = {  # name: (corrupt(prefix) -> the file at fault, the message's fi
     "truncated_data": (lambda p: _truncate(data_files(p)[0]), r"Checkpoint data file .* is truncated or corrupt"),
     "flipped_data_byte": (lambda p: _flip_byte(data_files(p)[0]), r"Checkpoint data file .* is corrupt: its SHA-256"),
     "deleted_data": (_delete_data, r"Checkpoint data file .* named by its index is missing"),
-    "index_names_missing_data": (
-        _point_index_at_missing_data, r"Checkpoint data file .* named by its index is missing"
-    ),
-    "truncated_index": (lambda p: _truncate(Path(f"{p}.index.json")), r"Checkpoint index .* is truncated or corrupt"),
+    "index_names_other_data": (_point_index_at_other_data, r"Checkpoint data file .* is corrupt: its SHA-256"),
+    "truncated_index": (lambda p: _truncate(index_file(p)), r"Checkpoint index .* is truncated or corrupt"),
     "empty_index": (lambda p: _overwrite_index(p, b""), r"Checkpoint index .* is truncated or corrupt"),
     "garbage_index": (
         lambda p: _overwrite_index(p, bytes(range(256)) * 3), r"Checkpoint index .* is truncated or corrupt"
@@ -124,8 +123,12 @@ CORRUPTIONS = {  # name: (corrupt(prefix) -> the file at fault, the message's fi
         lambda p: _edit_index(p, lambda i: i.update(format="tensorflow")), r".* is not a towerdist checkpoint index"
     ),
     "newer_format_version": (
-        lambda p: _edit_index(p, lambda i: i.update(format_version=3)),
-        r"Checkpoint .* has format_version 3; this towerdist reads version 2",
+        lambda p: _edit_index(p, lambda i: i.update(format_version=4)),
+        r"Checkpoint .* has format_version 4; this towerdist reads versions 2 \(in \.index\.json files\) and 3",
+    ),
+    "version_2_in_an_index_file": (
+        lambda p: _edit_index(p, lambda i: i.update(format_version=2)),
+        r"Checkpoint .* has format_version 2; this towerdist reads versions 2 \(in \.index\.json files\) and 3",
     ),
     "format_version_1": (
         lambda p: _edit_index(p, _as_format_version_1, reseal=False),
@@ -136,8 +139,8 @@ CORRUPTIONS = {  # name: (corrupt(prefix) -> the file at fault, the message's fi
     "entry_shape_edited_unsealed": (lambda p: _edit_first_entry(p, reseal=False, shape=[5, 3]), INDEX_CHECKSUM),
     "variable_name_edited_unsealed": (lambda p: _edit_first_entry(p, reseal=False, variable="v:0"), INDEX_CHECKSUM),
     "version_edited_unsealed": (
-        lambda p: _edit_index(p, lambda i: i.update(format_version=3), reseal=False),
-        INDEX_CHECKSUM + r" \(it says format_version 3",
+        lambda p: _edit_index(p, lambda i: i.update(format_version=4), reseal=False),
+        INDEX_CHECKSUM + r" \(it says format_version 4",
     ),
     "checksum_edited": (
         lambda p: _edit_index(p, lambda i: i.update(index_sha256="0" * 64), reseal=False), INDEX_CHECKSUM
@@ -154,10 +157,11 @@ CORRUPTIONS = {  # name: (corrupt(prefix) -> the file at fault, the message's fi
     ),
     "index_names_another_prefixs_data": (
         lambda p: _edit_index(p, lambda i: i.update(data_file=i["data_file"].replace("ckpt-1", "ckpt-2"))),
-        MALFORMED + r"data_file is 'ckpt-2\.data-[0-9a-f]{16}\.npz', but the data file of .*ckpt-1 is named",
+        MALFORMED + r"data_file is 'ckpt-2\.data-00000-of-00001', but the data file of .*ckpt-1 is named "
+        r"'ckpt-1\.data-00000-of-00001'",
     ),
     "index_lists_fewer_arrays_than_the_data": (
-        lambda p: _edit_index(p, _drop_entry), r"Checkpoint .*: .*\.npz holds arrays \['a\d+'\] that its index"
+        lambda p: _edit_index(p, _drop_entry), r"Checkpoint .*: .*\.data-00000-of-00001 holds arrays \['a\d+'\] that its index"
     ),
     "entry_names_missing_member": (
         lambda p: _edit_first_entry(p, member="a999"), r"Checkpoint .*: the index .* names array 'a999'"
@@ -227,11 +231,11 @@ def test_an_index_with_swapped_members_raises_data_loss_and_changes_nothing(tmp_
         a, b = index["entries"]["a"], index["entries"]["b"]
         a["member"], b["member"] = b["member"], a["member"]
 
-    index_file = _edit_index(Path(path), swap, reseal=False)
+    edited = _edit_index(Path(path), swap, reseal=False)
     targets = {"a": td.Variable(np.zeros(2, np.float32)), "b": td.Variable(np.zeros(2, np.float32))}
     with pytest.raises(DataLossError, match=INDEX_CHECKSUM) as error:
         td.train.Checkpoint(**targets).restore(path)
-    assert error.value.path == str(index_file)
+    assert error.value.path == str(edited)
     for variable in targets.values():
         np.testing.assert_array_equal(variable.numpy(), np.zeros(2, np.float32))
 
@@ -239,8 +243,8 @@ def test_an_index_with_swapped_members_raises_data_loss_and_changes_nothing(tmp_
 @pytest.mark.parametrize("bit", range(8))
 def test_every_flipped_bit_of_the_index_raises_data_loss_and_changes_nothing(tmp_path, bit):
     path, saved = two_variable_checkpoint(tmp_path)
-    index_file = Path(f"{path}.index.json")
-    original = index_file.read_bytes()
+    index = index_file(path)
+    original = index.read_bytes()
     targets = {"a": td.Variable(np.zeros(2, np.float32)), "b": td.Variable(np.zeros(2, np.float32))}
     ckpt = td.train.Checkpoint(**targets)
     # Every byte, this bit: key names, member names, shapes, dtypes, the data file's name,
@@ -249,18 +253,18 @@ def test_every_flipped_bit_of_the_index_raises_data_loss_and_changes_nothing(tmp
     for offset in range(len(original)):
         flipped = bytearray(original)
         flipped[offset] ^= 1 << bit
-        index_file.write_bytes(bytes(flipped))
+        index.write_bytes(bytes(flipped))
         context = original[max(0, offset - 20):offset + 20]
         where = f"bit {bit} of byte {offset}: {original[offset:offset + 1]!r} in {context!r}"
         with pytest.raises(DataLossError) as error:
-            ckpt.restore(path)
+            ckpt.read(path)
             pytest.fail(f"restored without error after flipping {where}")
-        assert error.value.path == str(index_file), where
+        assert error.value.path == str(index), where
         for variable in targets.values():
             np.testing.assert_array_equal(variable.numpy(), np.zeros(2, np.float32), err_msg=where)
         assert saved_counter(ckpt) == 0, where
-    index_file.write_bytes(original)
-    ckpt.restore(path).assert_consumed()  # the intact index restores
+    index.write_bytes(original)
+    ckpt.read(path).assert_nontrivial_match()  # the intact index restores
     for name, variable in targets.items():
         np.testing.assert_array_equal(variable.numpy(), saved[name])
 
@@ -270,8 +274,8 @@ def test_missing_checkpoint_raises_not_found_naming_the_index(tmp_path):
     missing = str(tmp_path / "nothing-1")
     with pytest.raises(NotFoundError, match="Failed to find any matching files for") as error:
         td.train.Checkpoint(v=v).restore(missing)
-    assert error.value.path == f"{missing}.index.json"
-    assert f"{missing}.index.json" in str(error.value) and "Pass the prefix that save() or write() returned" in str(
+    assert error.value.path == f"{missing}.index"
+    assert f"{missing}.index" in str(error.value) and "Pass the prefix that save() or write() returned" in str(
         error.value
     )
     np.testing.assert_array_equal(v.numpy(), np.arange(3, dtype=np.float32))
@@ -286,11 +290,13 @@ def test_a_directory_instead_of_a_prefix_gets_a_hint(tmp_path):
     assert f"{str(tmp_path)!r} is a directory: pass td.train.latest_checkpoint(" in str(error.value)
 
 
-def test_the_index_file_name_instead_of_the_prefix_is_not_found(tmp_path):
+@pytest.mark.parametrize("suffix", [".index", ".data-00000-of-00001"])
+def test_a_file_name_instead_of_the_prefix_is_not_found_and_the_prefix_is_named(tmp_path, suffix):
     ckpt = td.train.Checkpoint(v=td.Variable(np.float32(1.0)))
     path = ckpt.save(str(tmp_path / "ckpt"))
-    with pytest.raises(NotFoundError, match="without the .index.json suffix"):
-        ckpt.restore(f"{path}.index.json")
+    with pytest.raises(NotFoundError, match="Failed to find any matching files") as error:
+        ckpt.restore(f"{path}{suffix}")
+    assert f"names one of the files of the checkpoint {path!r}: pass that prefix instead" in str(error.value)
 
 
 # --- 7. shape and dtype mismatches --------------------------------------------------------------

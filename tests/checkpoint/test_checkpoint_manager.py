@@ -11,7 +11,15 @@ import pytest
 import towerdist as td
 from towerdist._src.checkpoint import files
 
-from checkpoint_helpers import assert_files, counter_checkpoint, data_files, save_numbered, saved_counter, state_file
+from checkpoint_helpers import (
+    assert_files,
+    counter_checkpoint,
+    data_files,
+    index_file,
+    save_numbered,
+    saved_counter,
+    state_file,
+)
 
 # --- 8. CheckpointManager ---------------------------------------------------------------------
 
@@ -65,7 +73,7 @@ def test_a_new_manager_recovers_the_checkpoints_and_goes_on(tmp_path):
 def test_a_new_manager_skips_listed_checkpoints_whose_files_are_gone(tmp_path):
     ckpt, v = counter_checkpoint()
     save_numbered(td.train.CheckpointManager(ckpt, str(tmp_path), max_to_keep=3), v, 3)
-    os.remove(tmp_path / "ckpt-2.index.json")
+    os.remove(index_file(tmp_path / "ckpt-2"))
     manager = td.train.CheckpointManager(ckpt, str(tmp_path), max_to_keep=3)
     assert manager.checkpoints == [str(tmp_path / "ckpt-1"), str(tmp_path / "ckpt-3")]
 
@@ -79,7 +87,7 @@ def test_manager_checkpoint_number_names_the_file_and_still_counts_saves(tmp_pat
     assert manager.save() == str(tmp_path / "model-3")
     assert manager.checkpoints == [str(tmp_path / "model-7"), str(tmp_path / "model-3")]
     assert td.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "model-3")
-    assert not (tmp_path / "model-100.index.json").exists()
+    assert not index_file(tmp_path / "model-100").exists()
 
 
 def test_manager_checkpoint_interval_skips_saves_until_enough_steps(tmp_path):
@@ -228,7 +236,7 @@ def test_latest_checkpoint_is_none_without_a_complete_latest_checkpoint(tmp_path
     manager = td.train.CheckpointManager(ckpt, str(tmp_path), max_to_keep=2)
     save_numbered(manager, v, 2)
     assert td.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "ckpt-2")
-    os.remove(tmp_path / "ckpt-2.index.json")
+    os.remove(index_file(tmp_path / "ckpt-2"))
     for data in data_files(tmp_path / "ckpt-2"):
         data.unlink()
     assert td.train.latest_checkpoint(str(tmp_path)) is None  # ckpt-1 is complete, but not the latest

@@ -999,7 +999,7 @@ def test_checkpoint_restores_the_aggregate_into_any_strategy(request, tmp_path, 
     else:
         strategy = None if target == "no_strategy" else request.getfixturevalue(target)
     restored = create(strategy, td.metrics.Mean)
-    td.train.Checkpoint(metric=restored).restore(path).assert_consumed()
+    td.train.Checkpoint(metric=restored).read(path).assert_consumed()
     all_values = np.concatenate(values)
     np.testing.assert_allclose(restored.result(), all_values.mean(), **TOL)
     restored.update_state([20.0])

@@ -72,7 +72,7 @@ class Job:
 
 def saved_runs(directory: Path) -> int:
     state = json.loads((directory / "checkpoint").read_text())
-    index = json.loads((directory / f"{state['model_checkpoint_path']}.index.json").read_text())
+    index = json.loads((directory / f"{state['model_checkpoint_path']}.index").read_text())
     with np.load(directory / index["data_file"]) as data:
         return int(data[index["entries"]["checkpointed_runs"]["member"]])
 
@@ -104,9 +104,10 @@ def test_sigterm_during_step_10_saves_after_11_runs_exits_42_and_a_restart_resum
     assert exited.value.code == 42
     assert job.handler.total_run_calls == 11
     assert int(job.optimizer.iterations.numpy()) == 11  # step 11 ran, step 12 did not
-    assert sorted(p.name for p in job.directory.iterdir() if ".data-" not in p.name) == [
+    assert sorted(p.name for p in job.directory.iterdir()) == [
         "checkpoint",
-        "ckpt-1.index.json",
+        "ckpt-1.data-00000-of-00001",
+        "ckpt-1.index",
     ]
     assert saved_runs(job.directory) == 11
 
@@ -156,7 +157,7 @@ def test_a_checkpoint_manager_is_used_as_it_is_and_save_arguments_reach_it(tmp_p
         for number in range(1, 21):
             job.step(number, signal_at=3)
             job.handler.save_checkpoint_if_preempted(checkpoint_number=1000)
-    assert (job.directory / "ckpt-1000.index.json").exists()
+    assert (job.directory / "ckpt-1000.index").exists()
     assert saved_runs(job.directory) == 3
 
 
@@ -216,9 +217,10 @@ def test_a_grace_period_saves_at_once_then_again_before_it_ends(tmp_path: Path) 
     with pytest.raises(SystemExit):
         job.train(10**9, signal_at=4)
     assert saves[0] == 5 and len(saves) == 2 and saves[1] > 5
-    assert sorted(p.name for p in (tmp_path / "grace").iterdir() if ".data-" not in p.name) == [
+    assert sorted(p.name for p in (tmp_path / "grace").iterdir()) == [
         "checkpoint",
-        "ckpt-2.index.json",
+        "ckpt-2.data-00000-of-00001",
+        "ckpt-2.index",
     ]
 
 

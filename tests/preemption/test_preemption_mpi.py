@@ -65,7 +65,7 @@ def saved(checkpoint_dir: Path) -> tuple[list[str], dict[str, Any]]:
     """The files of ``checkpoint_dir`` and the values of its latest checkpoint, by name."""
     names = sorted(os.listdir(checkpoint_dir))
     state = json.loads((checkpoint_dir / "checkpoint").read_text())
-    index = json.loads((checkpoint_dir / f"{state['model_checkpoint_path']}.index.json").read_text())
+    index = json.loads((checkpoint_dir / f"{state['model_checkpoint_path']}.index").read_text())
     with np.load(checkpoint_dir / index["data_file"]) as data:
         values = {name: data[entry["member"]] for name, entry in index["entries"].items()}
     return names, values
@@ -79,10 +79,11 @@ def assert_saved_once_at(job: Job, step: int, number: int = 1) -> None:
         assert (report["exit"], report["runs"]) == (42, step), (rank, report, job.output)
     assert job.report(0)["w"] == job.report(1)["w"]
     names, values = saved(job.directory / "ckpt")
-    assert [n for n in names if not n.startswith(f"ckpt-{number}.data-")] == [
+    assert names == [
         "checkpoint",
-        f"ckpt-{number}.index.json",
-    ], names  # one complete checkpoint, nothing temporary, no workertemp folder
+        f"ckpt-{number}.data-00000-of-00001",
+        f"ckpt-{number}.index",
+    ], names  # one complete checkpoint (TensorFlow's file names), nothing temporary, no workertemp folder
     assert values["checkpointed_runs"] == step
     assert values["w"].tolist() == job.report(0)["w"]
     assert not any(p.name.startswith("workertemp") for p in job.directory.iterdir())
@@ -153,7 +154,7 @@ def test_signals_during_the_save_change_nothing_and_exit_fn_and_save_fn_are_hono
         assert (report["exit"], report["runs"], report["saved_at"]) == (77, 11, [11]), report
     names, values = saved(tmp_path / "ckpt")
     assert values["checkpointed_runs"] == 11
-    assert "ckpt-1.index.json" in names
+    assert "ckpt-1.index" in names
 
 
 def test_a_signal_during_the_last_step_is_lost_as_in_tensorflow(tmp_path: Path) -> None:
@@ -179,7 +180,7 @@ def test_with_a_grace_period_both_save_at_once_train_on_and_save_again_before_it
         assert (report["exit"], report["runs"], report["saved_at"]) == (42, second, [first, second]), report
     names, values = saved(tmp_path / "ckpt")
     assert values["checkpointed_runs"] == second
-    assert [n for n in names if not n.startswith("ckpt-2.data-")] == ["checkpoint", "ckpt-2.index.json"]
+    assert names == ["checkpoint", "ckpt-2.data-00000-of-00001", "ckpt-2.index"]
 
 
 @pytest.mark.parametrize("ranks", [[1], [0, 1]], ids=["worker-1", "both-workers"])

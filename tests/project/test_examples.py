@@ -93,14 +93,12 @@ def test_the_default_run_reaches_95_percent(tmp_path):
     accuracy = float(last.split()[2].rstrip(";"))
     assert accuracy >= 0.95, done.stdout
     assert f"on {train_digits.default_cpu_replicas()} replica(s)" in last or "GPU" in done.stdout
-    assert sorted(p.name for p in tmp_path.glob("*.index.json")) == ["ckpt-20.index.json", "ckpt-30.index.json",
-                                                                      "ckpt-40.index.json"]
+    assert sorted(p.name for p in tmp_path.glob("*.index")) == ["ckpt-20.index", "ckpt-30.index", "ckpt-40.index"]
 
 
 def test_checkpoints_are_written_every_n_epochs_and_after_the_last(tmp_path):
     short_run(tmp_path, replicas=2, epochs=5, checkpoint_every=2)
-    assert sorted(p.name for p in (tmp_path / "ckpt").glob("*.index.json")) == [
-        "ckpt-2.index.json", "ckpt-4.index.json", "ckpt-5.index.json"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("*.index")) == ["ckpt-2.index", "ckpt-4.index", "ckpt-5.index"]
     with pytest.raises(ValueError, match="checkpoint_every"):
         short_run(tmp_path, checkpoint_every=0)
 

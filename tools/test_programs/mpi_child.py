@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 import towerdist as td
+from towerdist._src.checkpoint import saving
 
 
 def report(**fields: object) -> None:
@@ -125,10 +126,10 @@ def failed_save(strategy: td.distribute.Strategy, rank: int, directory: str) -> 
     with strategy.scope():
         w.assign(np.full(3, 2.0, np.float32))
     if rank == 1:
-        def broken(prefix: str) -> object:
+        def broken(found: object, prefix: str) -> object:
             raise OSError("rank 1's disk is full (on purpose)")
 
-        checkpoint._values_to_save = broken  # type: ignore[method-assign]
+        saving.values_to_save = broken  # type: ignore[assignment]
     try:
         manager.save()
         outcome = "saved"

@@ -2,7 +2,8 @@
 
 Subclass it for a model; the variables assigned to its attributes (directly, or inside
 lists, tuples and dicts, or inside sub-modules) are found by ``variables`` and
-``trainable_variables`` and saved by ``td.train.Checkpoint``::
+``trainable_variables`` and saved by ``td.train.Checkpoint``, as are input iterators
+assigned to them::
 
     class Dense(td.Module):
         def __init__(self, n_in, n_out):
@@ -17,6 +18,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from towerdist._src.checkpoint import deferred
+from towerdist._src.checkpoint.saveable import is_saveable
 from towerdist._src.variables.variable import Variable
 
 __all__ = ["Module", "snake_case"]
@@ -69,6 +72,26 @@ class Module:
         """Every module nested in this one (not this one itself), each once, in TensorFlow's order."""
         return tuple(m for m in _flatten(self, {id(self)}) if isinstance(m, Module))
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Sets the attribute; a variable, module or iterator in ``value`` takes a saved value waiting for it.
+
+        A ``td.train.Checkpoint`` restored before this module had the attribute keeps the
+        values whose objects did not exist yet; they go to their objects now (as in
+        TensorFlow, whose modules track their attributes). If a waiting value does not fit
+        its object, the assignment is undone and the error raised.
+        """
+        missing = object()
+        previous = self.__dict__.get(name, missing)
+        object.__setattr__(self, name, value)
+        try:
+            deferred.attached(self, value)
+        except BaseException:
+            if previous is missing:
+                object.__delattr__(self, name)
+            else:
+                object.__setattr__(self, name, previous)
+            raise
+
     def _checkpoint_dependencies(self) -> list[tuple[str, Any]]:
         return [(name, value) for name, value in _attributes(self) if _tracks(value)]
 
@@ -88,7 +111,7 @@ def _tracks(value: Any) -> bool:
         return any(_tracks(v) for v in value)
     if isinstance(value, dict):
         return any(_tracks(v) for v in value.values())
-    return hasattr(value, "_checkpoint_dependencies")
+    return hasattr(value, "_checkpoint_dependencies") or is_saveable(value)
 
 
 def _flatten(module: Module, seen: set[int]) -> Iterator[Any]:

@@ -50,7 +50,7 @@ _GRAPH = (
 
 _ARRAY_NAMES = (
     "abs add argmax argmin argsort boolean_mask broadcast_to clip_by_global_norm clip_by_value concat cos "
-    "cumsum divide einsum equal exp expand_dims eye fill floor gather gather_nd greater image io less linalg "
+    "cumsum divide einsum equal exp expand_dims eye fill floor gather gather_nd greater image less linalg "
     "linspace log lookup math matmul maximum minimum multiply norm not_equal one_hot ones_like pad pow random "
     "rank reduce_all reduce_any reduce_logsumexp reduce_max reduce_min reduce_prod reshape reverse round "
     "scatter_nd shape sigmoid sign sin size slice sort sparse split sqrt square squeeze stack stop_gradient "

@@ -1,43 +1,39 @@
-"""``td.train.Checkpoint``: save and restore variables, optimizers, metrics and modules.
+"""``td.train.Checkpoint``: save and restore variables, optimizers, metrics, modules and input iterators.
 
-What is saved is one value per variable, whatever the strategy: the common value of a
-mirrored variable, the aggregate of a sync-on-read one (its SUM, MEAN or first copy).
-Restoring assigns that value in cross-replica context, so a mirrored variable gets it on
-every device and a SUM sync-on-read variable gets ``value / replicas`` on each copy. A
+What is saved is one value per variable, whatever the strategy (``saving.py``), and one
+opaque state per saveable object such as an input iterator (``saveable.py``). Restoring
+assigns each value in cross-replica context, so a mirrored variable gets it on every
+device and a SUM sync-on-read variable gets ``value / replicas`` on each copy. A
 checkpoint therefore restores into any strategy and any number of replicas, inside or
-outside ``strategy.scope()``.
+outside ``strategy.scope()``. Restore is all or nothing (``restoring.py``); save is
+checked first too: a variable whose dtype no checkpoint can hold is refused before a
+file is written.
 
-Restore is all or nothing: the files are verified (the index's and the data file's
-SHA-256, sizes, shapes, dtypes) and every value is matched to its variable before the
-first one is assigned. Save is checked first too: a variable whose dtype no checkpoint
-can hold is refused before a file is written.
-
-Under ``MultiWorkerMirroredStrategy`` saving and restoring are collective: every worker calls
-them. Every worker reads the values; only the chief (worker 0) writes files, once every
-worker has its values (a worker failing mid-save makes every worker raise, and no file
-changes). Restoring reads the files once, on the chief, and broadcasts the values.
+Under ``MultiWorkerMirroredStrategy`` saving is collective: every worker calls it, and
+every worker computes the values (sync-on-read variables and distributed iterators
+combine every worker's). Each distinct path is written by one worker: the chief's by the
+chief, and a path only non-chief workers name (``<dir>/workertemp_1/ckpt``, TensorFlow's
+tutorial pattern) by the first of them that names it. So on a shared filesystem where
+every worker passes the same path, only the chief writes; a worker failing mid-save
+makes every worker raise. Restoring is local unless the objects hold distributed
+variables or collective saveables (``restoring.py``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any
 
-import numpy as np
-
-from towerdist._src import backend, context
-from towerdist._src.checkpoint import files, graph
+from towerdist._src import context
+from towerdist._src.checkpoint import deferred, files, graph, restoring, saving
+from towerdist._src.checkpoint.status import SAVE_COUNTER, CheckpointLoadStatus, InitializationOnlyStatus
 from towerdist._src.failures import worded_at
 from towerdist._src.multi_worker import workers as workers_lib
-from towerdist._src.variable_enums import VariableAggregation
 from towerdist._src.variables import creation
-from towerdist._src.variables.aggregating_variable import AggregatingVariable
-from towerdist._src.variables.distributed_variable import DistributedVariable, SyncOnReadVariable
-from towerdist._src.variables.variable import ASSIGN, Variable, to_array
+from towerdist._src.variables.variable import Variable
 
-__all__ = ["Checkpoint", "CheckpointLoadStatus", "InitializationOnlyStatus"]
-
-_SAVE_COUNTER = "save_counter"
+__all__ = ["Checkpoint", "CheckpointLoadStatus", "InitializationOnlyStatus", "require_outside_run", "write_files"]
 
 
 class Checkpoint:
@@ -47,10 +43,11 @@ class Checkpoint:
       root: optional object whose own dependencies become the checkpoint's (as if passed
         one by one as keyword arguments).
       **kwargs: the objects to save, by name: variables, optimizers, metrics,
-        ``td.Module``\\ s, other checkpoints, or lists/dicts of them.
+        ``td.Module``\\ s, input iterators (``iter(dataset)``, distributed iterators),
+        other checkpoints, or lists/dicts of them.
 
     Example:
-      >>> ckpt = td.train.Checkpoint(model=model, optimizer=optimizer)
+      >>> ckpt = td.train.Checkpoint(model=model, optimizer=optimizer, iterator=iterator)
       >>> path = ckpt.save("/tmp/ckpts/ckpt")        # '/tmp/ckpts/ckpt-1'
       >>> ckpt.restore(path).assert_consumed()
 
@@ -59,26 +56,30 @@ class Checkpoint:
     """
 
     def __init__(self, root: Any = None, **kwargs: Any) -> None:
+        if root is not None and getattr(root, "_checkpoint_dependencies", None) is None:
+            raise ValueError(
+                f"Checkpoint was expecting root to be a trackable object (a td.Module, optimizer, metric or "
+                f"Checkpoint), got {root!r}."
+            )
         objects: dict[str, Any] = {}
-        if root is not None:
-            dependencies = getattr(root, "_checkpoint_dependencies", None)
-            if dependencies is None:
-                raise ValueError(
-                    f"Checkpoint was expecting root to be a trackable object (a td.Module, optimizer, metric or "
-                    f"Checkpoint), got {root!r}."
-                )
-            objects.update(dependencies())
         for name, value in kwargs.items():
-            if name == _SAVE_COUNTER or name.startswith("_"):
+            if name == SAVE_COUNTER or name.startswith("_"):
                 raise ValueError(
                     f"Checkpoint: the name {name!r} is reserved; pass the object under another keyword argument."
                 )
             if not graph.is_trackable(value):
                 raise ValueError(
                     f"Checkpoint was expecting {name} to be a trackable object (a td.Variable, td.Module, optimizer, "
-                    f"metric, Checkpoint, or a list or dict of them), got {value!r} of type {type(value).__name__}."
+                    f"metric, input iterator, Checkpoint, or a list or dict of them), got {value!r} of type "
+                    f"{type(value).__name__}."
+                )
+            if root is not None and dict(root._checkpoint_dependencies()).get(name, value) is not value:
+                raise ValueError(
+                    f"Checkpoint: root already has a dependency named {name!r}, a different object than the {name} "
+                    f"passed; pass it under another name."
                 )
             objects[name] = value
+        self._root = root
         self._objects = objects
         self._save_counter: Variable | None = None
 
@@ -86,27 +87,73 @@ class Checkpoint:
         objects = self.__dict__.get("_objects", {})
         if name in objects:
             return objects[name]
+        root = self.__dict__.get("_root")
+        if root is not None:
+            found = dict(root._checkpoint_dependencies())
+            if name in found:
+                return found[name]
         raise AttributeError(f"'Checkpoint' object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Tracks a trackable object assigned after construction (as TensorFlow does); it takes a waiting value."""
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+            return
+        if name == SAVE_COUNTER:
+            raise AttributeError("Checkpoint.save_counter cannot be assigned: it counts save() calls.")
+        if not graph.is_trackable(value):
+            self._objects.pop(name, None)
+            object.__setattr__(self, name, value)
+            return
+        missing = object()
+        previous = self._objects.get(name, missing)
+        self.__dict__.pop(name, None)
+        self._objects[name] = value
+        try:
+            deferred.attached(self, value)
+        except BaseException:
+            if previous is missing:
+                del self._objects[name]
+            else:
+                self._objects[name] = previous
+            raise
+
+    def __delattr__(self, name: str) -> None:
+        if name in self._objects:
+            del self._objects[name]
+        else:
+            object.__delattr__(self, name)
 
     @property
     def save_counter(self) -> Variable:
-        """How many times :meth:`save` has run (an int64 variable, saved with the checkpoint)."""
-        if self._save_counter is None:
-            self._save_counter = creation.host_counter(_SAVE_COUNTER)
-        return self._save_counter
+        """How many times :meth:`save` has run (an int64 variable, saved with the checkpoint).
+
+        Created when first read, or by :meth:`save` or :meth:`restore` (which gives it the
+        saved count), as in TensorFlow: until then :meth:`write` saves no count, and
+        :meth:`read` restores none.
+        """
+        counter = self._save_counter
+        if counter is None:
+            counter = self._save_counter = creation.host_counter(SAVE_COUNTER)
+            deferred.attached(self, counter)  # a restore may hold its value
+        return counter
 
     def _tracked(self, name: str) -> Any:
         """The object saved under ``name``, or None."""
-        return self._objects.get(name)
+        return dict(self._checkpoint_dependencies()).get(name)
 
     def _track(self, name: str, value: Any) -> None:
         """Saves ``value`` under ``name`` from now on (TensorFlow tracks attributes assigned after construction)."""
-        if name in self._objects or name == _SAVE_COUNTER or not graph.is_trackable(value):
+        if self._tracked(name) is not None or name == SAVE_COUNTER or not graph.is_trackable(value):
             raise ValueError(f"Checkpoint: cannot track {value!r} as {name!r}.")
-        self._objects[name] = value
+        setattr(self, name, value)
 
     def _checkpoint_dependencies(self) -> list[tuple[str, Any]]:
-        return [*self._objects.items(), (_SAVE_COUNTER, self.save_counter)]
+        dependencies = dict(self._root._checkpoint_dependencies()) if self._root is not None else {}
+        dependencies.update(self._objects)
+        if self._save_counter is not None:
+            dependencies[SAVE_COUNTER] = self._save_counter
+        return list(dependencies.items())
 
     # --- saving --------------------------------------------------------------------------
 
@@ -135,7 +182,8 @@ class Checkpoint:
         number = int(counter.numpy()) + 1
         counter.assign(number, read_value=False)
         try:
-            path = self.write(f"{prefix}-{number}")
+            path = f"{prefix}-{number}"
+            wrote = write_files(self, path, "Checkpoint.save()")
         except BaseException:
             counter.assign(number - 1, read_value=False)
             raise
@@ -143,9 +191,10 @@ class Checkpoint:
         if workers is None:
             record_latest(path)
             return path
-        # MultiWorkerMirroredStrategy: the chief keeps the state file; every worker returns once it is written.
+        # MultiWorkerMirroredStrategy: each worker that wrote keeps its directory's state
+        # file; every worker returns once they are written.
         error: Exception | None = None
-        if workers.rank == 0:
+        if wrote:
             try:
                 record_latest(path)
             except Exception as caught:  # agreed with the other workers, then re-raised
@@ -154,13 +203,17 @@ class Checkpoint:
         return path
 
     def write(self, file_prefix: str | bytes | os.PathLike[Any]) -> str:
-        """Writes the checkpoint at exactly ``file_prefix`` (``.index.json`` and ``.data-*.npz`` files).
+        """Writes the checkpoint at exactly ``file_prefix`` (``<prefix>.index`` and ``<prefix>.data-00000-of-00001``).
 
         The write is atomic: an earlier checkpoint at the same prefix stays readable until
         the new one is complete. Does not touch ``save_counter`` or the state file.
         Variables of bool, integer, float, complex, string (numpy ``str_`` and ``bytes_``),
         ``datetime64`` and ``timedelta64`` dtypes are saved; any other dtype is refused
-        before a file is written.
+        before a file is written. Input iterators are saved as their position.
+
+        Under ``MultiWorkerMirroredStrategy`` every worker calls it; the chief writes its
+        path, and a worker that passes a path of its own (one the chief does not pass)
+        writes there too.
 
         Args:
           file_prefix: the path prefix (a ``str``, ``bytes`` or ``os.PathLike``).
@@ -173,61 +226,38 @@ class Checkpoint:
             (object, structured, void or numpy ``StringDType``).
           ValueError: a variable has no single value to save (sync-on-read with
             aggregation NONE), or an optimizer slot's variable is not in the checkpoint.
+          FailedPreconditionError: an input iterator cannot save its position (its
+            pipeline keeps state outside itself and the dataset's
+            ``experimental_external_state_policy`` is FAIL).
         """
         require_outside_run("Checkpoint.write()")
         with worded_at("Checkpoint.write()"):
             prefix = files.as_path(file_prefix, "file_prefix")
-        workers = workers_lib.current()
-        if workers is None:
-            files.write_checkpoint(prefix, *self._values_to_save(prefix))
-            return prefix
-        # MultiWorkerMirroredStrategy: every worker reads the values (sync-on-read variables
-        # aggregate across workers); only the chief writes, once every worker has its values.
-        api = "Checkpoint.write()"
-        error: Exception | None = None
-        try:
-            arrays, entries = self._values_to_save(prefix)
-        except Exception as caught:  # agreed with the other workers, then re-raised
-            error = caught
-        workers.settle(error, api)
-        if workers.rank == 0:
-            try:
-                files.write_checkpoint(prefix, arrays, entries)
-            except Exception as caught:  # agreed with the other workers, then re-raised
-                error = caught
-        workers.settle(error, f"{api} on the chief")
+        write_files(self, prefix, "Checkpoint.write()")
         return prefix
-
-    def _values_to_save(self, prefix: str) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]:
-        """The arrays to save and their index entries, keyed by checkpoint key."""
-        found = graph.walk(self._checkpoint_dependencies())
-        arrays: dict[str, np.ndarray] = {}
-        entries: dict[str, dict[str, Any]] = {}
-        for key, variable in _saved_variables(found).items():
-            _require_storable(variable, key, prefix)
-            array = _saved_value(variable, key)
-            arrays[key] = array
-            entries[key] = {
-                "shape": list(array.shape),
-                "dtype": files.dtype_text(array.dtype),
-                "variable": variable.name,
-                "class": type(variable).__name__,
-                "synchronization": variable.synchronization.name,
-                "aggregation": variable.aggregation.name,
-            }
-        return arrays, entries
 
     # --- restoring -----------------------------------------------------------------------
 
     def restore(
         self, save_path: str | bytes | os.PathLike[Any] | None
     ) -> CheckpointLoadStatus | InitializationOnlyStatus:
-        """Restores every variable of this checkpoint's objects from ``save_path``.
+        """Restores every variable and iterator of this checkpoint's objects from ``save_path``.
 
-        Values are matched by key (see ``towerdist._src.checkpoint.graph``). An optimizer's
-        slots that do not exist yet are restored when the optimizer creates them (on its
-        first step or ``build``). Works inside or outside ``strategy.scope()`` and into
-        any number of replicas.
+        Values are matched by key (see ``towerdist._src.checkpoint.graph``). Works inside
+        or outside ``strategy.scope()`` and into any number of replicas.
+
+        A value whose object does not exist yet waits for it, as in TensorFlow: a variable
+        or iterator assigned to this checkpoint later (``ckpt.v = td.Variable(...)``), or
+        created later in one of its ``td.Module``\\ s (a lazily built layer), takes its
+        saved value when it is attached; an optimizer's slots take theirs when the
+        optimizer creates them (on its first step or ``build``). Then ``save_counter`` is
+        created, if it did not exist, and takes the saved count.
+
+        Under ``MultiWorkerMirroredStrategy`` the restore is local (each worker reads the
+        files itself, and one worker may restore alone) unless the objects hold
+        distributed variables or distributed iterators: then every worker must call it,
+        the chief reads the files and sends their content to the others, and a failure on
+        one worker raises on all of them.
 
         Args:
           save_path: what :meth:`save`/:meth:`write` returned, or
@@ -241,301 +271,85 @@ class Checkpoint:
           TypeError: ``save_path`` is not a path.
           NotFoundError: no checkpoint at ``save_path``.
           DataLossError: the files are truncated or corrupt (any byte of the index or the
-            data file changed). No variable is changed.
+            data file changed). No object is changed.
           ValueError: a saved value's shape or dtype differs from its variable's (string
             widths may differ, as long as no saved string would be cut short). No
-            variable is changed.
+            object is changed.
+          FailedPreconditionError: an input iterator's saved position does not fit its
+            pipeline (another dataset). No object is changed.
         """
-        require_outside_run("Checkpoint.restore()")
-        if save_path is None:
-            return InitializationOnlyStatus()
-        with worded_at("Checkpoint.restore()"):
-            prefix = files.as_path(save_path, "save_path")
-        workers = workers_lib.current()
-        if workers is None:
-            entries, arrays = files.read_checkpoint(prefix)
-        else:
-            entries, arrays = _read_on_chief(prefix, workers)
-        found = graph.walk(self._checkpoint_dependencies())
-        plan = _match(found, entries, arrays, prefix)
-        for variable, array in plan.assignments:
-            _assign(variable, array)
-        for optimizer, slot, array in plan.deferred:
-            optimizer._deferred_slots[slot] = array
-        return CheckpointLoadStatus(self, prefix, set(entries), plan)
+        status = self._read(save_path, "Checkpoint.restore()")
+        self.save_counter  # noqa: B018  (created after reading, so that it takes the saved count, as in TensorFlow)
+        return status
 
     def read(self, save_path: str | bytes | os.PathLike[Any]) -> CheckpointLoadStatus | InitializationOnlyStatus:
-        """Restores from ``save_path`` (a checkpoint from :meth:`write`); the same as :meth:`restore`."""
-        return self.restore(save_path)
+        """Restores from ``save_path`` as :meth:`restore` does, without creating ``save_counter``.
+
+        The counterpart of :meth:`write`: a checkpoint written by ``write()`` and read by
+        ``read()`` is fully consumed. (``restore()`` creates ``save_counter``, so after
+        ``write()`` its ``assert_consumed()`` fails on the counter, and ``read()`` of a
+        checkpoint from ``save()`` leaves its count unused, as in TensorFlow.)
+        """
+        return self._read(save_path, "Checkpoint.read()")
+
+    def _read(self, save_path: Any, api: str) -> CheckpointLoadStatus | InitializationOnlyStatus:
+        require_outside_run(api)
+        if save_path is None:
+            return InitializationOnlyStatus()
+        with worded_at(api):
+            prefix = files.as_path(save_path, "save_path")
+            found = graph.walk(self._checkpoint_dependencies())
+            collective = restoring.agreed_by_workers(found)
+            entries, arrays = restoring.read(prefix, collective, api)
+            plan = restoring.prepare(found, entries, arrays, prefix, collective, api)
+        restoring.apply(plan)
+        restore = deferred.Restore(self, prefix, entries, arrays, plan.matched | set(plan.deferred_keys))
+        restore.slots.update(plan.deferred_keys)
+        restore.wait(found)
+        return CheckpointLoadStatus(self, restore)
 
     def __repr__(self) -> str:
-        names = ", ".join(self._objects)
+        names = ", ".join(name for name, _ in self._checkpoint_dependencies() if name != SAVE_COUNTER)
         return f"<td.train.Checkpoint({names})>"
 
 
-class _Plan:
-    """What a restore does: assign now, defer until a slot exists, and what it left out."""
+def write_files(checkpoint: Checkpoint, prefix: str, api: str) -> bool:
+    """Writes ``checkpoint``'s objects at ``prefix``; True if this process wrote the files.
 
-    def __init__(self) -> None:
-        self.assignments: list[tuple[Variable, np.ndarray]] = []
-        self.deferred: list[tuple[Any, Any, np.ndarray]] = []  # (optimizer, (variable ref, slot), array)
-        self.deferred_keys: dict[str, tuple[Any, Any]] = {}
-        self.matched: set[str] = set()
-
-
-class CheckpointLoadStatus:
-    """The result of :meth:`Checkpoint.restore`: checks on how well the checkpoint matched."""
-
-    def __init__(self, checkpoint: Checkpoint, prefix: str, entries: set[str], plan: _Plan) -> None:
-        self._checkpoint = checkpoint
-        self._prefix = prefix
-        self._entries = entries
-        self._plan = plan
-
-    def _pending(self) -> list[str]:
-        return sorted(k for k, (opt, slot) in self._plan.deferred_keys.items() if slot in opt._deferred_slots)
-
-    def _unmatched_objects(self) -> list[str]:
-        found = graph.walk(self._checkpoint._checkpoint_dependencies())
-        return sorted(k for k in _saved_variables(found, strict=False) if k not in self._entries)
-
-    def assert_consumed(self) -> CheckpointLoadStatus:
-        """Asserts that every saved value was restored and every variable received one.
-
-        Values for optimizer slots that do not exist yet count as unrestored until the
-        optimizer creates them.
-
-        Raises:
-          AssertionError: listing the keys at fault.
-        """
-        unused = sorted(self._entries - self._plan.matched - set(self._plan.deferred_keys))
-        pending = self._pending()
-        missing = self._unmatched_objects()
-        problems = []
-        if unused:
-            problems.append(f"values in the checkpoint matched to no object: {unused}")
-        if pending:
-            problems.append(
-                f"optimizer slot values waiting for their slot to be created (run a step or optimizer.build()): "
-                f"{pending}"
-            )
-        if missing:
-            problems.append(f"variables with no value in the checkpoint: {missing}")
-        if problems:
-            raise AssertionError(f"Checkpoint {self._prefix} was not fully consumed: " + "; ".join(problems) + ".")
-        return self
-
-    def assert_existing_objects_matched(self) -> CheckpointLoadStatus:
-        """Asserts that every variable that exists now received a value (extra saved values are fine).
-
-        Raises:
-          AssertionError: listing the variables with no saved value.
-        """
-        missing = self._unmatched_objects()
-        if missing:
-            raise AssertionError(f"Checkpoint {self._prefix} has no value for these variables: {missing}.")
-        return self
-
-    def assert_nontrivial_match(self) -> CheckpointLoadStatus:
-        """Asserts that at least one variable other than ``save_counter`` was restored.
-
-        Raises:
-          AssertionError: nothing but the save counter matched.
-        """
-        if not (self._plan.matched | set(self._plan.deferred_keys)) - {_SAVE_COUNTER}:
-            raise AssertionError(
-                f"Nothing except the save counter was restored from {self._prefix}: no key of the checkpoint "
-                f"matches this Checkpoint's objects. Check the keyword names you passed to td.train.Checkpoint."
-            )
-        return self
-
-    def expect_partial(self) -> CheckpointLoadStatus:
-        """Declares a partial restore intended (towerdist warns about nothing anyway)."""
-        return self
-
-    def run_restore_ops(self, session: Any = None) -> None:
-        """Does nothing: restores happen eagerly (TensorFlow graph-mode compatibility)."""
-        del session
-
-
-class InitializationOnlyStatus:
-    """The status of ``restore(None)``: nothing was restored."""
-
-    def assert_consumed(self) -> InitializationOnlyStatus:
-        """Always raises: there was no checkpoint."""
-        raise AssertionError("No checkpoint specified (save_path=None); nothing is being restored.")
-
-    def assert_existing_objects_matched(self) -> InitializationOnlyStatus:
-        """Always raises: there was no checkpoint."""
-        raise AssertionError("No checkpoint specified (save_path=None); nothing is being restored.")
-
-    def assert_nontrivial_match(self) -> InitializationOnlyStatus:
-        """Always raises: there was no checkpoint."""
-        raise AssertionError("No checkpoint specified (save_path=None); nothing is being restored.")
-
-    def expect_partial(self) -> InitializationOnlyStatus:
-        """Returns this status."""
-        return self
-
-    def run_restore_ops(self, session: Any = None) -> None:
-        """Does nothing."""
-        del session
-
-
-# --- helpers --------------------------------------------------------------------------------
-
-
-def _read_on_chief(prefix: str, workers: workers_lib.Workers) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """``files.read_checkpoint(prefix)`` on the chief, its result broadcast to every worker.
-
-    An error reading (no checkpoint, corrupt files) is raised on every worker.
+    Without other workers it always writes. Under ``MultiWorkerMirroredStrategy`` (a
+    collective): every worker computes the values, the workers compare their prefixes,
+    and each distinct prefix is written by the lowest-ranked worker that names it (the
+    chief's by the chief). Any failure raises on every worker.
     """
-    api = "Checkpoint.restore()"
-    read: dict[str, np.ndarray] = {}
+    found = graph.walk(checkpoint._checkpoint_dependencies())
+    workers = workers_lib.current()
+    if workers is None:
+        with worded_at(api):
+            files.write_checkpoint(prefix, *saving.values_to_save(found, prefix))
+        return True
+    error: Exception | None = None
+    try:
+        with worded_at(api):
+            arrays, entries = saving.values_to_save(found, prefix)
+    except Exception as caught:  # agreed with the other workers, then re-raised
+        error = caught
+    workers.settle(error, api)
+    digests = workers.agree_extra(f"{api} (where each worker writes)", _path_digest(prefix), None)
+    writes_here = digests.index(digests[workers.rank]) == workers.rank
+    if writes_here:
+        try:
+            files.write_checkpoint(prefix, arrays, entries)
+        except Exception as caught:  # agreed with the other workers, then re-raised
+            error = caught
+    workers.settle(error, f"{api} (writing the files)")
+    return writes_here
 
-    def read_index() -> dict[str, Any]:
-        entries, arrays = files.read_checkpoint(prefix)
-        read.update(arrays)
-        return {"entries": entries, "arrays": [[key, a.dtype.str, list(a.shape)] for key, a in arrays.items()]}
 
-    index = workers.run_on_chief(read_index, api)
-    blobs = []
-    for key, dtype, shape in index["arrays"]:
-        if workers.rank == 0:
-            blobs.append(np.ascontiguousarray(read[key]).reshape(-1).view(np.uint8))
-        else:
-            blobs.append(np.empty(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, np.uint8))
-    blobs = workers.broadcast(blobs, f"{api} (the values)", None)
-    arrays = {
-        key: blob.view(np.dtype(dtype)).reshape(shape) for (key, dtype, shape), blob in zip(index["arrays"], blobs)
-    }
-    return index["entries"], arrays
+def _path_digest(prefix: str) -> int:
+    """A number that tells the workers' paths apart (63 bits of the absolute path's SHA-256)."""
+    return int.from_bytes(hashlib.sha256(os.path.abspath(prefix).encode()).digest()[:8], "big") >> 1
 
 
 def require_outside_run(api: str) -> None:
     """Checkpoints are saved and restored between steps, never inside ``strategy.run``."""
     context.require_outside_run(api, "save and restore checkpoints between steps")
-
-
-def _saved_variables(found: graph.Graph, strict: bool = True) -> dict[str, Variable]:
-    """Every variable to save, by key: the graph's variables and its optimizers' slots."""
-    saved = dict(found.variables)
-    for path, optimizer in found.optimizers:
-        for ref, slots in optimizer._slots.items():
-            variable = ref.deref()
-            key = found.keys.get(id(variable))
-            if key is None:
-                if not strict:
-                    continue
-                raise ValueError(
-                    f"Checkpoint: the optimizer at {path!r} has slots for {variable.name}, which this checkpoint does "
-                    f"not save, so they could not be restored. Pass the model too, e.g. "
-                    f"td.train.Checkpoint(model=model, optimizer=optimizer)."
-                )
-            for name, slot in slots.items():
-                saved[graph.slot_key(path, key, name)] = slot
-    return saved
-
-
-def _require_storable(variable: Variable, key: str, prefix: str) -> None:
-    """Refuses, before anything is written, a variable whose dtype no checkpoint can hold."""
-    reason = files.unstorable_reason(np.dtype(variable.dtype))
-    if reason is not None:
-        raise TypeError(
-            f"Checkpoint cannot save {variable.name} (at {key!r}) to {prefix}: its dtype {variable.dtype} cannot be "
-            f"stored: "
-            f"{reason}. Checkpoints hold bool, integer, float, complex, string (numpy str_ and bytes_), datetime64 "
-            f"and timedelta64 variables."
-        )
-
-
-def _saved_value(variable: Variable, key: str) -> np.ndarray:
-    """The one value saved for ``variable``, as a host array."""
-    if isinstance(variable, SyncOnReadVariable):
-        if variable.aggregation is VariableAggregation.NONE:
-            raise ValueError(
-                f"Checkpoint cannot save {variable.name} (at {key!r}): a sync-on-read variable with aggregation "
-                f"NONE has no single value across replicas. Create it with aggregation SUM, MEAN or "
-                f"ONLY_FIRST_REPLICA."
-            )
-        value = variable._read_cross_replica()
-    elif isinstance(variable, DistributedVariable):
-        value = variable._values[0].value()
-    elif isinstance(variable, AggregatingVariable):
-        value = variable.get().value()
-    else:
-        value = variable.value()
-    return np.array(backend.host().to_device(value, None), copy=True)
-
-
-def _match(found: graph.Graph, entries: dict[str, Any], arrays: dict[str, np.ndarray], prefix: str) -> _Plan:
-    """Pairs saved arrays with live variables; raises (changing nothing) on any mismatch."""
-    plan = _Plan()
-    problems: list[str] = []
-    live = _saved_variables(found, strict=False)
-    for key, variable in live.items():
-        if key not in arrays:
-            continue
-        value, problem = _converted(variable, arrays[key])
-        if problem:
-            problems.append(f"{key!r} ({variable.name}): {problem}")
-        else:
-            plan.assignments.append((variable, value))
-            plan.matched.add(key)
-    for path, optimizer in found.optimizers:
-        for key, array in arrays.items():
-            parsed = graph.parse_slot_key(path, key)
-            if key in plan.matched or parsed is None:
-                continue
-            variable_key, slot_name = parsed
-            primary = found.variables.get(variable_key)
-            if primary is None or slot_name not in optimizer.get_slot_names():
-                continue
-            if primary.ref() in optimizer._slots:
-                continue  # the slot exists but was not saved under this key: left unmatched
-            _, problem = _converted(primary, array)
-            if problem:
-                problems.append(f"{key!r} (slot {slot_name!r} of {primary.name}): {problem}")
-                continue
-            slot = (primary.ref(), slot_name)
-            plan.deferred.append((optimizer, slot, array))
-            plan.deferred_keys[key] = (optimizer, slot)
-    if problems:
-        raise ValueError(
-            f"Cannot restore {prefix}: " + "; ".join(problems) + ". No variable was changed; restore into variables "
-            "of the saved shapes and dtypes."
-        )
-    return plan
-
-
-def _converted(variable: Variable, array: np.ndarray) -> tuple[np.ndarray, str | None]:
-    """``array`` as ``variable`` will hold it, and what makes it unfit (None if it fits)."""
-    if tuple(array.shape) != tuple(variable.shape):
-        return array, f"the checkpoint holds shape {tuple(array.shape)}, the variable has shape {tuple(variable.shape)}"
-    dtype = np.dtype(variable.dtype)
-    if array.dtype == dtype:
-        return array, None
-    if array.dtype.kind == dtype.kind and dtype.kind in "SU":
-        # numpy strings have a width, TensorFlow's do not: a string value restores into a
-        # string variable of any width, converted as its assign() converts it, if that
-        # keeps every string whole.
-        value = to_array(array, dtype, f"Checkpoint.restore() into {variable.name}")
-        if np.array_equal(value, array):
-            return value, None
-        longest = int(np.char.str_len(array).max())
-        unit = "characters" if dtype.kind == "U" else "bytes"
-        return array, (
-            f"the checkpoint holds strings of up to {longest} {unit}, longer than the variable's dtype "
-            f"{files.dtype_text(dtype)} holds; create the variable with a dtype that holds them, e.g. "
-            f"dtype='{dtype.kind}{longest}'"
-        )
-    saved, wanted = files.dtype_text(array.dtype), files.dtype_text(dtype)
-    return array, f"the checkpoint holds dtype {saved}, the variable has dtype {wanted}"
-
-
-def _assign(variable: Variable, array: np.ndarray) -> None:
-    """Assigns ``array`` as cross-replica code does, in any scope (SUM sync-on-read: split)."""
-    if isinstance(variable, (DistributedVariable, AggregatingVariable)):
-        variable._write_cross_replica(ASSIGN, array, False)
-    else:
-        variable._write(ASSIGN, array, False)

@@ -4,12 +4,14 @@ Starting from the ``Checkpoint``'s named objects, the graph is walked breadth fi
 children are visited in name order. An object's children are:
 
 * a ``td.Variable``: none (it is saved);
+* a :class:`~towerdist._src.checkpoint.saveable.Saveable` (an input iterator): none (its
+  state is saved as one opaque entry, keyed like a variable);
 * ``td.Module``, optimizers, metrics, ``Checkpoint``: what their
   ``_checkpoint_dependencies()`` lists (a module's trackable attributes, an
   optimizer's ``iterations``, a metric's state variables);
 * a list or tuple: its items, named ``"0"``, ``"1"``, ...; a dict: its values, by key.
 
-A variable's key is the ``/``-joined path of names by which it is first reached (names
+A variable's (or saveable's) key is the ``/``-joined path of names by which it is first reached (names
 are escaped so that ``/`` and ``%`` cannot collide). An optimizer's slot variables are
 keyed by their variable's key: ``<optimizer>/.slots/<variable key>/<slot name>``. The
 walk of the same objects always gives the same keys, which is how ``restore`` matches
@@ -22,6 +24,7 @@ import urllib.parse
 from collections import deque
 from typing import Any, NamedTuple
 
+from towerdist._src.checkpoint.saveable import Saveable, is_saveable
 from towerdist._src.variables.variable import Variable
 
 __all__ = ["Graph", "SLOTS", "is_trackable", "walk"]
@@ -30,16 +33,22 @@ SLOTS = ".slots"
 
 
 class Graph(NamedTuple):
-    """The variables reachable from a checkpoint's root, and its optimizers."""
+    """The variables and saveables reachable from a checkpoint's root, and its optimizers."""
 
     variables: dict[str, Variable]  # key -> variable
     keys: dict[int, str]  # id(variable) -> key
     optimizers: list[tuple[str, Any]]  # (path, optimizer)
+    saveables: dict[str, Saveable]  # key -> object saved as one opaque state
+    visited: set[int]  # id() of every object reached (containers included)
 
 
 def is_trackable(value: Any) -> bool:
-    """True for what a ``Checkpoint`` can hold: variables, trackable objects, lists and dicts."""
-    return isinstance(value, (Variable, list, tuple, dict)) or hasattr(value, "_checkpoint_dependencies")
+    """True for what a ``Checkpoint`` can hold: variables, saveables, trackable objects, lists and dicts."""
+    return (
+        isinstance(value, (Variable, list, tuple, dict))
+        or hasattr(value, "_checkpoint_dependencies")
+        or is_saveable(value)
+    )
 
 
 def walk(roots: list[tuple[str, Any]]) -> Graph:
@@ -47,6 +56,7 @@ def walk(roots: list[tuple[str, Any]]) -> Graph:
     variables: dict[str, Variable] = {}
     keys: dict[int, str] = {}
     optimizers: list[tuple[str, Any]] = []
+    saveables: dict[str, Saveable] = {}
     seen: set[int] = set()
     queue: deque[tuple[str, Any]] = deque((escape(name), value) for name, value in sorted(roots, key=lambda r: r[0]))
     while queue:
@@ -58,6 +68,10 @@ def walk(roots: list[tuple[str, Any]]) -> Graph:
             variables[path] = value
             keys[id(value)] = path
             continue
+        if is_saveable(value):
+            seen.add(id(value))
+            saveables[path] = value
+            continue
         children = _children(value, path)
         if children is None:
             continue
@@ -66,7 +80,7 @@ def walk(roots: list[tuple[str, Any]]) -> Graph:
             optimizers.append((path, value))
         for name, child in children:
             queue.append((f"{path}/{escape(name)}", child))
-    return Graph(variables, keys, optimizers)
+    return Graph(variables, keys, optimizers, saveables, seen)
 
 
 def slot_key(optimizer_path: str, variable_key: str, slot_name: str) -> str:

@@ -30,8 +30,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from towerdist._src.checkpoint import files
-from towerdist._src.checkpoint.checkpoint import Checkpoint, require_outside_run
+from towerdist._src.checkpoint import files, graph, restoring
+from towerdist._src.checkpoint.checkpoint import Checkpoint, require_outside_run, write_files
 from towerdist._src.failures import worded_at
 from towerdist._src.multi_worker import workers as workers_lib
 
@@ -96,9 +96,14 @@ class CheckpointManager:
     the latest one, but are never deleted.
 
     A manager also removes what crashed saves left in its directory: temporary files and
-    data files no index points to, once they have not been modified for an hour (a
-    younger one may be another process's save in progress). It does so when it starts
-    and on every save.
+    data files no index names, once they have not been modified for an hour (a younger
+    one may be another process's save in progress). It does so when it starts and on
+    every save.
+
+    Under ``MultiWorkerMirroredStrategy`` every worker calls ``save()``. The chief writes
+    its directory; a worker whose directory is its own (TensorFlow's tutorial gives each
+    non-chief ``<dir>/workertemp_<id>``) writes there too, state file included, from its
+    first save on; a worker whose directory is the chief's writes nothing.
 
     Args:
       checkpoint: the ``td.train.Checkpoint`` to save.
@@ -171,7 +176,12 @@ class CheckpointManager:
         self._checkpoint_interval = checkpoint_interval
         self._init_fn = init_fn
         self._last_saved_step: int | None = None
-        if _writes_files():
+        # Whether this process changes the directory: without other workers it does; under
+        # MultiWorkerMirroredStrategy the chief does, and another worker once a save showed
+        # that the directory is its own (not the chief's).
+        self._writes_here = _is_chief()
+        self._swept = False
+        if self._writes_here:
             os.makedirs(self._directory, exist_ok=True)
         self._kept: dict[str, float] = {}  # path -> timestamp, oldest first
         self._latest: str | None = None
@@ -242,7 +252,8 @@ class CheckpointManager:
         if checkpoint_number is None:
             checkpoint_number = int(counter.numpy())
         try:
-            path = self._checkpoint.write(f"{self._prefix}-{int(checkpoint_number)}")
+            path = f"{self._prefix}-{int(checkpoint_number)}"
+            self._writes_here = write_files(self._checkpoint, path, "CheckpointManager.save()")
         except BaseException:
             counter.assign_sub(1, read_value=False)
             raise
@@ -253,6 +264,7 @@ class CheckpointManager:
         workers = workers_lib.current()
         error: Exception | None = None
         try:
+            self._sweep_crash_leftovers()  # a worker's first save into a directory of its own
             self._record_state()
             self._sweep()
             self._record_state()
@@ -260,18 +272,23 @@ class CheckpointManager:
             if workers is None:
                 raise
             error = caught
-        if workers is not None:  # every worker returns once the chief's directory is up to date
+        if workers is not None:  # every worker returns once the directories are up to date
             workers.settle(error, "CheckpointManager.save() (the state file)")
         return path
 
     def restore_or_initialize(self) -> str | None:
         """Restores the latest checkpoint if there is one, else calls ``init_fn``.
 
+        Under ``MultiWorkerMirroredStrategy``, when the restore is collective (the objects
+        hold distributed variables or distributed iterators; see ``Checkpoint.restore``)
+        every worker calls it and they decide together, from the chief's view of the
+        directory; otherwise each worker decides from its own.
+
         Returns:
           The restored checkpoint's path, or None if it initialized instead.
         """
         workers = workers_lib.current()
-        if workers is not None:  # several workers decide together, from the chief's view of the directory
+        if workers is not None and restoring.agreed_by_workers(graph.walk(self._checkpoint._checkpoint_dependencies())):
             self._latest = workers.run_on_chief(lambda: self._latest, "CheckpointManager.restore_or_initialize()")
         if self._latest is not None:
             self._checkpoint.restore(self._latest)
@@ -325,21 +342,16 @@ class CheckpointManager:
         )
 
     def _sweep_crash_leftovers(self) -> None:
-        """Removes stale temporary files and unreferenced data files of ``<name>-<number>`` checkpoints."""
-        if not _writes_files():
+        """Removes stale temporary files and unreferenced data files of ``<name>-<number>`` checkpoints (once)."""
+        if self._swept or not self._writes_here:
             return
+        self._swept = True
         files.sweep_temporaries(self._directory)
         numbered = re.compile(re.escape(self._name) + r"-\d+")
-        prefixes: dict[str, int] = {}
-        for name in _listdir(self._directory):
-            stem, dot, _ = name.partition(".data-")
-            if dot and numbered.fullmatch(stem):
-                prefixes[stem] = prefixes.get(stem, 0) + 1
-        for stem, count in prefixes.items():
-            prefix = os.path.join(self._directory, stem)
-            # One data file beside an index is the index's (or a damaged checkpoint's, left for inspection).
-            if count > 1 or not files.checkpoint_exists(prefix):
-                files.sweep_orphans(prefix)
+        names = _listdir(self._directory)
+        stems = {name.partition(".data-")[0] for name in names if ".data-" in name}
+        for stem in sorted(stem for stem in stems if numbered.fullmatch(stem)):
+            files.sweep_orphans(os.path.join(self._directory, stem), names=names)
 
     def _sweep(self) -> None:
         if self._max_to_keep is None:
@@ -350,17 +362,17 @@ class CheckpointManager:
             if self._keep_every_seconds is not None and stamp - self._last_preserved >= self._keep_every_seconds:
                 self._last_preserved = stamp  # kept on disk for good, no longer managed
                 continue
-            if _writes_files():
+            if self._writes_here:
                 files.remove_checkpoint(path)
 
     def _record_state(self) -> None:
-        if self._latest is None or not _writes_files():
+        if self._latest is None or not self._writes_here:
             return
         _write_state(self._directory, self._latest, list(self._kept), list(self._kept.values()), self._last_preserved)
 
 
-def _writes_files() -> bool:
-    """Whether this process changes checkpoint directories: under MultiWorkerMirroredStrategy only the chief does."""
+def _is_chief() -> bool:
+    """True without other workers, and on the chief (worker 0) of a MultiWorkerMirroredStrategy."""
     workers = workers_lib.current()
     return workers is None or workers.rank == 0
 
@@ -428,8 +440,8 @@ def _is_time(value: Any) -> bool:
 
 def _numbered_checkpoints(directory: str, name: str | None) -> list[tuple[str, float]]:
     """``(prefix, index modification time)`` of each complete ``<name>-<number>`` checkpoint, oldest first."""
-    numbered = re.compile((".+" if name is None else re.escape(name)) + r"-(\d+)\.index\.json")
-    found = []
+    numbered = re.compile((".+" if name is None else re.escape(name)) + r"-(\d+)\.index(?:\.json)?")
+    found: dict[str, tuple[float, int]] = {}
     for entry in _listdir(directory):
         match = numbered.fullmatch(entry)
         if match is None:
@@ -439,8 +451,10 @@ def _numbered_checkpoints(directory: str, name: str | None) -> list[tuple[str, f
             modified = os.stat(path).st_mtime
         except OSError:
             continue
-        found.append((modified, int(match.group(1)), path[: -len(".index.json")]))
-    return [(prefix, modified) for modified, _, prefix in sorted(found)]
+        prefix = path[: path.rindex(".index")]
+        if prefix not in found or modified > found[prefix][0]:  # a version 3 index beside a version 2 one
+            found[prefix] = (modified, int(match.group(1)))
+    return [(prefix, modified) for prefix, (modified, _) in sorted(found.items(), key=lambda f: (f[1], f[0]))]
 
 
 def _listdir(directory: str) -> list[str]:

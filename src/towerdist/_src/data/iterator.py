@@ -59,6 +59,9 @@ class DatasetIterator:
     one with the same pipeline, continues with exactly the elements it would have produced.
     """
 
+    # Saving it needs no other worker (td.train.Checkpoint's Saveable protocol).
+    _checkpoint_collective = False
+
     def __init__(self, dataset: Dataset) -> None:
         self._dataset = dataset
         self._cursor: Cursor | None = dataset._cursor()
