@@ -204,8 +204,8 @@ def test_restoring_an_iterator_of_another_pipeline_raises_and_changes_nothing(tm
     other = iter(td.data.Dataset.range(10).batch(2))
     assert next(other).tolist() == [0, 1]
     step = td.Variable(np.int64(0))
-    with pytest.raises(FailedPreconditionError, match=r"^Checkpoint\.restore\(\) cannot restore the iterator: its "
-                                                      r"pipeline differs from the saved one"):
+    with pytest.raises(td.errors.NotFoundError, match=r"^Checkpoint\.restore\(\) cannot restore the iterator: its "
+                                                    r"pipeline differs from the saved one"):
         td.train.Checkpoint(iterator=other, step=step).restore(path)
     assert int(step.numpy()) == 0
     assert [batch.tolist() for batch in other] == [[2, 3], [4, 5], [6, 7], [8, 9]]  # where it stood
