@@ -8,8 +8,8 @@ alone) trains a linear regression with SGD and momentum, in TensorFlow's loop sh
 
 with a ``PreemptionCheckpointHandler`` whose checkpoint holds the weights, the optimizer and
 the distributed iterator. The input is ``from_tensor_slices`` of 160 examples, shuffled (with
-reshuffling between epochs), mapped, repeated and batched by the global batch size, so the
-run crosses epochs. Every step, the chief records the ids of the examples the step trains
+reshuffling between epochs), mapped, repeated, batched by the global batch size and
+prefetched by a background thread, so the run crosses epochs. Every step, the chief records the ids of the examples the step trains
 on, in replica order (``steps-<pid>.jsonl`` in ``dir``); a test checks that an interrupted run
 and its restart (perhaps on another number of workers) trained on exactly the steps an
 uninterrupted run trains on. Config keys:
@@ -58,7 +58,7 @@ targets = features @ np.arange(1.0, FEATURES + 1.0) + 0.1 * rng.normal(size=EXAM
 def input_pipeline() -> td.data.Dataset:
     dataset = td.data.Dataset.from_tensor_slices((ids, features, targets))
     dataset = dataset.shuffle(64, seed=11).map(lambda i, x, y: (i, x * 0.5, y * 0.5))
-    dataset = dataset.repeat().batch(global_batch, drop_remainder=True)
+    dataset = dataset.repeat().batch(global_batch, drop_remainder=True).prefetch(2)
     if "policy" in config:
         options = td.data.Options()
         options.experimental_distribute.auto_shard_policy = getattr(td.data.experimental.AutoShardPolicy, config["policy"])

@@ -50,7 +50,7 @@ from towerdist._src.errors import FailedPreconditionError, InvalidArgumentError,
 from towerdist._src.failures import unworded
 from towerdist._src.input.device_copies import DeviceCopier, Placed, place_on_device
 from towerdist._src.input.feeds import MISSING, Feed, Step
-from towerdist._src.input.resume import choose_position, recut, same_position
+from towerdist._src.input.resume import choose_position, recut, same_data
 from towerdist._src.input.split import compute_batch_size, dummy_like
 from towerdist._src.values.per_replica_spec import PerReplicaSpec
 from towerdist._src.values.regroup import regroup
@@ -483,7 +483,7 @@ def _to_dataset_iterator(tree: dict[str, Any], dataset: Dataset) -> dict[str, An
     problem = None
     if first["world"]["sharding"] == "own" and len(saved) > 1:
         problem = "its input was split between the workers by file or shard"
-    elif any(not same_position(first, other) for other in saved[1:]):
+    elif any(not same_data(first, other) for other in saved[1:]):
         problem = "its workers were at different positions"
     elif first["kind"] not in (None, "batches", "elements", "rows") or len(first["pipelines"]) != 1:
         problem = "its steps were not whole elements of one pipeline"

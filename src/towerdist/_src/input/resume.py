@@ -13,7 +13,8 @@ read but did not use, the steps it used). Restored on ``W`` workers of ``R`` rep
 * **Another number of workers**: only an input that does not depend on the number of
   workers restores: one every worker runs whole (sharding by data, or no sharding, or a
   ``dataset_fn`` that does not shard by its input pipeline), where every saved worker stood
-  at the same position — then every new worker continues from it. Inputs sharded by file or
+  at the same place in the same data (the same pipeline, seeds, steps used and data read
+  ahead) — then every new worker continues from the chief's position. Inputs sharded by file or
   by ``shard(SHARD_HINT, ...)`` read another split on another number of workers, and
   positions that differ between workers (an unseeded shuffle draws a different order on
   each) name no one place to continue from: both raise.
@@ -37,7 +38,7 @@ from towerdist._src.failures import unworded
 if TYPE_CHECKING:
     from towerdist._src.input.distributed_dataset import _DistributedInput
 
-__all__ = ["choose_position", "recut", "same_position"]
+__all__ = ["choose_position", "recut", "same_data"]
 
 _SHARDING_WORDS = {
     "data": "sharded by data (every worker runs the whole pipeline)",
@@ -93,7 +94,7 @@ def choose_position(saved: list[dict[str, Any]], source: _DistributedInput) -> d
             )
         )
     else:
-        different = [k for k in range(1, len(saved)) if not same_position(saved[0], saved[k])]
+        different = [k for k in range(1, len(saved)) if not same_data(saved[0], saved[k])]
         if different:
             hint = (
                 "its dataset_fn makes a different pipeline on each worker (e.g. it shards by "
@@ -158,11 +159,21 @@ def recut(leftover: list[Any], size: int, saved_local: int, local: int) -> list[
     return list(RowCutter([size]).pieces(iter(leftover)))
 
 
-def same_position(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """True if two workers' positions are the same (everything but the worker's own identity)."""
-    keys = set(a) | set(b)
-    keys.discard("world")
-    return all(_same(a.get(key), b.get(key)) for key in keys)
+def same_data(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """True if two workers saved the same place in the same data: the same pipelines and seeds, the same
+    steps used, and the same data read but not used.
+
+    Their pipelines' own positions are not compared: background threads (``prefetch``, a parallel
+    ``map``) read ahead by as much as timing let them, so two workers at one place in one stream
+    hold it in different ways.
+    """
+    if any(not _same(a.get(key), b.get(key)) for key in ("kind", "steps", "started", "ended", "leftover", "state")):
+        return False
+    pipelines_a, pipelines_b = a["pipelines"], b["pipelines"]
+    return len(pipelines_a) == len(pipelines_b) and all(
+        _same(p["pipeline"], q["pipeline"]) and _same(p["random"], q["random"])
+        for p, q in zip(pipelines_a, pipelines_b, strict=True)
+    )
 
 
 def _same(a: Any, b: Any) -> bool:
