@@ -189,7 +189,9 @@ def encode(tree: Any) -> bytes:
         archive.writestr("state.json", json.dumps(document, separators=(",", ":")))
         for k, array in enumerate(writer.arrays):
             with archive.open(f"{k}.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
+                # (np.ascontiguousarray would make a 0-d array, a saved scalar, 1-d.)
+                contiguous = array if array.flags.c_contiguous else np.ascontiguousarray(array)
+                np.lib.format.write_array(member, contiguous, allow_pickle=False)
     return buffer.getvalue()
 
 
