@@ -85,7 +85,12 @@ class IterableDataset(Dataset):
         self._peeked: list[Any] = []  # a one-shot input's first element, read for its spec
         self._lock = threading.Lock()
 
+    def _external_state(self) -> str | None:
+        return f"a {type(self._iterable).__name__} iterated as a dataset: its position"
+
     def _iterate(self, state: State) -> Iterator[Any]:
+        # The iterable's position cannot be saved (see _external_state): a restored pass
+        # iterates it again from its start.
         with self._lock:
             if self._one_shot and self._started:
                 raise ValueError(
@@ -146,7 +151,12 @@ class TFDataset(Dataset):
         self._own_options = options_lib.Options()
         self._own_options.experimental_distribute.auto_shard_policy = options_lib.AutoShardPolicy(policy)
 
+    def _external_state(self) -> str | None:
+        return "a tf.data.Dataset iterated as a dataset: the position of TensorFlow's iterator"
+
     def _iterate(self, state: State) -> Iterator[Any]:
+        # TensorFlow's iterator position is not saved (see _external_state): a restored pass
+        # starts the tf.data.Dataset again.
         source = self._tf_dataset.as_numpy_iterator()
         for value in source:
             yield normalize_output(value)
