@@ -18,7 +18,7 @@ from towerdist._src.data.cursor import (
     restore_random_state,
 )
 from towerdist._src.data.optional import Optional
-from towerdist._src.errors import FailedPreconditionError, InvalidArgumentError, OutOfRangeError
+from towerdist._src.errors import FailedPreconditionError, OutOfRangeError
 from towerdist._src.failures import unworded
 
 if TYPE_CHECKING:
@@ -162,14 +162,17 @@ class DatasetIterator:
         return commit
 
     def _checkpoint_state(self) -> bytes:
-        """This iterator's position as bytes, for ``td.train.Checkpoint``."""
+        """This iterator's position as bytes, for ``td.train.Checkpoint``.
+
+        Raises:
+          TypeError: the position holds a value of a type that cannot be saved (named).
+          FailedPreconditionError: see ``_position``.
+        """
         position = self._position()
         try:
             return state_codec.encode({"kind": "dataset_iterator", "position": position})
         except TypeError as error:
-            raise unworded(
-                InvalidArgumentError(f"cannot save the iterator's position: {error}. {_UNSAVABLE_HINT}")
-            ) from None
+            raise unworded(TypeError(f"cannot save the iterator's position: {error}. {_UNSAVABLE_HINT}")) from None
 
     def _checkpoint_restorer(self, state: bytes) -> Callable[[], None]:
         """Prepares restoring the position ``state`` (from ``_checkpoint_state``); the result commits it."""
