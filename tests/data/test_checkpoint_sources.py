@@ -18,7 +18,6 @@ import os
 import zlib
 from typing import Any, NamedTuple
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -145,7 +144,6 @@ def _prelude(directory: str) -> str:
     """The code before ``make()``: imports, and the names the pipelines use."""
     return f"""
 import functools, sys
-import numpy as np
 import towerdist as td
 sys.path.insert(0, {TESTS_DATA!r})
 from dataset_helpers import Point
