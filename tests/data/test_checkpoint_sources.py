@@ -65,7 +65,9 @@ CASES: dict[str, Case] = {
     "counter_float": Case("D.counter(0.5, 0.25, dtype=np.float32).take(5)", 5),
     "random_seeded": Case("D.random(seed=7).take(10)", 10),
     "random_unseeded": Case("D.random().take(10)", 10),
-    "random_rerandomized_epochs": Case("D.random(seed=7, rerandomize_each_iteration=True).take(3).repeat(3)", 9, (3, 6)),
+    "random_rerandomized_epochs": Case(
+        "D.random(seed=7, rerandomize_each_iteration=True).take(3).repeat(3)", 9, (3, 6)
+    ),
     "zip": Case("D.zip(D.range(5), D.from_tensor_slices(np.arange(10.0)))", 5),
     "zip_dict": Case("D.zip(datasets={'a': D.range(4), 'b': D.range(10, 16).batch(2)})", 3),
     # --- batching
@@ -82,10 +84,14 @@ CASES: dict[str, Case] = {
     "shuffle_seeded": Case("D.range(10).shuffle(4, seed=5)", 10, (6,)),
     "shuffle_unseeded": Case("D.range(10).shuffle(4)", 10, (6,)),
     "shuffle_whole": Case("D.range(9).shuffle(td.data.UNKNOWN_CARDINALITY, seed=3)", 9),
-    "shuffle_strings": Case("D.from_tensor_slices(np.array([b'a', b'b', b'c', b'd', b'e', b'f'], dtype=object)).shuffle(3, seed=1)", 6),
+    "shuffle_strings": Case(
+        "D.from_tensor_slices(np.array([b'a', b'b', b'c', b'd', b'e', b'f'], dtype=object)).shuffle(3, seed=1)", 6
+    ),
     "shuffle_reshuffled_epochs": Case("D.range(6).shuffle(6, seed=2).repeat(3)", 18, (5, 6, 7, 12)),
     "shuffle_unseeded_epochs": Case("D.range(6).shuffle(6).repeat(3)", 18, (6, 12)),
-    "shuffle_same_each_epoch": Case("D.range(6).shuffle(6, seed=2, reshuffle_each_iteration=False).repeat(2)", 12, (6,)),
+    "shuffle_same_each_epoch": Case(
+        "D.range(6).shuffle(6, seed=2, reshuffle_each_iteration=False).repeat(2)", 12, (6,)
+    ),
     "repeat": Case("D.range(3).repeat(3)", 9, (3, 6)),
     "repeat_forever": Case("D.range(3).repeat().take(10)", 10, (3, 6, 9)),
     "repeat_empty_forever": Case("D.range(0).repeat()", 0),
@@ -103,7 +109,9 @@ CASES: dict[str, Case] = {
     "concatenate_empty_first": Case("D.range(0).concatenate(D.range(4))", 4),
     "concatenate_unknown_specs": Case("SCANNED.concatenate(SCANNED)", 8, (4, 5)),
     "scan": Case("D.range(8).scan(np.int64(0), lambda s, x: (s + x, s))", 8),
-    "scan_tuple_state": Case("D.range(6).scan((np.int64(0), np.float32(1)), lambda s, x: ((s[0] + x, s[1] * 2), s))", 6),
+    "scan_tuple_state": Case(
+        "D.range(6).scan((np.int64(0), np.float32(1)), lambda s, x: ((s[0] + x, s[1] * 2), s))", 6
+    ),
     "scan_dropping_failures": Case("D.range(8).scan(np.int64(0), failing_sum).ignore_errors()", 7, (3, 4)),
     "unique": Case("D.from_tensor_slices(np.array([3, 1, 3, 2, 1, 4, 2, 5])).unique()", 5),
     "unique_strings": Case("D.from_tensor_slices(np.array([b'x', b'y', b'x', b'z'], dtype=object)).unique()", 3),
@@ -116,7 +124,9 @@ CASES: dict[str, Case] = {
     "text_lines": Case("td.data.TextLineDataset(PLAIN)", 8, (3,)),
     "text_lines_gzip": Case("td.data.TextLineDataset(GZIPPED, compression_type='GZIP')", 8, (3,)),
     "text_lines_zlib": Case("td.data.TextLineDataset(ZLIBBED, compression_type='ZLIB')", 8, (3,)),
-    "text_lines_of_listed_files": Case("td.data.TextLineDataset(td.data.Dataset.list_files(DIR + '/*.txt', seed=4))", 8, (3,)),
+    "text_lines_of_listed_files": Case(
+        "td.data.TextLineDataset(td.data.Dataset.list_files(DIR + '/*.txt', seed=4))", 8, (3,)
+    ),
     "list_files_unseeded": Case("D.list_files(DIR + '/*.txt')", 3),
     "load_concatenated_shards": Case("D.load(DIR + '/saved', reader_func=concatenated)", 20, (7, 14)),
     "load_gzip_concatenated_shards": Case(

@@ -34,7 +34,9 @@ def roundtrip(value: Any) -> Any:
 
 def assert_identical(expected: Any, actual: Any, where: str = "value") -> None:
     """Same types all the way down, same dtypes and shapes, same values."""
-    assert type(actual) is type(expected), f"{where}: a {type(actual).__name__} where a {type(expected).__name__} was saved"
+    assert type(actual) is type(expected), (
+        f"{where}: a {type(actual).__name__} where a {type(expected).__name__} was saved"
+    )
     if isinstance(expected, (np.ndarray, np.generic)):
         assert actual.dtype == expected.dtype, f"{where}: dtype {actual.dtype}, saved {expected.dtype}"
         assert np.shape(actual) == np.shape(expected), f"{where}: shape {np.shape(actual)}, saved {np.shape(expected)}"
