@@ -154,6 +154,7 @@ def _prelude(directory: str) -> str:
     """The code before ``make()``: imports, and the names the pipelines use."""
     return f"""
 import functools, sys
+import numpy as np
 import towerdist as td
 sys.path.insert(0, {TESTS_DATA!r})
 from dataset_helpers import Point
