@@ -14,7 +14,7 @@ import pytest
 import towerdist as td
 from towerdist._src.data import state_codec
 
-from checkpoint_helpers import assert_same_elements, restored_rest, save_after
+from iterator_checkpoint_helpers import assert_same_elements, restored_rest, save_after
 
 D = td.data.Dataset
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import towerdist as td
 
-from checkpoint_helpers import (
+from iterator_checkpoint_helpers import (
     assert_same_elements,
     restored_rest,
     restored_rest_in_subprocess,

@@ -1,4 +1,4 @@
-"""Restores a ``td.data`` iterator in a new process: what ``tests/data/checkpoint_helpers`` runs.
+"""Restores a ``td.data`` iterator in a new process: what ``tests/data/iterator_checkpoint_helpers`` runs.
 
 Reads Python code defining ``make()`` from standard input, restores an iterator of
 ``make()`` at the position saved in ``argv[1]`` and writes what it yields, encoded with
