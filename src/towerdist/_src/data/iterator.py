@@ -18,13 +18,13 @@ from towerdist._src.data.cursor import (
     restore_random_state,
 )
 from towerdist._src.data.optional import Optional
-from towerdist._src.errors import FailedPreconditionError, OutOfRangeError
+from towerdist._src.errors import FailedPreconditionError, OutOfRangeError, UnimplementedError
 from towerdist._src.failures import unworded
 
 if TYPE_CHECKING:
     from towerdist._src.data.dataset import Dataset
 
-__all__ = ["DatasetIterator", "external_state_check"]
+__all__ = ["DatasetIterator", "external_state_check", "symbolic_checkpoint_check"]
 
 logger = logging.getLogger("towerdist")
 
@@ -129,14 +129,20 @@ class DatasetIterator:
 
         Raises:
           FailedPreconditionError: the pipeline keeps state outside itself and the dataset's
-            ``experimental_external_state_policy`` is FAIL.
+            ``experimental_external_state_policy`` is FAIL (or unset).
+          UnimplementedError: an operation cannot save its position now (a Python generator
+            in the middle of its pass), or cannot be saved symbolically under
+            ``experimental_symbolic_checkpoint``.
         """
         with self._lock:
             cursor = self._cursor
             position: Saved = {"pipeline": pipeline_signature(self._dataset), "random": random_state(self._dataset)}
             if cursor is None or self._failed:
                 return {**position, "ended": True}
-            external_state_check(cursor, self._dataset.options())
+            options = self._dataset.options()
+            external_state_check(cursor, options)
+            if options.experimental_symbolic_checkpoint:
+                symbolic_checkpoint_check(cursor)
             return {**position, "ended": False, "cursor": cursor.save()}
 
     def _restorer(self, position: Saved) -> Callable[[], None]:
@@ -196,29 +202,45 @@ _UNSAVABLE_HINT = (
 
 def external_state_check(cursor: Cursor, options: options_lib.Options) -> None:
     """Applies ``options.experimental_external_state_policy`` to the nodes of ``cursor``'s tree whose
-    position cannot be saved (raises under FAIL, warns under WARN)."""
+    state lives outside the pipeline, as TensorFlow applies it when a checkpoint saves an iterator:
+    unset or FAIL raises, WARN logs a warning, IGNORE says nothing (and the save goes on: such a
+    node then saves what it can, or raises ``UnimplementedError`` itself)."""
     found = sorted({reason for reason in _external_states(cursor)})
     if not found:
         return
     policy = options.experimental_external_state_policy
-    if policy is None:
-        policy = options_lib.ExternalStatePolicy.WARN
     described = "; ".join(found)
-    if policy == options_lib.ExternalStatePolicy.FAIL:
+    if policy is None or policy == options_lib.ExternalStatePolicy.FAIL:
+        setting = "FAIL" if policy is not None else "unset, which means FAIL for a checkpoint"
         raise unworded(
             FailedPreconditionError(
                 f"cannot save the iterator: its pipeline keeps state outside itself ({described}), which a "
-                f"checkpoint cannot hold (experimental_external_state_policy=FAIL). Build the input from datasets "
-                f"(from_tensor_slices, TextLineDataset, ...) to make it savable, or set the policy to WARN or IGNORE "
-                f"to save the rest of the position."
+                f"checkpoint cannot hold (experimental_external_state_policy is {setting}). Build the input from "
+                f"datasets that read the data themselves (from_tensor_slices, TextLineDataset, Dataset.load, ...), "
+                f"or set the policy to WARN or IGNORE to save the position without that state."
             )
         )
     if policy == options_lib.ExternalStatePolicy.WARN:
         logger.warning(
-            "Saving the iterator's position without the state its pipeline keeps outside itself (%s): restored, "
-            "those sources start over. (tf.data.Options.experimental_external_state_policy=WARN)",
+            "Saving the iterator's position without the state its pipeline keeps outside itself: %s. "
+            "(td.data.Options.experimental_external_state_policy=WARN; IGNORE saves without this warning.)",
             described,
         )
+
+
+def symbolic_checkpoint_check(cursor: Cursor) -> None:
+    """Raises ``UnimplementedError`` naming the first node of ``cursor``'s tree that TensorFlow cannot
+    checkpoint symbolically (``Options.experimental_symbolic_checkpoint``)."""
+    stack = [cursor]
+    while stack:
+        current = stack.pop()
+        if not current.node._symbolic_checkpoint():
+            raise UnimplementedError(
+                f"cannot save the iterator: {current.node._state_name()} does not support symbolic checkpointing "
+                f"(td.data.Options.experimental_symbolic_checkpoint=True), as in TensorFlow. Unset the option to "
+                f"save its position explicitly."
+            )
+        stack.extend(current.state.children())
 
 
 def _external_states(cursor: Cursor) -> list[str]:

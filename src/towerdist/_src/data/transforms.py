@@ -703,6 +703,9 @@ class CacheDataset(Dataset):
         state.elements = None if state.filling or self._filename else self._memory
         return super()._save_state(state)
 
+    def _symbolic_checkpoint(self) -> bool:
+        return False  # TensorFlow: "CacheDatasetV2 does not support symbolic checkpointing."
+
     def _adopt(self, elements: list[Any] | None) -> list[Any]:
         """The cache a restored reading pass reads: this process's, else the saved elements (kept as the cache)."""
         if self._filename:

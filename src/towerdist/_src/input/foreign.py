@@ -15,8 +15,8 @@ import numpy as np
 
 from towerdist._src import backend, nest
 from towerdist._src.data import options as options_lib
-from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
+from towerdist._src.data.sources import ExternalSource
 from towerdist._src.data.spec import TensorSpec, structure_of
 from towerdist._src.data.structure import close_iterator, normalize_output, read_only_element
 from towerdist._src.failures import unworded
@@ -75,7 +75,7 @@ def as_dataset(obj: Any) -> Dataset:
     return IterableDataset(obj)
 
 
-class IterableDataset(Dataset):
+class IterableDataset(ExternalSource):
     """Global batches from any iterable (a list, a DataLoader, a one-shot generator)."""
 
     def __init__(self, iterable: Iterable[Any]) -> None:
@@ -88,9 +88,7 @@ class IterableDataset(Dataset):
     def _external_state(self) -> str | None:
         return f"a {type(self._iterable).__name__} iterated as a dataset: its position"
 
-    def _iterate(self, state: State) -> Iterator[Any]:
-        # The iterable's position cannot be saved (see _external_state): a restored pass
-        # iterates it again from its start.
+    def _generate(self) -> Iterator[Any]:
         with self._lock:
             if self._one_shot and self._started:
                 raise ValueError(
@@ -142,7 +140,7 @@ class IterableDataset(Dataset):
             return options_lib.UNKNOWN
 
 
-class TFDataset(Dataset):
+class TFDataset(ExternalSource):
     """A ``tf.data.Dataset``, iterated with ``as_numpy_iterator()``."""
 
     def __init__(self, dataset: Any) -> None:
@@ -154,9 +152,7 @@ class TFDataset(Dataset):
     def _external_state(self) -> str | None:
         return "a tf.data.Dataset iterated as a dataset: the position of TensorFlow's iterator"
 
-    def _iterate(self, state: State) -> Iterator[Any]:
-        # TensorFlow's iterator position is not saved (see _external_state): a restored pass
-        # starts the tf.data.Dataset again.
+    def _generate(self) -> Iterator[Any]:
         source = self._tf_dataset.as_numpy_iterator()
         for value in source:
             yield normalize_output(value)
