@@ -1,6 +1,11 @@
 """Saving and restoring ``td.data`` iterators at the edges: before the first element, after the end, after an
 error, and into a pipeline that is not the saved one (which fails, naming the operation, and leaves the
 iterator as it was).
+
+TensorFlow matches a saved iterator to the pipeline by the operations' names only (no arguments are
+checked) and raises ``NotFoundError`` "Failed to restore dataset iterator from checkpoint ... Make sure
+the dataset definition has not changed"; towerdist also checks the arguments without which a saved
+position means nothing (``shard``'s).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import pytest
 
 import towerdist as td
 from towerdist._src.data import state_codec
+from towerdist._src.data.cursor import PipelineMismatchError
 
 from iterator_checkpoint_helpers import assert_same_elements, restored_rest, save_after
 
@@ -165,7 +171,7 @@ def test_restoring_into_another_pipeline_names_the_operation(name: str) -> None:
     iterator = iter(other())
     whole = list(other())
     head = [next(iterator) for _ in range(2)]
-    with pytest.raises(td.errors.FailedPreconditionError, match=message) as caught:
+    with pytest.raises(PipelineMismatchError, match=message) as caught:
         iterator._checkpoint_restorer(saved.state)
     assert isinstance(caught.value.path, tuple)
     assert "Restore into an iterator of the same pipeline" in str(caught.value)
@@ -180,7 +186,7 @@ def test_a_mismatch_in_a_restored_child_names_the_path() -> None:
     tree = state_codec.decode(saved.state)
     tree["position"]["cursor"]["inputs"]["0"]["op"] = "TakeDataset"
     with pytest.raises(
-        td.errors.FailedPreconditionError,
+        PipelineMismatchError,
         match="at BatchDataset <- EnumerateDataset: the checkpoint holds the position of a TakeDataset there",
     ):
         iter(make())._checkpoint_restorer(state_codec.encode(tree))
@@ -195,8 +201,12 @@ def test_restoring_the_state_of_another_kind_of_object_fails() -> None:
     assert [int(v) for v in iterator] == [0, 1, 2]
 
 
-def test_the_error_is_a_failed_precondition_error() -> None:
+@pytest.mark.xfail(
+    strict=True,
+    reason="PipelineMismatchError becomes a NotFoundError (as TensorFlow's 'Failed to restore dataset iterator from "
+    "checkpoint') on main; until then it is a FailedPreconditionError",
+)
+def test_a_pipeline_mismatch_is_a_not_found_error_as_in_tensorflow() -> None:
     saved = save_after(lambda: D.range(4).shard(2, 0), 0)
-    with pytest.raises(td.errors.FailedPreconditionError) as caught:
+    with pytest.raises(td.errors.NotFoundError):
         iter(D.range(4).shard(2, 1))._checkpoint_restorer(saved.state)
-    assert isinstance(caught.value, td.errors.OpError)
