@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from towerdist._src.data import options as options_lib
@@ -231,25 +231,28 @@ def external_state_check(cursor: Cursor, options: options_lib.Options) -> None:
 def symbolic_checkpoint_check(cursor: Cursor) -> None:
     """Raises ``UnimplementedError`` naming the first node of ``cursor``'s tree that TensorFlow cannot
     checkpoint symbolically (``Options.experimental_symbolic_checkpoint``)."""
-    stack = [cursor]
-    while stack:
-        current = stack.pop()
-        if not current.node._symbolic_checkpoint():
+    for node in _live_nodes(cursor):
+        if not node._symbolic_checkpoint():
             raise UnimplementedError(
-                f"cannot save the iterator: {current.node._state_name()} does not support symbolic checkpointing "
+                f"cannot save the iterator: {node._state_name()} does not support symbolic checkpointing "
                 f"(td.data.Options.experimental_symbolic_checkpoint=True), as in TensorFlow. Unset the option to "
                 f"save its position explicitly."
             )
-        stack.extend(current.state.children())
 
 
 def _external_states(cursor: Cursor) -> list[str]:
-    found = []
+    return [reason for node in _live_nodes(cursor) if (reason := node._external_state()) is not None]
+
+
+def _live_nodes(cursor: Cursor) -> Iterator[Dataset]:
+    """The nodes whose passes a save of ``cursor`` covers: the node of every pass in the tree, and every
+    node under a pass that has not started (TensorFlow makes those iterators when their parent's is made;
+    towerdist opens them at the parent's first element)."""
     stack = [cursor]
     while stack:
         current = stack.pop()
-        reason = current.node._external_state()
-        if reason is not None:
-            found.append(reason)
+        if not current.state.resumed and not current.state.begun():
+            yield from current.node._walk()
+            continue
+        yield current.node
         stack.extend(current.state.children())
-    return found
