@@ -149,9 +149,8 @@ class State:
             child.close()
 
     def close(self) -> None:
-        """Closes every child cursor."""
-        children, self._children = self._children, {}
-        for child in children.values():
+        """Closes every child cursor (and keeps it: a pass that ended still saves where its inputs stand)."""
+        for child in list(self._children.values()):
             child.close()
 
     # --- saving ----------------------------------------------------------------------------
