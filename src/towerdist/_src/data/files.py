@@ -67,6 +67,10 @@ class TextLineDataset(Dataset):
 
     Under multi-worker auto-sharding (``AutoShardPolicy.FILE`` or ``AUTO``) each worker reads
     its own subset of the files.
+
+    A saved iterator holds, as TensorFlow's does, the file it was reading and the offset after
+    its last line; restored, it opens that file again and goes on from there (a compressed
+    file is decompressed up to the offset).
     """
 
     def __init__(
