@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from towerdist._src.errors import FailedPreconditionError
+from towerdist._src.errors import NotFoundError
 from towerdist._src.failures import unworded
 
 if TYPE_CHECKING:
@@ -65,8 +65,11 @@ __all__ = [
 Saved = dict[str, Any]  # a saved cursor: {"op": str, "params": {...}, "fields": {...}, "inputs": {key: Saved}}
 
 
-class PipelineMismatchError(FailedPreconditionError):
+class PipelineMismatchError(NotFoundError):
     """A saved iterator position does not fit the pipeline it is restored into.
+
+    A ``NotFoundError``, as TensorFlow raises when a dataset definition changed between saving
+    and restoring its iterator.
 
     Attributes:
       path: the operations from the iterator's output down to the one that differs.
