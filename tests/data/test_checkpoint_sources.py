@@ -360,7 +360,7 @@ def test_text_lines_position_is_the_file_and_the_offset(world: str) -> None:
 
 
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,  # passes once interleave resumes (on main): then drop this mark
     reason="load()'s default reader is an interleave over the shards, which restarts until interleave resumes",
 )
 def test_load_with_the_default_reader_restores(world: str) -> None:
