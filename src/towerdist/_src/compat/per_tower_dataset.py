@@ -8,10 +8,11 @@ each global batch instead.)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from towerdist._src.data.dataset import Dataset
+from towerdist._src.data.iterator import DatasetIterator
 from towerdist._src.errors import OutOfRangeError
 from towerdist._src.failures import worded_at
 from towerdist._src.input.device_copies import place_on_device
@@ -67,11 +68,16 @@ class PerTowerDataset:
 
 
 class PerTowerIterator:
-    """Iterates a :class:`PerTowerDataset`: each step is a ``PerReplica`` with one element per tower."""
+    """Iterates a :class:`PerTowerDataset`: each step is a ``PerReplica`` with one element per tower.
+
+    It can be saved in a ``td.train.Checkpoint`` as the dataset's own iterator can (its
+    position is the dataset iterator's: the next step starts at the next element, whatever
+    the number of towers it is restored with).
+    """
 
     def __init__(self, source: PerTowerDataset) -> None:
         self._source = source
-        self._elements: Iterator[Any] = iter(source._dataset)
+        self._elements: DatasetIterator = iter(source._dataset)
 
     def initialize(self) -> None:
         """Restarts from the first element (TF 1.x's ``iterator.initializer``)."""
@@ -111,3 +117,13 @@ class PerTowerIterator:
             return self.get_next()
         except OutOfRangeError:
             raise StopIteration from None
+
+    # --- checkpointing -----------------------------------------------------------------------
+
+    def _checkpoint_state(self) -> bytes:
+        """This iterator's position as bytes, for ``td.train.Checkpoint`` (the dataset iterator's)."""
+        return self._elements._checkpoint_state()
+
+    def _checkpoint_restorer(self, state: bytes) -> Callable[[], None]:
+        """Prepares restoring the position ``state``; the result commits it (see ``DatasetIterator``)."""
+        return self._elements._checkpoint_restorer(state)

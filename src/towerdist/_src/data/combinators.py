@@ -111,24 +111,36 @@ class ConcatenateDataset(Dataset):
             _concatenated_spec(first, second)  # TensorFlow checks at construction
 
     def _iterate(self, state: State) -> Iterator[Any]:
+        # The position: the input being read (``current``, its pass the child under its index),
+        # whether its first element was checked, and the spec the first input's first element
+        # showed (the reference the second input's first element is checked against).
+        if not state.resumed:
+            state.current, state.checked, state.reference = 0, False, None
         specs = [node._spec(probe=False) for node in self._inputs]
         check = None
         if None in specs:  # a spec known only by running its input: check the first elements
             check = FirstElementCheck(_concatenate_mismatch)
             for key, spec in enumerate(specs):
                 check.known(key, spec)
-        for key, node in enumerate(self._inputs):
-            source = node._cursor()
+            if state.reference is not None:
+                check.spec(0, state.reference)
+        while state.current < len(self._inputs):
+            key = state.current
+            source = state.input(key)
             try:
-                if check is not None and specs[key] is None:
+                if check is not None and specs[key] is None and not state.checked:
                     first = next(source, _NOTHING)
-                    if first is _NOTHING:
-                        continue
-                    check.first(key, first)
-                    yield first
+                    if first is not _NOTHING:
+                        check.first(key, first)
+                        state.checked = True
+                        if key == 0:
+                            state.reference = structure_of(first)
+                        yield first
                 yield from source
             finally:
-                close_iterator(source)
+                source.close()
+            state.drop(str(key))  # that input's pass is over: nothing of it is saved any more
+            state.current, state.checked = key + 1, False
 
     def _spec(self, probe: bool) -> Any:
         first, second = (node._spec(probe) for node in self._inputs)
@@ -195,12 +207,16 @@ class ScanDataset(Dataset):
         return new_state, output
 
     def _iterate(self, state: State) -> Iterator[Any]:
-        carry = self._initial
-        source = self._inputs[0]._cursor()
+        # The position: the carried state (``carry``) and the index of the next input element.
+        if not state.resumed:
+            state.carry, state.index = self._initial, 0
+        source = state.input()
         try:
-            for index, element in enumerate(source):
+            for element in source:
+                index = state.index
+                state.index = index + 1
                 try:
-                    carry, output = self._step(carry, element, index)
+                    state.carry, output = self._step(state.carry, element, index)
                 except Exception as error:
                     if self._on_error is None:
                         raise
@@ -208,7 +224,7 @@ class ScanDataset(Dataset):
                     continue
                 yield output
         finally:
-            close_iterator(source)
+            source.close()
 
     def _spec(self, probe: bool) -> Any:
         if not probe:
@@ -273,9 +289,13 @@ class UniqueDataset(Dataset):
             _check_unique_spec(spec)
 
     def _iterate(self, state: State) -> Iterator[Any]:
-        seen: set[Any] = set()
+        # The position: the keys of the elements given out so far (``seen``, a set shared with
+        # the state and grown in place).
+        if not state.resumed:
+            state.seen = set()
+        seen = state.seen
         checked = self._inputs[0]._spec(probe=False) is not None
-        source = self._inputs[0]._cursor()
+        source = state.input()
         try:
             for element in source:
                 if not checked:
@@ -286,7 +306,7 @@ class UniqueDataset(Dataset):
                     seen.add(key)
                     yield element
         finally:
-            close_iterator(source)
+            source.close()
 
     def _cardinality(self) -> int:
         return UNKNOWN
@@ -325,9 +345,17 @@ class TakeWhileDataset(Dataset):
         return bool(keep)
 
     def _iterate(self, state: State) -> Iterator[Any]:
-        source = self._inputs[0]._cursor()
+        # The position: the index of the next input element, and whether the predicate has
+        # ended the pass (``done``: the input goes on, but this pass must not read it again).
+        if not state.resumed:
+            state.index, state.done = 0, False
+        if state.done:
+            return
+        source = state.input()
         try:
-            for index, element in enumerate(source):
+            for element in source:
+                index = state.index
+                state.index = index + 1
                 try:
                     keep = self._keep(element, index)
                 except Exception as error:
@@ -336,10 +364,12 @@ class TakeWhileDataset(Dataset):
                     self._on_error(error)
                     continue
                 if not keep:
+                    state.done = True
+                    state.drop("0")
                     return
                 yield element
         finally:
-            close_iterator(source)
+            source.close()
 
     def _tolerant(self) -> Dataset | None:
         return copy.copy(self)
@@ -371,11 +401,24 @@ class IgnoreErrorsDataset(Dataset):
         if self._log:
             logger.warning("Dataset.ignore_errors() dropped an element. Error raised with error message: %s", error)
 
-    def _iterate(self, state: State) -> Iterator[Any]:
+    def _tolerant_pipeline(self) -> Dataset:
+        """The copy of the input that drops failing elements (made once, so that a cache() in it persists)."""
         with self._lock:
             if self._tolerant_input is None:
                 self._tolerant_input = tolerant(self._inputs[0], self._report)
-            source = self._tolerant_input._cursor()
+            return self._tolerant_input
+
+    def _restored_input(self, key: str, state: State) -> Dataset:
+        return self._tolerant_pipeline()  # the only child: the pass over the tolerant copy
+
+    def _iterate(self, state: State) -> Iterator[Any]:
+        # The position: the pass over the tolerant copy of the input (the child "0"), and
+        # whether an error it could not skip ended the pass (``ended``).
+        if not state.resumed:
+            state.ended = False
+        if state.ended:
+            return
+        source = state.open(self._tolerant_pipeline(), "0")
         try:
             while True:
                 try:
@@ -383,6 +426,8 @@ class IgnoreErrorsDataset(Dataset):
                 except StopIteration:
                     return
                 except Exception as error:
+                    state.ended = True
+                    state.drop("0")  # a pass that raised cannot go on, restored or not
                     self._report(error)
                     warnings.warn(
                         f"Dataset.ignore_errors() ended the pass early: {type(error).__name__}: {error}. The "
@@ -394,7 +439,7 @@ class IgnoreErrorsDataset(Dataset):
                     return
                 yield element
         finally:
-            close_iterator(source)
+            source.close()
 
     def _cardinality(self) -> int:
         return UNKNOWN  # as in TensorFlow, even when nothing fails

@@ -161,9 +161,8 @@ class State:
         return self._children.pop(key, None)
 
     def close(self) -> None:
-        """Closes every child cursor."""
-        children, self._children = self._children, {}
-        for child in children.values():
+        """Closes every child cursor (and keeps it: a pass that ended still saves where its inputs stand)."""
+        for child in list(self._children.values()):
             child.close()
 
     # --- saving ----------------------------------------------------------------------------

@@ -18,7 +18,6 @@ from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.sources import TensorSliceDataset
 from towerdist._src.data.spec import TensorSpec
-from towerdist._src.data.structure import close_iterator
 from towerdist._src.errors import (
     DataLossError,
     FailedPreconditionError,
@@ -68,6 +67,10 @@ class TextLineDataset(Dataset):
 
     Under multi-worker auto-sharding (``AutoShardPolicy.FILE`` or ``AUTO``) each worker reads
     its own subset of the files.
+
+    A saved iterator holds, as TensorFlow's does, the file it was reading and the offset after
+    its last line; restored, it opens that file again and goes on from there (a compressed
+    file is decompressed up to the offset).
     """
 
     def __init__(
@@ -95,23 +98,48 @@ class TextLineDataset(Dataset):
         return True
 
     def _iterate(self, state: State) -> Iterator[Any]:
-        names = self._inputs[0]._cursor()
+        # The position, as TensorFlow saves it: the file being read (``file``, None between
+        # files; the pass over the file names is the child) and the offset after the last line
+        # given out (``offset``, in the decompressed text for GZIP and ZLIB files).
+        if not state.resumed:
+            state.file, state.offset = None, 0
+        names = state.input()
         try:
-            for name in names:
-                path = os.fsdecode(name if isinstance(name, bytes) else bytes(name))
-                with _reading(path, self._compression), self._open(path) as f:
+            while True:
+                if state.file is None:
+                    try:
+                        name = next(names)
+                    except StopIteration:
+                        return
+                    state.file, state.offset = os.fsdecode(name if isinstance(name, bytes) else bytes(name)), 0
+                path = state.file
+                with _reading(path, self._compression), self._open(path, state.offset) as f:
+                    offset = state.offset
                     for line in f:
+                        offset += len(line)
+                        state.offset = offset
                         yield line.rstrip(b"\n").rstrip(b"\r")
+                state.file = None
         finally:
-            close_iterator(names)
+            names.close()
 
-    def _open(self, path: str) -> BinaryIO:
+    def _open(self, path: str, offset: int) -> BinaryIO:
+        """``path`` opened for reading its (decompressed) text from ``offset`` on."""
+        f: BinaryIO
         if self._compression == "GZIP":
-            return gzip.open(path, "rb")  # type: ignore[return-value]
-        if self._compression == "ZLIB":
-            with open(path, "rb") as f:
-                return io.BytesIO(zlib.decompress(f.read()))
-        return open(path, "rb", buffering=self._buffer_size)
+            f = gzip.open(path, "rb")  # type: ignore[assignment]
+        elif self._compression == "ZLIB":
+            with open(path, "rb") as compressed:
+                f = io.BytesIO(zlib.decompress(compressed.read()))
+        else:
+            f = open(path, "rb", buffering=self._buffer_size)  # noqa: SIM115 - the caller closes it
+        if offset:
+            try:
+                f.seek(offset)  # a gzip file decompresses up to it
+            except BaseException:
+                f.close()
+                raise
+        return f
 
     def _spec(self, probe: bool) -> Any:
         return TensorSpec((), np.object_)

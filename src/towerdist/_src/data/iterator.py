@@ -6,11 +6,11 @@ import atexit
 import logging
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from towerdist._src.data import options as options_lib
-from towerdist._src.data import state_codec
+from towerdist._src.data import state_codec, workers
 from towerdist._src.data.cursor import (
     Cursor,
     Saved,
@@ -20,13 +20,20 @@ from towerdist._src.data.cursor import (
     restore_random_state,
 )
 from towerdist._src.data.optional import Optional
-from towerdist._src.errors import FailedPreconditionError, InvalidArgumentError, OutOfRangeError
+from towerdist._src.errors import FailedPreconditionError, OutOfRangeError, UnimplementedError
 from towerdist._src.failures import unworded
 
 if TYPE_CHECKING:
     from towerdist._src.data.dataset import Dataset
 
-__all__ = ["EXIT_LOCK_SECONDS", "DatasetIterator", "close_at_exit", "external_state_check", "register_state_converter"]
+__all__ = [
+    "EXIT_LOCK_SECONDS",
+    "DatasetIterator",
+    "close_at_exit",
+    "external_state_check",
+    "register_state_converter",
+    "symbolic_checkpoint_check",
+]
 
 logger = logging.getLogger("towerdist")
 
@@ -157,9 +164,13 @@ class DatasetIterator:
 
         Raises:
           FailedPreconditionError: the pipeline keeps state outside itself and the dataset's
-            ``experimental_external_state_policy`` is FAIL.
+            ``experimental_external_state_policy`` is FAIL (or unset).
+          UnimplementedError: an operation cannot save its position now (a Python generator
+            in the middle of its pass), or cannot be saved symbolically under
+            ``experimental_symbolic_checkpoint``.
         """
-        with self._lock:
+        workers.hold(self._lock, "a next() of this iterator in another thread")  # bounded: never hangs
+        try:
             cursor = self._cursor
             position: Saved = {
                 "pipeline": pipeline_signature(self._dataset),
@@ -168,8 +179,13 @@ class DatasetIterator:
             }
             if cursor is None or self._failed:
                 return {**position, "ended": True}
-            external_state_check(cursor, self._dataset.options())
+            options = self._dataset.options()
+            external_state_check(cursor, options)
+            if options.experimental_symbolic_checkpoint:
+                symbolic_checkpoint_check(cursor)
             return {**position, "ended": False, "cursor": cursor.save()}
+        finally:
+            self._lock.release()
 
     def _restorer(self, position: Saved) -> Callable[[], None]:
         """Checks ``position`` against this iterator's pipeline and builds the pass it describes.
@@ -197,14 +213,17 @@ class DatasetIterator:
         return commit
 
     def _checkpoint_state(self) -> bytes:
-        """This iterator's position as bytes, for ``td.train.Checkpoint``."""
+        """This iterator's position as bytes, for ``td.train.Checkpoint``.
+
+        Raises:
+          TypeError: the position holds a value of a type that cannot be saved (named).
+          FailedPreconditionError: see ``_position``.
+        """
         position = self._position()
         try:
             return state_codec.encode({"kind": "dataset_iterator", "position": position})
         except TypeError as error:
-            raise unworded(
-                InvalidArgumentError(f"cannot save the iterator's position: {error}. {_UNSAVABLE_HINT}")
-            ) from None
+            raise unworded(TypeError(f"cannot save the iterator's position: {error}. {_UNSAVABLE_HINT}")) from None
 
     def _checkpoint_restorer(self, state: bytes) -> Callable[[], None]:
         """Prepares restoring the position ``state`` (from ``_checkpoint_state``); the result commits it.
@@ -258,38 +277,57 @@ _UNSAVABLE_HINT = (
 
 def external_state_check(cursor: Cursor, options: options_lib.Options) -> None:
     """Applies ``options.experimental_external_state_policy`` to the nodes of ``cursor``'s tree whose
-    position cannot be saved (raises under FAIL, warns under WARN)."""
+    state lives outside the pipeline, as TensorFlow applies it when a checkpoint saves an iterator:
+    unset or FAIL raises, WARN logs a warning, IGNORE says nothing (and the save goes on: such a
+    node then saves what it can, or raises ``UnimplementedError`` itself)."""
     found = sorted({reason for reason in _external_states(cursor)})
     if not found:
         return
     policy = options.experimental_external_state_policy
-    if policy is None:
-        policy = options_lib.ExternalStatePolicy.WARN
     described = "; ".join(found)
-    if policy == options_lib.ExternalStatePolicy.FAIL:
+    if policy is None or policy == options_lib.ExternalStatePolicy.FAIL:
+        setting = "FAIL" if policy is not None else "unset, which means FAIL for a checkpoint"
         raise unworded(
             FailedPreconditionError(
                 f"cannot save the iterator: its pipeline keeps state outside itself ({described}), which a "
-                f"checkpoint cannot hold (experimental_external_state_policy=FAIL). Build the input from datasets "
-                f"(from_tensor_slices, TextLineDataset, ...) to make it savable, or set the policy to WARN or IGNORE "
-                f"to save the rest of the position."
+                f"checkpoint cannot hold (experimental_external_state_policy is {setting}). Build the input from "
+                f"datasets that read the data themselves (from_tensor_slices, TextLineDataset, Dataset.load, ...), "
+                f"or set the policy to WARN or IGNORE to save the position without that state."
             )
         )
     if policy == options_lib.ExternalStatePolicy.WARN:
         logger.warning(
-            "Saving the iterator's position without the state its pipeline keeps outside itself (%s): restored, "
-            "those sources start over. (tf.data.Options.experimental_external_state_policy=WARN)",
+            "Saving the iterator's position without the state its pipeline keeps outside itself: %s. "
+            "(td.data.Options.experimental_external_state_policy=WARN; IGNORE saves without this warning.)",
             described,
         )
 
 
+def symbolic_checkpoint_check(cursor: Cursor) -> None:
+    """Raises ``UnimplementedError`` naming the first node of ``cursor``'s tree that TensorFlow cannot
+    checkpoint symbolically (``Options.experimental_symbolic_checkpoint``)."""
+    for node in _live_nodes(cursor):
+        if not node._symbolic_checkpoint():
+            raise UnimplementedError(
+                f"cannot save the iterator: {node._state_name()} does not support symbolic checkpointing "
+                f"(td.data.Options.experimental_symbolic_checkpoint=True), as in TensorFlow. Unset the option to "
+                f"save its position explicitly."
+            )
+
+
 def _external_states(cursor: Cursor) -> list[str]:
-    found = []
+    return [reason for node in _live_nodes(cursor) if (reason := node._external_state()) is not None]
+
+
+def _live_nodes(cursor: Cursor) -> Iterator[Dataset]:
+    """The nodes whose passes a save of ``cursor`` covers: the node of every pass in the tree, and every
+    node under a pass that has not started (TensorFlow makes those iterators when their parent's is made;
+    towerdist opens them at the parent's first element)."""
     stack = [cursor]
     while stack:
         current = stack.pop()
-        reason = current.node._external_state()
-        if reason is not None:
-            found.append(reason)
+        if not current.state.resumed and not current.state.begun():
+            yield from current.node._walk()
+            continue
+        yield current.node
         stack.extend(current.state.children())
-    return found

@@ -9,8 +9,8 @@ implementing a few hooks:
   a public attribute of ``state`` whenever the generator yields; inputs are iterated
   through ``state.input()``);
 * ``_save_state(state)``, ``_state_params()``, ``_restored_input(key, state)``,
-  ``_external_state()``: how a pass's position is saved and checked on restore (the
-  defaults suit most nodes);
+  ``_external_state()``, ``_symbolic_checkpoint()``: how a pass's position is saved and
+  checked on restore (the defaults suit most nodes);
 * ``_spec(probe)``: the element spec, derived from the inputs' specs; ``probe=True`` allows
   running the pipeline up to its first element where user code decides the structure
   (``map``, ``from_generator`` without a signature);
@@ -83,8 +83,12 @@ class Node:
         return self._inputs[int(key)]
 
     def _external_state(self) -> str | None:
-        """What makes this node's position unsavable (state outside the pipeline), or None."""
+        """What state of this node lives outside the pipeline (a Python generator's position), or None."""
         return None
+
+    def _symbolic_checkpoint(self) -> bool:
+        """Whether TensorFlow can checkpoint this operation symbolically (``experimental_symbolic_checkpoint``)."""
+        return True
 
     def _random_state(self) -> dict[str, Any] | None:
         """What this node's future passes draw from that belongs to the dataset, not to a pass

@@ -55,12 +55,18 @@ class ExternalStatePolicy(enum.IntEnum):
     """What saving an iterator does with state its pipeline keeps outside itself
     (``tf.data.experimental.ExternalStatePolicy``).
 
-    A ``from_generator`` source (its generator's position lives in Python, not in the
-    pipeline) or a foreign iterable cannot be saved with the rest of the position:
+    A ``from_generator`` source or a foreign iterable (its position lives in Python, not in
+    the pipeline) is such state. As in TensorFlow, where the option is unset a checkpoint
+    applies ``FAIL``:
 
-    * ``WARN`` (the default): save the rest, logging a warning; restored, such a source starts over.
-    * ``IGNORE``: the same, without the warning.
     * ``FAIL``: saving raises ``td.errors.FailedPreconditionError`` naming the operation.
+    * ``WARN``: log a warning and save what can be saved.
+    * ``IGNORE``: the same, without the warning.
+
+    What can be saved: such a source before its first element or after its end (restored, it
+    starts anew or stays ended, as the saved pass would have). In the middle of its pass it
+    cannot be saved under any policy: saving raises ``td.errors.UnimplementedError``, as
+    TensorFlow's ``GeneratorDataset`` does.
     """
 
     WARN = 0
@@ -107,10 +113,18 @@ class DistributeOptions:
 class Options:
     """Options for a dataset (``tf.data.Options``); attach them with ``dataset.with_options``.
 
-    ``experimental_distribute.auto_shard_policy`` and ``experimental_external_state_policy``
-    (an ``ExternalStatePolicy``: what saving an iterator does with state the pipeline keeps
-    outside itself) change behaviour; the other attributes TensorFlow has are accepted and
-    kept so that code setting them runs.
+    These change behaviour:
+
+    * ``experimental_distribute.auto_shard_policy``: how a distributed dataset is split
+      between workers (``AutoShardPolicy``).
+    * ``experimental_external_state_policy``: what saving an iterator does with state the
+      pipeline keeps outside itself (``ExternalStatePolicy``; unset means ``FAIL``).
+    * ``experimental_symbolic_checkpoint``: as in TensorFlow, saving an iterator whose
+      pipeline holds an operation that cannot be checkpointed symbolically (``cache``) raises
+      ``td.errors.UnimplementedError``; the saved position is otherwise the same (it restores
+      to the same continuation either way).
+
+    The other attributes TensorFlow has are accepted and kept so that code setting them runs.
 
     Example:
       >>> options = td.data.Options()
@@ -130,7 +144,7 @@ class Options:
 
     @property
     def experimental_external_state_policy(self) -> ExternalStatePolicy | None:
-        """What saving an iterator does with state kept outside the pipeline (None: ``WARN``)."""
+        """What saving an iterator does with state kept outside the pipeline (None: ``FAIL``, as in TensorFlow)."""
         return self._external_state_policy
 
     @experimental_external_state_policy.setter

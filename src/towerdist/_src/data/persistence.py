@@ -60,18 +60,19 @@ import numpy as np
 
 from towerdist._src import nest
 from towerdist._src.data import options as options_lib
-from towerdist._src.data.cursor import State
+from towerdist._src.data import state_codec
+from towerdist._src.data.cursor import Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.interleave import default_cycle_length
 from towerdist._src.data.padding import refuse_unrepresentable
-from towerdist._src.data.records import ShardWriter, encode, read_shard
+from towerdist._src.data.records import ShardPosition, ShardWriter, encode, read_shard
 from towerdist._src.data.spec import DatasetSpec, TensorSpec, dtype_name, shapes_compatible
 from towerdist._src.data.structure import call_with_element, close_iterator
 from towerdist._src.data.windowing import ElementsDataset
 from towerdist._src.errors import DataLossError, InvalidArgumentError, NotFoundError, UnimplementedError
 from towerdist._src.failures import unworded, worded_at
 
-__all__ = ["FORMAT", "MANIFEST", "VERSION", "LoadDataset", "ShardDataset", "load", "save"]
+__all__ = ["FORMAT", "MANIFEST", "VERSION", "LoadDataset", "ShardFileDataset", "load", "save"]
 
 FORMAT = "towerdist.data.Dataset.save"
 VERSION = 1
@@ -161,12 +162,27 @@ def _spec_from_json(value: Any) -> Any:
             raise ValueError(f"bad dict keys {keys!r}")
         return {key: _spec_from_json(item) for key, item in body}
     if kind == "namedtuple":
-        cls = collections.namedtuple(body["name"], body["fields"])  # type: ignore[misc]
+        cls = _namedtuple_type(body["name"], body["fields"])
         items = body["items"]
         if not isinstance(items, list) or len(items) != len(cls._fields):
             raise ValueError(f"namedtuple {body['name']!r} has fields {cls._fields} but {items!r}")
         return cls(*(_spec_from_json(item) for item in items))
     raise ValueError(f"unknown spec kind {kind!r}")
+
+
+# The namedtuple types of loaded specs, one per name and fields: the datasets loaded in one process
+# (and the shards of a restored iterator) give elements of one type.
+_namedtuple_types: dict[tuple[str, tuple[str, ...]], type] = {}
+
+
+def _namedtuple_type(name: Any, fields: Any) -> Any:
+    if not isinstance(name, str) or not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+        raise ValueError(f"bad namedtuple {name!r} with fields {fields!r}")
+    key = (name, tuple(fields))
+    cls = _namedtuple_types.get(key)
+    if cls is None:
+        cls = _namedtuple_types[key] = collections.namedtuple(name, fields)
+    return cls
 
 
 def _dimension(value: Any) -> bool:
@@ -489,8 +505,14 @@ def _spec_mismatch(given: Any, saved: Any, path: tuple[Any, ...]) -> str:
     return ""
 
 
-class ShardDataset(Dataset):
-    """The elements of one shard file (what ``reader_func`` is given a dataset of)."""
+class ShardFileDataset(Dataset):
+    """The elements of one shard file (what ``reader_func`` is given a dataset of).
+
+    A pass's position is the number of records read and the stream offset after them
+    (``records``, ``offset``); a restored pass opens the file again and goes on from there.
+    A shard is itself storable in a saved position (``state_codec``), as the open input of
+    the ``interleave`` that reads the shards is.
+    """
 
     def __init__(self, directory: str, manifest: dict[str, Any], spec: Any, shard: dict[str, Any]) -> None:
         self._directory = directory
@@ -499,18 +521,25 @@ class ShardDataset(Dataset):
         self._shard = shard
 
     def _iterate(self, state: State) -> Iterator[Any]:
+        if not state.resumed:
+            state.records, state.offset = 0, 0
+        state._position = position = ShardPosition(state.records, state.offset)
         _, structure = nest.flatten(self._element_spec)
-        reader = read_shard(
+        return read_shard(
             os.path.join(self._directory, self._shard["file"]),
             self._shard,
             self._manifest["element_spec"],
             self._manifest["compression"],
             structure,
+            position,
         )
-        try:
-            yield from reader
-        finally:
-            close_iterator(reader)
+
+    def _save_state(self, state: State) -> Saved:
+        state.records, state.offset = state._position.records, state._position.offset
+        return super()._save_state(state)
+
+    def _state_params(self) -> dict[str, Any]:
+        return {"file": self._shard["file"]}
 
     def _spec(self, probe: bool) -> Any:
         return self._element_spec
@@ -519,11 +548,32 @@ class ShardDataset(Dataset):
         return int(self._shard["elements"])
 
 
+def _shard_to_tree(shard: ShardFileDataset) -> dict[str, Any]:
+    saved = shard._manifest["element_spec"]
+    return {
+        "directory": shard._directory,
+        "shard": shard._shard,
+        "compression": shard._manifest["compression"],
+        "saved_spec": _spec_to_json(saved),
+        "spec": None if shard._element_spec is saved else shard._element_spec,
+    }
+
+
+def _shard_from_tree(tree: dict[str, Any]) -> ShardFileDataset:
+    saved = _spec_from_json(tree["saved_spec"])
+    manifest = {"element_spec": saved, "compression": tree["compression"]}
+    spec = saved if tree["spec"] is None else tree["spec"]
+    return ShardFileDataset(tree["directory"], manifest, spec, tree["shard"])
+
+
+state_codec.register("load_shard", ShardFileDataset, _shard_to_tree, _shard_from_tree)
+
+
 class LoadDataset(Dataset):
     """A loaded dataset: its shards read by ``reader``, with the saved spec and cardinality.
 
     The reading pipeline is held, not an input: the loaded dataset is a source (auto-sharding
-    shards its elements).
+    shards its elements). A pass's position is the reading pipeline's (the child ``"reader"``).
     """
 
     def __init__(self, reader: Dataset, spec: Any, cardinality: int) -> None:
@@ -532,7 +582,10 @@ class LoadDataset(Dataset):
         self._count = cardinality
 
     def _iterate(self, state: State) -> Iterator[Any]:
-        return self._reader._cursor()
+        return iter(state.open(self._reader, "reader"))
+
+    def _restored_input(self, key: str, state: State) -> Dataset:
+        return self._reader
 
     def _spec(self, probe: bool) -> Any:
         return self._element_spec
@@ -587,7 +640,9 @@ def load(path: Any, element_spec: Any = None, compression: Any = None, reader_fu
         _check_spec_matches(element_spec, spec, directory)
         spec = element_spec
     ordered = sorted(manifest["shards"], key=lambda shard: _tensorflow_shard_order(shard["index"]))
-    shards = ElementsDataset([ShardDataset(directory, manifest, spec, shard) for shard in ordered], DatasetSpec(spec))
+    shards = ElementsDataset(
+        [ShardFileDataset(directory, manifest, spec, shard) for shard in ordered], DatasetSpec(spec)
+    )
     if reader_func is None:
         # TensorFlow's default reader: interleave(lambda x: x, cycle_length=<cores>, num_parallel_calls=AUTOTUNE),
         # deterministic, so its order is the sequential interleave's.

@@ -16,7 +16,7 @@ from towerdist._src import nest
 from towerdist._src.data.spec import TensorSpec, shapes_compatible
 from towerdist._src.errors import DataLossError
 
-__all__ = ["ShardWriter", "encode", "read_shard"]
+__all__ = ["ShardPosition", "ShardWriter", "encode", "read_shard"]
 
 _MAGIC = b"TDSHARD1"
 _RECORD_HEAD = struct.Struct("<QI")  # payload length, payload CRC-32
@@ -130,10 +130,37 @@ def _read_exact(stream: Any, count: int, where: str) -> bytes:
     return data
 
 
+class ShardPosition:
+    """How far a pass over a shard file got: the records read, and the stream offset after them.
+
+    The offset counts the bytes of the (decompressed) stream, the magic bytes included.
+    """
+
+    __slots__ = ("offset", "records")
+
+    def __init__(self, records: int = 0, offset: int = 0) -> None:
+        self.records = records
+        self.offset = offset
+
+
+_SKIP_CHUNK = 1 << 20
+
+
 def read_shard(
-    file: str, shard: dict[str, Any], saved: Any, compression: str | None, structure: nest.PyTreeSpec
+    file: str,
+    shard: dict[str, Any],
+    saved: Any,
+    compression: str | None,
+    structure: nest.PyTreeSpec,
+    position: ShardPosition | None = None,
 ) -> Iterator[Any]:
-    """The elements of one shard file: decoded by the ``saved`` spec, built as ``structure``."""
+    """The elements of one shard file: decoded by the ``saved`` spec, built as ``structure``.
+
+    With ``position``, reading starts there, and ``position`` follows the elements read:
+    whenever an element is yielded it says where the next one starts. The bytes before it are
+    read again (not decoded), so that the file's CRC-32 is still checked.
+    """
+    position = ShardPosition() if position is None else position
     specs, _ = nest.flatten(saved)
     try:
         raw = _CrcReader(open(file, "rb"))  # noqa: SIM115 - closed in finally, across yields
@@ -149,7 +176,11 @@ def read_shard(
     try:
         if _read_exact(stream, len(_MAGIC), file) != _MAGIC:
             raise DataLossError(f"{file} is not a towerdist dataset shard (wrong magic bytes).", path=file)
-        for _ in range(shard["elements"]):
+        skip = max(position.offset - len(_MAGIC), 0)
+        while skip:
+            skip -= len(_read_exact(stream, min(skip, _SKIP_CHUNK), file))
+        offset = max(position.offset, len(_MAGIC))
+        for records in range(position.records + 1, shard["elements"] + 1):
             length, crc = _RECORD_HEAD.unpack(_read_exact(stream, _RECORD_HEAD.size, file))
             # Deflate expands at most 1032-fold, so a longer record is a corrupt length field (and
             # must not be allocated).
@@ -161,6 +192,8 @@ def read_shard(
             payload = _Payload(data, file)
             element = structure.unflatten([payload.component(s) for s in specs])
             payload.finish()
+            offset += _RECORD_HEAD.size + length
+            position.records, position.offset = records, offset
             yield element
         try:
             rest = stream.read(1)

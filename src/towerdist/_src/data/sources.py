@@ -17,11 +17,12 @@ from towerdist._src.data.node import GatherPlan
 from towerdist._src.data.seeds import Seeded
 from towerdist._src.data.spec import TensorSpec, dtype_name, shapes_compatible, structure_of
 from towerdist._src.data.structure import read_only, read_only_element, to_component, to_element
-from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.errors import InvalidArgumentError, UnimplementedError
 from towerdist._src.failures import unworded, worded_at
 
 __all__ = [
     "CounterDataset",
+    "ExternalSource",
     "GeneratorDataset",
     "RandomDataset",
     "RangeDataset",
@@ -186,7 +187,41 @@ def _note_position(state: State) -> None:
     state.position = state._size - operator.length_hint(state._rows)
 
 
-class GeneratorDataset(Dataset):
+class ExternalSource(Dataset):
+    """A source whose position lives outside the pipeline: a Python generator or iterable, a tf.data iterator.
+
+    As TensorFlow's ``GeneratorDataset``, such a source cannot be checkpointed in the middle of
+    a pass: saving then raises ``UnimplementedError`` (after the external-state policy: FAIL, or
+    no policy, refuses first). A pass that has not started yet, or has ended, saves as such:
+    restored, it starts the source anew, or stays ended, as the saved pass would have.
+    Subclasses give the elements of a pass with ``_generate()``.
+    """
+
+    def _generate(self) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def _iterate(self, state: State) -> Iterator[Any]:
+        if state.resumed:  # only a pass that had ended is ever saved (see _save_state)
+            return iter(())
+        return self._pass(state)
+
+    def _pass(self, state: State) -> Iterator[Any]:
+        state.ended = False
+        yield from self._generate()
+        state.ended = True
+
+    def _save_state(self, state: State) -> Saved:
+        if not state.ended:
+            raise UnimplementedError(
+                f"cannot save the iterator: {self._external_state()} cannot be saved in the middle of a pass "
+                f'(TensorFlow: "GeneratorDataset does not support checkpointing"). Save before its first element '
+                f"or after its last, or build the input from datasets that read the data themselves "
+                f"(from_tensor_slices, TextLineDataset, Dataset.load, ...)."
+            )
+        return super()._save_state(state)
+
+
+class GeneratorDataset(ExternalSource):
     def __init__(
         self,
         generator: Callable[..., Any],
@@ -209,9 +244,7 @@ class GeneratorDataset(Dataset):
     def _external_state(self) -> str | None:
         return f"Dataset.from_generator({_callable_name(self._generator)}): the generator's position"
 
-    def _iterate(self, state: State) -> Iterator[Any]:
-        # The generator's own position cannot be saved (see _external_state): a restored pass
-        # calls it again, from its start.
+    def _generate(self) -> Iterator[Any]:
         iterator = iter(self._generator(*self._args))
         try:
             for index in itertools.count():

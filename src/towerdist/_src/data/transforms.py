@@ -659,16 +659,20 @@ class CacheDataset(Dataset):
                 raise
 
     def _iterate(self, state: State) -> Iterator[Any]:
+        # A restored reading pass finds its cache now, as it is restored: a cache file that is
+        # gone fails the restore (leaving the iterator as it was), not a later element.
+        if state.resumed and not state.filling:
+            cached = self._load()
+            return self._pass(state, self._adopt(state.elements) if cached is None else cached)
+        return self._pass(state, None)
+
+    def _pass(self, state: State, cached: list[Any] | None) -> Iterator[Any]:
         # The position: whether this pass fills the cache (then ``collected``, the elements
         # read so far, and the input's pass) or reads a complete one (then ``position``).
         if not state.resumed:
             cached = self._load()
             state.filling, state.position = cached is None, 0
             state.collected = [] if cached is None else None
-        elif not state.filling:
-            cached = self._load()
-            if cached is None:
-                cached = self._adopt(state.elements)
         if not state.filling:
             assert cached is not None
             while state.position < len(cached):
@@ -698,6 +702,9 @@ class CacheDataset(Dataset):
         # it is not in memory there. (A file cache is read from its file again.)
         state.elements = None if state.filling or self._filename else self._memory
         return super()._save_state(state)
+
+    def _symbolic_checkpoint(self) -> bool:
+        return False  # TensorFlow: "CacheDatasetV2 does not support symbolic checkpointing."
 
     def _adopt(self, elements: list[Any] | None) -> list[Any]:
         """The cache a restored reading pass reads: this process's, else the saved elements (kept as the cache)."""

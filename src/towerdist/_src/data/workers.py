@@ -142,7 +142,7 @@ def wait_or_warn(futures: Iterable[Future[Any]], seconds: float, what: str) -> N
         )
 
 
-def hold(lock: threading.Lock, what: str) -> None:
+def hold(lock: threading.Lock | threading.RLock, what: str) -> None:
     """Takes ``lock``, which ``what`` (a thread, e.g. ``"the Dataset.prefetch() thread"``) holds
     while it makes one element, for a save of the iterator's position.
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from towerdist._src import context, nest
 from towerdist._src import profiler as _profiler
-from towerdist._src.data import state_codec
+from towerdist._src.data import state_codec, workers
 from towerdist._src.data.cursor import Cursor, check_pipeline, pipeline_signature, random_state, restore_random_state
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.iterator import (
@@ -42,6 +42,7 @@ from towerdist._src.data.iterator import (
     close_at_exit,
     external_state_check,
     register_state_converter,
+    symbolic_checkpoint_check,
 )
 from towerdist._src.data.optional import Optional
 from towerdist._src.data.spec import structure_of
@@ -332,52 +333,62 @@ class DistributedIterator:
         """This worker's position (see the module docstring), taken between steps."""
         source = self._source
         worker = source._worker
-        with self._lock:
-            held = self._unused()
-            if self._dropped and held:
-                logger.warning(
-                    "Saving a distributed iterator that handed out %d steps no strategy.run has used since; the "
-                    "%d oldest are counted as used (it keeps the newest %d for a checkpoint).",
-                    len(held) + self._dropped,
-                    self._dropped,
-                    HELD_STEPS,
-                )
-            feed = self._feed
-            datasets = source._pipelines()
-            pipelines = []
-            for k, dataset in enumerate(datasets):
-                cursor = None if feed is None or self._ended else feed.cursors[k]
-                if cursor is not None:
-                    external_state_check(cursor, dataset.options())
-                pipelines.append(
-                    {
-                        "pipeline": pipeline_signature(dataset),
-                        "random": random_state(dataset),
-                        "cursor": None if cursor is None else cursor.save(),
-                    }
-                )
-            units: list[Any] = []
-            kind = None if feed is None else feed.kind
-            if feed is not None and not self._ended:
-                for raw in [*held, *(raw for _, raw in self._ahead)]:
-                    units.extend(feed.units_of(raw))
-                units.extend(feed.leftover())
-            return {
-                "kind": kind,
-                "world": {
-                    "num_workers": worker.num_workers,
-                    "num_local": worker.num_local,
-                    "worker_index": worker.worker_index,
-                    "sharding": source._sharding(),
-                },
-                "pipelines": pipelines,
-                "leftover": units,
-                "state": {} if feed is None else feed.state(),
-                "steps": self._handed - len(held),
-                "started": feed is not None,
-                "ended": self._ended and not held,
-                "error": None if self._error is None else f"{type(self._error).__name__}: {self._error}",
-            }
+        workers.hold(self._lock, "a next() of this iterator in another thread")  # bounded: never hangs
+        try:
+            return self._position_held(source, worker)
+        finally:
+            self._lock.release()
+
+    def _position_held(self, source: _DistributedInput, worker: Any) -> dict[str, Any]:
+        """This worker's position, with the iterator's lock held."""
+        held = self._unused()
+        if self._dropped and held:
+            logger.warning(
+                "Saving a distributed iterator that handed out %d steps no strategy.run has used since; the "
+                "%d oldest are counted as used (it keeps the newest %d for a checkpoint).",
+                len(held) + self._dropped,
+                self._dropped,
+                HELD_STEPS,
+            )
+        feed = self._feed
+        datasets = source._pipelines()
+        pipelines = []
+        for k, dataset in enumerate(datasets):
+            cursor = None if feed is None or self._ended else feed.cursors[k]
+            if cursor is not None:
+                options = dataset.options()
+                external_state_check(cursor, options)
+                if options.experimental_symbolic_checkpoint:
+                    symbolic_checkpoint_check(cursor)
+            pipelines.append(
+                {
+                    "pipeline": pipeline_signature(dataset),
+                    "random": random_state(dataset),
+                    "cursor": None if cursor is None else cursor.save(),
+                }
+            )
+        units: list[Any] = []
+        kind = None if feed is None else feed.kind
+        if feed is not None and not self._ended:
+            for raw in [*held, *(raw for _, raw in self._ahead)]:
+                units.extend(feed.units_of(raw))
+            units.extend(feed.leftover())
+        return {
+            "kind": kind,
+            "world": {
+                "num_workers": worker.num_workers,
+                "num_local": worker.num_local,
+                "worker_index": worker.worker_index,
+                "sharding": source._sharding(),
+            },
+            "pipelines": pipelines,
+            "leftover": units,
+            "state": {} if feed is None else feed.state(),
+            "steps": self._handed - len(held),
+            "started": feed is not None,
+            "ended": self._ended and not held,
+            "error": None if self._error is None else f"{type(self._error).__name__}: {self._error}",
+        }
 
     def _checkpoint_state(self) -> bytes:
         """Every worker's position as bytes, for ``td.train.Checkpoint`` (collective with several workers)."""

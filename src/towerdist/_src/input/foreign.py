@@ -15,8 +15,8 @@ import numpy as np
 
 from towerdist._src import backend, nest
 from towerdist._src.data import options as options_lib
-from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
+from towerdist._src.data.sources import ExternalSource
 from towerdist._src.data.spec import TensorSpec, structure_of
 from towerdist._src.data.structure import close_iterator, normalize_output, read_only_element
 from towerdist._src.failures import unworded
@@ -75,7 +75,7 @@ def as_dataset(obj: Any) -> Dataset:
     return IterableDataset(obj)
 
 
-class IterableDataset(Dataset):
+class IterableDataset(ExternalSource):
     """Global batches from any iterable (a list, a DataLoader, a one-shot generator)."""
 
     def __init__(self, iterable: Iterable[Any]) -> None:
@@ -85,7 +85,10 @@ class IterableDataset(Dataset):
         self._peeked: list[Any] = []  # a one-shot input's first element, read for its spec
         self._lock = threading.Lock()
 
-    def _iterate(self, state: State) -> Iterator[Any]:
+    def _external_state(self) -> str | None:
+        return f"a {type(self._iterable).__name__} iterated as a dataset: its position"
+
+    def _generate(self) -> Iterator[Any]:
         with self._lock:
             if self._one_shot and self._started:
                 raise ValueError(
@@ -137,7 +140,7 @@ class IterableDataset(Dataset):
             return options_lib.UNKNOWN
 
 
-class TFDataset(Dataset):
+class TFDataset(ExternalSource):
     """A ``tf.data.Dataset``, iterated with ``as_numpy_iterator()``."""
 
     def __init__(self, dataset: Any) -> None:
@@ -146,7 +149,10 @@ class TFDataset(Dataset):
         self._own_options = options_lib.Options()
         self._own_options.experimental_distribute.auto_shard_policy = options_lib.AutoShardPolicy(policy)
 
-    def _iterate(self, state: State) -> Iterator[Any]:
+    def _external_state(self) -> str | None:
+        return "a tf.data.Dataset iterated as a dataset: the position of TensorFlow's iterator"
+
+    def _generate(self) -> Iterator[Any]:
         source = self._tf_dataset.as_numpy_iterator()
         for value in source:
             yield normalize_output(value)
