@@ -99,8 +99,7 @@ def test_reading_a_result_on_the_host_is_where_the_host_waits():
 def test_input_pieces_are_copied_on_a_stream_of_their_own_and_handed_out_ordered():
     from towerdist._src.backend.simulated.cuda import UnorderedAccessError
     from towerdist._src.device import DeviceSpec
-    from towerdist._src.input.device_copies import DeviceCopier
-    from towerdist._src.input.device_copies import place_on_device
+    from towerdist._src.input.device_copies import DeviceCopier, place_on_device
 
     cp = cupy_backend.xp
     devices = [DeviceSpec(device_type="GPU", device_index=i) for i in range(2)]

@@ -418,7 +418,23 @@ def _apply(dataset: D, op: tuple[Any, ...]) -> D:
     if name == "take_while":
         limit = args[0]
         return dataset.take_while(lambda *x: np.bool_(_total(x) % 11 != limit))
+    if name == "map":
+        return dataset.map(_same, num_parallel_calls=args[0])
+    if name == "filter":
+        return dataset.filter(lambda *x: np.bool_(_total(x) % 3 != args[0]))
+    if name == "prefetch":
+        return dataset.prefetch(args[0])
+    if name == "interleave":
+        cycle, block, calls = args
+        return dataset.interleave(
+            lambda *x: D.from_tensors(_same(*x)).repeat(2), cycle_length=cycle, block_length=block, num_parallel_calls=calls
+        )
     raise AssertionError(name)
+
+
+def _same(*x: Any) -> Any:
+    """An element as it came (a tuple element arrives as separate arguments)."""
+    return x if len(x) > 1 else x[0]
 
 
 @st.composite
@@ -431,9 +447,9 @@ def pipelines(draw: st.DrawFn) -> tuple[int, list[tuple[Any, ...]]]:
     single = True  # the elements have one component (what unique() takes)
     for _ in range(draw(st.integers(1, 5))):
         choices = ["shuffle", "repeat", "take", "skip", "shard", "enumerate", "concatenate", "zip", "cache"]
-        choices += ["scan", "take_while"]
+        choices += ["scan", "take_while", "map", "filter", "prefetch"]
         if all(levels):
-            choices.append("batch")
+            choices += ["batch", "interleave"]
         if unbatchable:
             choices += ["unbatch", "rebatch"]
         if single:
@@ -468,6 +484,15 @@ def pipelines(draw: st.DrawFn) -> tuple[int, list[tuple[Any, ...]]]:
             ops.append((name, draw(st.integers(0, 5))))
         elif name == "take_while":
             ops.append((name, draw(st.integers(0, 10))))
+        elif name == "map":
+            ops.append((name, draw(st.sampled_from([None, 2]))))
+        elif name == "filter":
+            ops.append((name, draw(st.integers(0, 2))))
+        elif name == "prefetch":
+            ops.append((name, draw(st.integers(0, 3))))
+        elif name == "interleave":
+            cycle = draw(st.integers(1, 3))
+            ops.append((name, cycle, draw(st.integers(1, 2)), draw(st.sampled_from([None, *range(1, cycle + 1)]))))
         else:
             ops.append((name,))
     return size, ops

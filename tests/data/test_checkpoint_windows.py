@@ -16,6 +16,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
+
+import towerdist as td
+
 from iterator_checkpoint_helpers import (
     assert_same_elements,
     restored_rest,
@@ -23,8 +26,6 @@ from iterator_checkpoint_helpers import (
     save_after,
     take,
 )
-
-import towerdist as td
 
 D = td.data.Dataset
 
