@@ -12,9 +12,9 @@ kept.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from towerdist._src.data import state_codec
 from towerdist._src.errors import UnknownError
 
 __all__ = ["restore_error", "save_error"]
@@ -27,7 +27,7 @@ def save_error(error: BaseException) -> dict[str, Any]:
     cls = type(error)
     plain = all(isinstance(arg, _PLAIN) for arg in error.args)
     return {
-        "type": f"{cls.__module__}:{cls.__qualname__}",
+        "type": state_codec.type_name(cls),
         "args": list(error.args) if plain else [str(error)],
         "message": str(error),
         "notes": [note for note in getattr(error, "__notes__", ()) if isinstance(note, str)],
@@ -47,13 +47,7 @@ def restore_error(saved: dict[str, Any]) -> BaseException:
 
 
 def _rebuilt(type_name: str, args: list[Any]) -> BaseException | None:
-    module_name, _, qualname = type_name.partition(":")
-    try:
-        value: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            value = getattr(value, part)
-    except (ImportError, AttributeError):
-        return None
+    value = state_codec.import_type(type_name)
     if not (isinstance(value, type) and issubclass(value, Exception)):
         return None  # (a KeyboardInterrupt or SystemExit a thread caught comes back as an UnknownError naming it)
     try:

@@ -33,7 +33,7 @@ from towerdist._src.backend import gpu_module
 from towerdist._src.data.spec import DatasetSpec, TensorSpec
 from towerdist._src.errors import DataLossError
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "decode", "encode", "register"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "decode", "encode", "import_type", "register", "type_name"]
 
 FORMAT = "towerdist-iterator-state"
 FORMAT_VERSION = 1
@@ -79,7 +79,7 @@ class _Writer:
         if isinstance(value, tuple):
             fields = getattr(type(value), "_fields", None)
             if fields is not None:
-                return {_TAG: "namedtuple", "type": _type_name(type(value)), "v": [self.encode(v) for v in value]}
+                return {_TAG: "namedtuple", "type": type_name(type(value)), "v": [self.encode(v) for v in value]}
             return {_TAG: "tuple", "v": [self.encode(v) for v in value]}
         if isinstance(value, dict):
             return self._dict(value)
@@ -103,7 +103,7 @@ class _Writer:
         if backend.is_array(value):  # a GPU array: saved through host memory, restored onto the GPU
             host = np.asarray(backend.host().to_device(value, None))
             return {_TAG: "gpu_array", "i": self.array(host)}
-        raise TypeError(f"a value of type {_type_name(type(value))} ({_preview(value)}) cannot be saved")
+        raise TypeError(f"a value of type {type_name(type(value))} ({_preview(value)}) cannot be saved")
 
     def _ndarray(self, value: np.ndarray) -> Any:
         if value.dtype.kind in _STORABLE_KINDS:
@@ -120,7 +120,7 @@ class _Writer:
             return {_TAG: "dict", "items": items}
         if type(value) is collections.OrderedDict:
             return {_TAG: "ordered_dict", "items": items}
-        raise TypeError(f"a mapping of type {_type_name(type(value))} cannot be saved")
+        raise TypeError(f"a mapping of type {type_name(type(value))} cannot be saved")
 
     def _list(self, value: list[Any]) -> Any:
         stacked = self._stacked(value) if len(value) >= _STACK_AT_LEAST else None
@@ -245,7 +245,7 @@ class _Reader:
         return tuple(self.decode(v) for v in value["v"])
 
     def _namedtuple(self, value: dict[str, Any]) -> Any:
-        cls = _import_type(value["type"])
+        cls = _import_namedtuple(value["type"])
         return cls(*(self.decode(v) for v in value["v"]))
 
     def _dict(self, value: dict[str, Any]) -> Any:
@@ -319,21 +319,30 @@ def decode(data: bytes) -> Any:
         raise DataLossError(f"The saved iterator state cannot be read: {error}.") from None
 
 
-def _type_name(cls: type) -> str:
+def type_name(cls: type) -> str:
+    """``module:qualname`` of a class: how a saved position names a type it must import again."""
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _import_type(name: str) -> type:
+def import_type(name: str) -> Any:
+    """The object a :func:`type_name` names, imported; None where it cannot be imported here."""
     module_name, _, qualname = name.partition(":")
     try:
         value: Any = importlib.import_module(module_name)
         for part in qualname.split("."):
             value = getattr(value, part)
     except (ImportError, AttributeError):
+        return None
+    return value
+
+
+def _import_namedtuple(name: str) -> type:
+    value = import_type(name)
+    if value is None:
         raise ValueError(
             f"the saved elements are namedtuples of type {name}, which cannot be imported here; import the module "
             f"that defines it (at the top level of a module) before restoring"
-        ) from None
+        )
     if not (isinstance(value, type) and issubclass(value, tuple)):
         raise ValueError(f"{name} is not a namedtuple type")
     return value
