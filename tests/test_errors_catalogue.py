@@ -198,6 +198,30 @@ def _flipped_index(s, tmp):
     td.train.Checkpoint(w=w).restore(path)
 
 
+def _iterator_of_another_pipeline(s, tmp):
+    iterator = iter(s.experimental_distribute_dataset(td.data.Dataset.range(8).shuffle(4, seed=1).batch(2)))
+    s.run(lambda x: x, args=(next(iterator),))
+    path = td.train.Checkpoint(data=iterator).write(str(tmp / "ckpt"))
+    td.train.Checkpoint(data=iter(s.experimental_distribute_dataset(td.data.Dataset.range(8).batch(2)))).restore(path)
+
+
+def _generator_saved_mid_pass(s, tmp):
+    dataset = td.data.Dataset.from_generator(lambda: iter(range(4)), output_signature=td.TensorSpec((), td.int64))
+    iterator = iter(dataset)
+    next(iterator)
+    td.train.Checkpoint(data=iterator).write(str(tmp / "ckpt"))
+
+
+def _per_replica_input_onto_other_replicas(s, tmp):
+    options = td.distribute.InputOptions(experimental_replication_mode=td.distribute.InputReplicationMode.PER_REPLICA)
+    iterator = iter(s.distribute_datasets_from_function(lambda ctx: td.data.Dataset.range(8).batch(2), options))
+    s.run(lambda x: x, args=(next(iterator),))
+    path = td.train.Checkpoint(data=iterator).write(str(tmp / "ckpt"))
+    four = td.distribute.MirroredStrategy(cpus(4))
+    dataset = four.distribute_datasets_from_function(lambda ctx: td.data.Dataset.range(8).batch(2), options)
+    td.train.Checkpoint(data=iter(dataset)).restore(path)
+
+
 def _object_dtype_save(s, tmp):
     td.train.Checkpoint(v=td.Variable(np.array([1, None], dtype=object))).save(str(tmp / "ckpt"))
 
@@ -318,6 +342,15 @@ CHECKPOINT_ERRORS: list[tuple[str, Callable[[Any, Any], Any], type[BaseException
     ("saving an object-dtype variable", _object_dtype_save, TypeError, r"Checkpoint cannot save .*: its dtype object cannot be"),
     ("a checkpoint path of a wrong type", lambda s, tmp: td.train.Checkpoint().save(42), TypeError,
      r"Checkpoint.save\(\) expects file_prefix to be a path"),
+    ("an input iterator restored into another pipeline", _iterator_of_another_pipeline, td.errors.NotFoundError,
+     r"Checkpoint.restore\(\) cannot restore the iterator: its pipeline differs from the saved one at operation 2"),
+    ("a generator's iterator saved in the middle of its pass", _generator_saved_mid_pass,
+     td.errors.FailedPreconditionError,
+     r"Checkpoint.write\(\) cannot save the iterator: its pipeline keeps state outside itself \(Dataset.from_generator"),
+    ("a per-replica input restored onto another number of replicas", _per_replica_input_onto_other_replicas,
+     td.errors.FailedPreconditionError,
+     r"Checkpoint.restore\(\) cannot restore the distributed iterator exactly: it was saved on 1 worker of 2 "
+     r"replicas and is restored on 1 worker of 4 replicas"),
 ]
 
 

@@ -308,10 +308,12 @@ def symbolic_checkpoint_check(cursor: Cursor) -> None:
     checkpoint symbolically (``Options.experimental_symbolic_checkpoint``)."""
     for node in _live_nodes(cursor):
         if not node._symbolic_checkpoint():
-            raise UnimplementedError(
-                f"cannot save the iterator: {node._state_name()} does not support symbolic checkpointing "
-                f"(td.data.Options.experimental_symbolic_checkpoint=True), as in TensorFlow. Unset the option to "
-                f"save its position explicitly."
+            raise unworded(
+                UnimplementedError(
+                    f"cannot save the iterator: {node._state_name()} does not support symbolic checkpointing "
+                    f"(td.data.Options.experimental_symbolic_checkpoint=True), as in TensorFlow. Unset the option to "
+                    f"save its position explicitly."
+                )
             )
 
 

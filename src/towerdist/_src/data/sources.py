@@ -212,11 +212,13 @@ class ExternalSource(Dataset):
 
     def _save_state(self, state: State) -> Saved:
         if not state.ended:
-            raise UnimplementedError(
-                f"cannot save the iterator: {self._external_state()} cannot be saved in the middle of a pass "
-                f'(TensorFlow: "GeneratorDataset does not support checkpointing"). Save before its first element '
-                f"or after its last, or build the input from datasets that read the data themselves "
-                f"(from_tensor_slices, TextLineDataset, Dataset.load, ...)."
+            raise unworded(
+                UnimplementedError(
+                    f"cannot save the iterator: {self._external_state()} cannot be saved in the middle of a pass "
+                    f'(TensorFlow: "GeneratorDataset does not support checkpointing"). Save before its first element '
+                    f"or after its last, or build the input from datasets that read the data themselves "
+                    f"(from_tensor_slices, TextLineDataset, Dataset.load, ...)."
+                )
             )
         return super()._save_state(state)
 
