@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import towerdist as td
-from towerdist._src.data import state_codec
+from towerdist._src.data import interleave, state_codec
 from towerdist._src.data.cursor import PipelineMismatchError
 
 from iterator_checkpoint_helpers import assert_same_elements, restored_rest, save_after
@@ -199,3 +199,27 @@ def test_restoring_the_state_of_another_kind_of_object_fails() -> None:
     ):
         iterator._checkpoint_restorer(state_codec.encode({"kind": "variable"}))
     assert [int(v) for v in iterator] == [0, 1, 2]
+
+
+def test_a_default_cycle_length_that_differs_on_restore_says_to_pass_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    make = lambda: D.range(10).interleave(lambda x: D.from_tensors(x).repeat(2))  # noqa: E731
+    iterator = iter(make())
+    next(iterator)
+    state = iterator._checkpoint_state()
+    monkeypatch.setattr(interleave, "default_cycle_length", lambda: 7)  # another machine
+    with pytest.raises(td.errors.NotFoundError, match="cycle_length was not given, so it is the number of CPU cores"):
+        iter(make())._checkpoint_restorer(state)
+
+
+def test_a_damaged_interleave_position_is_a_data_loss_error() -> None:
+    make = lambda: D.range(10).interleave(lambda x: D.from_tensors(x).repeat(3), cycle_length=2)  # noqa: E731
+    iterator = iter(make())
+    next(iterator)
+    tree = state_codec.decode(iterator._checkpoint_state())
+    tree["position"]["cursor"]["inputs"] = {
+        key: child for key, child in tree["position"]["cursor"]["inputs"].items() if not key.startswith("made")
+    }  # the open inputs' passes are gone, their records stay
+    restored = iter(make())
+    restored._checkpoint_restorer(state_codec.encode(tree))()
+    with pytest.raises(td.errors.DataLossError, match="has an open input .* without its pass"):
+        next(restored)

@@ -23,9 +23,10 @@ import pytest
 
 import towerdist as td
 from towerdist._src import device as device_lib
+from towerdist._src import steps
 from towerdist._src.data import state_codec
 from towerdist._src.input.distributed_dataset import DistributedDataset, DistributedDatasetsFromFunction, InputWorker
-from towerdist._src.input.distributed_iterator import HELD_STEPS, StepsBegun
+from towerdist._src.input.distributed_iterator import HELD_STEPS
 
 from conftest import cpus, multi_worker
 
@@ -99,18 +100,23 @@ def assert_same_steps(expected: list[list[np.ndarray]], actual: list[list[np.nda
 
 
 def saved_and_rest(
-    name: str, make: Callable[[], td.data.Dataset], k: int, draws: int = 0
+    name: str, make: Callable[[], td.data.Dataset], k: int, draws: int = 0, preemption: bool = False
 ) -> tuple[bytes, list[list[np.ndarray]]]:
-    """The state of an iterator of ``make()`` on strategy ``name`` after ``k`` steps used (and ``draws``
-    more handed out, unused), and the steps an uninterrupted iterator yields after the ``k`` used ones."""
+    """The state of an iterator of ``make()`` on strategy ``name`` after ``k`` steps used and ``draws``
+    more handed out (saved as a preemption handler saves, or as any other save), and the steps an
+    uninterrupted iterator yields after those the save counts as used."""
     strategy = strategy_named(name)
     iterator = iter(strategy.experimental_distribute_dataset(make()))
     run_steps(strategy, iterator, k)
     for _ in range(draws):
         next(iterator)
-    state = iterator._checkpoint_state()
+    if preemption:
+        with steps.preemption_save():
+            state = iterator._checkpoint_state()
+    else:
+        state = iterator._checkpoint_state()
     reference = iter(strategy.experimental_distribute_dataset(make()))
-    run_steps(strategy, reference, k)
+    run_steps(strategy, reference, k if preemption else k + draws)
     return state, rest_of(strategy, reference)
 
 
@@ -178,33 +184,57 @@ def test_get_next_as_optional_and_the_partial_last_step_restore_too() -> None:
 
 
 @pytest.mark.parametrize("draws", [1, 2])
-def test_steps_handed_out_that_no_run_used_come_again_first_after_a_restore(draws: int) -> None:
+def test_a_preemption_save_keeps_the_steps_handed_out_for_a_run_not_begun_and_restores_them_first(
+    draws: int,
+) -> None:
     make = PIPELINES["shuffle_batch"]
     strategy = strategy_named("mirrored_2")
-    state, expected = saved_and_rest("mirrored_2", make, 2, draws=draws)
+    state, expected = saved_and_rest("mirrored_2", make, 2, draws=draws, preemption=True)
     assert_same_steps(expected, restored("mirrored_4", make, state))
     # ... and once a run began after they were handed out, they count as used
     iterator = iter(strategy.experimental_distribute_dataset(make()))
     run_steps(strategy, iterator, 2)
     drawn = [next(iterator) for _ in range(draws)]
     strategy.run(lambda *x: x, args=tuple(drawn))
-    used_state = iterator._checkpoint_state()
+    with steps.preemption_save():
+        used_state = iterator._checkpoint_state()
     assert_same_steps(expected[draws:], restored("mirrored_2", make, used_state))
+
+
+@pytest.mark.parametrize("draws", [1, 3])
+def test_any_other_save_counts_the_steps_handed_out_as_used(draws: int) -> None:
+    # an evaluation loop that never calls run: what it drew is used, as TensorFlow counts it
+    make = PIPELINES["shuffle_batch"]
+    state, expected = saved_and_rest("mirrored_2", make, 1, draws=draws)
+    assert_same_steps(expected, restored("mirrored_3", make, state))
 
 
 def test_an_iterator_keeps_at_most_held_steps_unused_steps_and_warns_when_it_lets_older_go(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     make = PIPELINES["shuffle_batch"]
-    state, expected = saved_and_rest("mirrored_2", make, 0, draws=HELD_STEPS + 2)
     with caplog.at_level(logging.WARNING, logger="towerdist"):
-        strategy = strategy_named("mirrored_2")
-        iterator = iter(strategy.experimental_distribute_dataset(make()))
-        for _ in range(HELD_STEPS + 2):
-            next(iterator)
-        iterator._checkpoint_state()
+        state, expected = saved_and_rest("mirrored_2", make, 0, draws=HELD_STEPS + 2, preemption=True)
     assert "the 2 oldest are counted as used" in caplog.text
     assert_same_steps(expected[2:], restored("mirrored_2", make, state))
+
+
+def test_the_default_strategys_iterator_keeps_the_element_drawn_for_a_preempted_step() -> None:
+    make = PIPELINES["shuffle_batch"]
+    strategy = strategy_named("default")
+    steps.track()  # what a PreemptionCheckpointHandler does when it is made
+    iterator = iter(strategy.experimental_distribute_dataset(make()))
+    run_steps(strategy, iterator, 2)
+    drawn = next(iterator)
+    with steps.preemption_save():
+        state = iterator._checkpoint_state()
+    rest = [drawn, *iterator]
+    assert_same_steps([_leaves(x) for x in rest], restored("default", make, state))
+    assert_same_steps([_leaves(x) for x in rest], restored("mirrored_2", make, state))
+
+
+def _leaves(value: Any) -> list[np.ndarray]:
+    return [np.asarray(v) for v in value] if isinstance(value, tuple) else [np.asarray(value)]
 
 
 # --- before the first step, after the last -------------------------------------------------------
@@ -296,7 +326,7 @@ def test_the_default_strategys_iterator_and_a_distributed_one_restore_into_each_
     # the default strategy's input is the dataset itself: its iterator is a td.data iterator
     state, expected = saved_and_rest("default", make, 3)
     assert_same_steps(expected, restored(restored_on, make, state))
-    state, expected = saved_and_rest("mirrored_2", make, 3, draws=1)  # a step read ahead, one held
+    state, expected = saved_and_rest("mirrored_2", make, 3, draws=1, preemption=True)  # one read ahead, one held
     assert_same_steps(expected, restored(restored_on, make, state))
 
 
@@ -324,17 +354,15 @@ class VirtualJob:
     """The distributed datasets of ``workers`` processes of ``local`` replicas each, run in this process.
 
     Every worker's "which workers have data" agreement answers from its own flag only, so the
-    workers must run out of data at the same step (the pipelines here do); one shared step
-    counter stands for the strategy's runs.
+    workers must run out of data at the same step (the pipelines here do).
     """
 
     def __init__(self, dataset_for: Callable[..., Any], workers: int, local: int, from_fn: bool = False) -> None:
-        self.counter = StepsBegun()
         strategy = strategy_named("mirrored_4")
         devices = tuple(device_lib.parse(f"CPU:{i}") for i in range(local))
         self.iterators = []
         for w in range(workers):
-            worker = InputWorker(devices, workers, w, lambda flag, n=workers: [flag] * n, self.counter)
+            worker = InputWorker(devices, workers, w, lambda flag, n=workers: [flag] * n)
             if from_fn:
                 dist: Any = DistributedDatasetsFromFunction(dataset_for, worker, strategy, None, per_replica=False)
             else:
@@ -346,7 +374,7 @@ class VirtualJob:
         for _ in range(k):
             for iterator in self.iterators:
                 next(iterator)
-            self.counter.count += 1
+            steps.begin()  # (a step every worker ran)
 
     def state(self) -> bytes:
         """What every worker of the job saves: all workers' positions."""
@@ -471,3 +499,150 @@ def test_a_dataset_fn_independent_of_the_workers_restores_onto_another_number_of
     new_job = VirtualJob(same_on_every_worker, 1, 2, from_fn=True)
     new_job.restore(state)
     assert new_job.streams() == [streams[0]]
+
+
+# --- at the end, after an error, and saves that fail on one worker --------------------------------
+
+
+def test_a_step_drawn_before_the_end_is_kept_by_a_preemption_save_and_the_restored_iterator_ends_after_it() -> None:
+    strategy = strategy_named("mirrored_2")
+    make = lambda: D.range(24).batch(GLOBAL_BATCH)  # noqa: E731
+    iterator = iter(strategy.experimental_distribute_dataset(make()))
+    run_steps(strategy, iterator, 2)
+    last = global_step(strategy, next(iterator))  # drawn, never run
+    assert not iterator.get_next_as_optional().has_value()  # the end
+    with steps.preemption_save():
+        state = iterator._checkpoint_state()
+    assert_same_steps([last], restored("mirrored_4", make, state))
+    # any other save counts it as used: restored, the iterator is at its end
+    assert restored("mirrored_2", make, iterator._checkpoint_state()) == []
+
+
+def test_an_epoch_ending_in_a_dropped_partial_step_restores_ended() -> None:
+    # 40 rows in batches of 4 for 3 replicas: the last step (one batch) cannot be padded and is dropped
+    strategy = strategy_named("mirrored_3")
+    dist = strategy.distribute_datasets_from_function(lambda ctx: D.range(40).batch(4, drop_remainder=True))
+    iterator = iter(dist)
+    for value in iterator:
+        strategy.run(lambda x: x, args=(value,))
+    restored_iterator = iter(strategy.distribute_datasets_from_function(lambda ctx: D.range(40).batch(4, drop_remainder=True)))
+    restored_iterator._checkpoint_restorer(iterator._checkpoint_state())()
+    assert rest_of(strategy, restored_iterator) == []
+
+
+def test_an_error_read_ahead_comes_again_after_the_steps_read_before_it() -> None:
+    def fails_on_the_fifth(batch: np.ndarray) -> np.ndarray:
+        if batch[0] == 32:
+            raise ValueError("a bad record")
+        return batch
+
+    make = lambda: D.range(48).batch(GLOBAL_BATCH).map(fails_on_the_fifth)  # noqa: E731
+    options = td.distribute.InputOptions(experimental_per_replica_buffer_size=4)  # reads the error ahead
+    strategy = strategy_named("mirrored_2")
+    iterator = iter(strategy.experimental_distribute_dataset(make(), options))
+    run_steps(strategy, iterator, 1)
+    state = iterator._checkpoint_state()
+    restored_iterator = iter(strategy_named("mirrored_4").experimental_distribute_dataset(make(), options))
+    restored_iterator._checkpoint_restorer(state)()
+    for first in (8, 16, 24):
+        assert global_step(strategy_named("mirrored_4"), next(restored_iterator))[0][0] == first
+    with pytest.raises(ValueError, match="a bad record"):
+        next(restored_iterator)
+
+
+def test_a_worker_that_fails_to_give_its_position_makes_every_worker_raise() -> None:
+    strategy = strategy_named("mirrored_2")
+    devices = tuple(device_lib.parse(f"CPU:{i}") for i in range(2))
+    gathered: list[bytes] = []
+
+    def other_worker_failed(mine: bytes) -> list[bytes]:
+        gathered.append(mine)
+        return [mine, b"towerdist: no position: DeadlineExceededError('stuck')"]
+
+    worker = InputWorker(devices, 2, 0, lambda flag: [flag, flag], share_states=other_worker_failed)
+    iterator = iter(DistributedDataset(D.range(32).batch(GLOBAL_BATCH), worker, strategy, None))
+    next(iterator)
+    with pytest.raises(td.errors.AbortedError, match=r"worker\(s\) 1 failed to give their position .*stuck"):
+        iterator._checkpoint_state()
+    assert len(gathered) == 1  # this worker joined the gather
+
+    def this_worker_joins(mine: bytes) -> list[bytes]:
+        gathered.append(mine)
+        return [mine, mine]
+
+    class Unsavable:
+        pass
+
+    worker = InputWorker(devices, 2, 0, lambda flag: [flag, flag], share_states=this_worker_joins)
+    unsavable = D.range(8).map(lambda x: np.array([Unsavable()], dtype=object)).shuffle(4, seed=0).batch(2)
+    iterator = iter(DistributedDataset(unsavable, worker, strategy, None))
+    next(iterator)
+    with pytest.raises(TypeError, match="cannot save the distributed iterator's position: a value of type"):
+        iterator._checkpoint_state()
+    assert gathered[-1].startswith(b"towerdist: no position: ")  # it told the others before raising
+
+
+# --- distribute_datasets_from_function: what may follow batch() -----------------------------------
+
+
+FUNCTIONS: dict[str, Callable[[td.distribute.InputContext], td.data.Dataset]] = {
+    "batch_prefetch": lambda c: D.range(64).shuffle(16, seed=3).batch(c.get_per_replica_batch_size(GLOBAL_BATCH)).prefetch(3),
+    "batch_map": lambda c: D.range(64).batch(c.get_per_replica_batch_size(GLOBAL_BATCH)).map(lambda b: b * 1),
+    "batch_shuffle": lambda c: D.range(64).batch(c.get_per_replica_batch_size(GLOBAL_BATCH)).shuffle(4, seed=1),
+    "batch_filter": lambda c: D.range(64).batch(c.get_per_replica_batch_size(GLOBAL_BATCH)).filter(lambda b: True),
+}
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("saved_on", [1, 2, 4])
+@pytest.mark.parametrize("function", list(FUNCTIONS))
+def test_a_dataset_fn_restores_onto_other_replicas_exactly_or_refuses(function: str, saved_on: int, k: int) -> None:
+    fn = FUNCTIONS[function]
+    strategy = strategy_named(f"mirrored_{saved_on}")
+    iterator = iter(strategy.distribute_datasets_from_function(fn))
+    run_steps(strategy, iterator, k)
+    state = iterator._checkpoint_state()
+    expected = rest_of(strategy, iterator)
+    for restored_on in (1, 2, 4):
+        other = strategy_named(f"mirrored_{restored_on}")
+        restored_iterator = iter(other.distribute_datasets_from_function(fn))
+        if function in ("batch_shuffle", "batch_filter") and restored_on != saved_on:
+            # batches regrouped, reordered or dropped after batch(): their rows cannot be cut again exactly
+            with pytest.raises(td.errors.FailedPreconditionError, match="cannot be cut again"):
+                restored_iterator._checkpoint_restorer(state)
+            continue
+        restored_iterator._checkpoint_restorer(state)()
+        assert_same_steps(expected, rest_of(other, restored_iterator))
+
+
+def test_a_dataset_fn_on_every_worker_restores_onto_fewer_workers_with_the_global_batch_size() -> None:
+    job = VirtualJob(same_on_every_worker, 2, 1, from_fn=True)
+    job.run(2)
+    state = job.state()
+    stream = job.streams()[0]
+    new_job = VirtualJob(same_on_every_worker, 1, 1, from_fn=True)
+    new_job.restore(state)
+    steps_of_one = []
+    while (value := next(new_job.iterators[0], None)) is not None:
+        steps_of_one.append(_examples(value))
+    assert [len(step) for step in steps_of_one[:-1]] == [GLOBAL_BATCH] * (len(steps_of_one) - 1)
+    assert [x for step in steps_of_one for x in step] == stream
+
+
+# --- a batch split over every replica (an input of unknown batch size read by every worker) -------
+
+
+def hinted_unknown_batch() -> td.data.Dataset:
+    dataset = D.range(48).shard(td.data.experimental.SHARD_HINT, td.data.experimental.SHARD_HINT)
+    return with_policy(dataset.batch(4).map(lambda b: b[: len(b)]), Policy.HINT)  # a batch size map hides
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 3])
+def test_a_batch_split_over_every_replica_restores_on_the_same_workers_without_repeating_a_piece(k: int) -> None:
+    job = VirtualJob(hinted_unknown_batch, 2, 1)
+    job.run(k)
+    state = job.state()
+    expected = job.rest()
+    new_job = VirtualJob(hinted_unknown_batch, 2, 1)
+    new_job.restore(state)
+    assert new_job.rest() == expected

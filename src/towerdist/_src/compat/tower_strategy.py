@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from towerdist._src import aliases, backend, context, nest
+from towerdist._src import aliases, backend, context, nest, steps
 from towerdist._src import device as device_lib
 from towerdist._src.compat import tower_context
 from towerdist._src.compat.per_tower_dataset import PerTowerDataset
@@ -212,7 +212,7 @@ class MirroredStrategy(_ModernMirroredStrategy):
         )
         extended = self.extended
         assert isinstance(extended, MirroredExtended)
-        extended.steps_begun.count += 1
+        steps.begin()
         with self.scope():
             sequential = not run_concurrently if given else None
             try:

@@ -256,7 +256,7 @@ def _check_fits(node: Dataset, saved: Saved, path: tuple[str, ...]) -> None:
             PipelineMismatchError(
                 f"cannot restore the iterator: its pipeline differs from the saved one at {where}: the checkpoint "
                 f"was saved with {_describe(params)}, this pipeline has {_describe(expected)}. Restore into a "
-                f"pipeline built with the same arguments.",
+                f"pipeline built with the same arguments.{_hint(node)}",
                 path,
             )
         )
@@ -277,13 +277,14 @@ def check_pipeline(dataset: Dataset, saved: list[list[Any]]) -> None:
         if name != node._state_name() or params != node._state_params():
             got = node._state_name() + (f"({_describe(node._state_params())})" if node._state_params() else "")
             had = name + (f"({_describe(params)})" if params else "")
+            hint = _hint(node) if name == node._state_name() else ""
             path = " <- ".join(n._state_name() for n in nodes[: k + 1])
             raise unworded(
                 PipelineMismatchError(
                     f"cannot restore the iterator: its pipeline differs from the saved one at operation {k + 1} "
                     f"from the output ({path}): the checkpoint was saved from {had} there, this pipeline has {got}. "
                     f"Restore into an iterator of the same pipeline (the same operations with the same arguments, "
-                    f"in the same order) as the one saved.",
+                    f"in the same order) as the one saved.{hint}",
                     tuple(n._state_name() for n in nodes[: k + 1]),
                 )
             )
@@ -307,6 +308,11 @@ def restore_random_state(dataset: Dataset, saved: list[Any]) -> None:
     for node, state in zip(dataset._walk(), saved, strict=True):
         if state is not None:
             node._restore_random_state(state)
+
+
+def _hint(node: Dataset) -> str:
+    hint = node._state_params_hint()
+    return f" ({hint})" if hint else ""
 
 
 def _describe(params: Mapping[str, Any]) -> str:

@@ -139,6 +139,7 @@ class InterleaveDataset(Dataset):
                 InvalidArgumentError(f"block_length must be greater than zero. Got block_length={self._block}.")
             )
         self._workers = 0
+        self._cycle_given = fixed_cycle
         if num_parallel_calls is not None:
             calls = _positive(num_parallel_calls, "num_parallel_calls")
             if not fixed_cycle:
@@ -215,6 +216,15 @@ class InterleaveDataset(Dataset):
 
     def _state_params(self) -> dict[str, Any]:
         return {"cycle_length": self._cycle}
+
+    def _state_params_hint(self) -> str | None:
+        if self._cycle_given:
+            return None
+        return (
+            f"this interleave's cycle_length was not given, so it is the number of CPU cores this process may "
+            f"run on ({self._cycle}), which differs between machines: pass cycle_length explicitly to restore "
+            f"on a machine with another number of cores"
+        )
 
     def _restored_input(self, key: str, state: State) -> Dataset:
         if not key.startswith(_MADE):
@@ -327,7 +337,13 @@ class InterleaveDataset(Dataset):
         again), and its elements as ``check`` sees them."""
         key = _MADE + str(index)
         restored = state.child(key)
-        assert restored is not None  # saved with its slot's record
+        if restored is None:  # a damaged position: a slot's record without its pass
+            raise unworded(
+                DataLossError(
+                    f"cannot restore the iterator: the saved position of Dataset.{self._api}() has an open input "
+                    f"(element {index} of its input) without its pass; the state is damaged."
+                )
+            )
         cursor = state.open(restored.node, key)
         spec = cursor.node._spec(probe=False)
         if spec is not None:

@@ -9,6 +9,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from towerdist._src import steps
 from towerdist._src.data import options as options_lib
 from towerdist._src.data import state_codec, workers
 from towerdist._src.data.cursor import (
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXIT_LOCK_SECONDS",
+    "UNSAVABLE_HINT",
     "DatasetIterator",
     "close_at_exit",
     "external_state_check",
@@ -36,6 +38,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("towerdist")
+
+HELD_ELEMENTS = 4  # elements handed out for a step not begun yet that an iterator keeps (see steps)
 
 # Saved states of other kinds of iterator a DatasetIterator restores from, by kind: each
 # converter turns such a state into a DatasetIterator position for a dataset.
@@ -73,7 +77,9 @@ class DatasetIterator:
         self._dataset = dataset
         self._cursor: Cursor | None = dataset._cursor()
         self._failed = False  # the pipeline raised: the pass is over
-        self._pending: list[Any] = []  # elements to yield before the cursor's (restored from a distributed iterator)
+        self._pending: list[Any] = []  # elements to yield before the cursor's (restored)
+        self._held: list[Any] = []  # elements handed out since the last step began (see steps)
+        self._held_at = -1
         # Serialises the steps of the pipeline's generators, which cannot run in two threads
         # at once. Re-entrant, so that pipeline code touching its own iterator fails with
         # Python's "generator already executing" instead of a deadlock.
@@ -93,20 +99,34 @@ class DatasetIterator:
         lock.acquire()  # (measured: acquire/try/finally costs about half of a ``with`` block here)
         try:
             if self._pending:
-                return self._pending.pop(0)
-            cursor = self._cursor
-            if cursor is None:
-                raise StopIteration
-            try:
-                return next(cursor)
-            except StopIteration:
-                self._cursor = None
-                raise
-            except BaseException:
-                self._failed = True
-                raise
+                element = self._pending.pop(0)
+            else:
+                cursor = self._cursor
+                if cursor is None:
+                    raise StopIteration
+                try:
+                    element = next(cursor)
+                except StopIteration:
+                    self._cursor = None
+                    raise
+                except BaseException:
+                    self._failed = True
+                    raise
+            if steps.tracking():
+                self._hold(element)
+            return element
         finally:
             lock.release()
+
+    def _hold(self, element: Any) -> None:
+        """Keeps an element handed out until a step begins, for a preemption handler's save (see ``steps``)."""
+        count = steps.begun()
+        if count != self._held_at:
+            self._held.clear()
+            self._held_at = count
+        self._held.append(element)
+        if len(self._held) > HELD_ELEMENTS:
+            self._held.pop(0)
 
     def get_next(self) -> Any:
         """The next element; raises ``td.errors.OutOfRangeError`` at the end."""
@@ -156,6 +176,7 @@ class DatasetIterator:
             self._cursor = self._dataset._cursor()
             self._failed = False
             self._pending = []
+            self._held = []
 
     # --- checkpointing -----------------------------------------------------------------------
 
@@ -172,10 +193,11 @@ class DatasetIterator:
         workers.hold(self._lock, "a next() of this iterator in another thread")  # bounded: never hangs
         try:
             cursor = self._cursor
+            unused = self._held if steps.in_preemption_save() and steps.begun() == self._held_at else []
             position: Saved = {
                 "pipeline": pipeline_signature(self._dataset),
                 "random": random_state(self._dataset),
-                "pending": list(self._pending),
+                "pending": [*unused, *self._pending],
             }
             if cursor is None or self._failed:
                 return {**position, "ended": True}
@@ -207,6 +229,7 @@ class DatasetIterator:
                 old, self._cursor = self._cursor, cursor
                 self._failed = False
                 self._pending = pending
+                self._held, self._held_at = [], -1
             if old is not None:
                 old.close()
 
@@ -223,7 +246,7 @@ class DatasetIterator:
         try:
             return state_codec.encode({"kind": "dataset_iterator", "position": position})
         except TypeError as error:
-            raise unworded(TypeError(f"cannot save the iterator's position: {error}. {_UNSAVABLE_HINT}")) from None
+            raise unworded(TypeError(f"cannot save the iterator's position: {error}. {UNSAVABLE_HINT}")) from None
 
     def _checkpoint_restorer(self, state: bytes) -> Callable[[], None]:
         """Prepares restoring the position ``state`` (from ``_checkpoint_state``); the result commits it.
@@ -262,6 +285,7 @@ def close_at_exit(iterator: Any) -> None:
 
 @atexit.register
 def _close_open_iterators() -> None:
+    workers.exiting.set()  # first: pipeline threads stop after their element, and closing waits little for them
     for iterator in list(_open_iterators):
         try:
             iterator._close_at_exit()
@@ -269,7 +293,7 @@ def _close_open_iterators() -> None:
             logger.debug("closing an input iterator at exit failed", exc_info=True)
 
 
-_UNSAVABLE_HINT = (
+UNSAVABLE_HINT = (
     "An iterator's position holds the elements its operations buffer (shuffle, prefetch, ...): numpy arrays, "
     "numbers, strings, and tuples, namedtuples and dicts of them"
 )

@@ -78,6 +78,11 @@ class Node:
         """Arguments a saved position is only valid for, checked on restore (plain JSON values)."""
         return {}
 
+    def _state_params_hint(self) -> str | None:
+        """What a user should know when ``_state_params`` differ from the saved ones (e.g. a default
+        that depends on the machine), or None."""
+        return None
+
     def _restored_input(self, key: str, state: State) -> Dataset:
         """The node the saved child ``key`` of a restored ``state`` iterates (by default input ``key``)."""
         return self._inputs[int(key)]

@@ -173,7 +173,7 @@ def _stop(producer: _Producer, state: State) -> None:
     thread, items = producer.thread, producer.items
     if thread.ident is None:  # never started
         return
-    deadline = time.monotonic() + _STOP_SECONDS
+    deadline = time.monotonic() + workers.stop_seconds(_STOP_SECONDS)
     while thread.is_alive() and time.monotonic() < deadline:
         try:
             while True:
@@ -183,6 +183,8 @@ def _stop(producer: _Producer, state: State) -> None:
         thread.join(timeout=0.05)
     if thread.is_alive():
         state.release("0")  # the thread still runs the input: it closes it when it gets back
+        if workers.exiting.is_set():
+            return  # at exit: a thread blocked in user code does not keep the process (see workers)
         warnings.warn(
             f"The {_NAME} thread did not stop within {_STOP_SECONDS:.0f} s of its iterator being closed: the "
             f"dataset's source is blocked in user code. It will stop when that call returns.",

@@ -49,6 +49,7 @@ T = TypeVar("T")
 
 _EXIT_STALL_SECONDS = 0.2  # at exit, a busy thread whose CPU clock stood still this long is blocked, not working
 _EXIT_SECONDS = 10.0  # the longest exit waits for busy threads to finish their element
+_EXIT_CLOSE_SECONDS = 0.2  # at exit, how long closing one pipeline waits for its threads (then _drain_at_exit)
 _POLL_SECONDS = 0.01
 SAVE_SECONDS = 60.0  # the longest a save waits for a thread to finish the element it is making
 _SAVE_WARNING_SECONDS = 5.0  # ... and when it says so in the log
@@ -126,13 +127,22 @@ class DaemonPool:
                 self._tasks.put(None)
 
 
+def stop_seconds(seconds: float) -> float:
+    """How long closing a pipeline waits for a thread to finish its element: ``seconds``, but at
+    interpreter exit only :data:`_EXIT_CLOSE_SECONDS` (the exit hook then waits for the threads
+    still working, and not for those blocked in user code: see the module docstring)."""
+    return min(seconds, _EXIT_CLOSE_SECONDS) if exiting.is_set() else seconds
+
+
 def wait_or_warn(futures: Iterable[Future[Any]], seconds: float, what: str) -> None:
     """Waits up to ``seconds`` for ``futures``; warns (``ResourceWarning``) about those still running.
 
-    ``what`` names the tasks in the warning, e.g. ``"Dataset.map() call(s)"``.
+    ``what`` names the tasks in the warning, e.g. ``"Dataset.map() call(s)"``. At exit the wait
+    is short and nothing is warned about (see :func:`stop_seconds`).
     """
+    seconds = stop_seconds(seconds)
     _, stuck = wait(list(futures), timeout=seconds)
-    if stuck:
+    if stuck and not exiting.is_set():
         warnings.warn(
             f"{len(stuck)} {what} did not stop within {seconds:g} s of the iterator being closed: user code is "
             f"blocked. The daemon thread running it stops when that call returns, and does not keep the process "

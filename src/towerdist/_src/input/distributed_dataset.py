@@ -22,13 +22,14 @@ from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.options import AutoShardPolicy
 from towerdist._src.data.spec import is_fully_defined
 from towerdist._src.device import DeviceSpec
+from towerdist._src.errors import FailedPreconditionError
 from towerdist._src.failures import unworded, worded_at
 from towerdist._src.input.auto_shard import ShardMode, auto_shard, read_from_files
-from towerdist._src.input.distributed_iterator import DistributedIterator, StepsBegun
+from towerdist._src.input.distributed_iterator import DistributedIterator
 from towerdist._src.input.feeds import BatchFeed, ElementFeed, Feed, PerReplicaFeed, RowFeed, SplitAllFeed
 from towerdist._src.input.foreign import IterableDataset, as_dataset
 from towerdist._src.input.input_context import InputContext, InputOptions
-from towerdist._src.input.resume import recut
+from towerdist._src.input.resume import count, recut_problem
 from towerdist._src.input.split import _needs_batch, batch_sizes_for_worker, compute_batch_size, replica_spec
 from towerdist._src.values.per_replica_spec import PerReplicaSpec
 
@@ -46,8 +47,6 @@ class InputWorker:
       workers_with_data: with several workers, agrees across them which have data for a
         step: this worker's flag in, every worker's flag out (supplied by the multi-worker
         strategy).
-      steps_begun: the strategy's count of the steps it began (what tells an iterator which
-        of the steps it handed out a ``run`` has used).
       share_states: with several workers, gathers every worker's saved iterator position:
         this worker's bytes in, every worker's out, in worker order (collective).
     """
@@ -56,7 +55,6 @@ class InputWorker:
     num_workers: int = 1
     worker_index: int = 0
     workers_with_data: Callable[[bool], list[bool]] | None = None
-    steps_begun: StepsBegun | None = None
     share_states: Callable[[bytes], list[bytes]] | None = None
 
     @property
@@ -86,7 +84,8 @@ class _DistributedInput:
         """The feed that makes this worker's steps from passes ``cursors`` over ``_pipelines()``.
 
         ``leftover`` (raw units, see ``feeds``) is used first; ``resumed`` is the saved feed's
-        ``kind``, ``state`` and the number of steps the saved run used (None for a new pass).
+        ``kind``, ``state``, ``world``, the number of steps the saved run used, and whether the
+        pipelines were ``exhausted`` (with the ``error`` they raised, if any); None for a new pass.
         """
         raise NotImplementedError
 
@@ -129,7 +128,6 @@ class _DistributedInput:
 
     def __iter__(self) -> DistributedIterator:
         return DistributedIterator(self)
-
 
     def reduce(self, initial_state: Any, reduce_fn: Callable[[Any, Any], Any]) -> Any:
         """Folds the steps: ``state = reduce_fn(state, per_replica_element)`` from ``initial_state``.
@@ -215,6 +213,7 @@ class DistributedDataset(_DistributedInput):
         worker = self._worker
         n, local = worker.num_replicas_in_sync, worker.num_local
         pipelines = self._pipelines()
+        ended = _ended(resumed)
         saved_kind = None if resumed is None else resumed["kind"]
         if self._sizes is not None or (n == 1 and saved_kind == RowFeed.kind and self._global_batch is not None):
             # The cycling rule; also on one replica when the saved run cut rows (the same rows, cut by the
@@ -230,13 +229,14 @@ class DistributedDataset(_DistributedInput):
                 local,
                 turn=local * (steps % worker.num_workers),
                 template=state.get("template"),
-                exhausted=state.get("exhausted", False),
+                cut_all=state.get("cut_all", False),
+                **ended,
             )
         if n == 1:
-            return BatchFeed(pipelines, cursors, leftover, 1, 0, 1)
+            return BatchFeed(pipelines, cursors, leftover, 1, 0, 1, **ended)
         if self._mode is ShardMode.OWN:
-            return SplitAllFeed(pipelines, cursors, leftover, n, local)
-        return BatchFeed(pipelines, cursors, leftover, n, worker.worker_index * local, local)
+            return SplitAllFeed(pipelines, cursors, leftover, n, local, **ended)
+        return BatchFeed(pipelines, cursors, leftover, n, worker.worker_index * local, local, **ended)
 
 
 class DistributedDatasetsFromFunction(_DistributedInput):
@@ -284,11 +284,42 @@ class DistributedDatasetsFromFunction(_DistributedInput):
         return "function"
 
     def _feed(self, cursors: list[Cursor], leftover: list[Any], resumed: dict[str, Any] | None) -> Feed:
+        ended = _ended(resumed)
         if self._per_replica:
-            return PerReplicaFeed(self._datasets, cursors, leftover)
-        local = self._worker.num_local
-        if resumed is not None and leftover and resumed["world"]["num_local"] != local:
-            size = self._datasets[0]._batch_size()  # the per-replica batch size, if the pipeline batches
-            if size is not None:
-                leftover = recut(leftover, size, resumed["world"]["num_local"], local)
-        return ElementFeed(self._datasets, cursors, leftover, local)
+            return PerReplicaFeed(self._datasets, cursors, leftover, **ended)
+        rows, problem = recut_problem(self._datasets[0])
+        hint = self._datasets[0]._batch_size()  # the size of the last batch(), also when rows cannot be cut again
+        recut = None
+        state = {} if resumed is None else resumed["state"]
+        if "rows" in state and (
+            state["rows"] != rows or state.get("batch_size") != hint or state.get("recut") is not None
+        ):
+            # The per-replica batch size changed with the number of replicas (or a restored pass was
+            # cut again already): the rows of the rest of the pass are cut into the new size.
+            if rows is None or state["rows"] is None:
+                assert resumed is not None  # (state came from it)
+                world = resumed["world"]
+                saved = world["num_workers"] * world["num_local"]
+                saved_size = state["rows"] or state.get("batch_size")
+                raise unworded(
+                    FailedPreconditionError(
+                        f"cannot restore the distributed iterator exactly: it was saved on {count(saved, 'replica')}, "
+                        f"whose dataset_fn made batches of {saved_size or 'an unknown number of'} rows, and is "
+                        f"restored on {count(self._worker.num_replicas_in_sync, 'replica')}, whose dataset_fn makes "
+                        f"batches of {rows or hint or 'an unknown number of'} rows: the rows read cannot be cut again "
+                        f"into the new batches exactly: {problem or 'the size of the saved batches is unknown'}. "
+                        f"Restore it on {count(saved, 'replica')}, or end the dataset_fn's pipeline with batch(), "
+                        f"followed by map() or prefetch() only."
+                    )
+                )
+            recut = rows
+        return ElementFeed(
+            self._datasets, cursors, leftover, self._worker.num_local, rows=rows, batch_size=hint, recut=recut, **ended
+        )
+
+
+def _ended(resumed: dict[str, Any] | None) -> dict[str, Any]:
+    """The feed arguments saying whether the saved pipelines had ended (and with which error)."""
+    if resumed is None:
+        return {}
+    return {"exhausted": resumed["exhausted"], "error": resumed["error"]}

@@ -7,19 +7,22 @@ data.
 
 **Saving** (``td.train.Checkpoint(iterator=iterator)``). The position of a worker is its
 pipelines' positions, its feed's leftovers, and the raw form of every step it read but did
-not hand out, and of every step it handed out that no ``strategy.run`` has used yet (a step
-drawn with ``next(iterator)`` for a ``run`` that a preemption handler never made): restored,
-the iterator makes those steps again first. A step counts as used once its strategy begins
-a ``run`` after handing it out; the iterator holds at most :data:`HELD_STEPS` unused ones (it
-warns when a save finds it had to let older ones go). Under ``MultiWorkerMirroredStrategy``
-saving is collective: every worker's position is gathered into the saved state.
+not hand out: restored, the iterator makes those steps again first. A save made by a
+``PreemptionCheckpointHandler`` keeps, as not used, the steps handed out since the last step
+began (:mod:`~towerdist._src.steps`: TensorFlow's loop draws the batch of the step at which
+the handler saves before the handler decides not to train it); the iterator keeps at most
+:data:`HELD_STEPS` such steps. Other saves count every step handed out as used. Under
+``MultiWorkerMirroredStrategy`` saving is collective: every worker's position is gathered
+into the saved state (a worker that fails to give its position makes every worker raise).
+A pipeline that had ended (or failed) when it was saved is saved as exhausted: a restored
+iterator yields the steps read before the end, then ends (or raises the saved error).
 
 **Restoring onto another number of replicas or workers** (:mod:`~towerdist._src.input.resume`
 holds the rules): with the same workers, each restores its own position, and steps are cut
 for the new number of replicas from the same data. With another number of workers, the
 input must not depend on it: sharding by data (or no sharding), every worker at the same
-position; then every worker restores that one. Otherwise restoring raises
-``FailedPreconditionError`` naming the saved and the new counts.
+place in the same data; then every worker restores the chief's position. Otherwise
+restoring raises ``FailedPreconditionError`` naming the saved and the new counts.
 """
 
 from __future__ import annotations
@@ -32,49 +35,39 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from towerdist._src import context, nest
+from towerdist._src import context, nest, steps
 from towerdist._src import profiler as _profiler
-from towerdist._src.data import state_codec, workers
+from towerdist._src.data import saved_errors, state_codec, workers
 from towerdist._src.data.cursor import Cursor, check_pipeline, pipeline_signature, random_state, restore_random_state
-from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.iterator import (
     EXIT_LOCK_SECONDS,
+    UNSAVABLE_HINT,
     close_at_exit,
     external_state_check,
-    register_state_converter,
     symbolic_checkpoint_check,
 )
 from towerdist._src.data.optional import Optional
 from towerdist._src.data.spec import structure_of
 from towerdist._src.data.structure import to_element
-from towerdist._src.errors import FailedPreconditionError, InvalidArgumentError, OutOfRangeError
+from towerdist._src.errors import AbortedError, OutOfRangeError
 from towerdist._src.failures import unworded
+from towerdist._src.input import resume
 from towerdist._src.input.device_copies import DeviceCopier, Placed, place_on_device
 from towerdist._src.input.feeds import MISSING, Feed, Step
-from towerdist._src.input.resume import choose_position, recut, same_data
-from towerdist._src.input.split import compute_batch_size, dummy_like
+from towerdist._src.input.resume import choose_position
+from towerdist._src.input.split import dummy_like
 from towerdist._src.values.per_replica_spec import PerReplicaSpec
 from towerdist._src.values.regroup import regroup
 
 if TYPE_CHECKING:
     from towerdist._src.input.distributed_dataset import _DistributedInput
 
-__all__ = ["HELD_STEPS", "DistributedIterator", "StepsBegun"]
+__all__ = ["HELD_STEPS", "DistributedIterator"]
 
 logger = logging.getLogger("towerdist")
 
 HELD_STEPS = 4  # unused steps an iterator keeps for a checkpoint (see the module docstring)
-_KIND = "distributed_iterator"
-
-
-class StepsBegun:
-    """How many steps (``strategy.run`` calls) a strategy has begun: what its distributed iterators
-    compare to tell the steps a ``run`` used from those drawn for a ``run`` not made yet."""
-
-    __slots__ = ("count",)
-
-    def __init__(self) -> None:
-        self.count = 0
+_KIND = resume.KIND
 
 
 class DistributedIterator:
@@ -102,7 +95,7 @@ class DistributedIterator:
         self._steps: Iterator[Step] | None = None
         self._ahead: collections.deque[tuple[Placed, Any]] = collections.deque()  # (placed step, raw form)
         self._held: collections.deque[Any] = collections.deque()  # raw forms of handed-out steps no run used
-        self._held_at = -1  # the strategy's StepsBegun count when the held steps were handed out
+        self._held_at = -1  # steps.begun() when the held steps were handed out
         self._dropped = 0  # held steps let go (more than HELD_STEPS drawn without a run)
         self._handed = 0  # steps handed out, in all (with those the saved run handed out, once restored)
         self._ended = False
@@ -139,13 +132,15 @@ class DistributedIterator:
         """
         context.require_outside_replica_fn(self._source._strategy, "DistributedIterator.get_next()")
         with self._lock:
-            step = self._step()
+            step, raw = self._step()
             if step is None:
                 raise OutOfRangeError("End of sequence")
             if _has_missing(step) and not self._source._partial_enabled():
                 self._finish()  # TensorFlow ends iteration rather than pad a statically shaped step
                 raise OutOfRangeError("End of sequence")
-            return self._wrap(self._fill(step))
+            value = self._wrap(self._fill(step))
+            self._hold(raw)
+            return value
 
     def get_next_as_optional(self) -> Optional:
         """The next per-replica element as an ``Optional``, empty at the end.
@@ -159,10 +154,11 @@ class DistributedIterator:
         with self._lock:
             if self._source.cardinality == 0 and self._source._worker.num_workers == 1:
                 return Optional._deferred_empty(self._spec_when_empty)
-            step = self._step()
+            step, raw = self._step()
             if step is None:
                 return Optional._deferred_empty(self._spec_when_empty)
             pieces = self._fill(step)
+            self._hold(raw)
             one_replica = self._source._worker.num_replicas_in_sync == 1
             return Optional._deferred(self._wrap(pieces), lambda: _spec_of_pieces(pieces, one_replica))
 
@@ -186,7 +182,7 @@ class DistributedIterator:
             self._held.clear()
             self._handed, self._dropped, self._ended = 0, 0, False
 
-    def _step(self) -> list[Any] | None:
+    def _step(self) -> tuple[list[Any] | None, Any]:
         if _profiler.active:
             with _profiler.Span("input: next step"):
                 return self._next_step()
@@ -198,7 +194,8 @@ class DistributedIterator:
             self._feed = self._source._feed(cursors, [], None)
             self._steps = self._feed.steps()
 
-    def _next_step(self) -> list[Any] | None:
+    def _next_step(self) -> tuple[list[Any] | None, Any]:
+        """The next step's pieces (None at the end) and its raw form (None where this worker has no data)."""
         self._start()
         assert self._steps is not None
         # The step returned now plus ``experimental_per_replica_buffer_size`` steps ahead.
@@ -217,10 +214,10 @@ class DistributedIterator:
             pending, self._error = self._error, None
             self._finish()  # the pipeline's generators ended with the error, as a plain pass does
             raise pending
+        raw = None
         if self._ahead:
             placed, raw = self._ahead.popleft()
             step: list[Any] | None = placed.hand_out()
-            self._hold(raw)
         else:
             step = None
         worker = self._source._worker
@@ -232,28 +229,28 @@ class DistributedIterator:
                 self._check_batched([w for w, flag in enumerate(flags) if not flag])
         if not has_data:
             self._finish()
-            return None
+            return None, None
         if step is None:
             step = [MISSING] * worker.num_local  # other workers still have data
-        return step
+        return step, raw
 
     def _hold(self, raw: Any) -> None:
-        """Keeps the raw form of a step handed out, until a ``strategy.run`` begins (see the module docstring)."""
+        """Counts a step handed out, and keeps its raw form until a step begins (see the module docstring)."""
         self._handed += 1
-        counter = self._source._worker.steps_begun
-        count = -1 if counter is None else counter.count
+        count = steps.begun()
         if count != self._held_at:
             self._held.clear()
             self._held_at, self._dropped = count, 0
+        if raw is None:  # a step of empty pieces (other workers had data): nothing to give back
+            return
         self._held.append(raw)
         if len(self._held) > HELD_STEPS:
             self._held.popleft()
             self._dropped += 1
 
     def _unused(self) -> list[Any]:
-        """The raw forms of the handed-out steps no run has used yet (read between steps)."""
-        counter = self._source._worker.steps_begun
-        if counter is not None and counter.count != self._held_at:
+        """The raw forms of the handed-out steps a save keeps as not used (see the module docstring)."""
+        if not steps.in_preemption_save() or steps.begun() != self._held_at:
             return []
         return list(self._held)
 
@@ -344,17 +341,19 @@ class DistributedIterator:
         held = self._unused()
         if self._dropped and held:
             logger.warning(
-                "Saving a distributed iterator that handed out %d steps no strategy.run has used since; the "
-                "%d oldest are counted as used (it keeps the newest %d for a checkpoint).",
+                "Saving a distributed iterator that handed out %d steps since the last step began; the %d oldest "
+                "are counted as used (it keeps the newest %d for a checkpoint).",
                 len(held) + self._dropped,
                 self._dropped,
                 HELD_STEPS,
             )
         feed = self._feed
+        # The pipelines had ended or failed (exhausted): only what was read before counts.
+        exhausted = self._ended or self._error is not None
         datasets = source._pipelines()
         pipelines = []
         for k, dataset in enumerate(datasets):
-            cursor = None if feed is None or self._ended else feed.cursors[k]
+            cursor = None if feed is None or exhausted else feed.cursors[k]
             if cursor is not None:
                 options = dataset.options()
                 external_state_check(cursor, options)
@@ -368,13 +367,14 @@ class DistributedIterator:
                 }
             )
         units: list[Any] = []
-        kind = None if feed is None else feed.kind
-        if feed is not None and not self._ended:
+        if feed is not None:
             for raw in [*held, *(raw for _, raw in self._ahead)]:
                 units.extend(feed.units_of(raw))
-            units.extend(feed.leftover())
+            if not self._ended:
+                units.extend(feed.leftover())
+            units = feed.merged(units)
         return {
-            "kind": kind,
+            "kind": None if feed is None else feed.kind,
             "world": {
                 "num_workers": worker.num_workers,
                 "num_local": worker.num_local,
@@ -386,53 +386,67 @@ class DistributedIterator:
             "state": {} if feed is None else feed.state(),
             "steps": self._handed - len(held),
             "started": feed is not None,
-            "ended": self._ended and not held,
-            "error": None if self._error is None else f"{type(self._error).__name__}: {self._error}",
+            "exhausted": exhausted,
+            "ended": self._ended and not units,
+            "error": None if self._error is None else saved_errors.save_error(self._error),
         }
 
     def _checkpoint_state(self) -> bytes:
-        """Every worker's position as bytes, for ``td.train.Checkpoint`` (collective with several workers)."""
+        """Every worker's position as bytes, for ``td.train.Checkpoint`` (collective with several workers).
+
+        Raises:
+          TypeError: an operation holds a value no position can hold.
+          AbortedError: another worker failed to give its position (it raises its own error).
+        """
+        failure: Exception | None = None
         try:
             mine = state_codec.encode(self._position())
         except TypeError as error:
-            raise unworded(
-                InvalidArgumentError(f"cannot save the distributed iterator's position: {error}.")
-            ) from None
+            failure = unworded(TypeError(f"cannot save the distributed iterator's position: {error}. {UNSAVABLE_HINT}"))
+        except Exception as error:  # given to the other workers, then re-raised here
+            failure = error
         share = self._source._worker.share_states
-        positions = [mine] if share is None else share(mine)
+        if share is None:
+            if failure is not None:
+                raise failure
+            return state_codec.encode({"kind": _KIND, "workers": [np.frombuffer(mine, np.uint8)]})
+        # Every worker joins the gather, also one that failed, so that none waits for it in vain.
+        positions = share(_FAILED + repr(failure).encode() if failure is not None else mine)
+        if failure is not None:
+            raise failure
+        failed = [k for k, position in enumerate(positions) if position.startswith(_FAILED)]
+        if failed:
+            raise unworded(
+                AbortedError(
+                    f"cannot save the distributed iterator: worker(s) {', '.join(map(str, failed))} failed to give "
+                    f"their position (see their error: {positions[failed[0]][len(_FAILED):].decode(errors='replace')})."
+                )
+            )
         return state_codec.encode({"kind": _KIND, "workers": [np.frombuffer(p, np.uint8) for p in positions]})
 
     def _checkpoint_restorer(self, state: bytes) -> Callable[[], None]:
         """Prepares restoring ``state`` (from ``_checkpoint_state``, maybe on another world); the result commits it.
 
         Raises:
-          FailedPreconditionError: the saved position cannot continue exactly here (see ``resume``),
-            or the pipeline differs from the saved one.
+          FailedPreconditionError: the saved position cannot continue exactly here (see ``resume``).
+          NotFoundError: the pipeline differs from the saved one.
         """
-        tree = state_codec.decode(state)
-        if isinstance(tree, dict) and tree.get("kind") == "dataset_iterator":
-            tree = {"kind": _KIND, "workers": [_from_dataset_iterator(tree["position"], self._source._sharding())]}
-        if not isinstance(tree, dict) or tree.get("kind") != _KIND:
-            kind = tree.get("kind") if isinstance(tree, dict) else None
-            raise unworded(
-                FailedPreconditionError(
-                    f"cannot restore a distributed iterator from the saved state of a {kind or 'different object'}: "
-                    f"restore each iterator from the key it was saved under."
-                )
-            )
-        saved = [blob if isinstance(blob, dict) else state_codec.decode(bytes(blob)) for blob in tree["workers"]]
-        position = choose_position(saved, self._source)
+        position = choose_position(resume.saved_positions(state_codec.decode(state), self._source), self._source)
         datasets = self._source._pipelines()
+        exhausted = bool(position.get("exhausted"))
         cursors: list[Cursor] = []
         try:
             for dataset, pipeline in zip(datasets, position["pipelines"], strict=True):
                 check_pipeline(dataset, pipeline["pipeline"])
-                cursors.append(dataset._cursor(pipeline["cursor"]))
+                cursors.append(dataset._cursor(None if exhausted else pipeline["cursor"]))
+            error = position.get("error")
             resumed = {
                 "kind": position["kind"],
                 "state": position["state"],
                 "steps": position["steps"],
                 "world": position["world"],
+                "exhausted": exhausted,
+                "error": None if error is None else saved_errors.restore_error(error),
             }
             feed = self._source._feed(cursors, list(position["leftover"]), resumed)
         except BaseException:
@@ -457,79 +471,11 @@ class DistributedIterator:
                 self._handed = position["steps"]
                 if position["ended"]:
                     self._finish()
-                elif position["error"] is not None:
-                    self._error = _RestoredError(position["error"])
 
         return commit
 
 
-def _from_dataset_iterator(position: dict[str, Any], sharding: str) -> dict[str, Any]:
-    """A ``DatasetIterator``'s position (the default strategy's input) as one worker's distributed position:
-    a stream of global batches."""
-    return {
-        "kind": "batches",
-        "world": {"num_workers": 1, "num_local": 1, "worker_index": 0, "sharding": sharding},
-        "pipelines": [
-            {"pipeline": position["pipeline"], "random": position["random"], "cursor": position.get("cursor")}
-        ],
-        "leftover": list(position.get("pending", [])),
-        "state": {},
-        "steps": 0,
-        "started": True,
-        "ended": bool(position.get("ended")),
-        "error": None,
-    }
-
-
-def _to_dataset_iterator(tree: dict[str, Any], dataset: Dataset) -> dict[str, Any]:
-    """A distributed iterator's saved state as a ``DatasetIterator`` position of ``dataset``, where its
-    steps were whole elements of that one pipeline.
-
-    Raises:
-      FailedPreconditionError: the steps were not (one pipeline per replica, or an element split
-        part-way, or workers at different positions).
-    """
-    saved = [state_codec.decode(bytes(blob)) for blob in tree["workers"]]
-    first = saved[0]
-    problem = None
-    if first["world"]["sharding"] == "own" and len(saved) > 1:
-        problem = "its input was split between the workers by file or shard"
-    elif any(not same_data(first, other) for other in saved[1:]):
-        problem = "its workers were at different positions"
-    elif first["kind"] not in (None, "batches", "elements", "rows") or len(first["pipelines"]) != 1:
-        problem = "its steps were not whole elements of one pipeline"
-    if problem is not None:
-        raise unworded(
-            FailedPreconditionError(
-                f"cannot restore a td.data iterator from the saved state of a distributed iterator: {problem}. "
-                f"Restore it into an iterator of the same distributed dataset."
-            )
-        )
-    leftover = list(first["leftover"])
-    if first["kind"] == "rows":
-        size = compute_batch_size(dataset)
-        leftover = recut(leftover, size, first["world"]["num_local"], 1) if size is not None else leftover
-    pipeline = first["pipelines"][0]
-    return {
-        "pipeline": pipeline["pipeline"],
-        "random": pipeline["random"],
-        "pending": leftover,
-        "ended": bool(first["ended"]),
-        "cursor": pipeline["cursor"],
-    }
-
-
-register_state_converter(_KIND, _to_dataset_iterator)
-
-
-class _RestoredError(FailedPreconditionError):
-    """The input pipeline had failed when the iterator was saved: raised after the steps read before it."""
-
-    def __init__(self, description: str) -> None:
-        super().__init__(
-            f"The input pipeline raised {description} before this iterator was saved; restored, it ends there too, "
-            f"after the steps read before the error."
-        )
+_FAILED = b"towerdist: no position: "  # what a worker that failed to give its position gives the others
 
 
 def _spec_of_pieces(pieces: list[Any], one_replica: bool) -> Any:

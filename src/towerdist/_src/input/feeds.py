@@ -20,7 +20,9 @@ The kinds, by the rule that makes the steps (``split``):
   worker feeding all the pieces, its replicas in turn (a worker's own stream of unknown batch
   size); the unit is the element with the index of its next group of pieces.
 * :class:`ElementFeed` — whole elements of one pipeline, ``num_local`` per step
-  (``distribute_datasets_from_function``); the unit is the element.
+  (``distribute_datasets_from_function``); the unit is the element. Restored onto a number
+  of replicas that changes the per-replica batch size, it cuts the rows of the rest of the
+  pass into batches of the new size (``rows``).
 * :class:`PerReplicaFeed` — one pipeline per local replica, one element of each per step
   (``InputReplicationMode.PER_REPLICA``); the unit is the element, per pipeline.
 """
@@ -56,14 +58,31 @@ class Feed:
       datasets: the worker's pipeline(s).
       cursors: a pass over each (new, or restored at a saved position).
       leftover: raw units read before and not yet made into steps, to use first.
+      exhausted: the pipelines had ended (or failed, ``error``) when the position was saved:
+        the leftovers are all there is, then ``error`` (if any) is raised.
     """
 
     kind = ""
 
-    def __init__(self, datasets: Sequence[Dataset], cursors: Sequence[Cursor], leftover: list[Any]) -> None:
+    def __init__(
+        self,
+        datasets: Sequence[Dataset],
+        cursors: Sequence[Cursor],
+        leftover: list[Any],
+        exhausted: bool = False,
+        error: BaseException | None = None,
+    ) -> None:
         self.datasets = list(datasets)
         self.cursors = list(cursors)
         self._leftover = list(leftover)
+        self._exhausted = exhausted
+        self._error = error
+
+    def _source(self, k: int = 0) -> Iterator[Any]:
+        """Pipeline ``k``'s elements: its pass, or (exhausted) nothing but the saved error, if any."""
+        if not self._exhausted:
+            return iter(self.cursors[k])
+        return _ended(self._error)
 
     def steps(self) -> Iterator[Step]:
         raise NotImplementedError
@@ -83,6 +102,11 @@ class Feed:
         """The raw units of a step's raw form, in order (what goes back in front of the leftovers)."""
         return [raw]
 
+    @staticmethod
+    def merged(units: list[Any]) -> list[Any]:
+        """``units`` (steps' raw forms, then the leftovers, in order) as the leftovers of a restored feed."""
+        return units
+
     def state(self) -> dict[str, Any]:
         """What the feed keeps besides its leftovers (saved with it)."""
         return {}
@@ -97,13 +121,20 @@ class BatchFeed(Feed):
     kind = "batches"
 
     def __init__(
-        self, datasets: Sequence[Dataset], cursors: Sequence[Cursor], leftover: list[Any], num: int, first: int, local: int
+        self,
+        datasets: Sequence[Dataset],
+        cursors: Sequence[Cursor],
+        leftover: list[Any],
+        num: int,
+        first: int,
+        local: int,
+        **ended: Any,
     ) -> None:
-        super().__init__(datasets, cursors, leftover)
+        super().__init__(datasets, cursors, leftover, **ended)
         self._num, self._first, self._local = num, first, local
 
     def steps(self) -> Iterator[Step]:
-        source = iter(self.cursors[0])
+        source = self._source()
         leftover = self._leftover
         num, first, local = self._num, self._first, self._local
         while True:
@@ -136,22 +167,23 @@ class RowFeed(Feed):
         local: int,
         turn: int = 0,
         template: Any = None,
-        exhausted: bool = False,
+        cut_all: bool = False,
+        **ended: Any,
     ) -> None:
-        super().__init__(datasets, cursors, [])
+        super().__init__(datasets, cursors, [], **ended)
         self._cutter = RowCutter(sizes)
         self._cutter.resume(
             {
                 "pending": [[unit, 0] for unit in leftover if _rows(unit) > 0],
                 "template": template if template is not None else (leftover[0] if leftover else None),
                 "turn": turn % len(sizes),
-                "exhausted": exhausted,
+                "exhausted": cut_all,
             }
         )
         self._local = local
 
     def steps(self) -> Iterator[Step]:
-        pieces = self._cutter.pieces(iter(self.cursors[0]))
+        pieces = self._cutter.pieces(self._source())
         step: list[Any] = []
         for piece in pieces:
             step.append(piece)
@@ -171,7 +203,7 @@ class RowFeed(Feed):
 
     def state(self) -> dict[str, Any]:
         position = self._cutter.position()
-        return {"template": position["template"], "exhausted": position["exhausted"]}
+        return {"template": position["template"], "cut_all": position["exhausted"]}
 
 
 class SplitAllFeed(Feed):
@@ -184,13 +216,19 @@ class SplitAllFeed(Feed):
     kind = "split_all"
 
     def __init__(
-        self, datasets: Sequence[Dataset], cursors: Sequence[Cursor], leftover: list[Any], num: int, local: int
+        self,
+        datasets: Sequence[Dataset],
+        cursors: Sequence[Cursor],
+        leftover: list[Any],
+        num: int,
+        local: int,
+        **ended: Any,
     ) -> None:
-        super().__init__(datasets, cursors, leftover)
+        super().__init__(datasets, cursors, leftover, **ended)
         self._num, self._local = num, local
 
     def steps(self) -> Iterator[Step]:
-        source = iter(self.cursors[0])
+        source = self._source()
         leftover = self._leftover
         num, local = self._num, self._local
         while True:
@@ -209,29 +247,79 @@ class SplitAllFeed(Feed):
                 leftover[0] = [element, start + local]
             yield Step(pieces[start : start + local], [element, start])
 
+    @staticmethod
+    def merged(units: list[Any]) -> list[Any]:
+        # Consecutive units of one element (the steps cut from it, then what is left of it)
+        # stand for its groups from the first unit's on: that one unit only.
+        kept: list[Any] = []
+        for element, start in units:
+            if kept and kept[-1][0] is element:
+                continue
+            kept.append([element, start])
+        return kept
+
 
 class ElementFeed(Feed):
-    """Whole elements of one pipeline, ``local`` consecutive ones per step (the last padded with ``MISSING``)."""
+    """Whole elements of one pipeline, ``local`` consecutive ones per step (the last padded with ``MISSING``).
+
+    With ``recut`` (a number of rows), the rows of the leftovers and of the rest of the pass are
+    cut into elements of that many rows instead: a pass restored onto another per-replica batch
+    size (see ``resume.recut_problem`` for when that is exact). ``rows`` is the number of rows of
+    the pipeline's elements when they can be cut again, ``batch_size`` the size of its last
+    ``batch`` in any case: both saved with the position (None when unknown).
+    """
 
     kind = "elements"
 
-    def __init__(self, datasets: Sequence[Dataset], cursors: Sequence[Cursor], leftover: list[Any], local: int) -> None:
-        super().__init__(datasets, cursors, leftover)
-        self._local = local
+    def __init__(
+        self,
+        datasets: Sequence[Dataset],
+        cursors: Sequence[Cursor],
+        leftover: list[Any],
+        local: int,
+        rows: int | None = None,
+        batch_size: int | None = None,
+        recut: int | None = None,
+        **ended: Any,
+    ) -> None:
+        super().__init__(datasets, cursors, leftover, **ended)
+        self._local, self._rows, self._batch_size, self._recut = local, rows, batch_size, recut
+        self._cutter: RowCutter | None = None
+        if recut is not None:
+            self._cutter = RowCutter([recut])
+            self._cutter.resume(
+                {
+                    "pending": [[unit, 0] for unit in self._leftover if _rows(unit) > 0],
+                    "template": self._leftover[0] if self._leftover else None,
+                    "turn": 0,
+                    "exhausted": False,
+                }
+            )
+            self._leftover = []
+
+    def _elements(self) -> Iterator[Any]:
+        if self._cutter is not None:
+            yield from self._cutter.pieces(self._source())
+            return
+        source = self._source()
+        leftover = self._leftover
+        while True:
+            if leftover:
+                yield leftover.pop(0)
+                continue
+            try:
+                yield next(source)
+            except StopIteration:
+                return
 
     def steps(self) -> Iterator[Step]:
-        source = iter(self.cursors[0])
-        leftover = self._leftover
+        elements = self._elements()
         local = self._local
         while True:
             step: list[Any] = []
-            while len(step) < local:
-                if leftover:
-                    step.append(leftover.pop(0))
-                    continue
-                try:
-                    step.append(next(source))
-                except StopIteration:
+            for element in elements:
+                step.append(element)
+                if len(step) == local:
                     break
             if not step:
                 return
@@ -239,9 +327,18 @@ class ElementFeed(Feed):
             if len(step) < local:
                 return
 
+    def leftover(self) -> list[Any]:
+        if self._cutter is not None:
+            return [_rows_from(element, start) for element, start in self._cutter.position()["pending"]]
+        return list(self._leftover)
+
     @staticmethod
     def units_of(raw: Any) -> list[Any]:
         return list(raw)
+
+    def state(self) -> dict[str, Any]:
+        rows = self._recut if self._recut is not None else self._rows
+        return {"rows": rows, "batch_size": self._batch_size, "recut": self._recut}
 
 
 class PerReplicaFeed(Feed):
@@ -254,7 +351,7 @@ class PerReplicaFeed(Feed):
     kind = "per_replica"
 
     def steps(self) -> Iterator[Step]:
-        sources = [iter(cursor) for cursor in self.cursors]
+        sources = [self._source(k) for k in range(len(self.cursors))]
         leftover = self._leftover
         while True:
             if leftover:
@@ -265,6 +362,13 @@ class PerReplicaFeed(Feed):
             if all(piece is MISSING for piece in step):
                 return
             yield Step(step, [None if piece is MISSING else piece for piece in step])
+
+
+def _ended(error: BaseException | None) -> Iterator[Any]:
+    """An ended pipeline's elements: none, then its saved error (if any)."""
+    if error is not None:
+        raise error
+    yield from ()
 
 
 def _rows(element: Any) -> int:

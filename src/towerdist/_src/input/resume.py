@@ -29,16 +29,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from towerdist._src import nest
-from towerdist._src.data.structure import unstack_count
-from towerdist._src.data.transforms import RowCutter
+from towerdist._src.data import state_codec
+from towerdist._src.data.dataset import Dataset
+from towerdist._src.data.iterator import register_state_converter
+from towerdist._src.data.mapping import MapDataset, _TolerantMap
+from towerdist._src.data.prefetch import PrefetchDataset
+from towerdist._src.data.transforms import BatchDataset, OptionsDataset, RowCutter
 from towerdist._src.errors import DataLossError, FailedPreconditionError
 from towerdist._src.failures import unworded
+from towerdist._src.input.split import compute_batch_size
 
 if TYPE_CHECKING:
     from towerdist._src.input.distributed_dataset import _DistributedInput
 
-__all__ = ["choose_position", "recut", "same_data"]
+KIND = "distributed_iterator"  # what a distributed iterator's saved state says it is
+
+__all__ = ["KIND", "choose_position", "count", "recut_problem", "same_data", "saved_positions", "to_dataset_iterator"]
 
 _SHARDING_WORDS = {
     "data": "sharded by data (every worker runs the whole pipeline)",
@@ -70,8 +76,8 @@ def choose_position(saved: list[dict[str, Any]], source: _DistributedInput) -> d
     workers, local = worker.num_workers, worker.num_local
     sharding = world["sharding"]
     counts = (
-        f"it was saved on {_count(saved_workers, 'worker')} of {_count(saved_local, 'replica')} and is restored on "
-        f"{_count(workers, 'worker')} of {_count(local, 'replica')}"
+        f"it was saved on {count(saved_workers, 'worker')} of {count(saved_local, 'replica')} and is restored on "
+        f"{count(workers, 'worker')} of {count(local, 'replica')}"
     )
     new_sharding = source._sharding()
     if new_sharding != sharding:
@@ -89,7 +95,7 @@ def choose_position(saved: list[dict[str, Any]], source: _DistributedInput) -> d
             FailedPreconditionError(
                 f"cannot restore the distributed iterator exactly: its input is {_SHARDING_WORDS[sharding]}. "
                 f"{counts}, where the workers would read other parts of the data, so examples would be repeated or "
-                f"skipped. Restore it on {_count(saved_workers, 'worker')}, or shard by data "
+                f"skipped. Restore it on {count(saved_workers, 'worker')}, or shard by data "
                 f"(AutoShardPolicy.DATA) to be able to change the number of workers."
             )
         )
@@ -107,7 +113,7 @@ def choose_position(saved: list[dict[str, Any]], source: _DistributedInput) -> d
                 FailedPreconditionError(
                     f"cannot restore the distributed iterator exactly: {counts}, and worker "
                     f"{different[0]}'s saved position differs from worker 0's: {hint}. There is no one position to "
-                    f"continue every new worker from; restore it on {_count(saved_workers, 'worker')}."
+                    f"continue every new worker from; restore it on {count(saved_workers, 'worker')}."
                 )
             )
         position = saved[0]
@@ -117,7 +123,7 @@ def choose_position(saved: list[dict[str, Any]], source: _DistributedInput) -> d
             FailedPreconditionError(
                 f"cannot restore the distributed iterator exactly: {counts}, and it was saved part-way through a "
                 f"batch split over every replica (its input's batch size is not known statically, so each batch is "
-                f"split as a whole). Restore it on {_count(saved_local, 'replica')} per worker, or give the dataset "
+                f"split as a whole). Restore it on {count(saved_local, 'replica')} per worker, or give the dataset "
                 f"a known batch size (batch(..., drop_remainder=True))."
             )
         )
@@ -132,31 +138,111 @@ def choose_position(saved: list[dict[str, Any]], source: _DistributedInput) -> d
     return position
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def recut(leftover: list[Any], size: int, saved_local: int, local: int) -> list[Any]:
-    """Elements read ahead by a run of ``saved_local`` replicas, their rows cut again into elements of ``size``.
-
-    A ``dataset_fn`` batches by the per-replica batch size, which changes with the number of
-    replicas: the saved elements' rows are cut into batches of the new size (what the
-    rebuilt pipeline yields), so that every step covers the same rows as before.
+def saved_positions(tree: Any, source: _DistributedInput) -> list[dict[str, Any]]:
+    """Every saved worker's position in a saved iterator state (a distributed iterator's, or a
+    ``DatasetIterator``'s: the default strategy's input, one stream of global batches).
 
     Raises:
-      FailedPreconditionError: the rows read ahead do not make whole batches of ``size``.
+      FailedPreconditionError: the state is another object's.
     """
-    rows = sum(unstack_count(nest.flatten(element)[0], "restore") for element in leftover)
-    if rows % size:
+    kind = tree.get("kind") if isinstance(tree, dict) else None
+    if kind == "dataset_iterator":
+        return [_from_dataset_iterator(tree["position"], source._sharding())]
+    if kind != KIND:
         raise unworded(
             FailedPreconditionError(
-                f"cannot restore the distributed iterator exactly: it was saved on {_count(saved_local, 'replica')} "
-                f"per worker with {rows} rows read ahead of the steps used, and is restored on {local}, whose "
-                f"elements are batches of {size} rows: {rows} rows do not make whole batches of {size}. Restore it "
-                f"on {_count(saved_local, 'replica')} per worker."
+                f"cannot restore a distributed iterator from the saved state of a {kind or 'different object'}: "
+                f"restore each iterator from the key it was saved under."
             )
         )
-    return list(RowCutter([size]).pieces(iter(leftover)))
+    return [state_codec.decode(bytes(blob)) for blob in tree["workers"]]
+
+
+def _from_dataset_iterator(position: dict[str, Any], sharding: str) -> dict[str, Any]:
+    """A ``DatasetIterator``'s position as one worker's distributed position: a stream of global batches."""
+    ended = bool(position.get("ended"))
+    pending = list(position.get("pending", []))
+    return {
+        "kind": "batches",
+        "world": {"num_workers": 1, "num_local": 1, "worker_index": 0, "sharding": sharding},
+        "pipelines": [
+            {"pipeline": position["pipeline"], "random": position["random"], "cursor": position.get("cursor")}
+        ],
+        "leftover": pending,
+        "state": {},
+        "steps": 0,
+        "started": True,
+        "exhausted": ended,
+        "ended": ended and not pending,
+        "error": None,
+    }
+
+
+def to_dataset_iterator(tree: dict[str, Any], dataset: Dataset) -> dict[str, Any]:
+    """A distributed iterator's saved state as a ``DatasetIterator`` position of ``dataset``, where its
+    steps were whole elements of that one pipeline.
+
+    Raises:
+      FailedPreconditionError: the steps were not (one pipeline per replica, or an element split
+        part-way, or workers at different places in their data).
+    """
+    saved = [state_codec.decode(bytes(blob)) for blob in tree["workers"]]
+    first = saved[0]
+    problem = None
+    if first["world"]["sharding"] == "own" and len(saved) > 1:
+        problem = "its input was split between the workers by file or shard"
+    elif any(not same_data(first, other) for other in saved[1:]):
+        problem = "its workers were at different places in their data"
+    elif first["kind"] not in (None, "batches", "elements", "rows") or len(first["pipelines"]) != 1:
+        problem = "its steps were not whole elements of one pipeline"
+    if problem is not None:
+        raise unworded(
+            FailedPreconditionError(
+                f"cannot restore a td.data iterator from the saved state of a distributed iterator: {problem}. "
+                f"Restore it into an iterator of the same distributed dataset."
+            )
+        )
+    leftover = list(first["leftover"])
+    size = compute_batch_size(dataset)
+    if first["kind"] == "rows" and size is not None:  # rows cut for several replicas: whole global batches again
+        leftover = list(RowCutter([size]).pieces(iter(leftover)))
+    pipeline = first["pipelines"][0]
+    exhausted = bool(first.get("exhausted"))
+    return {
+        "pipeline": pipeline["pipeline"],
+        "random": pipeline["random"],
+        "pending": leftover,
+        "ended": exhausted or bool(first["ended"]),
+        "cursor": pipeline["cursor"],
+    }
+
+
+register_state_converter(KIND, to_dataset_iterator)
+
+
+def recut_problem(dataset: Dataset) -> tuple[int | None, str | None]:
+    """The number of rows of ``dataset``'s elements, and what keeps its rows from being cut again exactly.
+
+    A pipeline whose elements are batches of a per-replica size can continue on another
+    per-replica size by cutting the rows of the rest of its pass again (what
+    ``distribute_datasets_from_function`` does restored onto another number of replicas),
+    if nothing after its last ``batch`` regroups, reorders, drops or counts the batches:
+    only ``map``, ``prefetch`` and ``with_options`` may follow it. Returns ``(rows, None)``
+    when that holds, else ``(None, why)``.
+    """
+    node = dataset
+    while isinstance(node, (MapDataset, PrefetchDataset, OptionsDataset)) and not isinstance(node, _TolerantMap):
+        node = node._inputs[0]
+    if isinstance(node, BatchDataset):
+        return node._batch_size(), None
+    if node is dataset:
+        return None, f"its last operation is a {node._state_name()}, not a batch"
+    return None, f"a {node._state_name()} comes between its last map/prefetch and a batch"
+
+
+def count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural where it needs to be."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def same_data(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -167,7 +253,8 @@ def same_data(a: dict[str, Any], b: dict[str, Any]) -> bool:
     ``map``) read ahead by as much as timing let them, so two workers at one place in one stream
     hold it in different ways.
     """
-    if any(not _same(a.get(key), b.get(key)) for key in ("kind", "steps", "started", "ended", "leftover", "state")):
+    keys = ("kind", "steps", "started", "exhausted", "ended", "leftover", "state")
+    if any(not _same(a.get(key), b.get(key)) for key in keys):
         return False
     pipelines_a, pipelines_b = a["pipelines"], b["pipelines"]
     return len(pipelines_a) == len(pipelines_b) and all(

@@ -33,6 +33,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from towerdist._src import steps
 from towerdist._src.checkpoint.checkpoint import Checkpoint
 from towerdist._src.checkpoint.manager import CheckpointManager
 from towerdist._src.errors import InternalError, InvalidArgumentError, UnimplementedError
@@ -116,6 +117,7 @@ class PreemptionCheckpointHandler:
                 f"handlers in the main thread only. Create it there, or pass "
                 f"TerminationConfig(termination_watcher_fn=...) to be told of a preemption by a function instead."
             )
+        steps.track()  # input iterators keep what they hand out for a step, for this handler's saves
         self._manager = _manager(checkpoint_or_checkpoint_manager, checkpoint_dir)
         self._workers, self._id = _workers(cluster_resolver)
         self._agreement = StepAgreement(self._workers)
@@ -254,10 +256,13 @@ class PreemptionCheckpointHandler:
     def _save(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         logger.info("PreemptionCheckpointHandler: Starting saving a checkpoint.")
         self._checkpointed_runs.assign(self._runs, read_value=False)
-        if self._save_fn is not None:
-            self._save_fn(*args, **kwargs)
-        else:
-            self._manager.save(*args, **kwargs)
+        # The batches drawn for the step this save comes before (TensorFlow's loop draws them
+        # before run() decides to save) are saved as not used: a restored job trains them.
+        with steps.preemption_save():
+            if self._save_fn is not None:
+                self._save_fn(*args, **kwargs)
+            else:
+                self._manager.save(*args, **kwargs)
         logger.info("Checkpoint finished at path %s", self._manager.directory)
 
     def _exit(self) -> None:

@@ -246,13 +246,12 @@ class MultiWorkerExtended(MirroredExtended):
     def _input_worker(self) -> InputWorker:
         workers = self._workers
         if workers.size == 1:
-            return InputWorker(self._devices, steps_begun=self.steps_begun)
+            return InputWorker(self._devices)
         return InputWorker(
             self._devices,
             workers.size,
             workers.rank,
             lambda has_data: workers.flags(has_data, "the distributed dataset's next step (which workers have data?)"),
-            self.steps_begun,
             lambda state: workers.gather_bytes(state, "the distributed iterator's saved position (every worker's)"),
         )
 

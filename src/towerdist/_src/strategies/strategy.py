@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, overload
 
-from towerdist._src import aliases, array_ops, backend, context, nest
+from towerdist._src import aliases, array_ops, backend, context, nest, steps
 from towerdist._src import device as device_lib
 from towerdist._src.cluster_resolver.cluster_resolver import ClusterResolver
 from towerdist._src.cross_device_ops.placement import ResolvedDevices
@@ -188,7 +188,7 @@ class Strategy:
             )
         if kwargs is not None and not isinstance(kwargs, dict):
             raise TypeError(f"Strategy.run() takes kwargs as a dict. Got kwargs of type {type(kwargs).__name__}.")
-        self._extended.steps_begun.count += 1
+        steps.begin()  # what tells the input iterators that the batches handed out are used
         try:
             return self._extended._run(fn, tuple(args), kwargs or {})
         except BaseException as error:  # a hot path: no context manager, nothing to pay until it raises

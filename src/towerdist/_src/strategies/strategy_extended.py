@@ -11,14 +11,13 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from towerdist._src import aliases, array_ops, backend, context, nest, thread_state
+from towerdist._src import aliases, array_ops, backend, context, nest, steps, thread_state
 from towerdist._src import device as device_lib
 from towerdist._src.cross_device_ops.placement import ResolvedDevices, resolve_destinations
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ContextError
 from towerdist._src.failures import name_api, worded_at
 from towerdist._src.input.distributed_dataset import DistributedDataset, DistributedDatasetsFromFunction, InputWorker
-from towerdist._src.input.distributed_iterator import StepsBegun
 from towerdist._src.input.input_context import InputContext, InputOptions, InputReplicationMode
 from towerdist._src.options import CommunicationOptions, ValueContext
 from towerdist._src.reduce_op import ReduceOp, parse_reduce_op
@@ -57,7 +56,6 @@ class StrategyExtended:
         self._container_strategy_weakref = weakref.ref(container_strategy)
         self._default_device: DeviceSpec | None = None
         self._require_static_shapes = False
-        self.steps_begun = StepsBegun()  # counted by run(): what tells its distributed iterators a step used a batch
 
     def _collective_seq(self) -> int:
         """Where the workers' collectives stand, before preparing one (-1: this strategy has no other workers)."""
@@ -215,7 +213,7 @@ class StrategyExtended:
         """Runs ``fn`` once per replica, as ``Strategy.run`` does."""
         strategy = self._container_strategy()
         context.require_cross_replica_or_default(strategy, "StrategyExtended.call_for_each_replica()")
-        self.steps_begun.count += 1
+        steps.begin()
         with worded_at("Strategy.run()"):  # its errors have always read as run()'s, which it is
             with strategy.scope():
                 return self._call_for_each_replica(fn, tuple(args), kwargs or {})
@@ -369,7 +367,7 @@ class StrategyExtended:
     _supports_per_replica_input = False
 
     def _input_worker(self) -> InputWorker:
-        return InputWorker(self._replica_devices, steps_begun=self.steps_begun)
+        return InputWorker(self._replica_devices)
 
     def _experimental_distribute_dataset(self, dataset: Any, options: InputOptions | None) -> Any:
         if options is not None and options.experimental_replication_mode is InputReplicationMode.PER_REPLICA:
