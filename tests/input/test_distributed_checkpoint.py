@@ -222,12 +222,16 @@ def test_an_iterator_keeps_at_most_held_steps_unused_steps_and_warns_when_it_let
 def test_the_default_strategys_iterator_keeps_the_element_drawn_for_a_preempted_step() -> None:
     make = PIPELINES["shuffle_batch"]
     strategy = strategy_named("default")
+    was = steps.tracking()
     steps.track()  # what a PreemptionCheckpointHandler does when it is made
-    iterator = iter(strategy.experimental_distribute_dataset(make()))
-    run_steps(strategy, iterator, 2)
-    drawn = next(iterator)
-    with steps.preemption_save():
-        state = iterator._checkpoint_state()
+    try:
+        iterator = iter(strategy.experimental_distribute_dataset(make()))
+        run_steps(strategy, iterator, 2)
+        drawn = next(iterator)
+        with steps.preemption_save():
+            state = iterator._checkpoint_state()
+    finally:
+        steps.track(was)
     rest = [drawn, *iterator]
     assert_same_steps([_leaves(x) for x in rest], restored("default", make, state))
     assert_same_steps([_leaves(x) for x in rest], restored("mirrored_2", make, state))
@@ -646,3 +650,114 @@ def test_a_batch_split_over_every_replica_restores_on_the_same_workers_without_r
     new_job = VirtualJob(hinted_unknown_batch, 2, 1)
     new_job.restore(state)
     assert new_job.rest() == expected
+
+
+# --- saved again before what a restore gave back was read -----------------------------------------
+
+
+def test_a_restored_end_of_data_saved_again_before_it_is_read_restores_the_same() -> None:
+    strategy = strategy_named("mirrored_2")
+    make = lambda: D.range(24).batch(GLOBAL_BATCH)  # noqa: E731
+    iterator = iter(strategy.experimental_distribute_dataset(make()))
+    run_steps(strategy, iterator, 2)
+    last = global_step(strategy, next(iterator))
+    assert not iterator.get_next_as_optional().has_value()
+    with steps.preemption_save():
+        state = iterator._checkpoint_state()
+    once = iter(strategy.experimental_distribute_dataset(make()))
+    once._checkpoint_restorer(state)()
+    again = once._checkpoint_state()  # before the step it gave back is read
+    assert_same_steps([last], restored("mirrored_3", make, again))
+
+
+def test_a_restored_error_saved_again_before_it_is_raised_comes_again() -> None:
+    def fails_on_the_fifth(batch: np.ndarray) -> np.ndarray:
+        if batch[0] == 32:
+            raise ValueError("a bad record")
+        return batch
+
+    make = lambda: D.range(48).batch(GLOBAL_BATCH).map(fails_on_the_fifth)  # noqa: E731
+    options = td.distribute.InputOptions(experimental_per_replica_buffer_size=4)
+    strategy = strategy_named("mirrored_2")
+    iterator = iter(strategy.experimental_distribute_dataset(make(), options))
+    run_steps(strategy, iterator, 1)
+    once = iter(strategy.experimental_distribute_dataset(make()))
+    once._checkpoint_restorer(iterator._checkpoint_state())()
+    strategy.run(lambda x: x, args=(next(once),))  # one of the three steps read before the error
+    again = iter(strategy.experimental_distribute_dataset(make()))
+    again._checkpoint_restorer(once._checkpoint_state())()
+    assert [global_step(strategy, next(again))[0][0] for _ in range(2)] == [24 - 8, 24]
+    with pytest.raises(ValueError, match="a bad record"):
+        next(again)
+
+
+def same_object_repeated() -> td.data.Dataset:
+    # one cached element repeated: the pipeline yields one object again and again
+    element = D.from_tensors(np.arange(8, dtype=np.int64)).map(lambda b: b[: len(b)]).cache()
+    return with_policy(element.repeat(6).shard(td.data.experimental.SHARD_HINT, td.data.experimental.SHARD_HINT), Policy.HINT)
+
+
+@pytest.mark.parametrize("draws", [0, 1])
+@pytest.mark.parametrize("k", [0, 1, 2, 3])
+def test_a_batch_split_over_every_replica_keeps_each_element_even_when_the_pipeline_repeats_one_object(
+    k: int, draws: int
+) -> None:
+    job = VirtualJob(same_object_repeated, 2, 1)
+    job.run(k)
+    for iterator in job.iterators:
+        for _ in range(draws):
+            next(iterator)
+    with steps.preemption_save():
+        state = job.state()
+    reference = VirtualJob(same_object_repeated, 2, 1)
+    reference.run(k)
+    new_job = VirtualJob(same_object_repeated, 2, 1)
+    new_job.restore(state)
+    assert new_job.rest() == reference.rest()
+
+
+def test_a_dataset_fn_whose_last_batch_drops_the_remainder_of_a_finite_input_refuses_other_replicas() -> None:
+    fn = lambda c: D.range(100).batch(c.get_per_replica_batch_size(12), drop_remainder=True).prefetch(2)  # noqa: E731
+    four = strategy_named("mirrored_4")
+    iterator = iter(four.distribute_datasets_from_function(fn))
+    run_steps(four, iterator, 2)
+    state = iterator._checkpoint_state()
+    three = iter(strategy_named("mirrored_3").distribute_datasets_from_function(fn))
+    with pytest.raises(td.errors.FailedPreconditionError, match="drops a remainder of a finite input"):
+        three._checkpoint_restorer(state)
+
+
+def test_a_dataset_fn_state_restores_into_the_default_strategy_only_at_its_batch_size() -> None:
+    fn = lambda c: D.range(64).batch(c.get_per_replica_batch_size(GLOBAL_BATCH)).prefetch(3)  # noqa: E731
+    two = strategy_named("mirrored_2")
+    iterator = iter(two.distribute_datasets_from_function(fn))
+    run_steps(two, iterator, 2)
+    state = iterator._checkpoint_state()
+    default = strategy_named("default")
+    with pytest.raises(td.errors.FailedPreconditionError, match="a td.data iterator does not cut batches again"):
+        iter(default.distribute_datasets_from_function(fn))._checkpoint_restorer(state)
+    # the other way, the default strategy's batches of 8 are cut into two of 4
+    default_iterator = iter(default.distribute_datasets_from_function(fn))
+    run_steps(default, default_iterator, 2)
+    expected = [x for value in default_iterator for x in np.asarray(value).tolist()]
+    default_iterator = iter(default.distribute_datasets_from_function(fn))
+    run_steps(default, default_iterator, 2)
+    restored_iterator = iter(two.distribute_datasets_from_function(fn))
+    restored_iterator._checkpoint_restorer(default_iterator._checkpoint_state())()
+    got = rest_of(two, restored_iterator)
+    assert [len(step[0]) for step in got] == [GLOBAL_BATCH] * len(got)
+    assert [x for step in got for x in step[0].tolist()] == expected
+
+
+def test_a_worker_out_of_data_first_under_shard_hints_gets_empty_pieces() -> None:
+    def make() -> td.data.Dataset:
+        dataset = D.range(5).shard(td.data.experimental.SHARD_HINT, td.data.experimental.SHARD_HINT)
+        return with_policy(dataset.flat_map(lambda x: D.from_tensors(x).repeat(3)).batch(2), Policy.HINT)
+
+    # worker 1 of 2 reads elements 1 and 3 (6 rows); worker 0, elsewhere, still has data after that
+    worker = InputWorker((device_lib.parse("CPU:0"),), 2, 1, lambda flag: [True, flag])
+    iterator = iter(DistributedDataset(make(), worker, strategy_named("mirrored_4"), None))
+    pieces = [_examples(next(iterator)) for _ in range(8)]
+    # one row per step (a global batch of 2 for 2 replicas); after its 6 rows, empty pieces made from
+    # the spec of its own shard (the hint filled in)
+    assert pieces == [[1], [1], [1], [3], [3], [3], [], []]

@@ -7,8 +7,9 @@ iterators keep what they handed out since the last step began (``strategy.run``)
 made by the handler (:func:`preemption_save`) saves it as not yet used. Every other save
 counts what was handed out as used, as TensorFlow does.
 
-Strategies count the steps they begin with :func:`begin` (``Strategy.run``,
-``call_for_each_replica``, ``call_for_each_tower``). Distributed iterators always keep their
+Strategies count the steps they begin with :func:`begin` and :func:`end` (``Strategy.run``,
+``call_for_each_replica``, ``call_for_each_tower``); what an iterator hands out while a step
+is under way (a ``td.data`` iterator read inside the step function) is that step's. Distributed iterators always keep their
 handed-out steps (one reference per step, few); a ``td.data`` iterator keeps its elements
 only once a handler exists in the process (:func:`track`), so that plain iteration pays
 nothing for it.
@@ -20,17 +21,30 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-__all__ = ["begin", "begun", "in_preemption_save", "preemption_save", "track", "tracking"]
+__all__ = ["begin", "begun", "end", "in_preemption_save", "preemption_save", "running", "track", "tracking"]
 
 _count = 0  # steps begun (+= from several threads may lose a count: only inequality is ever compared)
+_running = 0  # steps under way (what a td.data iterator read inside a step hands to that step)
 _tracking = False
 _saving = threading.local()
 
 
 def begin() -> None:
-    """A strategy begins a step (runs a function on its replicas)."""
-    global _count
+    """A strategy begins a step (runs a function on its replicas); :func:`end` when it returns."""
+    global _count, _running
     _count += 1
+    _running += 1
+
+
+def end() -> None:
+    """The step :func:`begin` began has returned (or raised)."""
+    global _running
+    _running -= 1
+
+
+def running() -> bool:
+    """True while a step is under way (an element read now is that step's)."""
+    return _running > 0
 
 
 def begun() -> int:
@@ -38,10 +52,10 @@ def begun() -> int:
     return _count
 
 
-def track() -> None:
+def track(on: bool = True) -> None:
     """Makes ``td.data`` iterators keep the elements they hand out for a step not begun yet (a handler exists)."""
     global _tracking
-    _tracking = True
+    _tracking = on
 
 
 def tracking() -> bool:

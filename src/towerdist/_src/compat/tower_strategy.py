@@ -220,6 +220,8 @@ class MirroredStrategy(_ModernMirroredStrategy):
             except BaseException as error:  # (free until raised: every step's path)
                 name_api(error, "Strategy.run()")  # its errors have always read as run()'s
                 raise
+            finally:
+                steps.end()
 
     @aliases.old_name("td.Variable(..., synchronization=ON_READ, aggregation=...)", since="1.10")
     def tower_local_var_scope(self, reduce_method: Any) -> Any:

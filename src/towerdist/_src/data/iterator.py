@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from towerdist._src import steps
 from towerdist._src.data import options as options_lib
-from towerdist._src.data import state_codec, workers
+from towerdist._src.data import saved_errors, state_codec, workers
 from towerdist._src.data.cursor import (
     Cursor,
     Saved,
@@ -80,6 +80,8 @@ class DatasetIterator:
         self._pending: list[Any] = []  # elements to yield before the cursor's (restored)
         self._held: list[Any] = []  # elements handed out since the last step began (see steps)
         self._held_at = -1
+        self._dropped = 0  # held elements let go (more than HELD_ELEMENTS)
+        self._error_after: BaseException | None = None  # raised after the pending elements (restored)
         # Serialises the steps of the pipeline's generators, which cannot run in two threads
         # at once. Re-entrant, so that pipeline code touching its own iterator fails with
         # Python's "generator already executing" instead of a deadlock.
@@ -103,6 +105,9 @@ class DatasetIterator:
             else:
                 cursor = self._cursor
                 if cursor is None:
+                    error, self._error_after = self._error_after, None
+                    if error is not None:  # restored: the error the saved pass raised after its pending elements
+                        raise error
                     raise StopIteration
                 try:
                     element = next(cursor)
@@ -119,14 +124,20 @@ class DatasetIterator:
             lock.release()
 
     def _hold(self, element: Any) -> None:
-        """Keeps an element handed out until a step begins, for a preemption handler's save (see ``steps``)."""
+        """Keeps an element handed out until a step begins, for a preemption handler's save (see ``steps``).
+
+        An element read while a step is under way (inside its function) is that step's: not kept.
+        """
         count = steps.begun()
-        if count != self._held_at:
+        if count != self._held_at or steps.running():
             self._held.clear()
-            self._held_at = count
+            self._held_at, self._dropped = count, 0
+            if steps.running():
+                return
         self._held.append(element)
         if len(self._held) > HELD_ELEMENTS:
             self._held.pop(0)
+            self._dropped += 1
 
     def get_next(self) -> Any:
         """The next element; raises ``td.errors.OutOfRangeError`` at the end."""
@@ -177,6 +188,7 @@ class DatasetIterator:
             self._failed = False
             self._pending = []
             self._held = []
+            self._error_after = None
 
     # --- checkpointing -----------------------------------------------------------------------
 
@@ -194,10 +206,22 @@ class DatasetIterator:
         try:
             cursor = self._cursor
             unused = self._held if steps.in_preemption_save() and steps.begun() == self._held_at else []
+            if unused and self._dropped:
+                logger.warning(
+                    "Saving an iterator that handed out %d elements since the last step began; the %d oldest are "
+                    "counted as used (it keeps the newest %d for a checkpoint).",
+                    len(unused) + self._dropped,
+                    self._dropped,
+                    HELD_ELEMENTS,
+                )
+            rows, _ = self._dataset._batch_rows()
             position: Saved = {
                 "pipeline": pipeline_signature(self._dataset),
                 "random": random_state(self._dataset),
                 "pending": [*unused, *self._pending],
+                "rows": rows,
+                "batch_size": self._dataset._batch_size(),
+                "error": None if self._error_after is None else saved_errors.save_error(self._error_after),
             }
             if cursor is None or self._failed:
                 return {**position, "ended": True}
@@ -222,6 +246,8 @@ class DatasetIterator:
         saved_cursor = position.get("cursor")
         cursor = None if position.get("ended") else self._dataset._cursor(saved_cursor)
         pending = list(position.get("pending", []))
+        error = position.get("error")
+        error_after = None if error is None else saved_errors.restore_error(error)
 
         def commit() -> None:
             restore_random_state(self._dataset, position["random"])
@@ -229,7 +255,8 @@ class DatasetIterator:
                 old, self._cursor = self._cursor, cursor
                 self._failed = False
                 self._pending = pending
-                self._held, self._held_at = [], -1
+                self._held, self._held_at, self._dropped = [], -1, 0
+                self._error_after = error_after
             if old is not None:
                 old.close()
 

@@ -67,6 +67,9 @@ class MapDataset(Dataset):
         clone.__class__ = _TolerantMap
         return clone
 
+    def _batch_rows(self) -> tuple[int | None, str | None]:
+        return self._inputs[0]._batch_rows()  # (a map keeps its elements' rows, as a row-wise function does)
+
     def _iterate(self, state: State) -> Iterator[Any]:
         # The position: the index of the next input element (``index``, for the notes on a failing
         # call's error), the input's pass, and, between a parallel pass's consumer and its input,
@@ -147,6 +150,9 @@ class MapDataset(Dataset):
 
 
 class _TolerantMap(MapDataset):
+    def _batch_rows(self) -> tuple[int | None, str | None]:
+        return None, "an ignore_errors() map may drop a batch"
+
     """``map`` that drops an element whose function raised (inside ``ignore_errors``)."""
 
     _on_error: ErrorHandler

@@ -112,6 +112,14 @@ class Node:
     def _batch_size(self) -> int | None:
         return None
 
+    def _batch_rows(self) -> tuple[int | None, str | None]:
+        """The number of rows of this node's elements when they are batches whose rows can be cut
+        again into batches of another size exactly (a pass restored onto another per-replica batch
+        size does that), else ``(None, why not)``. Nodes that keep the rows of each element as they
+        are, in order (``map``, ``prefetch``, ``with_options``), answer for their input.
+        """
+        return None, f"its last operation is a {self._state_name()}, not a batch"
+
     def _reads_files(self) -> bool:
         """True if this node reads the files named by its first input (what FILE auto-sharding shards)."""
         return False

@@ -71,6 +71,9 @@ class PrefetchDataset(_Transparent):
         finally:
             producer.pull.release()
 
+    def _batch_rows(self) -> tuple[int | None, str | None]:
+        return self._inputs[0]._batch_rows()
+
     def _gather_plan(self) -> None:
         return None  # the thread must run on the real elements
 

@@ -140,6 +140,12 @@ class BatchDataset(Dataset):
     def _batch_size(self) -> int | None:
         return self._size
 
+    def _batch_rows(self) -> tuple[int | None, str | None]:
+        if self._drop and self._inputs[0]._cardinality() != INFINITE:
+            # the rows it drops at the end depend on the batch size
+            return None, "its last batch() drops a remainder of a finite input, which depends on the batch size"
+        return self._size, None
+
 
 class UnbatchDataset(Dataset):
     def __init__(self, input_dataset: Dataset) -> None:
@@ -548,6 +554,9 @@ class OptionsDataset(_Transparent):
 
     def _iterate(self, state: State) -> Iterator[Any]:
         return iter(state.input())
+
+    def _batch_rows(self) -> tuple[int | None, str | None]:
+        return self._inputs[0]._batch_rows()
 
 
 _INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)

@@ -187,11 +187,11 @@ class DistributedDataset(_DistributedInput):
     def _source_fully_defined(self) -> bool:
         if isinstance(self._source, IterableDataset):
             return False  # its batch dimension is never known in advance
-        spec = self._source._spec(probe=True)
+        spec = self._sharded._spec(probe=True)
         return spec is not None and is_fully_defined(spec)
 
     def _replica_spec(self, probe: bool) -> Any:
-        spec = self._source._spec(probe)
+        spec = self._sharded._spec(probe)  # (the shards this worker reads: a SHARD_HINT is filled in)
         if spec is None or self._worker.num_replicas_in_sync == 1:
             return spec
         return replica_spec(spec, self._worker.num_replicas_in_sync, self._worker.num_workers > 1)

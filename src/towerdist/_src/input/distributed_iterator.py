@@ -348,8 +348,12 @@ class DistributedIterator:
                 HELD_STEPS,
             )
         feed = self._feed
-        # The pipelines had ended or failed (exhausted): only what was read before counts.
-        exhausted = self._ended or self._error is not None
+        # The pipelines had ended or failed (exhausted), here or in the run this one was restored
+        # from: only what was read before counts, then the end or the error not raised yet.
+        exhausted = self._ended or self._error is not None or (feed is not None and feed.exhausted)
+        error: BaseException | None = self._error
+        if error is None and feed is not None and feed.exhausted and not self._ended:
+            error = feed.error
         datasets = source._pipelines()
         pipelines = []
         for k, dataset in enumerate(datasets):
@@ -388,7 +392,7 @@ class DistributedIterator:
             "started": feed is not None,
             "exhausted": exhausted,
             "ended": self._ended and not units,
-            "error": None if self._error is None else saved_errors.save_error(self._error),
+            "error": None if error is None else saved_errors.save_error(error),
         }
 
     def _checkpoint_state(self) -> bytes:

@@ -78,6 +78,16 @@ class Feed:
         self._exhausted = exhausted
         self._error = error
 
+    @property
+    def exhausted(self) -> bool:
+        """The pipelines had ended when the position this feed resumes was saved."""
+        return self._exhausted
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error an exhausted feed raises after its leftovers (None: it just ends)."""
+        return self._error
+
     def _source(self, k: int = 0) -> Iterator[Any]:
         """Pipeline ``k``'s elements: its pass, or (exhausted) nothing but the saved error, if any."""
         if not self._exhausted:
@@ -249,11 +259,12 @@ class SplitAllFeed(Feed):
 
     @staticmethod
     def merged(units: list[Any]) -> list[Any]:
-        # Consecutive units of one element (the steps cut from it, then what is left of it)
-        # stand for its groups from the first unit's on: that one unit only.
+        # A unit that starts past group 0 continues the element of the unit before it (the steps
+        # cut from one element, then what is left of it): the first unit of an element stands for
+        # its groups from there on. (Not compared by identity: a pipeline may yield one object twice.)
         kept: list[Any] = []
         for element, start in units:
-            if kept and kept[-1][0] is element:
+            if kept and start != 0:
                 continue
             kept.append([element, start])
         return kept

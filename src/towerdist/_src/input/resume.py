@@ -32,9 +32,7 @@ import numpy as np
 from towerdist._src.data import state_codec
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.iterator import register_state_converter
-from towerdist._src.data.mapping import MapDataset, _TolerantMap
-from towerdist._src.data.prefetch import PrefetchDataset
-from towerdist._src.data.transforms import BatchDataset, OptionsDataset, RowCutter
+from towerdist._src.data.transforms import RowCutter
 from towerdist._src.errors import DataLossError, FailedPreconditionError
 from towerdist._src.failures import unworded
 from towerdist._src.input.split import compute_batch_size
@@ -159,7 +157,8 @@ def saved_positions(tree: Any, source: _DistributedInput) -> list[dict[str, Any]
 
 
 def _from_dataset_iterator(position: dict[str, Any], sharding: str) -> dict[str, Any]:
-    """A ``DatasetIterator``'s position as one worker's distributed position: a stream of global batches."""
+    """A ``DatasetIterator``'s position as one worker's distributed position: a stream of elements (global
+    batches, or a dataset_fn's per-replica batches, whose size it says)."""
     ended = bool(position.get("ended"))
     pending = list(position.get("pending", []))
     return {
@@ -169,12 +168,12 @@ def _from_dataset_iterator(position: dict[str, Any], sharding: str) -> dict[str,
             {"pipeline": position["pipeline"], "random": position["random"], "cursor": position.get("cursor")}
         ],
         "leftover": pending,
-        "state": {},
+        "state": {"rows": position.get("rows"), "batch_size": position.get("batch_size"), "recut": None},
         "steps": 0,
         "started": True,
         "exhausted": ended,
-        "ended": ended and not pending,
-        "error": None,
+        "ended": ended and not pending and position.get("error") is None,
+        "error": position.get("error"),
     }
 
 
@@ -202,6 +201,20 @@ def to_dataset_iterator(tree: dict[str, Any], dataset: Dataset) -> dict[str, Any
                 f"Restore it into an iterator of the same distributed dataset."
             )
         )
+    state = first["state"]
+    rows, _ = dataset._batch_rows()
+    if first["kind"] == "elements" and (
+        state.get("rows") != rows or state.get("batch_size") != dataset._batch_size() or state.get("recut")
+    ):
+        raise unworded(
+            FailedPreconditionError(
+                f"cannot restore a td.data iterator from the saved state of a distributed iterator: the saved "
+                f"dataset_fn's batches have {state.get('rows') or state.get('batch_size') or 'an unknown number of'} "
+                f"rows, this dataset's {rows or dataset._batch_size() or 'an unknown number'}, and a td.data iterator "
+                f"does not cut batches again. Restore it into an iterator of the same distributed dataset, or build "
+                f"this dataset with the saved per-replica batch size."
+            )
+        )
     leftover = list(first["leftover"])
     size = compute_batch_size(dataset)
     if first["kind"] == "rows" and size is not None:  # rows cut for several replicas: whole global batches again
@@ -214,6 +227,7 @@ def to_dataset_iterator(tree: dict[str, Any], dataset: Dataset) -> dict[str, Any
         "pending": leftover,
         "ended": exhausted or bool(first["ended"]),
         "cursor": pipeline["cursor"],
+        "error": first.get("error") if exhausted else None,
     }
 
 
@@ -226,18 +240,12 @@ def recut_problem(dataset: Dataset) -> tuple[int | None, str | None]:
     A pipeline whose elements are batches of a per-replica size can continue on another
     per-replica size by cutting the rows of the rest of its pass again (what
     ``distribute_datasets_from_function`` does restored onto another number of replicas),
-    if nothing after its last ``batch`` regroups, reorders, drops or counts the batches:
-    only ``map``, ``prefetch`` and ``with_options`` may follow it. Returns ``(rows, None)``
-    when that holds, else ``(None, why)``.
+    if nothing after its last ``batch`` regroups, reorders, drops or counts the batches
+    (``map``, ``prefetch`` and ``with_options`` may follow it; the ``map`` must act row by row)
+    and the batch does not drop a remainder of a finite input. Returns ``(rows, None)`` when
+    that holds, else ``(None, why)`` (see ``Node._batch_rows``).
     """
-    node = dataset
-    while isinstance(node, (MapDataset, PrefetchDataset, OptionsDataset)) and not isinstance(node, _TolerantMap):
-        node = node._inputs[0]
-    if isinstance(node, BatchDataset):
-        return node._batch_size(), None
-    if node is dataset:
-        return None, f"its last operation is a {node._state_name()}, not a batch"
-    return None, f"a {node._state_name()} comes between its last map/prefetch and a batch"
+    return dataset._batch_rows()
 
 
 def count(n: int, noun: str) -> str:

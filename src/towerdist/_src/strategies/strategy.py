@@ -194,6 +194,8 @@ class Strategy:
         except BaseException as error:  # a hot path: no context manager, nothing to pay until it raises
             name_api(error, "Strategy.run()")
             raise
+        finally:
+            steps.end()
 
     def reduce(self, reduce_op: ReduceOpLike, value: Nest, axis: AxisLike | None) -> Any:
         """Reduces ``value`` across replicas (and along ``axis`` when given).

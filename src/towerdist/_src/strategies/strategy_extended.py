@@ -214,9 +214,12 @@ class StrategyExtended:
         strategy = self._container_strategy()
         context.require_cross_replica_or_default(strategy, "StrategyExtended.call_for_each_replica()")
         steps.begin()
-        with worded_at("Strategy.run()"):  # its errors have always read as run()'s, which it is
-            with strategy.scope():
-                return self._call_for_each_replica(fn, tuple(args), kwargs or {})
+        try:
+            with worded_at("Strategy.run()"):  # its errors have always read as run()'s, which it is
+                with strategy.scope():
+                    return self._call_for_each_replica(fn, tuple(args), kwargs or {})
+        finally:
+            steps.end()
 
     # --- variables ----------------------------------------------------------------------
 
