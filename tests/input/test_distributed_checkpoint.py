@@ -761,3 +761,22 @@ def test_a_worker_out_of_data_first_under_shard_hints_gets_empty_pieces() -> Non
     # one row per step (a global batch of 2 for 2 replicas); after its 6 rows, empty pieces made from
     # the spec of its own shard (the hint filled in)
     assert pieces == [[1], [1], [1], [3], [3], [3], [], []]
+
+
+def test_workers_whose_threads_read_ahead_into_another_epoch_are_at_the_same_place() -> None:
+    # A prefetch thread may have begun the next epoch's shuffle on one worker and not yet on the
+    # other when they save: their epoch counters differ, their data does not.
+    make = lambda: with_policy(D.range(32).shuffle(8, seed=2).repeat(3).batch(GLOBAL_BATCH), Policy.DATA)  # noqa: E731
+    job = VirtualJob(make, 2, 1)
+    job.run(3)
+    tree = state_codec.decode(job.state())
+    positions = [state_codec.decode(bytes(blob)) for blob in tree["workers"]]
+    shuffled = next(k for k, state in enumerate(positions[1]["pipelines"][0]["random"]) if state is not None)
+    positions[1]["pipelines"][0]["random"][shuffled]["next_epoch"] += 1
+    state = state_codec.encode(
+        {"kind": tree["kind"], "workers": [np.frombuffer(state_codec.encode(p), np.uint8) for p in positions]}
+    )
+    expected = job.rest()
+    new_job = VirtualJob(make, 1, 2)
+    new_job.restore(state)
+    assert new_job.rest() == expected

@@ -257,18 +257,24 @@ def same_data(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """True if two workers saved the same place in the same data: the same pipelines and seeds, the same
     steps used, and the same data read but not used.
 
-    Their pipelines' own positions are not compared: background threads (``prefetch``, a parallel
-    ``map``) read ahead by as much as timing let them, so two workers at one place in one stream
-    hold it in different ways.
+    Their pipelines' own positions are not compared (nor the epoch numbers their random operations
+    drew): background threads (``prefetch``, a parallel ``map``) read ahead by as much as timing let
+    them, so two workers at one place in one stream hold it in different ways.
     """
     keys = ("kind", "steps", "started", "exhausted", "ended", "leftover", "state")
     if any(not _same(a.get(key), b.get(key)) for key in keys):
         return False
     pipelines_a, pipelines_b = a["pipelines"], b["pipelines"]
     return len(pipelines_a) == len(pipelines_b) and all(
-        _same(p["pipeline"], q["pipeline"]) and _same(p["random"], q["random"])
+        _same(p["pipeline"], q["pipeline"]) and _same(_seeds(p["random"]), _seeds(q["random"]))
         for p, q in zip(pipelines_a, pipelines_b, strict=True)
     )
+
+
+def _seeds(random_states: list[Any]) -> list[Any]:
+    """The seeds of a pipeline's random operations (their next epoch numbers, like the pipeline's position,
+    depend on how far a background thread read ahead)."""
+    return [None if state is None else state.get("seed") for state in random_states]
 
 
 def _same(a: Any, b: Any) -> bool:
