@@ -308,7 +308,7 @@ def test_a_save_waits_for_the_element_a_prefetch_thread_is_making():
     def make():
         return D.range(8).map(lambda x: (time.sleep(0.05), x)[1]).prefetch(2)
 
-    saved = save_after(make, 3)  # the thread is making an element when the save comes
+    saved = save_after(make, 3)  # (the thread is usually making an element then: the rest is the same either way)
     assert_same_elements(saved.rest, restored_rest(make, saved.state))
 
 
@@ -369,18 +369,36 @@ def test_a_save_fails_after_a_bounded_wait_naming_a_thread_blocked_in_user_code(
 
 def test_a_save_that_waits_long_for_a_thread_says_so_in_the_log(monkeypatch, caplog):
     monkeypatch.setattr(workers, "_SAVE_WARNING_SECONDS", 0.1)
-    monkeypatch.setattr(workers, "SAVE_SECONDS", 5.0)
+    monkeypatch.setattr(workers, "SAVE_SECONDS", 30.0)
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_at_two(x):
+        if int(x) == 2:
+            entered.set()
+            assert release.wait(timeout=30)
+        return x
+
+    class ReleaseOnTheWarning(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "Saving the iterator has waited" in record.getMessage():
+                release.set()  # the save said it waits: let the thread finish its element
 
     def make():
-        return D.range(4).map(lambda x: (time.sleep(0.4 if int(x) == 2 else 0), x)[1]).prefetch(1)
+        return D.range(4).map(slow_at_two).prefetch(1)
 
     iterator = iter(make())
     head = take(iterator, 2)
-    time.sleep(0.05)  # the thread is now making element 2
-    with caplog.at_level(logging.WARNING, logger="towerdist"):
-        state = iterator._checkpoint_state()
+    assert entered.wait(timeout=10)  # the thread is making element 2
+    handler = ReleaseOnTheWarning()
+    logging.getLogger("towerdist").addHandler(handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger="towerdist"):
+            state = iterator._checkpoint_state()
+    finally:
+        logging.getLogger("towerdist").removeHandler(handler)
+        release.set()
     assert "Saving the iterator has waited 0.1 s for the Dataset.prefetch() thread to finish" in caplog.text
-    assert_same_elements(list(iterator), restored_rest(make, state))
+    assert_same_elements(list(iterator), restored_rest(lambda: D.range(4).map(lambda x: x).prefetch(1), state))
     assert len(head) == 2
 
 
