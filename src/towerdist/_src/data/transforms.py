@@ -232,14 +232,10 @@ class RowCutter:
         self.turn = position["turn"]
         self.exhausted = position["exhausted"]
 
-    def rows_ahead(self) -> int:
-        """How many rows are read from the stream but not cut yet."""
-        return sum(_rows_of(element) - start for element, start in self.pending)
-
     def pieces(self, source: Iterator[Any]) -> Iterator[Any]:
         """The pieces of ``source``'s rows (after the rows already pending)."""
         sizes = self.sizes
-        treespec = None if self.template is None else nest.flatten(self.template)[1]
+        template_leaves, treespec = (None, None) if self.template is None else nest.flatten(self.template)
         pending = [(nest.flatten(element)[0], start, _rows_of(element)) for element, start in self.pending]
         available = sum(rows - start for _, start, rows in pending)
         while True:
@@ -260,16 +256,16 @@ class RowCutter:
                         f"Cannot rebatch elements of different structures: {treespec} and {spec}."
                     )
                 rows = unstack_count(leaves, "rebatch")
-                self.template = element
+                self.template, template_leaves = element, leaves
                 if rows:
                     pending.append((leaves, 0, rows))
                     self.pending.append([element, 0])
                     available += rows
             if self.template is None or (size > 0 and available == 0) or (available < size and self.drop_remainder):
                 return
-            assert treespec is not None
+            assert treespec is not None and template_leaves is not None
             take = min(size, available)
-            piece = treespec.unflatten(_take_rows(pending, take, nest.flatten(self.template)[0]))
+            piece = treespec.unflatten(_take_rows(pending, take, template_leaves))
             available -= take
             del self.pending[: len(self.pending) - len(pending)]
             if pending:
