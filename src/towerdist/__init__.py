@@ -61,6 +61,7 @@ from towerdist._src.dtypes import uint8 as uint8
 from towerdist._src.dtypes import uint16 as uint16
 from towerdist._src.dtypes import uint32 as uint32
 from towerdist._src.dtypes import uint64 as uint64
+from towerdist._src.indexed_slices import IndexedSlices as IndexedSlices
 from towerdist._src.module import Module as Module
 from towerdist._src.name_scope import name_scope as name_scope
 from towerdist._src.variable_enums import VariableAggregation as VariableAggregation
@@ -69,6 +70,7 @@ from towerdist._src.variables.variable import Variable as Variable
 from towerdist._src.version import __version__ as __version__
 
 __all__ = [
+    "IndexedSlices",
     "Module",
     "TensorSpec",
     "Variable",

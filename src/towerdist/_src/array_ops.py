@@ -115,7 +115,8 @@ def convert_to_tensor(value: Any, dtype: Any = None, dtype_hint: Any = None, nam
     returns an existing tensor unchanged). Host data (Python values, numpy arrays) inside a
     ``td.device("GPU:k")`` scope is placed on that GPU, as ``td.constant`` places it. A
     ``PerReplica`` or ``Mirrored`` converts to its local component inside a replica; a
-    variable to its value (``v.value()``).
+    variable to its value (``v.value()``); an ``IndexedSlices`` to its dense array (repeated
+    indices summed).
     """
     del name
     array = as_array(value, dtype, dtype_hint)
@@ -133,7 +134,9 @@ def as_array(value: Any, dtype: Any = None, dtype_hint: Any = None) -> Any:
     A ``PerReplica`` or ``Mirrored`` converts to its local component inside a replica; a
     variable to its value; Python values become arrays of the current device.
     """
-    if hasattr(value, "_towerdist_value") and not isinstance(value, Mirrored):
+    if hasattr(value, "_towerdist_dense"):
+        value = value._towerdist_dense()  # an IndexedSlices: its dense value, as TensorFlow converts it
+    elif hasattr(value, "_towerdist_value") and not isinstance(value, Mirrored):
         value = value._towerdist_value()  # a variable: its value in this context
     elif isinstance(value, PerReplica):
         value = value._local()  # raises outside a replica context

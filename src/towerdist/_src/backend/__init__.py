@@ -2,7 +2,7 @@
 
 Each backend module (``numpy_backend``, ``cupy_backend``) exports the same functions:
 ``owns``, ``asarray``, ``to_device``, ``to_device_of``, ``copy``, ``buffer_id``, ``share``, ``freeze``, ``empty``, ``zeros``, ``flat``,
-``accumulate_into``, ``divide_into``, ``add_n``, ``add``, ``true_divide``, ``concat``, ``split``,
+``accumulate_into``, ``divide_into``, ``unique_rows_sum``, ``add_n``, ``add``, ``true_divide``, ``concat``, ``split``,
 ``synchronize``, ``on_device``, ``on_array_device``, and the array module as ``xp``. Code that places, moves or reduces data
 goes through these functions and never calls numpy or cupy directly, so the same code
 serves CPU and GPU devices.

@@ -277,6 +277,27 @@ def true_divide(array: Any, divisor: Any) -> Any:
         return cupy.true_divide(array, divisor)
 
 
+def unique_rows_sum(indices: Any, values: Any) -> tuple[Any, Any]:
+    """As ``numpy_backend.unique_rows_sum``, on the arrays' GPU (sizes read back: one host sync)."""
+    cupy = _import()
+    with cupy.cuda.Device(values.device.id):
+        if indices.shape[0] == 0:
+            return indices.astype(cupy.int64), values
+        order = cupy.argsort(indices)
+        ordered = indices[order]
+        starts = cupy.empty(ordered.shape[0], bool)
+        starts[0] = True
+        cupy.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+        segment = cupy.cumsum(starts) - 1
+        first = cupy.flatnonzero(starts)
+        rows = values[order]
+        if first.shape[0] == ordered.shape[0]:
+            return ordered, rows
+        out = cupy.zeros((first.shape[0], *values.shape[1:]), values.dtype)
+        cupy.add.at(out, segment, rows)
+        return ordered[first], out
+
+
 def concat(arrays: Sequence[Any], axis: int, device: Any = None) -> Any:
     """The arrays joined along ``axis`` on ``device`` (default: the first array's GPU)."""
     cupy = _import()

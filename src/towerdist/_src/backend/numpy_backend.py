@@ -155,6 +155,22 @@ def true_divide(array: Any, divisor: Any) -> np.ndarray:
     return np.asarray(np.true_divide(array, divisor))
 
 
+def unique_rows_sum(indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(distinct indices sorted, values' rows summed per index)``; the rows of an index add in their order."""
+    if indices.shape[0] == 0:
+        return indices.astype(np.int64), values
+    order = np.argsort(indices, kind="stable")
+    ordered = indices[order]
+    starts = np.empty(ordered.shape[0], bool)
+    starts[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    first = np.flatnonzero(starts)
+    rows = values[order]
+    if first.shape[0] == ordered.shape[0]:
+        return ordered, rows
+    return ordered[first], np.add.reduceat(rows, first, axis=0)
+
+
 def concat(arrays: Sequence[Any], axis: int, device: Any = None) -> np.ndarray:
     """The arrays joined along ``axis`` in host memory (``device``: any CPU)."""
     del device
