@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import numpy as np
 
-from towerdist._src.optimizers.optimizer import LearningRate, Optimizer, check_unit_interval
+from towerdist._src.optimizers.optimizer import (
+    LearningRate,
+    Optimizer,
+    check_non_negative,
+    check_unit_interval,
+)
+from towerdist._src.optimizers.sparse_gradients import SparseRows
 
 __all__ = ["Adam"]
 
@@ -44,9 +49,7 @@ class Adam(Optimizer):
         super().__init__(learning_rate, name)
         self._beta_1 = check_unit_interval("beta_1", beta_1, closed=False)
         self._beta_2 = check_unit_interval("beta_2", beta_2, closed=False)
-        if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real) or not epsilon >= 0:
-            raise ValueError(f"`epsilon` must be a float >= 0. Received: epsilon={epsilon!r}")
-        self._epsilon: float = float(epsilon)
+        self._epsilon = check_non_negative("epsilon", epsilon)
         self._amsgrad: bool = bool(amsgrad)
         self._slot_names = ("m", "v", "vhat") if self._amsgrad else ("m", "v")
 
@@ -95,14 +98,39 @@ class Adam(Optimizer):
     def _compute(
         self, xp: Any, var: Any, grad: Any, slots: dict[str, Any], coefficients: dict[str, Any], out: Any
     ) -> tuple[Any, dict[str, Any]]:
+        return self._rule(xp, var, grad, None, slots, coefficients, out)
+
+    def _compute_sparse(
+        self, xp: Any, var: Any, grad: SparseRows, slots: dict[str, Any], coefficients: dict[str, Any], out: Any
+    ) -> tuple[Any, dict[str, Any]]:
+        # Keras densifies the gradient (and the squares of its slices) into the moments'
+        # dense update: every row of m and v decays, every row of the variable moves.
+        dense = grad.dense(xp, var, out.scratch("dense_grad", var))
+        square = grad.dense_squares(xp, var, out.scratch("dense_square", var))
+        return self._rule(xp, var, dense, square, slots, coefficients, out)
+
+    def _rule(
+        self,
+        xp: Any,
+        var: Any,
+        grad: Any,
+        square: Any,
+        slots: dict[str, Any],
+        coefficients: dict[str, Any],
+        out: Any,
+    ) -> tuple[Any, dict[str, Any]]:
+        """The update with ``g**2`` given as ``square`` (None: ``grad * grad``)."""
         # Keras's order of operations, into reused buffers (``out``): no allocation in a
         # steady training loop on the host.
         m_old, v_old = slots["m"], slots["v"]
         m = xp.subtract(grad, m_old, out=out.out("m", m_old))
         m *= coefficients["one_minus_beta_1"]
         m += m_old  # m + (g - m) * (1 - beta_1)
-        v = xp.multiply(grad, grad, out=out.out("v", v_old))
-        v -= v_old
+        if square is None:
+            v = xp.multiply(grad, grad, out=out.out("v", v_old))
+            v -= v_old
+        else:
+            v = xp.subtract(square, v_old, out=out.out("v", v_old))
         v *= coefficients["one_minus_beta_2"]
         v += v_old  # v + (g * g - v) * (1 - beta_2)
         new_slots = {"m": m, "v": v}
@@ -116,3 +144,4 @@ class Adam(Optimizer):
 
     # m, v, the variable and the gradient are read and written: about three times SGD's traffic.
     _cost_per_byte = 9
+    _sparse_squares = True

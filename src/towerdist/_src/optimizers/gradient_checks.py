@@ -24,17 +24,20 @@ import numpy as np
 from towerdist._src import backend
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.failures import API, unworded
+from towerdist._src.indexed_slices import IndexedSlices, check_indices
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.variables.variable import Variable, VariableRef
 
 __all__ = [
     "check_gradient",
     "check_pairs",
+    "check_sparse_gradient",
     "columns_of",
     "gradient_columns",
     "to_sum",
     "variable_ref",
     "warn_skipped",
+    "where_from",
 ]
 
 # ``to_sum``'s answer when no gradient is summed (compared by identity).
@@ -107,7 +110,7 @@ def warn_skipped(skipped: list[str], api: str, stacklevel: int) -> None:
 def _as_gradient(grad: Any, var: Variable) -> Any:
     """``grad`` as an array (or distributed value): lists and numbers become one array, so
     that ``merge_call`` treats them as one value per replica, not as nested structures."""
-    if isinstance(grad, (Variable, DistributedValues)) or backend.is_array(grad):
+    if isinstance(grad, (Variable, DistributedValues, IndexedSlices)) or backend.is_array(grad):
         return grad
     array = np.asarray(grad)
     if array.dtype.kind not in "biufc":
@@ -226,7 +229,7 @@ def check_gradient(column: list[Any], var: Variable, current: Any, from_replicas
             part = part.value()
         shape = part.shape if type(part) is np.ndarray else tuple(np.shape(part))
         if shape != var_shape:
-            where = f" from replica {replica}" if from_replicas or len(column) > 1 else ""
+            where = where_from(replica, from_replicas, len(column))
             raise unworded(
                 ValueError(
                     f"the gradient of {var.name}{where} has shape {tuple(shape)}, but the variable has shape "
@@ -237,22 +240,75 @@ def check_gradient(column: list[Any], var: Variable, current: Any, from_replicas
         dtype = (
             part.dtype if type(part) is np.ndarray else np.dtype(getattr(part, "dtype", None) or np.asarray(part).dtype)
         )
-        key = (dtype, var_dtype)
-        converts = _CONVERTS.get(key)
-        if converts is None:
-            converts = _CONVERTS[key] = dtype.kind in "biufc" and bool(np.can_cast(dtype, var_dtype, "same_kind"))
-        if not converts:
-            where = f" from replica {replica}" if from_replicas or len(column) > 1 else ""
-            if dtype.kind == "c":
-                why = "its imaginary part would be dropped; pass grad.real if that is what you mean"
-            elif dtype.kind not in "biuf":
-                why = "it is not an array of numbers; compute the gradient as a numeric array"
-            else:
-                why = f"it does not convert without losing information; cast it with td.cast(grad, {var_dtype.name})"
-            raise unworded(
-                InvalidArgumentError(
-                    f"the gradient of {var.name}{where} has dtype {dtype}, but the variable has dtype "
-                    f"{var_dtype}: {why}."
-                ),
-                separator=": ",
-            )
+        _check_dtype(dtype, var, var_dtype, where_from(replica, from_replicas, len(column)))
+
+
+def where_from(replica: int, from_replicas: bool, replicas: int) -> str:
+    """`` from replica 1`` when the gradients came from several replicas, else nothing (for messages)."""
+    return f" from replica {replica}" if from_replicas or replicas > 1 else ""
+
+
+def _check_dtype(dtype: np.dtype[Any], var: Variable, var_dtype: np.dtype[Any], where: str) -> None:
+    """Raises if a gradient of ``dtype`` does not convert to the variable's dtype (numpy's ``same_kind``)."""
+    key = (dtype, var_dtype)
+    converts = _CONVERTS.get(key)
+    if converts is None:
+        converts = _CONVERTS[key] = dtype.kind in "biufc" and bool(np.can_cast(dtype, var_dtype, "same_kind"))
+    if converts:
+        return
+    if dtype.kind == "c":
+        why = "its imaginary part would be dropped; pass grad.real if that is what you mean"
+    elif dtype.kind not in "biuf":
+        why = "it is not an array of numbers; compute the gradient as a numeric array"
+    else:
+        why = f"it does not convert without losing information; cast it with td.cast(grad, {var_dtype.name})"
+    raise unworded(
+        InvalidArgumentError(
+            f"the gradient of {var.name}{where} has dtype {dtype}, but the variable has dtype {var_dtype}: {why}."
+        ),
+        separator=": ",
+    )
+
+
+def check_sparse_gradient(part: IndexedSlices, var: Variable, current: Any, where: str) -> None:
+    """Checks one replica's ``IndexedSlices`` gradient of ``var`` (``current`` is its value).
+
+    The dense shape (when known) must be the variable's, every slice one of its rows, every
+    index one of its rows' numbers, and the values' dtype must convert to the variable's.
+    ``where`` says whose gradient it is in messages (`` from replica 1`` or nothing). Its
+    errors are :func:`unworded` (``separator=": "``) ``InvalidArgumentError``s, as TensorFlow
+    raises for these gradients.
+    """
+    var_shape = tuple(current.shape)
+    if not var_shape:
+        raise unworded(
+            InvalidArgumentError(
+                f"the gradient of {var.name}{where} is an IndexedSlices, but the variable is a scalar (shape ()), "
+                f"which has no rows to slice. Pass a dense gradient."
+            ),
+            separator=": ",
+        )
+    if part.dense_shape is not None and tuple(int(d) for d in part.dense_shape) != var_shape:
+        raise unworded(
+            InvalidArgumentError(
+                f"the gradient of {var.name}{where} is an IndexedSlices of dense_shape "
+                f"{tuple(int(d) for d in part.dense_shape)}, but the variable has shape {var_shape}. Pass slices of "
+                f"the variable: IndexedSlices(values, indices, dense_shape={list(var_shape)})."
+            ),
+            separator=": ",
+        )
+    rows = tuple(part.values.shape[part.indices.ndim :])
+    if rows != var_shape[1:]:
+        raise unworded(
+            InvalidArgumentError(
+                f"the gradient of {var.name}{where} is an IndexedSlices whose slices have shape {rows} (values of "
+                f"shape {tuple(part.values.shape)}), but the rows of the variable, of shape {var_shape}, have shape "
+                f"{var_shape[1:]}. Pass one row of the variable per index."
+            ),
+            separator=": ",
+        )
+    _check_dtype(np.dtype(part.dtype), var, current.dtype, where)
+    try:
+        check_indices(part.indices, var_shape, f"the gradient of {var.name}{where} (an IndexedSlices)")
+    except InvalidArgumentError as error:
+        raise unworded(error, separator=": ") from None

@@ -42,16 +42,20 @@ import numpy as np
 from towerdist._src import backend, context, parallel
 from towerdist._src.errors import ValidationError
 from towerdist._src.failures import name_api, unworded, worded_at
+from towerdist._src.indexed_slices import IndexedSlices, check_reducible, densify
 from towerdist._src.optimizers.gradient_checks import (
     NOTHING_TO_SUM,
     check_gradient,
     check_pairs,
+    check_sparse_gradient,
     columns_of,
     gradient_columns,
     to_sum,
     variable_ref,
     warn_skipped,
+    where_from,
 )
+from towerdist._src.optimizers.sparse_gradients import SparseRows, prepare, rows_of
 from towerdist._src.optimizers.step_counter import HostStep
 from towerdist._src.optimizers.update_plan import (
     ONE_BUFFER,
@@ -226,7 +230,7 @@ class Optimizer:
     def _create_slot(self, strategy: Any, var: Variable, slot_name: str) -> Variable:
         initial = self._deferred_slots.pop((var.ref(), slot_name), None)
         if initial is None:
-            initial = np.zeros(var.shape, dtype=var.dtype)
+            initial = np.full(var.shape, self._slot_initial_value(slot_name), dtype=var.dtype)
         with strategy.extended.colocate_vars_with(var):
             return creation.create_variable(  # type: ignore[no-any-return]
                 initial,
@@ -361,6 +365,7 @@ class Optimizer:
         """
         variables = [var for _, var in pairs]
         known = self._cache.plans_of(variables) if self._iterations is not None else None
+        sparse = _NOTHING_SPARSE
         for k, var in enumerate(variables):
             current = (known[k].components if known is not None else components(var))[0]._array
             column = columns[k]
@@ -368,6 +373,11 @@ class Optimizer:
                 grad = column[0]
                 if type(grad) is np.ndarray and grad.shape == current.shape and grad.dtype == current.dtype:
                     continue  # the common case, checked inline
+            if any(type(part) is IndexedSlices for part in column):
+                columns[k], is_sparse = self._prepared_sparse(column, var, current, from_replicas)
+                if is_sparse:
+                    sparse = sparse | {k}
+                continue
             check_gradient(column, var, current, from_replicas)
         plans = known if known is not None else self._build_plans(strategy, variables)
         workers = strategy.extended._num_workers
@@ -381,16 +391,18 @@ class Optimizer:
             found = coefficients_by_dtype.get(dtype)
             if found is None:
                 found = coefficients_by_dtype[dtype] = self._coefficients_for(learning_rate, step, dtype)
+            if self._coefficients_per_variable:
+                found = self._variable_coefficients(plan.variable, found)
             coefficients.append(found)
         # Several workers: one share, so that every worker issues its collectives in one order.
         shares = self._shares(plans) if workers == 1 else [list(range(len(plans)))]
         if len(shares) == 1:
-            self._sum_and_update(strategy, shares[0], columns, summed, plans, coefficients, deferred)
+            self._sum_and_update(strategy, shares[0], columns, summed, plans, coefficients, sparse, deferred)
         else:
 
             def run_share(part: int) -> None:
                 with parallel.no_helpers():  # a share runs on one thread
-                    self._sum_and_update(strategy, shares[part], columns, summed, plans, coefficients)
+                    self._sum_and_update(strategy, shares[part], columns, summed, plans, coefficients, sparse)
 
             parallel.run_parts(run_share, len(shares))
         assert self._iterations is not None
@@ -429,20 +441,28 @@ class Optimizer:
         to_sum: list[bool],
         plans: list[VariablePlan],
         coefficients: list[dict[str, Any]],
+        sparse: frozenset[int],
         deferred: dict[int, list[Group]] | None = None,
     ) -> None:
         """Sums the gradients of the variables ``indices`` (one collective call), then updates them.
 
-        The updates of copies on a GPU of ``deferred`` are collected there instead (see ``_apply``).
+        The gradients of the variables ``sparse`` (prepared ``IndexedSlices``) are summed with
+        the sparse collective, in one call, and reach the rule as :class:`SparseRows`. The
+        updates of copies on a GPU of ``deferred`` are collected there instead (see ``_apply``).
         """
         summing = [k for k in indices if to_sum[k]] if to_sum is not NOTHING_TO_SUM else []
         summed: dict[int, list[Any]] = {}
+        if sparse:
+            summed, converted = self._sum_sparse(strategy, [k for k in indices if k in sparse], columns, summing)
+            for k, rows in converted.items():
+                columns[k] = rows  # the replicas' own (unsummed) gradients, as SparseRows
+            summing = [k for k in summing if k not in sparse]
         if summing:
             out = [plans[k].sum_buffers.scratch("sum", columns[k][0]) for k in summing]
             reduced = strategy.extended._all_reduce(
                 ReduceOp.SUM, [columns[k] for k in summing], None, out, collective=self._api
             )
-            summed = dict(zip(summing, reduced))
+            summed.update(zip(summing, reduced))
         for k in indices:
             plan = plans[k]
             column = summed.get(k)
@@ -462,6 +482,63 @@ class Optimizer:
                         self._update_group(*group)
                     else:
                         own.append(group)
+
+    def _prepared_sparse(
+        self, column: list[Any], var: Variable, current: Any, from_replicas: bool
+    ) -> tuple[list[Any], bool]:
+        """A column holding ``IndexedSlices``, checked and prepared for the sparse sum; whether it stays sparse.
+
+        Every replica's slices are checked against the variable (errors unworded). A
+        column mixing slices and dense gradients is made dense (the slices' rows summed),
+        as a dense sum would make it.
+        """
+        shape, dtype = tuple(current.shape), current.dtype
+        for replica, part in enumerate(column):
+            if type(part) is IndexedSlices:
+                check_sparse_gradient(part, var, current, where_from(replica, from_replicas, len(column)))
+        if not all(type(part) is IndexedSlices for part in column):
+            dense = [
+                densify(IndexedSlices(part.values, part.indices, shape)) if type(part) is IndexedSlices else part
+                for part in column
+            ]
+            check_gradient(dense, var, current, from_replicas)
+            return dense, False
+        prepared: dict[int, IndexedSlices] = {}  # one object given by several replicas stays one object
+        for part in column:
+            if id(part) not in prepared:
+                prepared[id(part)] = prepare(part, shape, dtype, self._sparse_squares)
+        result = [prepared[id(part)] for part in column]
+        if len(prepared) > 1:
+            check_reducible(result, self._api)
+        return result, True
+
+    def _sum_sparse(
+        self, strategy: Any, indices: list[int], columns: list[list[Any]], summing: list[int]
+    ) -> tuple[dict[int, list[Any]], dict[int, list[Any]]]:
+        """The :class:`SparseRows` of the sparse gradients ``indices``: (summed across replicas, the others).
+
+        Those in ``summing`` are summed with the sparse collective (one call); the others
+        (one value for every replica, or already summed) are brought to their canonical
+        form here, one object given by several replicas once.
+        """
+        squares = self._sparse_squares
+        reducing = [k for k in indices if k in summing]
+        summed: dict[int, list[Any]] = {}
+        if reducing:
+            reduced = strategy.extended._all_reduce_sparse(
+                ReduceOp.SUM, [columns[k] for k in reducing], None, collective=self._api
+            )
+            for k, column in zip(reducing, reduced):
+                summed[k] = [rows_of(part, squares, canonical=True) for part in column]
+        local: dict[int, list[Any]] = {}
+        for k in indices:
+            if k not in summed:
+                converted: dict[int, SparseRows] = {}
+                for part in columns[k]:
+                    if id(part) not in converted:
+                        converted[id(part)] = rows_of(part, squares, canonical=False)
+                local[k] = [converted[id(part)] for part in columns[k]]
+        return summed, local
 
     def _build_plans(self, strategy: Any, variables: list[Variable]) -> list[VariablePlan]:
         self._build(strategy, variables)
@@ -496,6 +573,15 @@ class Optimizer:
             if grad.dtype != old_value.dtype:
                 grad = grad.astype(old_value.dtype)
             new_value, new_slots = self._compute(np, old_value, grad, old_slots, coefficients, buffers)
+        elif type(grad) is SparseRows:
+            if impl is _HOST:
+                new_value, new_slots = self._compute_sparse(np, old_value, grad, old_slots, coefficients, buffers)
+            else:
+                with impl.on_device(first._device):
+                    rows = grad.on(impl, first._device)
+                    new_value, new_slots = self._compute_sparse(
+                        impl.xp, old_value, rows, old_slots, coefficients, buffers
+                    )
         else:
             with impl.on_device(first._device):  # every kernel of the update runs on the variable's GPU
                 grad = _on_device(grad, first)
@@ -510,6 +596,11 @@ class Optimizer:
                 buffers.retire(name, old_slots[name])
 
     # --- the update rule (subclasses) -----------------------------------------------------
+
+    def _slot_initial_value(self, slot_name: str) -> float:
+        """The value every element of a new slot starts at (Adagrad's accumulator: not 0)."""
+        del slot_name
+        return 0.0
 
     def _coefficients(self, learning_rate: float, step: int, dtype: np.dtype[Any]) -> dict[str, Any]:
         """Per-step scalars of the rule, in the variable's dtype (computed once per step)."""
@@ -533,6 +624,36 @@ class Optimizer:
         fresh arrays of the variable's dtype. Never write into the inputs.
         """
         raise NotImplementedError
+
+    def _compute_sparse(
+        self,
+        xp: Any,
+        var: Any,
+        grad: SparseRows,
+        slots: dict[str, Any],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
+    ) -> tuple[Any, dict[str, Any]]:
+        """``_compute`` for a sparse gradient: the rows' sums (and, with ``_sparse_squares``, of their squares).
+
+        By default the rule runs on the dense gradient, which gives Keras's numbers for a
+        rule linear in the gradient whose every slot decays on every row (SGD with
+        momentum). Rules that square the gradient, or that touch only the gradient's rows,
+        override it.
+        """
+        return self._compute(xp, var, grad.dense(xp, var, out.scratch("dense_grad", var)), slots, coefficients, out)
+
+    def _variable_coefficients(self, var: Variable, coefficients: dict[str, Any]) -> dict[str, Any]:
+        """The coefficients of ``var``'s update (called with ``_coefficients_per_variable`` only)."""
+        del var
+        return coefficients
+
+    # Whether some variables take other coefficients (AdamW's exclusions from weight decay).
+    _coefficients_per_variable = False
+
+    # Whether the rule needs, for a sparse gradient, the sums of the squares of each row's
+    # slices (Keras squares the slices one by one: see ``sparse_gradients.py``).
+    _sparse_squares = False
 
     # Whether ``_coefficients`` depends on the step (Adam's bias correction does; SGD's not).
     _coefficients_depend_on_step = True
@@ -649,8 +770,16 @@ def check_unit_interval(name: str, value: Any, *, closed: bool) -> float:
     return float(value)
 
 
+def check_non_negative(name: str, value: Any) -> float:
+    """``value`` as a finite float >= 0; raises ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= float(value) < float("inf"):
+        raise ValueError(f"`{name}` must be a float >= 0. Received: {name}={value!r}")
+    return float(value)
+
+
 _HOST = backend.host()
 _NO_SLOTS: dict[str, Any] = {}
+_NOTHING_SPARSE: frozenset[int] = frozenset()
 
 
 def _strategy_of(var: Variable) -> Any:

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from towerdist._src.optimizers.optimizer import LearningRate, Optimizer, check_unit_interval
+from towerdist._src.optimizers.sparse_gradients import SparseRows, copy_into
 
 __all__ = ["SGD"]
 
@@ -79,3 +80,12 @@ class SGD(Optimizer):
             xp.subtract(step, scaled, out=step)  # momentum * m - lr * grad
             return xp.add(var, step, out=out.out("var", var)), {"momentum": m}
         return xp.add(var, m, out=out.out("var", var)), {"momentum": m}
+
+    def _compute_sparse(
+        self, xp: Any, var: Any, grad: SparseRows, slots: dict[str, Any], coefficients: dict[str, Any], out: Any
+    ) -> tuple[Any, dict[str, Any]]:
+        if self._momentum:  # Keras densifies the gradient into the momentum, which decays on every row
+            return super()._compute_sparse(xp, var, grad, slots, coefficients, out)
+        new = copy_into(xp, var, out.out("var", var))  # Keras scatters: only the gradient's rows change
+        new[grad.indices] -= grad.values * coefficients["lr"]
+        return new, {}
