@@ -476,34 +476,6 @@ class StrategyExtended:
         del reduce_op, options, out, collective
         return [list(column) for column in columns]
 
-    def _all_reduce_sparse(
-        self, reduce_op: ReduceOp, columns: list[list[Any]], options: Any, *, collective: str
-    ) -> list[list[Any]]:
-        """STAND-IN until the sparse collective lands on main (one process only): concatenate, sum, copy."""
-        import numpy as np  # noqa: PLC0415  (stand-in)
-
-        from towerdist._src.indexed_slices import IndexedSlices, summed  # noqa: PLC0415
-
-        del reduce_op, options, collective
-        host = backend.host()
-        devices = self._replica_devices
-        results = []
-        for column in columns:
-            indices = np.concatenate([np.asarray(host.to_device(c.indices, None)) for c in column])
-            values = np.concatenate([np.asarray(host.to_device(c.values, None)) for c in column])
-            total = summed(IndexedSlices(values, indices, column[0].dense_shape))
-            row = []
-            for r in range(len(column)):
-                device = devices[r] if len(devices) == len(column) else None
-                impl = backend.for_device(device)
-                row.append(
-                    IndexedSlices(
-                        impl.to_device(total.values, device), impl.to_device(total.indices, device), total.dense_shape
-                    )
-                )
-            results.append(row)
-        return results
-
     def _sum_counts(self, count: int, collective: str) -> int:
         """``count`` summed over the workers (this process's count with one worker)."""
         del collective
