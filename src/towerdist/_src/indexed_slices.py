@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from towerdist._src import backend
+from towerdist._src import array_ops, backend, nest
 from towerdist._src.errors import InvalidArgumentError
 
-__all__ = ["IndexedSlices", "check_reducible", "densify", "is_canonical", "summed"]
+__all__ = ["IndexedSlices", "check_reducible", "densify", "is_canonical", "refuse_in_gather", "summed"]
 
 
 class IndexedSlices:
@@ -144,9 +144,7 @@ def _as_array(value: Any) -> Any:
     if backend.is_array(value) and not np.isscalar(value):
         return value
     if hasattr(value, "_towerdist_value") or hasattr(value, "_values"):
-        from towerdist._src import array_ops  # a variable or distributed value: its array here
-
-        return array_ops.as_array(value)
+        return array_ops.as_array(value)  # a variable or distributed value: its array here
     return np.asarray(value)
 
 
@@ -258,17 +256,29 @@ def check_reducible(components: Sequence[IndexedSlices], api: str, ids: Sequence
                 f"{api}: replica {replica}'s IndexedSlices has no dense_shape; reducing across replicas checks "
                 f"that every replica's gradient is of the same table, so pass dense_shape=..."
             )
-    for replica, item in zip(ids[1:], components[1:]):
-        if item.dense_shape.tolist() != first.dense_shape.tolist() or item.dtype != first.dtype:
+    shapes = [[int(d or 0) for d in item.shape] for item in components]
+    for replica, item, shape in zip(ids[1:], components[1:], shapes[1:]):
+        if shape != shapes[0] or item.dtype != first.dtype:
             raise InvalidArgumentError(
-                f"{api}: the replicas' IndexedSlices differ: replica {ids[0]} has dense_shape "
-                f"{first.dense_shape.tolist()} and dtype {first.dtype}, replica {replica} has dense_shape "
-                f"{item.dense_shape.tolist()} and dtype {item.dtype}. Every replica must contribute slices of the "
-                f"same dense array (TensorFlow would keep the first replica's dense_shape).",
+                f"{api}: the replicas' IndexedSlices differ: replica {ids[0]} has dense_shape {shapes[0]} and "
+                f"dtype {first.dtype}, replica {replica} has dense_shape {shape} and dtype {item.dtype}. Every "
+                f"replica must contribute slices of the same dense array (TensorFlow would keep the first "
+                f"replica's dense_shape).",
                 replicas=(ids[0], replica),
-                shapes=(tuple(first.dense_shape.tolist()), tuple(item.dense_shape.tolist())),
+                shapes=(tuple(shapes[0]), tuple(shape)),
             )
     if first.dtype.kind not in "iufc":
         raise InvalidArgumentError(
             f"{api}: reducing IndexedSlices needs numeric values; got dtype {first.dtype}. Cast the values first."
+        )
+
+
+def refuse_in_gather(value: Any, api: str) -> None:
+    """Raises TensorFlow's ``NotImplementedError`` if ``value`` holds an ``IndexedSlices`` (gathers refuse them)."""
+    leaves = [value] if isinstance(value, IndexedSlices) else nest.flatten(value)[0]
+    if any(isinstance(leaf, IndexedSlices) for leaf in leaves):
+        verb = api.split(".")[-1].rstrip("()")
+        raise NotImplementedError(
+            f"{verb} does not support IndexedSlices ({api}). Reduce them with all_reduce(), or gather "
+            f"td.convert_to_tensor() of each (dense) or their .values and .indices separately."
         )
