@@ -33,10 +33,12 @@ from towerdist._src.values.distributed_values import DistributedValues, Mirrored
 
 __all__ = [
     "DENSE_FRACTION",
+    "all_reduce_placed",
     "all_reduce_sparse",
     "combine",
     "copied",
     "is_sparse",
+    "merge_rows",
     "mirror_slices",
     "reduce_sparse",
     "to_device",
@@ -88,23 +90,23 @@ def combine(reduce_op: ReduceOp, parts: Sequence[IndexedSlices], count: int, dev
             elif dense:
                 indices, values = _merge_dense(xp, on_device, rows)
             else:
-                indices, values = _merge_rows(xp, on_device)
+                indices, values = merge_rows(xp, [(part.indices, part.values) for part in on_device])
             if reduce_op is ReduceOp.MEAN:
                 values = impl.true_divide(values, count)
     return IndexedSlices(values, indices, first.dense_shape)
 
 
-def _merge_rows(xp: Any, parts: Sequence[IndexedSlices]) -> tuple[Any, Any]:
-    """Union of the parts' rows; each part's rows added at their places in the union, in order."""
-    union = xp.unique(xp.concatenate([part.indices for part in parts]))
-    values = xp.zeros((union.shape[0], *parts[0].values.shape[1:]), parts[0].dtype)
-    for part in parts:
-        where = xp.searchsorted(union, part.indices)
-        if where.shape[0] == union.shape[0]:
-            values += part.values  # this part has every row of the union: a contiguous add
+def merge_rows(xp: Any, parts: Sequence[tuple[Any, Any]]) -> tuple[Any, Any]:
+    """The union of canonical ``(indices, values)`` parts' rows, each row summed in part order (array module ``xp``)."""
+    union = xp.unique(xp.concatenate([indices for indices, _ in parts]))
+    first_values = parts[0][1]
+    summed_values = xp.zeros((union.shape[0], *first_values.shape[1:]), first_values.dtype)
+    for indices, values in parts:
+        if indices.shape[0] == union.shape[0]:
+            summed_values += values  # this part has every row of the union: a contiguous add
         else:
-            values[where] += part.values  # each index once per part: no collisions
-    return union, values
+            summed_values[xp.searchsorted(union, indices)] += values  # each index once per part: no collisions
+    return union, summed_values
 
 
 def _merge_dense(xp: Any, parts: Sequence[IndexedSlices], rows: int) -> tuple[Any, Any]:
@@ -152,10 +154,16 @@ def all_reduce_sparse(
         parts = [summed(part) for part in column]
         if all(d.device_type != "GPU" for d in devices):
             reduced = combine(reduce_op, parts, len(parts), devices[0])
-            results.append(_components(mirror_slices(reduced, devices), len(devices)))
+            results.append(all_reduce_placed(reduced, devices))
         else:
             results.append([combine(reduce_op, parts, len(parts), device) for device in devices])
     return results
+
+
+def all_reduce_placed(slices: IndexedSlices, devices: Sequence[DeviceSpec]) -> list[IndexedSlices]:
+    """``slices`` (a reduction's result) for each of ``devices``: shared read-only on the host, copied to GPUs."""
+    placed = mirror_slices(slices, devices)
+    return list(placed._values) if isinstance(placed, DistributedValues) else [placed]
 
 
 def mirror_slices(slices: IndexedSlices, destinations: Sequence[DeviceSpec]) -> Any:
@@ -213,6 +221,3 @@ def _copied(slices: IndexedSlices, device: DeviceSpec) -> IndexedSlices:
     impl = backend.for_device(device)
     return IndexedSlices(impl.copy(slices.values, device), impl.copy(slices.indices, device), slices.dense_shape)
 
-
-def _components(value: Any, count: int) -> list[Any]:
-    return list(value._values) if isinstance(value, DistributedValues) else [value] * count
