@@ -191,15 +191,19 @@ def check_indices(indices: Any, shape: tuple[int, ...], api: str) -> None:
     rows = shape[0] if shape else 0
     if indices.size == 0:
         return
-    xp = backend.for_array(indices).xp
-    bad = xp.flatnonzero((indices.reshape(-1) < 0) | (indices.reshape(-1) >= rows))
-    if bad.size:
-        position = int(bad[0])
+    impl = backend.for_array(indices)
+    with impl.on_array_device(indices):
+        flat = indices.reshape(-1)
+        bad = impl.xp.flatnonzero((flat < 0) | (flat >= rows))
+        count = int(bad.size)
+        position = int(bad[0]) if count else 0
+        value = int(flat[position]) if count else 0
+    if count:
         where = np.unravel_index(position, tuple(indices.shape))
         label = "".join(f"[{int(i)}]" for i in where)
         raise InvalidArgumentError(
-            f"{api}: indices{label} = {int(indices.reshape(-1)[position])} is not in [0, {rows}): the array has "
-            f"shape {shape} ({int(bad.size)} of {int(indices.size)} indices are out of range). Nothing was written."
+            f"{api}: indices{label} = {value} is not in [0, {rows}): the array has shape {shape} ({count} of "
+            f"{int(indices.size)} indices are out of range). Nothing was written."
         )
 
 
@@ -219,7 +223,8 @@ def is_canonical(indices: Any) -> bool:
     """Whether ``indices`` (1-D) are strictly increasing: each index once, sorted."""
     if indices.shape[0] < 2:
         return True
-    return bool((indices[1:] > indices[:-1]).all())
+    with backend.for_array(indices).on_array_device(indices):
+        return bool((indices[1:] > indices[:-1]).all())
 
 
 def summed(slices: IndexedSlices) -> IndexedSlices:
@@ -229,7 +234,8 @@ def summed(slices: IndexedSlices) -> IndexedSlices:
     """
     indices, values = summed_rows(slices.indices, slices.values)
     if indices.dtype != np.int64:
-        indices = indices.astype(np.int64)
+        with backend.for_array(indices).on_array_device(indices):
+            indices = indices.astype(np.int64)
     if indices is slices.indices and values is slices.values:
         return slices
     return IndexedSlices(values, indices, slices.dense_shape)
