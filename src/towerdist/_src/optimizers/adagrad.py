@@ -34,7 +34,7 @@ class Adagrad(Optimizer):
       >>> opt = td.optimizers.Adagrad(learning_rate=0.1)
       >>> opt.apply_gradients([(np.array([1.0, 1.0], np.float32), w)])
       >>> w.numpy()
-      array([0.90465385, 1.9046538 ], dtype=float32)
+      array([0.9046537, 1.9046538], dtype=float32)
     """
 
     _slot_names = ("accumulator",)

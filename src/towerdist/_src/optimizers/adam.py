@@ -28,6 +28,10 @@ class Adam(Optimizer):
         vhat = max(vhat, v)                  # amsgrad only; then v = vhat below
         w -= alpha * m / (sqrt(v) + epsilon)
 
+    A sparse gradient (``IndexedSlices``) is applied as Keras applies it: every row of ``m``
+    and ``v`` decays (every row of the variable moves), and a row given by several slices
+    adds the sum of their squares to ``v``.
+
     Args:
       learning_rate: a float >= 0 or a schedule (a callable of the step).
       beta_1: decay of the first moment, in [0, 1).

@@ -22,7 +22,11 @@ step counter ``iterations`` is a non-slot variable created under
 ``colocate_vars_with(non_slot_devices(var_list))``.
 
 Subclasses name their slots (``_slot_names``) and implement ``_compute`` (the rule on
-arrays); see ``sgd.py`` and ``adam.py``.
+arrays); see ``sgd.py`` and ``adam.py``. A gradient given as ``IndexedSlices`` is checked and
+prepared per replica, summed with the sparse collective (``_all_reduce_sparse``, never
+densified for the exchange) and reaches ``_compute_sparse`` as the rows' sums, with the sums
+of the slices' squares for the rules that square the gradient (``sparse_gradients.py`` says
+why); each rule then does what Keras 3 does with the slices, row-wise or on every row.
 
 The parts, one concept each: ``gradient_checks.py`` (the checks on the pairs, before any
 update), ``update_plan.py`` (what one variable's update needs, found once; the identity
@@ -269,6 +273,9 @@ class Optimizer:
         Raises:
           ValueError: no gradients, a variable listed twice, or a gradient whose shape
             differs from its variable's (the message names the variable and replica).
+          InvalidArgumentError: (also a ValueError) an ``IndexedSlices`` gradient whose
+            ``dense_shape`` or rows are not the variable's, an index out of range, or a
+            gradient whose dtype does not convert to the variable's.
             ``td.errors.ValidationError`` (also an ``AssertionError``, as TensorFlow raises)
             for variables created outside ``strategy.scope()`` used under a strategy.
           ContextError: called under another strategy's scope.

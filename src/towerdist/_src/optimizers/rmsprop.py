@@ -44,7 +44,7 @@ class RMSprop(Optimizer):
       >>> opt = td.optimizers.RMSprop(learning_rate=0.1)
       >>> opt.apply_gradients([(np.array([1.0, 1.0], np.float32), w)])
       >>> w.numpy()
-      array([0.6837723, 1.6837722], dtype=float32)
+      array([0.6837724, 1.6837723], dtype=float32)
     """
 
     def __init__(

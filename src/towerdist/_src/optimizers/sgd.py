@@ -21,6 +21,9 @@ class SGD(Optimizer):
         w += m                               # nesterov=False
         w += momentum * m - lr * g           # nesterov=True
 
+    A sparse gradient (``IndexedSlices``) changes only its rows without momentum; with
+    momentum, as in Keras, the momentum decays on every row, so every row moves.
+
     Args:
       learning_rate: a float >= 0 or a schedule (a callable of the step).
       momentum: a float in [0, 1]; 0 keeps no slot.
