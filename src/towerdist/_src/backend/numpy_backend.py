@@ -168,7 +168,8 @@ def unique_rows_sum(indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray
     rows = values[order]
     if first.shape[0] == ordered.shape[0]:
         return ordered, rows
-    return ordered[first], np.add.reduceat(rows, first, axis=0)
+    # dtype: numpy sums small integers as int64 by default; the sum keeps the values' dtype, as TF's does
+    return ordered[first], np.add.reduceat(rows, first, axis=0, dtype=values.dtype)
 
 
 def concat(arrays: Sequence[Any], axis: int, device: Any = None) -> np.ndarray:
