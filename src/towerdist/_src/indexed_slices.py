@@ -123,7 +123,8 @@ class IndexedSlices:
         return ""
 
     def __neg__(self) -> IndexedSlices:
-        return IndexedSlices(-self._values, self._indices, self._dense_shape)
+        with backend.for_array(self._values).on_array_device(self._values):  # on the values' GPU, whichever is current
+            return IndexedSlices(-self._values, self._indices, self._dense_shape)
 
     def __str__(self) -> str:
         shape = "" if self._dense_shape is None else f", dense_shape={self._dense_shape!r}"

@@ -187,7 +187,8 @@ def unique_rows_sum(indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray
     rank = np.arange(count) - first[segment]  # 0 for an index's first row, 1 for its second, ...
     repeats = int(rank.max())
     if repeats > _MAX_REPEAT_PASSES:
-        return ordered[first], np.add.reduceat(np.take(values, order, axis=0), first, axis=0)
+        # (dtype: numpy's reduceat sums small integers as int64; the sum keeps the values' dtype, as TF's does)
+        return ordered[first], np.add.reduceat(np.take(values, order, axis=0), first, axis=0, dtype=values.dtype)
     summed = np.take(values, order[first], axis=0)
     for k in range(1, repeats + 1):
         at = np.flatnonzero(rank == k)

@@ -208,8 +208,10 @@ def mirror_slices(slices: IndexedSlices, destinations: Sequence[DeviceSpec]) -> 
     return Mirrored(placed, tuple(destinations))
 
 
-def copied(slices: IndexedSlices) -> IndexedSlices:
-    """A copy of ``slices`` (new arrays where they are)."""
+def copied(slices: IndexedSlices, canonical: bool = False) -> IndexedSlices:
+    """A copy of ``slices`` (new arrays where they are), in canonical form if ``canonical``."""
+    if canonical and summed(slices) is not slices:
+        return summed(slices)  # new arrays already
     impl = backend.for_array(slices.values)
     return IndexedSlices(impl.copy(slices.values), backend.for_array(slices.indices).copy(slices.indices), slices.dense_shape)
 
