@@ -37,7 +37,7 @@ from towerdist._src.values.distributed_values import DistributedValues, PerRepli
 from towerdist._src.values.regroup import regroup, select_replica
 from towerdist._src.variable_enums import VariableAggregation
 from towerdist._src.variables.sliced import SliceAssign, describe_write
-from towerdist._src.variables.variable import ASSIGN, ASSIGN_ADD, ASSIGN_SUB
+from towerdist._src.variables.variable import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, WriteOp
 
 __all__ = ["aggregation_error", "write_in_replica"]
 
@@ -55,7 +55,7 @@ def aggregation_error(variable_type: str, name: str) -> ValueError:
     )
 
 
-def write_in_replica(variable: Any, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
+def write_in_replica(variable: Any, op: WriteOp, value: Any, read_value: bool) -> Any:
     """Replica-context ``variable.<op>(value)``: aggregate across replicas, then write."""
     api = describe_write(type(variable).__name__, op)
     if variable.aggregation is VariableAggregation.NONE:
@@ -106,7 +106,7 @@ _NOT_FUSED: Any = object()
 _FUSED_OPS = {ASSIGN: None, ASSIGN_ADD: False, ASSIGN_SUB: True}  # op -> ``subtract`` of reduce_into_update
 
 
-def _write_fused(strategy: Any, variable: Any, op: str | SliceAssign, values: list[Any], read_value: bool) -> Any:
+def _write_fused(strategy: Any, variable: Any, op: WriteOp, values: list[Any], read_value: bool) -> Any:
     """The write as one pass over host memory, when it can be: ``_NOT_FUSED`` otherwise.
 
     The common case of a large aggregated write on logical CPUs: a SUM or MEAN
@@ -176,7 +176,7 @@ def _one_host_buffer(components: Any, old: Any) -> bool:
     return owner.shape == old.shape or owner.size == old.size
 
 
-def _aggregate(strategy: Any, variable: Any, value: Any, op: str | SliceAssign) -> Any:
+def _aggregate(strategy: Any, variable: Any, value: Any, op: WriteOp) -> Any:
     agg = variable.aggregation
     if agg is VariableAggregation.MEAN and variable.dtype.kind != "f" and isinstance(value, PerReplica):
         raise ValueError(
