@@ -32,6 +32,7 @@ import numpy as np
 from towerdist._src import context
 from towerdist._src.cross_device_ops.shared_memory import SharedMemoryAllReduce, reduce_into_update
 from towerdist._src.failures import name_api
+from towerdist._src.indexed_slices import IndexedSlices
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.values.regroup import regroup, select_replica
@@ -187,11 +188,29 @@ def _aggregate(strategy: Any, variable: Any, value: Any, op: WriteOp) -> Any:
         )
     collective = describe_write(type(variable).__name__, op)  # the workers name the collective after the write
     if agg is VariableAggregation.ONLY_FIRST_REPLICA:
+        if isinstance(value, PerReplica) and isinstance(value.values[0], IndexedSlices):
+            return _first_slices(strategy, value, collective)
         first = strategy.extended._first_replica_value(value, collective)
         return strategy.extended.broadcast_to(first, variable)
     # The internal entry: the context, the op and the destination (the variable) are known good.
     reduce_op = ReduceOp.from_variable_aggregation(agg)
     return strategy.extended._reduce_to(reduce_op, value, variable, None, collective=collective)
+
+
+def _first_slices(strategy: Any, value: PerReplica, collective: str) -> IndexedSlices:
+    """Replica 0's ``IndexedSlices`` (a scatter with ONLY_FIRST_REPLICA), written to every component as it is.
+
+    Each component moves the rows to its own device as it writes them, so there is nothing
+    to broadcast within one process.
+    """
+    if strategy.extended._num_workers != 1:
+        raise NotImplementedError(
+            f"{collective} with aggregation ONLY_FIRST_REPLICA is not supported across workers yet: global replica "
+            f"0's IndexedSlices would have to be broadcast to the other workers. Use aggregation SUM or MEAN "
+            f"(scatter_add/scatter_sub), or scatter in cross-replica context with the same rows on every worker."
+        )
+    first: IndexedSlices = value.values[0]
+    return first
 
 
 def _describe(value: Any) -> str:
