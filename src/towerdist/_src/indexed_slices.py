@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from towerdist._src import backend
+from towerdist._src import array_ops, backend, nest
 from towerdist._src.errors import InvalidArgumentError
 
-__all__ = ["IndexedSlices", "check_reducible", "densify", "is_canonical", "summed"]
+__all__ = ["IndexedSlices", "check_reducible", "densify", "is_canonical", "refuse_in_gather", "summed"]
 
 
 class IndexedSlices:
@@ -144,9 +144,7 @@ def _as_array(value: Any) -> Any:
     if backend.is_array(value) and not np.isscalar(value):
         return value
     if hasattr(value, "_towerdist_value") or hasattr(value, "_values"):
-        from towerdist._src import array_ops  # a variable or distributed value: its array here
-
-        return array_ops.as_array(value)
+        return array_ops.as_array(value)  # a variable or distributed value: its array here
     return np.asarray(value)
 
 
@@ -193,15 +191,19 @@ def check_indices(indices: Any, shape: tuple[int, ...], api: str) -> None:
     rows = shape[0] if shape else 0
     if indices.size == 0:
         return
-    xp = backend.for_array(indices).xp
-    bad = xp.flatnonzero((indices.reshape(-1) < 0) | (indices.reshape(-1) >= rows))
-    if bad.size:
-        position = int(bad[0])
+    impl = backend.for_array(indices)
+    with impl.on_array_device(indices):
+        flat = indices.reshape(-1)
+        bad = impl.xp.flatnonzero((flat < 0) | (flat >= rows))
+        count = int(bad.size)
+        position = int(bad[0]) if count else 0
+        value = int(flat[position]) if count else 0
+    if count:
         where = np.unravel_index(position, tuple(indices.shape))
         label = "".join(f"[{int(i)}]" for i in where)
         raise InvalidArgumentError(
-            f"{api}: indices{label} = {int(indices.reshape(-1)[position])} is not in [0, {rows}): the array has "
-            f"shape {shape} ({int(bad.size)} of {int(indices.size)} indices are out of range). Nothing was written."
+            f"{api}: indices{label} = {value} is not in [0, {rows}): the array has shape {shape} ({count} of "
+            f"{int(indices.size)} indices are out of range). Nothing was written."
         )
 
 
@@ -221,7 +223,8 @@ def is_canonical(indices: Any) -> bool:
     """Whether ``indices`` (1-D) are strictly increasing: each index once, sorted."""
     if indices.shape[0] < 2:
         return True
-    return bool((indices[1:] > indices[:-1]).all())
+    with backend.for_array(indices).on_array_device(indices):
+        return bool((indices[1:] > indices[:-1]).all())
 
 
 def summed(slices: IndexedSlices) -> IndexedSlices:
@@ -231,7 +234,8 @@ def summed(slices: IndexedSlices) -> IndexedSlices:
     """
     indices, values = summed_rows(slices.indices, slices.values)
     if indices.dtype != np.int64:
-        indices = indices.astype(np.int64)
+        with backend.for_array(indices).on_array_device(indices):
+            indices = indices.astype(np.int64)
     if indices is slices.indices and values is slices.values:
         return slices
     return IndexedSlices(values, indices, slices.dense_shape)
@@ -258,17 +262,29 @@ def check_reducible(components: Sequence[IndexedSlices], api: str, ids: Sequence
                 f"{api}: replica {replica}'s IndexedSlices has no dense_shape; reducing across replicas checks "
                 f"that every replica's gradient is of the same table, so pass dense_shape=..."
             )
-    for replica, item in zip(ids[1:], components[1:]):
-        if item.dense_shape.tolist() != first.dense_shape.tolist() or item.dtype != first.dtype:
+    shapes = [[int(d or 0) for d in item.shape] for item in components]
+    for replica, item, shape in zip(ids[1:], components[1:], shapes[1:]):
+        if shape != shapes[0] or item.dtype != first.dtype:
             raise InvalidArgumentError(
-                f"{api}: the replicas' IndexedSlices differ: replica {ids[0]} has dense_shape "
-                f"{first.dense_shape.tolist()} and dtype {first.dtype}, replica {replica} has dense_shape "
-                f"{item.dense_shape.tolist()} and dtype {item.dtype}. Every replica must contribute slices of the "
-                f"same dense array (TensorFlow would keep the first replica's dense_shape).",
+                f"{api}: the replicas' IndexedSlices differ: replica {ids[0]} has dense_shape {shapes[0]} and "
+                f"dtype {first.dtype}, replica {replica} has dense_shape {shape} and dtype {item.dtype}. Every "
+                f"replica must contribute slices of the same dense array (TensorFlow would keep the first "
+                f"replica's dense_shape).",
                 replicas=(ids[0], replica),
-                shapes=(tuple(first.dense_shape.tolist()), tuple(item.dense_shape.tolist())),
+                shapes=(tuple(shapes[0]), tuple(shape)),
             )
     if first.dtype.kind not in "iufc":
         raise InvalidArgumentError(
             f"{api}: reducing IndexedSlices needs numeric values; got dtype {first.dtype}. Cast the values first."
+        )
+
+
+def refuse_in_gather(value: Any, api: str) -> None:
+    """Raises TensorFlow's ``NotImplementedError`` if ``value`` holds an ``IndexedSlices`` (gathers refuse them)."""
+    leaves = [value] if isinstance(value, IndexedSlices) else nest.flatten(value)[0]
+    if any(isinstance(leaf, IndexedSlices) for leaf in leaves):
+        verb = api.split(".")[-1].rstrip("()")
+        raise NotImplementedError(
+            f"{verb} does not support IndexedSlices ({api}). Reduce them with all_reduce(), or gather "
+            f"td.convert_to_tensor() of each (dense) or their .values and .indices separately."
         )

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from towerdist._src import array_ops, backend, parallel
-from towerdist._src.cross_device_ops import packing
+from towerdist._src.cross_device_ops import packing, sparse
 from towerdist._src.cross_device_ops.base import CrossDeviceOps, library_algorithm
 from towerdist._src.cross_device_ops.placement import mirror
 from towerdist._src.cross_device_ops.reduction_to_one_device import ReductionToOneDevice
@@ -44,6 +44,8 @@ class AllReduceCrossDeviceOps(CrossDeviceOps):
         destinations: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
     ) -> Any:
+        if sparse.is_sparse(per_replica_value):
+            return sparse.reduce_sparse(reduce_op, per_replica_value, destinations)
         # As in TensorFlow, a plain reduce all-reduces only between the value's own
         # non-CPU devices; anything else (e.g. onto the host) reduces on one device.
         if per_replica_value._devices == destinations and all(d.device_type != "CPU" for d in destinations):
@@ -51,6 +53,16 @@ class AllReduceCrossDeviceOps(CrossDeviceOps):
         return self._fallback.reduce_implementation(reduce_op, per_replica_value, destinations, options)
 
     def batch_reduce_implementation(
+        self,
+        reduce_op: ReduceOp,
+        value_destination_pairs: Sequence[tuple[DistributedValues, tuple[DeviceSpec, ...]]],
+        options: CommunicationOptions,
+    ) -> list[Any]:
+        return sparse.with_sparse_apart(
+            reduce_op, value_destination_pairs, lambda pairs: self._batch_reduce_dense(reduce_op, pairs, options)
+        )
+
+    def _batch_reduce_dense(
         self,
         reduce_op: ReduceOp,
         value_destination_pairs: Sequence[tuple[DistributedValues, tuple[DeviceSpec, ...]]],

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
 
 from towerdist._src import array_ops, backend, parallel
+from towerdist._src.cross_device_ops import sparse
 from towerdist._src.cross_device_ops.gather import gather_to
 from towerdist._src.cross_device_ops.placement import (
     as_per_replica,
@@ -187,6 +188,27 @@ class CrossDeviceOps:
         reduced = self.batch_reduce_implementation(reduce_op, pairs, options)
         return [list(r._values) if isinstance(r, DistributedValues) else [r] for r in reduced]
 
+    def _all_reduce_sparse(
+        self,
+        reduce_op: ReduceOp,
+        columns: Sequence[Sequence[Any]],
+        devices: tuple[DeviceSpec, ...],
+        options: CommunicationOptions,
+        helpers: parallel.Helpers,
+    ) -> list[list[Any]]:
+        """All-reduces checked ``IndexedSlices`` between ``devices``: ``columns[k][r]`` in, ``results[k][r]`` out.
+
+        The library's algorithms reduce the distinct rows only (``sparse.py``); a user's
+        subclass gets the values through ``batch_reduce_implementation``, as TensorFlow
+        hands them to its hooks.
+        """
+        del helpers
+        if type(self)._library_algorithm:
+            return sparse.all_reduce_sparse(reduce_op, columns, devices)
+        pairs = [(PerReplica(column, devices), devices) for column in columns]
+        reduced = self.batch_reduce_implementation(reduce_op, pairs, options)
+        return [list(r._values) if isinstance(r, DistributedValues) else [r] for r in reduced]
+
     def _broadcast_to(self, tensor: Any, destinations: tuple[DeviceSpec, ...]) -> Any:
         """``broadcast`` onto resolved destinations."""
         return self.broadcast_implementation(tensor, tuple(destinations))
@@ -214,6 +236,8 @@ class CrossDeviceOps:
 
     def broadcast_implementation(self, tensor: Any, destinations: tuple[DeviceSpec, ...]) -> Any:
         """Puts ``tensor`` on every destination: shared read-only on the host, copied to GPUs."""
+        if sparse.is_sparse(tensor):
+            return sparse.mirror_slices(tensor, destinations)
         array = array_ops.as_array(tensor)
         source = backend.for_array(array).copy(array)
         return mirror([source] * len(destinations), destinations)
@@ -272,6 +296,8 @@ def copy_in_place(value: DistributedValues, devices: tuple[DeviceSpec, ...]) -> 
     """A copy of ``value`` if it is one component already where it must go (an identity), else None."""
     if not _already_in_place(value, devices):
         return None
+    if sparse.is_sparse(value):
+        return sparse.mirror_slices(sparse.copied(value._values[0]), devices)
     component = array_ops.as_array(value._values[0])
     return mirror([backend.for_array(component).copy(component)], devices)
 

@@ -9,6 +9,8 @@ methods below, every argument already checked and the helper threads passed expl
 * ``_batch_reduce_to(reduce_op, pairs, options, helpers)``: several ``(value, destinations)``;
 * ``_all_reduce(reduce_op, columns, devices, options, out, helpers)``: the collective path
   of ``ReplicaContext.all_reduce`` and optimizers, plain lists of arrays in and out;
+* ``_all_reduce_sparse(reduce_op, columns, devices, options, helpers)``: the same for
+  ``IndexedSlices`` (lists of them in and out);
 * ``_broadcast_to(tensor, destinations)``.
 
 ``CrossDeviceOps`` implements them in terms of TensorFlow's hooks
@@ -68,6 +70,15 @@ class Collectives(Protocol):
         devices: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
         out: Sequence[Any] | None,
+        helpers: parallel.Helpers,
+    ) -> list[list[Any]]: ...
+
+    def _all_reduce_sparse(
+        self,
+        reduce_op: ReduceOp,
+        columns: Sequence[Sequence[Any]],
+        devices: tuple[DeviceSpec, ...],
+        options: CommunicationOptions,
         helpers: parallel.Helpers,
     ) -> list[list[Any]]: ...
 
@@ -137,6 +148,17 @@ class _UserOps:
     ) -> list[list[Any]]:
         with parallel.helpers_installed(helpers):
             return self.ops._all_reduce(reduce_op, columns, devices, options, out, parallel.THIS_THREAD)
+
+    def _all_reduce_sparse(
+        self,
+        reduce_op: ReduceOp,
+        columns: Sequence[Sequence[Any]],
+        devices: tuple[DeviceSpec, ...],
+        options: CommunicationOptions,
+        helpers: parallel.Helpers,
+    ) -> list[list[Any]]:
+        with parallel.helpers_installed(helpers):
+            return self.ops._all_reduce_sparse(reduce_op, columns, devices, options, parallel.THIS_THREAD)
 
     def _broadcast_to(self, tensor: Any, destinations: tuple[DeviceSpec, ...]) -> Any:
         return self.ops.broadcast(tensor, destinations)

@@ -10,6 +10,7 @@ from towerdist._src import device as device_lib
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.failures import API, unworded
+from towerdist._src.indexed_slices import IndexedSlices, check_reducible
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 
 __all__ = ["ResolvedDevices", "as_per_replica", "check_pairs", "mirror", "resolve_destinations", "validate_components"]
@@ -95,6 +96,8 @@ def validate_components(value: DistributedValues, which: str = "") -> list[Any]:
 
     ``which`` tells the value apart in a batch (``" (value 3)"``); the messages follow the
     API's name with it, and the public method the user called puts its name in front.
+    ``IndexedSlices`` components are returned as they are, once checked to be slices of
+    one dense shape and dtype (``indexed_slices.check_reducible``).
 
     Raises (:func:`unworded`):
       ValueError: ``value`` has no components.
@@ -104,6 +107,21 @@ def validate_components(value: DistributedValues, which: str = "") -> list[Any]:
     components = value._values
     if not components:
         raise unworded(ValueError(f"{API}{which}: `per_replica_value` must be non-empty."))
+    if any(isinstance(c, IndexedSlices) for c in components):
+        if not all(isinstance(c, IndexedSlices) for c in components):
+            kinds = ", ".join(f"replica {r}: {type(c).__name__}" for r, c in enumerate(components))
+            raise unworded(
+                InvalidArgumentError(
+                    f"Reducing across replicas needs every replica's value to be of one kind ({API}{which}): some "
+                    f"replicas gave an IndexedSlices and others a dense value ({kinds}). Convert the dense ones "
+                    f"with td.IndexedSlices(...) or densify all with td.convert_to_tensor()."
+                )
+            )
+        try:
+            check_reducible(components, f"{API}{which}")
+        except InvalidArgumentError as error:
+            raise unworded(error) from None
+        return list(components)
     arrays = [array_ops.as_array(c) for c in components]
     first = arrays[0]
     for replica_id, array in enumerate(arrays[1:], start=1):

@@ -7,6 +7,7 @@ from typing import Any
 
 from towerdist._src import array_ops, backend
 from towerdist._src import device as device_lib
+from towerdist._src.cross_device_ops import sparse
 from towerdist._src.cross_device_ops.base import CrossDeviceOps, library_algorithm
 from towerdist._src.cross_device_ops.placement import mirror
 from towerdist._src.device import DeviceSpec
@@ -46,6 +47,8 @@ class ReductionToOneDevice(CrossDeviceOps):
         destinations: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
     ) -> Any:
+        if sparse.is_sparse(per_replica_value):  # summed without densifying (accumulation_fn is for dense values, as in TF)
+            return sparse.reduce_sparse(reduce_op, per_replica_value, destinations, on=self._target)
         target = self._target or destinations[0]
         impl = backend.for_device(target)
         arrays = [impl.to_device(array_ops.as_array(c), target) for c in per_replica_value._values]

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from towerdist._src import array_ops, backend, parallel
-from towerdist._src.cross_device_ops import packing
+from towerdist._src.cross_device_ops import packing, sparse
 from towerdist._src.cross_device_ops.base import CrossDeviceOps, copy_in_place, library_algorithm
 from towerdist._src.cross_device_ops.placement import mirror
 from towerdist._src.device import DeviceSpec
@@ -250,6 +250,8 @@ class SharedMemoryAllReduce(CrossDeviceOps):
         destinations: tuple[DeviceSpec, ...],
         helpers: parallel.Helpers,
     ) -> Any:
+        if sparse.is_sparse(value):
+            return sparse.reduce_sparse(reduce_op, value, destinations)
         arrays = _host_arrays(value)
         result = reduce_host_arrays(
             reduce_op, arrays, self._chunk_bytes, self._parallel_threshold_bytes, helpers=helpers
@@ -257,6 +259,17 @@ class SharedMemoryAllReduce(CrossDeviceOps):
         return mirror([result] * len(destinations), destinations)
 
     def _reduce_pairs(
+        self,
+        reduce_op: ReduceOp,
+        value_destination_pairs: Sequence[tuple[DistributedValues, tuple[DeviceSpec, ...]]],
+        options: CommunicationOptions,
+        helpers: parallel.Helpers,
+    ) -> list[Any]:
+        return sparse.with_sparse_apart(
+            reduce_op, value_destination_pairs, lambda pairs: self._reduce_dense_pairs(reduce_op, pairs, options, helpers)
+        )
+
+    def _reduce_dense_pairs(
         self,
         reduce_op: ReduceOp,
         value_destination_pairs: Sequence[tuple[DistributedValues, tuple[DeviceSpec, ...]]],

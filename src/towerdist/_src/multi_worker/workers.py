@@ -8,6 +8,7 @@ GPU values are staged through host memory by the strategy.
   and sums each with one in-place ``Allreduce``; integers stay exact.
 * ``gather``: concatenates along an axis; the sizes along it may differ per worker.
 * ``broadcast``: rank 0's arrays everywhere.
+* ``sparse_sum``: ``IndexedSlices`` rows summed, exchanging only the rows (or densely past a size).
 * ``flags``: every worker's yes or no (the input's "who has data" agreement).
 
 One worker (no launcher) makes every operation an identity, without MPI.
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from towerdist._src import errors, mpi_runtime, replica_timeouts
+from towerdist._src.cross_device_ops.sparse import merge_rows
 from towerdist._src.multi_worker.communicator import Call, Communicator
 from towerdist._src.options import CommunicationOptions
 
@@ -161,6 +163,63 @@ class Workers:
             copies[k] = buffer[offset : offset + size].view(copy.dtype).reshape(copy.shape)
             offset += size
         return copies
+
+    def sparse_sum(
+        self,
+        indices: np.ndarray,
+        values: np.ndarray,
+        dense_shape: Sequence[int],
+        collective: str,
+        options: CommunicationOptions | None,
+        op: str = "SUM",
+    ) -> tuple[np.ndarray, np.ndarray, str]:
+        """The workers' ``IndexedSlices`` summed: ``(indices, values, path)``, each index once, sorted.
+
+        ``indices`` (int64, strictly increasing: the canonical form) and ``values`` are this
+        worker's rows. The workers first agree on their row counts (the handshake also
+        compares dtype and ``dense_shape``, so a mismatch raises on every worker naming
+        both); then either every worker's rows travel (one ``Allgatherv`` of index and
+        row together, ``path == "rows"``) or, when that would move more bytes than a dense
+        all-reduce of the table, the rows are scattered into the table and summed densely
+        with a mask of the rows touched (``path == "dense"``). Both give the same result:
+        the union of the rows, each summed in rank order.
+        """
+        communicator = self._communicator
+        if communicator is None:
+            return np.array(indices, copy=True), np.array(values, copy=True), "rows"
+        rows = values.shape[0]
+        table_rows = int(dense_shape[0]) if len(dense_shape) else 0
+        row_shape = tuple(int(d) for d in dense_shape[1:])
+        row_bytes = int(np.prod(row_shape, dtype=np.int64)) * values.dtype.itemsize
+        signature = f"IndexedSlices of {values.dtype}[{', '.join(str(int(d)) for d in dense_shape)}]"
+        timeout, warning = self.bounds(options)
+        counts = communicator.agree(Call(collective, f"sparse {op} (row counts)", signature, extra=rows), timeout, warning)
+        gathered_bytes = sum(counts) * (row_bytes + 8)
+        dense_bytes = 2 * (self.size - 1) / self.size * table_rows * (row_bytes + 4)
+        if gathered_bytes > dense_bytes:
+            table = np.zeros((table_rows, *row_shape), values.dtype)
+            touched = np.zeros(table_rows, np.int32)
+            table[indices] = values
+            touched[indices] = 1
+            table, touched = self.sum([table, touched], f"{collective} (sparse, dense path)", options, op=op)
+            union = np.flatnonzero(touched).astype(np.int64)
+            return union, table if union.shape[0] == table_rows else table[union], "dense"
+        record = 8 + row_bytes
+        send = np.empty((rows, record), np.uint8)
+        send[:, :8] = np.ascontiguousarray(indices, np.int64).view(np.uint8).reshape(rows, 8)
+        send[:, 8:] = np.ascontiguousarray(values).reshape(rows, row_bytes // values.dtype.itemsize).view(np.uint8)
+        call = Call(collective, f"sparse {op} (rows)", signature, extra=rows)
+        flat, got = communicator.allgatherv(send.reshape(-1), record, call, timeout, warning)
+        received = flat.reshape(-1, record)
+        parts, start = [], 0
+        for count in got:
+            block = received[start : start + count]
+            part_indices = np.ascontiguousarray(block[:, :8]).view(np.int64).reshape(count)
+            part_values = np.ascontiguousarray(block[:, 8:]).view(values.dtype).reshape((count, *row_shape))
+            parts.append((part_indices, part_values))
+            start += count
+        union, summed_values = merge_rows(np, parts)
+        return union, summed_values, "rows"
 
     def flags(self, flag: bool, collective: str) -> list[bool]:
         """Every worker's ``flag``, in rank order."""
@@ -448,3 +507,4 @@ def _fill(arrays: Sequence[np.ndarray], pack: list[int], buffer: np.ndarray) -> 
         buffer[offset : offset + size] = arrays[k].reshape(-1)
         offset += size
     return buffer
+

@@ -21,7 +21,8 @@ from typing import Any
 
 from towerdist._src import nest
 from towerdist._src.errors import InvalidArgumentError
-from towerdist._src.failures import unworded
+from towerdist._src.failures import API, unworded
+from towerdist._src.indexed_slices import IndexedSlices, check_reducible
 
 __all__ = ["Contribution", "check_gather_leaves", "check_reduce_leaves", "check_structures"]
 
@@ -76,6 +77,9 @@ def check_reduce_leaves(contributions: Sequence[Contribution]) -> None:
     rule = "needs every replica's value to have the same shape and dtype"
     first = contributions[0].arrays
     for k, array in enumerate(first):
+        if isinstance(array, IndexedSlices) or any(isinstance(c.arrays[k], IndexedSlices) for c in contributions):
+            _check_sparse_leaf(contributions, k)
+            continue
         if array.dtype.kind not in "iufc":
             path = _path(contributions[0], k)
             where = f" at {nest.format_path(path)}" if path else ""
@@ -88,11 +92,37 @@ def check_reduce_leaves(contributions: Sequence[Contribution]) -> None:
             )
     for replica, other in enumerate(contributions[1:], start=1):
         for k, (a, b) in enumerate(zip(first, other.arrays)):
+            if isinstance(a, IndexedSlices):
+                continue  # checked above
             if a.shape != b.shape:
                 fix = "To combine values of different lengths use all_gather() or strategy.reduce(..., axis=0)."
                 raise _leaf_error(rule, contributions[0], k, replica, "shape", a, b, fix)
             if a.dtype != b.dtype:
                 raise _leaf_error(rule, contributions[0], k, replica, "dtype", a, b, _CAST)
+
+
+def _check_sparse_leaf(contributions: Sequence[Contribution], k: int) -> None:
+    """Leaf ``k`` must be an ``IndexedSlices`` on every replica, of one dense shape and dtype (unworded)."""
+    path = _path(contributions[0], k)
+    where = f" at {nest.format_path(path)}" if path else ""
+    leaves = [c.arrays[k] for c in contributions]
+    kinds = [isinstance(leaf, IndexedSlices) for leaf in leaves]
+    if not all(kinds):
+        sparse_replica, dense_replica = kinds.index(True), kinds.index(False)
+        raise unworded(
+            InvalidArgumentError(
+                f"needs every replica's value to be of one kind, but{where} replica {sparse_replica} has an "
+                f"IndexedSlices and replica {dense_replica} a dense {type(leaves[dense_replica]).__name__}. Pass "
+                f"IndexedSlices from every replica, or densify with td.convert_to_tensor() on every replica.",
+                path=path,
+                replicas=(sparse_replica, dense_replica),
+            )
+        )
+    try:
+        check_reducible(leaves, f"{API}{where}")
+    except InvalidArgumentError as error:
+        error.path = path  # type: ignore[attr-defined]
+        raise unworded(error) from None
 
 
 def check_gather_leaves(contributions: Sequence[Contribution], axis: int) -> None:

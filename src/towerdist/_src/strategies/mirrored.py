@@ -21,6 +21,7 @@ from towerdist._src.cross_device_ops.select import select_cross_device_ops
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
 from towerdist._src.failures import API, name_api, unworded
+from towerdist._src.indexed_slices import IndexedSlices
 from towerdist._src.options import CommunicationOptions, ValueContext
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.barrier import CollectiveRequest, MergeRequest, StopReplica
@@ -274,7 +275,20 @@ class MirroredExtended(StrategyExtended):
         )
         if all_reduce:  # every value is reduced onto its own devices: the collective path
             columns = [validate_components(value, f" (value {k})") for k, (value, _) in enumerate(resolved)]
-            reduced = self._all_reduce(reduce_op, columns, options, collective="StrategyExtended.batch_reduce_to()")
+            collective = "StrategyExtended.batch_reduce_to()"
+            sparse_k = [k for k, column in enumerate(columns) if isinstance(column[0], IndexedSlices)]
+            dense_k = [k for k in range(len(columns)) if k not in set(sparse_k)]
+            reduced: list[Any] = [None] * len(columns)
+            if dense_k:
+                parts = self._all_reduce(reduce_op, [columns[k] for k in dense_k], options, collective=collective)
+                for k, part in zip(dense_k, parts):
+                    reduced[k] = part
+            if sparse_k:
+                parts = self._all_reduce_sparse(
+                    reduce_op, [columns[k] for k in sparse_k], options, collective=collective
+                )
+                for k, part in zip(sparse_k, parts):
+                    reduced[k] = part
             return [Mirrored(result, devices) for result in reduced]
         try:
             checked = check_pairs(resolved)
@@ -297,6 +311,20 @@ class MirroredExtended(StrategyExtended):
             return [list(column) for column in columns]
         return self._with_helpers(
             self._collectives._all_reduce, reduce_op, columns, self._devices, options or DEFAULT_OPTIONS, out
+        )
+
+    def _all_reduce_sparse(
+        self,
+        reduce_op: ReduceOp,
+        columns: list[list[Any]],
+        options: CommunicationOptions | None,
+        *,
+        collective: str,
+    ) -> list[list[Any]]:
+        if len(self._devices) == 1:
+            return super()._all_reduce_sparse(reduce_op, columns, options, collective=collective)
+        return self._with_helpers(
+            self._collectives._all_reduce_sparse, reduce_op, columns, self._devices, options or DEFAULT_OPTIONS
         )
 
     def _with_helpers(self, collective: Callable[..., T], *args: Any) -> T:

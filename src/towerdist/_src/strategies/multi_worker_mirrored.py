@@ -16,16 +16,18 @@ from typing import Any
 
 import numpy as np
 
-from towerdist._src import array_ops, backend, config
+from towerdist._src import array_ops, backend, config, profiler
 from towerdist._src import device as device_lib
 from towerdist._src.backend.cupy_backend import nccl_unavailable_reason
 from towerdist._src.cluster_resolver.cluster_resolver import ClusterResolver
 from towerdist._src.cluster_resolver.mpi import resolve_for_mpi
+from towerdist._src.cross_device_ops import sparse
 from towerdist._src.cross_device_ops.gather import axis_index
 from towerdist._src.cross_device_ops.placement import ResolvedDevices, mirror, validate_components
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
 from towerdist._src.failures import API, name_api, unworded
+from towerdist._src.indexed_slices import IndexedSlices, check_reducible, summed
 from towerdist._src.input.distributed_dataset import InputWorker
 from towerdist._src.multi_worker import gpu_assignment
 from towerdist._src.multi_worker.nccl_workers import NCCL_DTYPES, NcclWorkers
@@ -298,6 +300,9 @@ class MultiWorkerExtended(MirroredExtended):
             name_api(error, collective)
             self._workers.failed_before(seq, collective, error)  # the other workers raise too, not wait
             raise
+        if isinstance(column[0], IndexedSlices):
+            slices = self._reduce_sparse_columns(reduce_op, [list(column)], options, collective)[0]
+            return sparse.mirror_slices(slices, devices)
         reduced = self._reduce_columns(reduce_op, [column], options, collective)[0]
         return self._collectives._broadcast_to(reduced, devices)
 
@@ -322,8 +327,16 @@ class MultiWorkerExtended(MirroredExtended):
             name_api(error, collective)
             self._workers.failed_before(seq, collective, error)  # the other workers raise too, not wait
             raise
-        for k, reduced, devices in zip(where, self._reduce_columns(reduce_op, columns, options, collective), targets):
-            results[k] = self._collectives._broadcast_to(reduced, devices)
+        sparse_at = [j for j, column in enumerate(columns) if isinstance(column[0], IndexedSlices)]
+        dense_at = [j for j in range(len(columns)) if j not in set(sparse_at)]
+        if dense_at:
+            reduced = self._reduce_columns(reduce_op, [columns[j] for j in dense_at], options, collective)
+            for j, array in zip(dense_at, reduced):
+                results[where[j]] = self._collectives._broadcast_to(array, targets[j])
+        if sparse_at:
+            merged = self._reduce_sparse_columns(reduce_op, [columns[j] for j in sparse_at], options, collective)
+            for j, slices in zip(sparse_at, merged):
+                results[where[j]] = sparse.mirror_slices(slices, targets[j])
         return results
 
     def _all_reduce(
@@ -379,6 +392,56 @@ class MultiWorkerExtended(MirroredExtended):
             totals = [_mean(total, n) for total in totals]
         return totals
 
+    def _all_reduce_sparse(
+        self,
+        reduce_op: ReduceOp,
+        columns: list[list[Any]],
+        options: CommunicationOptions | None,
+        *,
+        collective: str,
+    ) -> list[list[Any]]:
+        if self._workers.size == 1:
+            return super()._all_reduce_sparse(reduce_op, columns, options, collective=collective)
+        reduced = self._reduce_sparse_columns(reduce_op, columns, options, collective)
+        return [list(sparse.all_reduce_placed(slices, self._devices)) for slices in reduced]
+
+    def _reduce_sparse_columns(
+        self,
+        reduce_op: ReduceOp,
+        columns: list[list[Any]],
+        options: CommunicationOptions | None,
+        collective: str,
+    ) -> list[IndexedSlices]:
+        """Each column of ``IndexedSlices`` (one per local replica) reduced over every replica of every worker.
+
+        The local replicas' rows are merged first (in process), then the workers exchange
+        their distinct rows (``Workers.sparse_sum``); MEAN divides by
+        ``num_replicas_in_sync``. Host results, canonical.
+        """
+        op = getattr(self._compared, "op", None) or reduce_op.value
+        seq = self._workers.seq
+        try:
+            if len(self._devices) > 1:
+                local = super()._all_reduce_sparse(ReduceOp.SUM, columns, options, collective=collective)
+                sums = [sparse.to_device(results[0], None) for results in local]
+            else:
+                sums = [sparse.to_device(summed(column[0]), None) for column in columns]
+        except Exception as error:
+            self._workers.failed_before(seq, collective, error)  # failed before the workers met: they raise too
+            raise
+        totals = []
+        for total in sums:
+            shape = [int(d or 0) for d in total.shape]
+            with profiler.Span(f"sparse all-reduce across workers: {collective}") as span:
+                indices, values, path = self._workers.sparse_sum(
+                    total.indices, total.values, shape, collective, options, op
+                )
+                span.args = {"path": path, "rows_sent": int(total.indices.shape[0]), "rows_received": len(indices)}
+            if reduce_op is ReduceOp.MEAN:
+                values = _mean(values, self._num_replicas_in_sync)
+            totals.append(IndexedSlices(values, indices, total.dense_shape))
+        return totals
+
     def _uses_nccl(self, sums: list[Any], options: CommunicationOptions | None) -> bool:
         """Whether the workers sum with NCCL: GPU replicas only, NCCL usable, dtypes NCCL can sum."""
         if any(d.device_type != "GPU" for d in self._devices) or nccl_unavailable_reason() is not None:
@@ -419,6 +482,9 @@ class MultiWorkerExtended(MirroredExtended):
         """
         if isinstance(value, DistributedValues):
             return validate_components(self._as_value(value, which), which)
+        if isinstance(value, IndexedSlices):
+            check_reducible([value], f"{API}{which}")
+            return [value] * len(self._devices)
         array = array_ops.as_array(value)
         if array.dtype.kind not in "iufc":
             raise unworded(

@@ -17,9 +17,11 @@ import numpy as np
 from towerdist._src import array_ops, backend, context, nest, thread_state
 from towerdist._src import device as device_lib
 from towerdist._src.backend import cupy_backend
+from towerdist._src.cross_device_ops.sparse import copied
 from towerdist._src.failures import name_api
+from towerdist._src.indexed_slices import IndexedSlices, refuse_in_gather, summed
 from towerdist._src.options import CommunicationOptions
-from towerdist._src.reduce_op import parse_reduce_op
+from towerdist._src.reduce_op import ReduceOp, parse_reduce_op
 from towerdist._src.strategies.collective_args import (
     Contribution,
     check_gather_leaves,
@@ -205,7 +207,11 @@ class ReplicaContext:
             check_reduce_leaves(parts)
             num_leaves = len(parts[0].arrays)
             columns = [[part.arrays[k] for part in parts] for k in range(num_leaves)]
-            reduced = strategy.extended._all_reduce(op, columns, options, collective=api)
+            sparse = [k for k in range(num_leaves) if isinstance(columns[k][0], IndexedSlices)]
+            if not sparse:
+                reduced = strategy.extended._all_reduce(op, columns, options, collective=api)
+            else:
+                reduced = _all_reduce_mixed(strategy.extended, op, columns, sparse, options, api)
             return [_fresh([reduced[k][r] for k in range(num_leaves)], part.arrays) for r, part in enumerate(parts)]
 
         reduced = self._collective(settle, contribution, api)
@@ -224,6 +230,7 @@ class ReplicaContext:
         api = "ReplicaContext.all_gather()"
         context.require_replica_context(self, api)
         del options
+        refuse_in_gather(value, api)
         contribution = _contribution(value)
 
         def settle(strategy: Any, parts: list[Contribution]) -> list[Any]:
@@ -250,12 +257,38 @@ class ReplicaContext:
 _ALL_REDUCE = "ReplicaContext.all_reduce()"
 
 
+def _all_reduce_mixed(
+    extended: Any, op: ReduceOp, columns: list[list[Any]], sparse: list[int], options: Any, api: str
+) -> list[list[Any]]:
+    """``columns`` all-reduced, the ``sparse`` ones (``IndexedSlices``) on their own path."""
+    dense = [k for k in range(len(columns)) if k not in set(sparse)]
+    reduced: list[list[Any]] = [[] for _ in columns]
+    if dense:
+        for k, result in zip(dense, extended._all_reduce(op, [columns[k] for k in dense], options, collective=api)):
+            reduced[k] = result
+    for k, result in zip(sparse, extended._all_reduce_sparse(op, [columns[k] for k in sparse], options, collective=api)):
+        reduced[k] = result
+    return reduced
+
+
 def _contribution(value: Any) -> Contribution:
-    """One replica's argument to a collective, flattened (a single array skips optree)."""
+    """One replica's argument to a collective, flattened (a single array skips optree).
+
+    An ``IndexedSlices`` is put in canonical form here, on the replica's own thread
+    (``indexed_slices.summed``), so the replicas sum their repeated rows in parallel.
+    """
     if type(value) is np.ndarray or cupy_backend.owns(value):  # one array: no structure (host or GPU alike)
         return Contribution([value], None)
     leaves, spec = nest.flatten(value)
-    return Contribution([array_ops.as_array(leaf) for leaf in leaves], spec)
+    return Contribution([_leaf(leaf) for leaf in leaves], spec)
+
+
+def _leaf(leaf: Any) -> Any:
+    if isinstance(leaf, IndexedSlices):
+        if leaf.indices.ndim != 1:
+            return leaf  # the check names it
+        return summed(leaf)
+    return array_ops.as_array(leaf)
 
 
 def _unflatten(spec: Any, leaves: list[Any]) -> Any:
@@ -274,7 +307,7 @@ def _fresh(results: list[Any], given: list[Any]) -> list[Any]:
     """
     for k, (result, mine) in enumerate(zip(results, given)):
         if result is mine:
-            results[k] = backend.for_array(result).copy(result)
+            results[k] = copied(result) if isinstance(result, IndexedSlices) else backend.for_array(result).copy(result)
     return results
 
 

@@ -16,6 +16,7 @@ from towerdist._src import device as device_lib
 from towerdist._src.cluster_resolver.cluster_resolver import ClusterResolver
 from towerdist._src.cross_device_ops.placement import ResolvedDevices
 from towerdist._src.failures import name_api, worded_at
+from towerdist._src.indexed_slices import refuse_in_gather
 from towerdist._src.input.input_context import InputContext, InputOptions
 from towerdist._src.options import ValueContext
 from towerdist._src.reduce_op import ReduceOp, parse_reduce_op
@@ -236,6 +237,7 @@ class Strategy:
         context.require_cross_replica_or_default(
             self, "Strategy.gather()", fix="use get_replica_context().all_gather() in a replica instead"
         )
+        refuse_in_gather(value, _GATHER)
         destination = ResolvedDevices((self._extended._reduce_destination(),))
         try:
             return nest.map_structure(

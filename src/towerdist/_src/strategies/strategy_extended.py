@@ -17,6 +17,7 @@ from towerdist._src.cross_device_ops.placement import ResolvedDevices, resolve_d
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ContextError
 from towerdist._src.failures import name_api, worded_at
+from towerdist._src.indexed_slices import summed
 from towerdist._src.input.distributed_dataset import DistributedDataset, DistributedDatasetsFromFunction, InputWorker
 from towerdist._src.input.input_context import InputContext, InputOptions, InputReplicationMode
 from towerdist._src.options import CommunicationOptions, ValueContext
@@ -475,6 +476,25 @@ class StrategyExtended:
         """
         del reduce_op, options, out, collective
         return [list(column) for column in columns]
+
+    def _all_reduce_sparse(
+        self,
+        reduce_op: ReduceOp,
+        columns: list[list[Any]],
+        options: CommunicationOptions | None,
+        *,
+        collective: str,
+    ) -> list[list[Any]]:
+        """The collective path for ``IndexedSlices``: ``columns[k][r]`` in, ``results[k][r]`` out.
+
+        The caller has checked every column (``indexed_slices.check_reducible``: 1-D
+        indices, one dense shape and dtype). Results are in canonical form (each index
+        once, sorted, duplicates summed; the densified value is the sum). With one replica
+        that is the input's canonical form (possibly the input itself: callers that hand
+        it to users copy it).
+        """
+        del reduce_op, options, collective
+        return [[summed(value) for value in column] for column in columns]
 
     def _sum_counts(self, count: int, collective: str) -> int:
         """``count`` summed over the workers (this process's count with one worker)."""

@@ -1,0 +1,223 @@
+"""Reducing ``IndexedSlices`` across replicas without densifying them.
+
+Each replica's slices are first put in canonical form (each index once, sorted,
+duplicates summed: ``indexed_slices.summed``), on the replica's own thread where the
+caller can. The reduction then carries only those distinct rows: on the host every
+replica's rows are read where they are (the all-gather is in place, in shared memory);
+on GPUs each destination copies the other replicas' rows (peer copies) and merges them.
+The merge writes the union of the replicas' rows once: a row present on several replicas
+is summed in replica order, as a dense all-reduce sums it.
+
+When the replicas' rows together cover a large part of the table, an accumulation into a
+dense buffer (every row) costs less than finding each row's place in the union; the
+result is then taken back to the rows touched. Either way the result is the same
+``IndexedSlices`` (the union of the rows, sorted), and the timeline says which path ran
+(``sparse all-reduce (rows)`` or ``(dense)``).
+
+TensorFlow concatenates the replicas' slices instead (duplicates kept); the densified
+value is identical (DESIGN §10.22, ``docs/concepts.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from towerdist._src import backend, profiler
+from towerdist._src.device import DeviceSpec
+from towerdist._src.indexed_slices import IndexedSlices, summed
+from towerdist._src.reduce_op import ReduceOp
+from towerdist._src.values.distributed_values import DistributedValues, Mirrored
+
+__all__ = [
+    "DENSE_FRACTION",
+    "all_reduce_placed",
+    "all_reduce_sparse",
+    "combine",
+    "copied",
+    "is_sparse",
+    "merge_rows",
+    "mirror_slices",
+    "reduce_sparse",
+    "to_device",
+    "with_sparse_apart",
+]
+
+# The merge accumulates into a dense buffer (every row of the table) when the replicas'
+# rows add up to at least this fraction of the table's rows (see ``combine``).
+DENSE_FRACTION = 0.5
+
+
+def is_sparse(value: Any) -> bool:
+    """Whether ``value`` (a distributed value or a component) holds ``IndexedSlices``."""
+    if isinstance(value, DistributedValues):
+        return bool(value._values) and isinstance(value._values[0], IndexedSlices)
+    return isinstance(value, IndexedSlices)
+
+
+def to_device(slices: IndexedSlices, device: DeviceSpec | None) -> IndexedSlices:
+    """``slices`` with its arrays on ``device`` (the host for None or a CPU)."""
+    impl = backend.host() if device is None else backend.for_device(device)
+    values = impl.to_device(slices.values, device)
+    indices = impl.to_device(slices.indices, device)
+    if values is slices.values and indices is slices.indices:
+        return slices
+    return IndexedSlices(values, indices, slices.dense_shape)
+
+
+def combine(reduce_op: ReduceOp, parts: Sequence[IndexedSlices], count: int, device: DeviceSpec | None) -> IndexedSlices:
+    """The sum (or mean over ``count`` replicas) of canonical ``parts``, on ``device``, canonical.
+
+    ``parts`` are in replica order, each in canonical form, of one dense shape and dtype
+    (checked by the caller). The result never shares memory with a part.
+    """
+    on_device = [to_device(part, device) for part in parts]
+    first = on_device[0]
+    impl = backend.for_array(first.values)
+    xp = impl.xp
+    rows = int(first.shape[0] or 0)
+    touched = sum(int(part.indices.shape[0]) for part in on_device)
+    dense = touched >= DENSE_FRACTION * rows and rows > 0
+    with profiler.Span(
+        f"sparse all-reduce ({'dense' if dense else 'rows'})",
+        {"replicas": len(parts), "rows_sent": touched, "table_rows": rows},
+    ):
+        with impl.on_array_device(first.values):
+            if len(on_device) == 1:
+                indices, values = xp.array(first.indices, copy=True), xp.array(first.values, copy=True)
+            elif dense:
+                indices, values = _merge_dense(xp, on_device, rows)
+            else:
+                indices, values = merge_rows(xp, [(part.indices, part.values) for part in on_device])
+            if reduce_op is ReduceOp.MEAN:
+                values = impl.true_divide(values, count)
+    return IndexedSlices(values, indices, first.dense_shape)
+
+
+def merge_rows(xp: Any, parts: Sequence[tuple[Any, Any]]) -> tuple[Any, Any]:
+    """The union of canonical ``(indices, values)`` parts' rows, each row summed in part order (array module ``xp``)."""
+    union = xp.unique(xp.concatenate([indices for indices, _ in parts]))
+    first_values = parts[0][1]
+    summed_values = xp.zeros((union.shape[0], *first_values.shape[1:]), first_values.dtype)
+    for indices, values in parts:
+        if indices.shape[0] == union.shape[0]:
+            summed_values += values  # this part has every row of the union: a contiguous add
+        else:
+            summed_values[xp.searchsorted(union, indices)] += values  # each index once per part: no collisions
+    return union, summed_values
+
+
+def _merge_dense(xp: Any, parts: Sequence[IndexedSlices], rows: int) -> tuple[Any, Any]:
+    """The parts accumulated into every row of the table, then taken back to the rows touched."""
+    table = xp.zeros((rows, *parts[0].values.shape[1:]), parts[0].dtype)
+    touched = xp.zeros(rows, bool)
+    for part in parts:
+        if part.indices.shape[0] == rows:
+            table += part.values  # canonical and complete: row i is at position i
+        else:
+            table[part.indices] += part.values
+        touched[part.indices] = True
+    union = xp.flatnonzero(touched).astype(np.int64)
+    if union.shape[0] == rows:
+        return union, table
+    return union, table[union]
+
+
+def reduce_sparse(
+    reduce_op: ReduceOp,
+    value: DistributedValues,
+    destinations: tuple[DeviceSpec, ...],
+    on: DeviceSpec | None = None,
+) -> Any:
+    """The reduction of a ``PerReplica`` of ``IndexedSlices`` placed on ``destinations``.
+
+    Reduced once, on ``on`` (by default the first destination), then placed on every
+    destination (:func:`mirror_slices`). MEAN divides by the number of components.
+    """
+    parts = [summed(part) for part in value._values]
+    reduced = combine(reduce_op, parts, len(parts), on or destinations[0])
+    return mirror_slices(reduced, destinations)
+
+
+def all_reduce_sparse(
+    reduce_op: ReduceOp, columns: Sequence[Sequence[IndexedSlices]], devices: tuple[DeviceSpec, ...]
+) -> list[list[IndexedSlices]]:
+    """``columns[k][r]`` (value ``k`` of replica ``r``) all-reduced: ``results[k][r]`` on ``devices[r]``.
+
+    Host replicas share one result (read-only arrays); GPU replicas each merge the rows on
+    their own GPU.
+    """
+    results = []
+    for column in columns:
+        parts = [summed(part) for part in column]
+        if all(d.device_type != "GPU" for d in devices):
+            reduced = combine(reduce_op, parts, len(parts), devices[0])
+            results.append(all_reduce_placed(reduced, devices))
+        else:
+            results.append([combine(reduce_op, parts, len(parts), device) for device in devices])
+    return results
+
+
+def all_reduce_placed(slices: IndexedSlices, devices: Sequence[DeviceSpec]) -> list[IndexedSlices]:
+    """``slices`` (a reduction's result) for each of ``devices``: shared read-only on the host, copied to GPUs."""
+    placed = mirror_slices(slices, devices)
+    return list(placed._values) if isinstance(placed, DistributedValues) else [placed]
+
+
+def mirror_slices(slices: IndexedSlices, destinations: Sequence[DeviceSpec]) -> Any:
+    """``slices`` on every destination: one bare ``IndexedSlices`` for one, a ``Mirrored`` for several.
+
+    Host destinations share ``slices``' arrays, made read-only; GPUs get copies.
+    """
+    placed = []
+    host = backend.host()
+    for device in destinations:
+        if backend.for_device(device) is host and backend.for_array(slices.values) is host:
+            placed.append(_read_only(slices))
+        else:
+            copy = to_device(slices, device)
+            placed.append(copy if copy is not slices else _copied(slices, device))
+    if len(destinations) == 1:
+        return placed[0]
+    return Mirrored(placed, tuple(destinations))
+
+
+def copied(slices: IndexedSlices) -> IndexedSlices:
+    """A copy of ``slices`` (new arrays where they are)."""
+    impl = backend.for_array(slices.values)
+    return IndexedSlices(impl.copy(slices.values), backend.for_array(slices.indices).copy(slices.indices), slices.dense_shape)
+
+
+def with_sparse_apart(
+    reduce_op: ReduceOp,
+    pairs: Sequence[tuple[DistributedValues, tuple[DeviceSpec, ...]]],
+    reduce_dense: Any,
+) -> list[Any]:
+    """The results of ``pairs``: sparse values by :func:`reduce_sparse`, the others by ``reduce_dense(pairs)``."""
+    where = [k for k, (value, _) in enumerate(pairs) if is_sparse(value)]
+    if not where:
+        return list(reduce_dense(pairs))
+    results: list[Any] = [None] * len(pairs)
+    for k in where:
+        value, destinations = pairs[k]
+        results[k] = reduce_sparse(reduce_op, value, destinations)
+    dense = [k for k in range(len(pairs)) if results[k] is None]
+    if dense:
+        for k, result in zip(dense, reduce_dense([pairs[k] for k in dense])):
+            results[k] = result
+    return results
+
+
+def _read_only(slices: IndexedSlices) -> IndexedSlices:
+    values, indices = slices.values.view(), slices.indices.view()
+    values.flags.writeable = False
+    indices.flags.writeable = False
+    return IndexedSlices(values, indices, slices.dense_shape)
+
+
+def _copied(slices: IndexedSlices, device: DeviceSpec) -> IndexedSlices:
+    impl = backend.for_device(device)
+    return IndexedSlices(impl.copy(slices.values, device), impl.copy(slices.indices, device), slices.dense_shape)
+
