@@ -266,6 +266,7 @@ class SyncOnReadVariable(DistributedVariable):
     """
 
     def _check_scatter(self, method: str) -> None:
+        super()._check_scatter(method)
         raise NotImplementedError(
             f"Variables with `synchronization=ON_READ` doesn't support `{method}`: {self._api(method)} of "
             f"{self.name} (each replica's copy is its own partial value). Write the replica's own copy with "
