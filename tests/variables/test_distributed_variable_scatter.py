@@ -291,5 +291,5 @@ def test_scatter_on_gpu_components_in_both_contexts(aggregation):
     assert components(v) == expected
     assert all(cupy_backend.owns(c.value()) for c in v.values)
     with pytest.raises(InvalidArgumentError, match=r"is not in \[0, 4\)"):
-        v.scatter_update(td.IndexedSlices(np.array([0.0], np.float32), np.array([4])))
+        v.scatter_add(td.IndexedSlices(np.array([0.0], np.float32), np.array([4])))
     assert components(v) == expected

@@ -21,7 +21,7 @@ from towerdist._src import device as device_lib
 from towerdist._src.values.distributed_values import DistributedValues
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 from towerdist._src.variables import aggregation
-from towerdist._src.variables.sliced import SliceAssign, describe_write
+from towerdist._src.variables.sliced import describe_write
 from towerdist._src.variables.variable import ResourceVariable, Variable, WriteOp
 
 if TYPE_CHECKING:

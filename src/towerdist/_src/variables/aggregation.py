@@ -37,7 +37,7 @@ from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.values.regroup import regroup, select_replica
 from towerdist._src.variable_enums import VariableAggregation
-from towerdist._src.variables.sliced import SliceAssign, describe_write
+from towerdist._src.variables.sliced import describe_write
 from towerdist._src.variables.variable import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, WriteOp
 
 __all__ = ["aggregation_error", "write_in_replica"]

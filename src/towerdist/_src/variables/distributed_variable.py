@@ -38,7 +38,7 @@ from towerdist._src.values.distributed_values import DistributedValues, Mirrored
 from towerdist._src.values.regroup import split_for_replicas
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 from towerdist._src.variables import aggregation, scatter
-from towerdist._src.variables.sliced import SliceAssign, describe_write
+from towerdist._src.variables.sliced import describe_write
 from towerdist._src.variables.variable import ASSIGN_ADD, ASSIGN_SUB, ResourceVariable, Variable, WriteOp, to_array
 
 if TYPE_CHECKING:
