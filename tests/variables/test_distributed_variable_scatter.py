@@ -131,13 +131,11 @@ TF_REPLICA_AGGREGATED = {
     (A.ONLY_FIRST_REPLICA, "scatter_min"): [1.0, 2.0, 3.0, 3.0],
     (A.ONLY_FIRST_REPLICA, "scatter_max"): [1.0, 2.0, 3.0, 4.0],
     (A.ONLY_FIRST_REPLICA, "scatter_update"): [1.0, 2.0, 3.0, 3.0],
-    # Decided difference (docs/concepts.md): the reduced IndexedSlices holds each index once, so
-    # scatter_mul/div apply the sum (mean) of the replicas' rows. TF 2.21 applies each replica's row in
-    # turn: SUM mul [1, 16, 3, 72], div [1, 0.25, 3, 0.2222]; MEAN mul [1, 4, 3, 18], div [1, 1, 3, 0.8889].
-    (A.SUM, "scatter_mul"): [1.0, 12.0, 3.0, 36.0],
-    (A.SUM, "scatter_div"): [1.0, 2.0 / 6.0, 3.0, 4.0 / 9.0],
-    (A.MEAN, "scatter_mul"): [1.0, 6.0, 3.0, 18.0],
-    (A.MEAN, "scatter_div"): [1.0, 2.0 / 3.0, 3.0, 4.0 / 4.5],
+    # TF 2.21 applies each replica's row in turn (its reduction concatenates the rows): x * a * b.
+    (A.SUM, "scatter_mul"): [1.0, 16.0, 3.0, 72.0],
+    (A.SUM, "scatter_div"): [1.0, 0.25, 3.0, 0.22222222],
+    (A.MEAN, "scatter_mul"): [1.0, 4.0, 3.0, 18.0],
+    (A.MEAN, "scatter_div"): [1.0, 1.0, 3.0, 0.88888889],
 }
 
 
