@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from towerdist._src import context
+from towerdist._src.cross_device_ops import sparse
 from towerdist._src.cross_device_ops.shared_memory import SharedMemoryAllReduce, reduce_into_update
 from towerdist._src.failures import name_api
-from towerdist._src.cross_device_ops import sparse
 from towerdist._src.indexed_slices import IndexedSlices, check_reducible
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
