@@ -9,7 +9,9 @@ It records every public name of ``tf.distribute``, ``tf.distribute.experimental`
 ``StrategyExtended`` and ``ReplicaContext``, the members ``tf.compat.v1.distribute.StrategyExtended``
 adds (TF 1.x leftovers that TF 2.x still ships), and the public members of the cluster
 resolvers, ``tf.train.ClusterSpec`` and ``tf.data.Dataset`` (keyed by their full path, e.g.
-``data.Dataset.batch``). ``tests/project/test_api_guarantee.py`` checks towerdist against the file;
+``data.Dataset.batch``), ``tf.IndexedSlices`` (its constructor and public members) and the public
+members of ``tf.Variable`` (``Variable.scatter_add``; towerdist's plain and distributed variables
+implement them). ``tests/project/test_api_guarantee.py`` checks towerdist against the file;
 the exclusions (TPU-, graph- or gRPC-cluster-only names) live in that test, with reasons.
 """
 
@@ -88,6 +90,7 @@ def main() -> None:
         names[f"StrategyExtended.{name}"] = {**info, "from": "tf.compat.v1.distribute.StrategyExtended"}
     resolvers = tf.distribute.cluster_resolver
     names["train.ClusterSpec"] = describe(tf.train.ClusterSpec)
+    names["IndexedSlices"] = describe(tf.IndexedSlices)
     for path, cls in (
         ("distribute.cluster_resolver.ClusterResolver", resolvers.ClusterResolver),
         ("distribute.cluster_resolver.SimpleClusterResolver", resolvers.SimpleClusterResolver),
@@ -95,6 +98,8 @@ def main() -> None:
         ("distribute.cluster_resolver.UnionResolver", resolvers.UnionResolver),
         ("train.ClusterSpec", tf.train.ClusterSpec),
         ("data.Dataset", tf.data.Dataset),
+        ("IndexedSlices", tf.IndexedSlices),
+        ("Variable", tf.Variable),
     ):
         for name, info in members(cls).items():
             names[f"{path}.{name}"] = info

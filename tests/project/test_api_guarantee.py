@@ -26,6 +26,7 @@ import json
 import pathlib
 from typing import Any
 
+import numpy as np
 import pytest
 
 import towerdist as td
@@ -85,6 +86,31 @@ EXCLUDED.update(
             "distributed snapshots, read back through reader_func graphs); towerdist offers cache(filename) "
             "and save()/load() for keeping computed elements"
         ),
+    }
+)
+
+_GRAPH = "a TensorFlow graph member (graph, operation, session or proto); towerdist is eager and has no graphs"
+
+# tf.Variable and tf.IndexedSlices members towerdist does not provide: TF 1.x graph-mode API. (On
+# td.IndexedSlices, reading op, graph or consumers raises an AttributeError that says so.)
+EXCLUDED.update(
+    {
+        "Variable.SaveSliceInfo": "describes a partitioned variable's slice in a TF 1.x graph checkpoint (Saver); "
+        + _GRAPH,
+        "Variable.count_up_to": "TF 1.x graph op (deprecated: use Dataset.range); " + _GRAPH,
+        "Variable.eval": "evaluates in a TF 1.x Session; " + _GRAPH + " (use numpy())",
+        "Variable.from_proto": "builds a variable from a TF 1.x VariableDef proto; " + _GRAPH,
+        "Variable.to_proto": "writes a TF 1.x VariableDef proto; " + _GRAPH,
+        "Variable.graph": _GRAPH,
+        "Variable.op": _GRAPH,
+        "Variable.initializer": "the op that initialises the variable in a TF 1.x Session; " + _GRAPH,
+        "Variable.initial_value": "the graph tensor of the initial value (TF 1.x); " + _GRAPH,
+        "Variable.initialized_value": "TF 1.x (deprecated: variables are initialised when created); " + _GRAPH,
+        "Variable.load": "loads a value through a TF 1.x Session (deprecated: use assign); " + _GRAPH,
+        "Variable.set_shape": "refines a graph tensor's static shape; " + _GRAPH + " (shapes are always known)",
+        "IndexedSlices.op": _GRAPH,
+        "IndexedSlices.graph": _GRAPH,
+        "IndexedSlices.consumers": _GRAPH,
     }
 )
 
@@ -248,6 +274,29 @@ def test_excluded_names_are_really_absent():
         else:
             with pytest.raises(AttributeError):
                 _lookup(name)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in API["names"] if n.startswith("Variable.") and n not in EXCLUDED))
+def test_distributed_variables_keep_the_promised_variable_members(name):
+    # MirroredVariable and SyncOnReadVariable are what td.Variable returns in a strategy's scope: the
+    # members promised on td.Variable must keep TensorFlow's kind and signature in every subclass.
+    from towerdist._src.variables.distributed_variable import MirroredVariable, SyncOnReadVariable
+    from towerdist._src.variables.variable import ResourceVariable
+
+    member = name.partition(".")[2]
+    expected = API["names"][name]
+    for cls in (ResourceVariable, MirroredVariable, SyncOnReadVariable):
+        kind, signature = _member_kind_and_signature(cls, member)
+        assert kind == expected["kind"], f"{cls.__name__}.{member} is a {kind}"
+        if kind == "method":
+            assert signature == expected["signature"], f"{cls.__name__}.{member}{signature} != tf {expected['signature']}"
+
+
+def test_graph_members_of_indexed_slices_say_that_towerdist_is_eager():
+    slices = td.IndexedSlices(np.ones(1, np.float32), np.array([0]))
+    for member in ("op", "graph", "consumers"):
+        with pytest.raises(AttributeError, match=f"IndexedSlices.{member} .*towerdist is eager"):
+            getattr(slices, member)
 
 
 def test_a_changed_signature_is_detected():

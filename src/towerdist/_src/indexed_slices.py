@@ -25,6 +25,9 @@ from towerdist._src.errors import InvalidArgumentError
 __all__ = ["IndexedSlices", "check_reducible", "densify", "is_canonical", "refuse_in_gather", "summed"]
 
 
+_GRAPH_MEMBERS = frozenset({"op", "graph", "consumers"})
+
+
 class IndexedSlices:
     """A sparse representation of a dense array: some of its rows (``tf.IndexedSlices``).
 
@@ -122,8 +125,18 @@ class IndexedSlices:
         """The name of ``values`` (arrays carry none: an empty string)."""
         return ""
 
+    def __getattr__(self, name: str) -> Any:
+        # Only called for names the class lacks: TensorFlow's graph members get a message that says why.
+        if name in _GRAPH_MEMBERS:
+            raise AttributeError(
+                f"IndexedSlices.{name} is a member of TensorFlow graphs, and towerdist is eager: there is no graph, "
+                f"operation or consumer. Use values, indices and dense_shape."
+            )
+        raise AttributeError(f"'IndexedSlices' object has no attribute {name!r}")
+
     def __neg__(self) -> IndexedSlices:
-        return IndexedSlices(-self._values, self._indices, self._dense_shape)
+        with backend.for_array(self._values).on_array_device(self._values):  # on the values' GPU, whichever is current
+            return IndexedSlices(-self._values, self._indices, self._dense_shape)
 
     def __str__(self) -> str:
         shape = "" if self._dense_shape is None else f", dense_shape={self._dense_shape!r}"

@@ -278,24 +278,32 @@ def true_divide(array: Any, divisor: Any) -> Any:
 
 
 def unique_rows_sum(indices: Any, values: Any) -> tuple[Any, Any]:
-    """As ``numpy_backend.unique_rows_sum``, on the arrays' GPU (sizes read back: one host sync)."""
+    """As ``numpy_backend.unique_rows_sum`` (the same keys and passes, so the same order of addition), on the arrays' GPU.
+
+    The sizes of the result and the number of passes are read back: host synchronisations.
+    """
     cupy = _import()
     with cupy.cuda.Device(values.device.id):
-        if indices.shape[0] == 0:
+        count = indices.shape[0]
+        if count == 0:
             return indices.astype(cupy.int64), values
-        order = cupy.argsort(indices)
-        ordered = indices[order]
-        starts = cupy.empty(ordered.shape[0], bool)
+        keys = indices.astype(cupy.int64) * count + cupy.arange(count)  # distinct: any sort keeps row order
+        keys.sort()
+        ordered = keys // count
+        order = keys - ordered * count
+        starts = cupy.empty(count, bool)
         starts[0] = True
         cupy.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
-        segment = cupy.cumsum(starts) - 1
         first = cupy.flatnonzero(starts)
-        rows = values[order]
-        if first.shape[0] == ordered.shape[0]:
-            return ordered, rows
-        out = cupy.zeros((first.shape[0], *values.shape[1:]), values.dtype)
-        cupy.add.at(out, segment, rows)
-        return ordered[first], out
+        if first.shape[0] == count:
+            return ordered, cupy.take(values, order, axis=0)
+        segment = cupy.cumsum(starts) - 1
+        rank = cupy.arange(count) - first[segment]
+        summed = cupy.take(values, order[first], axis=0)
+        for k in range(1, int(rank.max()) + 1):
+            at = cupy.flatnonzero(rank == k)
+            summed[segment[at]] += cupy.take(values, order[at], axis=0)
+        return ordered[first], summed
 
 
 def concat(arrays: Sequence[Any], axis: int, device: Any = None) -> Any:

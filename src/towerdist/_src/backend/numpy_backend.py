@@ -156,19 +156,47 @@ def true_divide(array: Any, divisor: Any) -> np.ndarray:
 
 
 def unique_rows_sum(indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(distinct indices sorted, values' rows summed per index)``; the rows of an index add in their order."""
-    if indices.shape[0] == 0:
+    """``(distinct indices sorted, values' rows summed per index)``; the rows of an index add in their order.
+
+    The rows are ordered by sorting one int64 key per row, ``index * count + position``
+    (distinct keys: an unstable sort keeps each index's rows in their order, and numpy
+    sorts integers with SIMD, far faster than a stable ``argsort``). The first row of each
+    index is copied, then the second rows of every repeated index are added at once, then
+    the third, ... (each pass writes each index at most once). Past ``_MAX_REPEAT_PASSES``
+    repeats of one index, ``np.add.reduceat`` sums them instead (the same order).
+    """
+    count = indices.shape[0]
+    if count == 0:
         return indices.astype(np.int64), values
-    order = np.argsort(indices, kind="stable")
-    ordered = indices[order]
-    starts = np.empty(ordered.shape[0], bool)
+    wide = indices.astype(np.int64, copy=False)
+    if int(np.abs(wide).max()) < (1 << 62) // count:
+        keys = wide * count + np.arange(count)
+        keys.sort()
+        ordered = keys // count
+        order = keys - ordered * count
+    else:  # indices too large for the keys: a stable sort of the indices themselves
+        order = np.argsort(wide, kind="stable")
+        ordered = wide[order]
+    starts = np.empty(count, bool)
     starts[0] = True
     np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
     first = np.flatnonzero(starts)
-    rows = values[order]
-    if first.shape[0] == ordered.shape[0]:
-        return ordered, rows
-    return ordered[first], np.add.reduceat(rows, first, axis=0)
+    if first.shape[0] == count:
+        return ordered, np.take(values, order, axis=0)
+    segment = np.cumsum(starts) - 1
+    rank = np.arange(count) - first[segment]  # 0 for an index's first row, 1 for its second, ...
+    repeats = int(rank.max())
+    if repeats > _MAX_REPEAT_PASSES:
+        # (dtype: numpy's reduceat sums small integers as int64; the sum keeps the values' dtype, as TF's does)
+        return ordered[first], np.add.reduceat(np.take(values, order, axis=0), first, axis=0, dtype=values.dtype)
+    summed = np.take(values, order[first], axis=0)
+    for k in range(1, repeats + 1):
+        at = np.flatnonzero(rank == k)
+        summed[segment[at]] += np.take(values, order[at], axis=0)
+    return ordered[first], summed
+
+
+_MAX_REPEAT_PASSES = 16
 
 
 def concat(arrays: Sequence[Any], axis: int, device: Any = None) -> np.ndarray:

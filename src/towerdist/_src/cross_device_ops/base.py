@@ -237,7 +237,7 @@ class CrossDeviceOps:
     def broadcast_implementation(self, tensor: Any, destinations: tuple[DeviceSpec, ...]) -> Any:
         """Puts ``tensor`` on every destination: shared read-only on the host, copied to GPUs."""
         if sparse.is_sparse(tensor):
-            return sparse.mirror_slices(tensor, destinations)
+            return sparse.mirror_slices(sparse.copied(tensor), destinations)  # never the caller's arrays, as below
         array = array_ops.as_array(tensor)
         source = backend.for_array(array).copy(array)
         return mirror([source] * len(destinations), destinations)
@@ -297,7 +297,7 @@ def copy_in_place(value: DistributedValues, devices: tuple[DeviceSpec, ...]) -> 
     if not _already_in_place(value, devices):
         return None
     if sparse.is_sparse(value):
-        return sparse.mirror_slices(sparse.copied(value._values[0]), devices)
+        return sparse.mirror_slices(sparse.copied(value._values[0], canonical=True), devices)  # a reduction's form
     component = array_ops.as_array(value._values[0])
     return mirror([backend.for_array(component).copy(component)], devices)
 

@@ -48,6 +48,8 @@ def resolve_destinations(destinations: Any) -> tuple[DeviceSpec, ...]:
                 f"record its devices; pass a device string or a value created by a strategy."
             )
         return tuple(devices)
+    if isinstance(destinations, IndexedSlices):  # TF takes one as destinations: the device of its values
+        return resolve_destinations(destinations.values)
     if backend.is_array(destinations):
         cupy_device = getattr(destinations, "device", None)
         if backend.for_array(destinations).name == "cupy" and cupy_device is not None:

@@ -20,6 +20,7 @@ value is identical (DESIGN §10.22, ``docs/concepts.md``).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,16 +39,18 @@ __all__ = [
     "combine",
     "copied",
     "is_sparse",
-    "merge_rows",
     "mirror_slices",
     "reduce_sparse",
     "to_device",
     "with_sparse_apart",
 ]
 
-# The merge accumulates into a dense buffer (every row of the table) when the replicas'
-# rows add up to at least this fraction of the table's rows (see ``combine``).
-DENSE_FRACTION = 0.5
+# The merge accumulates into a dense table (every row) when the replicas' rows add up to
+# at least this many times the table's rows. Measured on a 2-core AMD EPYC VM, 100,000 x 64
+# float32, 2 and 4 replicas at 1 % to 100 % density: the row merge was faster up to 2 x 60 %
+# of the table, the dense table from 4 x 60 % on (both then slower than a dense all-reduce
+# of gradients that were dense to begin with: benchmarks/sparse.py).
+DENSE_FRACTION = 2.0
 
 
 def is_sparse(value: Any) -> bool:
@@ -85,44 +88,65 @@ def combine(reduce_op: ReduceOp, parts: Sequence[IndexedSlices], count: int, dev
         {"replicas": len(parts), "rows_sent": touched, "table_rows": rows},
     ):
         with impl.on_array_device(first.values):
-            if len(on_device) == 1:
-                indices, values = xp.array(first.indices, copy=True), xp.array(first.values, copy=True)
-            elif dense:
+            if dense:
                 indices, values = _merge_dense(xp, on_device, rows)
             else:
-                indices, values = merge_rows(xp, [(part.indices, part.values) for part in on_device])
+                indices, values = impl.unique_rows_sum(
+                    xp.concatenate([part.indices for part in on_device]),
+                    xp.concatenate([part.values for part in on_device]),
+                )
+                if len(on_device) == 1 and values is first.values:
+                    indices, values = xp.array(indices, copy=True), xp.array(values, copy=True)
             if reduce_op is ReduceOp.MEAN:
                 values = impl.true_divide(values, count)
     return IndexedSlices(values, indices, first.dense_shape)
 
 
-def merge_rows(xp: Any, parts: Sequence[tuple[Any, Any]]) -> tuple[Any, Any]:
-    """The union of canonical ``(indices, values)`` parts' rows, each row summed in part order (array module ``xp``)."""
-    union = xp.unique(xp.concatenate([indices for indices, _ in parts]))
-    first_values = parts[0][1]
-    summed_values = xp.zeros((union.shape[0], *first_values.shape[1:]), first_values.dtype)
-    for indices, values in parts:
-        if indices.shape[0] == union.shape[0]:
-            summed_values += values  # this part has every row of the union: a contiguous add
-        else:
-            summed_values[xp.searchsorted(union, indices)] += values  # each index once per part: no collisions
-    return union, summed_values
-
-
 def _merge_dense(xp: Any, parts: Sequence[IndexedSlices], rows: int) -> tuple[Any, Any]:
-    """The parts accumulated into every row of the table, then taken back to the rows touched."""
-    table = xp.zeros((rows, *parts[0].values.shape[1:]), parts[0].dtype)
+    """The parts accumulated into a zeroed table of every row, then taken back to the rows touched.
+
+    The table comes from ``_tables`` (fresh memory would page-fault on every row, which
+    costs more than the merge) and goes back zeroed: only its touched rows are cleared.
+    """
+    first = parts[0]
+    key = (rows, tuple(first.values.shape[1:]), first.dtype.str, backend.for_array(first.values).name)
+    table = _tables.take(key) if xp is np else None
+    if table is None:
+        table = xp.zeros((rows, *first.values.shape[1:]), first.dtype)
     touched = xp.zeros(rows, bool)
     for part in parts:
         if part.indices.shape[0] == rows:
             table += part.values  # canonical and complete: row i is at position i
         else:
-            table[part.indices] += part.values
+            table[part.indices] += part.values  # canonical: each index once per part
         touched[part.indices] = True
     union = xp.flatnonzero(touched).astype(np.int64)
     if union.shape[0] == rows:
-        return union, table
-    return union, table[union]
+        return union, table  # every row: the table is the result (and leaves the pool)
+    values = xp.take(table, union, axis=0)
+    if xp is np:
+        table[union] = 0
+        _tables.give(key, table)
+    return union, values
+
+
+class _TablePool:
+    """Zeroed host tables for ``_merge_dense``, kept per shape and dtype (at most one each)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tables: dict[tuple[Any, ...], np.ndarray] = {}
+
+    def take(self, key: tuple[Any, ...]) -> np.ndarray | None:
+        with self._lock:
+            return self._tables.pop(key, None)
+
+    def give(self, key: tuple[Any, ...], table: np.ndarray) -> None:
+        with self._lock:
+            self._tables[key] = table
+
+
+_tables = _TablePool()
 
 
 def reduce_sparse(
@@ -184,8 +208,10 @@ def mirror_slices(slices: IndexedSlices, destinations: Sequence[DeviceSpec]) -> 
     return Mirrored(placed, tuple(destinations))
 
 
-def copied(slices: IndexedSlices) -> IndexedSlices:
-    """A copy of ``slices`` (new arrays where they are)."""
+def copied(slices: IndexedSlices, canonical: bool = False) -> IndexedSlices:
+    """A copy of ``slices`` (new arrays where they are), in canonical form if ``canonical``."""
+    if canonical and summed(slices) is not slices:
+        return summed(slices)  # new arrays already
     impl = backend.for_array(slices.values)
     return IndexedSlices(impl.copy(slices.values), backend.for_array(slices.indices).copy(slices.indices), slices.dense_shape)
 

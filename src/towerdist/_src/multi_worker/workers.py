@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from towerdist._src import errors, mpi_runtime, replica_timeouts
-from towerdist._src.cross_device_ops.sparse import merge_rows
+from towerdist._src.backend import numpy_backend as host
 from towerdist._src.multi_worker.communicator import Call, Communicator
 from towerdist._src.options import CommunicationOptions
 
@@ -209,16 +209,11 @@ class Workers:
         send[:, :8] = np.ascontiguousarray(indices, np.int64).view(np.uint8).reshape(rows, 8)
         send[:, 8:] = np.ascontiguousarray(values).reshape(rows, row_bytes // values.dtype.itemsize).view(np.uint8)
         call = Call(collective, f"sparse {op} (rows)", signature, extra=rows)
-        flat, got = communicator.allgatherv(send.reshape(-1), record, call, timeout, warning)
-        received = flat.reshape(-1, record)
-        parts, start = [], 0
-        for count in got:
-            block = received[start : start + count]
-            part_indices = np.ascontiguousarray(block[:, :8]).view(np.int64).reshape(count)
-            part_values = np.ascontiguousarray(block[:, 8:]).view(values.dtype).reshape((count, *row_shape))
-            parts.append((part_indices, part_values))
-            start += count
-        union, summed_values = merge_rows(np, parts)
+        flat, _ = communicator.allgatherv(send.reshape(-1), record, call, timeout, warning)
+        received = flat.reshape(-1, record)  # every rank's rows, in rank order: each rank's in canonical form
+        all_indices = np.ascontiguousarray(received[:, :8]).view(np.int64).reshape(-1)
+        all_values = np.ascontiguousarray(received[:, 8:]).view(values.dtype).reshape((-1, *row_shape))
+        union, summed_values = host.unique_rows_sum(all_indices, all_values)
         return union, summed_values, "rows"
 
     def flags(self, flag: bool, collective: str) -> list[bool]:

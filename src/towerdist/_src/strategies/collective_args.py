@@ -50,7 +50,7 @@ def check_structures(contributions: Sequence[Contribution]) -> None:
     """
     first = contributions[0]
     for replica, other in enumerate(contributions[1:], start=1):
-        if other.spec is not first.spec and other.spec != first.spec:
+        if _spec(other) is not _spec(first) and _spec(other) != _spec(first):
             where = nest.explain_mismatch(_value(first), _value(other))
             raise unworded(
                 InvalidArgumentError(
@@ -60,6 +60,15 @@ def check_structures(contributions: Sequence[Contribution]) -> None:
                     replicas=(0, replica),
                 )
             )
+
+
+# A single array skips optree (spec None); it is the same structure as any other single leaf
+# (an IndexedSlices, a scalar), so a mismatch there is one of the leaves, worded by their check.
+_LEAF_SPEC = nest.flatten(0)[1]
+
+
+def _spec(contribution: Contribution) -> nest.PyTreeSpec:
+    return _LEAF_SPEC if contribution.spec is None else contribution.spec
 
 
 _CAST = "Cast the values to one dtype first, e.g. with td.cast()."

@@ -21,7 +21,7 @@ from towerdist._src.cross_device_ops.select import select_cross_device_ops
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
 from towerdist._src.failures import API, name_api, unworded
-from towerdist._src.indexed_slices import IndexedSlices
+from towerdist._src.indexed_slices import IndexedSlices, summed
 from towerdist._src.options import CommunicationOptions, ValueContext
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.barrier import CollectiveRequest, MergeRequest, StopReplica
@@ -248,6 +248,8 @@ class MirroredExtended(StrategyExtended):
                 f"function), multiply by strategy.num_replicas_in_sync, or use MEAN (which returns the "
                 f"value itself)."
             )
+        if isinstance(value, IndexedSlices):
+            value = summed(value)  # a SUM gives the canonical form, with one replica as with several
         return self._collectives._broadcast_to(value, devices)
 
     def _batch_reduce_to(

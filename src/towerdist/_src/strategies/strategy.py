@@ -237,7 +237,8 @@ class Strategy:
         context.require_cross_replica_or_default(
             self, "Strategy.gather()", fix="use get_replica_context().all_gather() in a replica instead"
         )
-        refuse_in_gather(value, _GATHER)
+        # A PerReplica is one leaf of the nest: its components are what may be IndexedSlices.
+        refuse_in_gather(nest.map_structure(lambda v: v.values if isinstance(v, DistributedValues) else v, value), _GATHER)
         destination = ResolvedDevices((self._extended._reduce_destination(),))
         try:
             return nest.map_structure(

@@ -30,14 +30,17 @@ from typing import Any
 import numpy as np
 
 from towerdist._src import context
+from towerdist._src.cross_device_ops import sparse
 from towerdist._src.cross_device_ops.shared_memory import SharedMemoryAllReduce, reduce_into_update
 from towerdist._src.failures import name_api
+from towerdist._src.indexed_slices import IndexedSlices, check_reducible
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.values.regroup import regroup, select_replica
 from towerdist._src.variable_enums import VariableAggregation
-from towerdist._src.variables.sliced import SliceAssign, describe_write
-from towerdist._src.variables.variable import ASSIGN, ASSIGN_ADD, ASSIGN_SUB
+from towerdist._src.variables.scatter import Scatter
+from towerdist._src.variables.sliced import describe_write
+from towerdist._src.variables.variable import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, WriteOp
 
 __all__ = ["aggregation_error", "write_in_replica"]
 
@@ -55,7 +58,7 @@ def aggregation_error(variable_type: str, name: str) -> ValueError:
     )
 
 
-def write_in_replica(variable: Any, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
+def write_in_replica(variable: Any, op: WriteOp, value: Any, read_value: bool) -> Any:
     """Replica-context ``variable.<op>(value)``: aggregate across replicas, then write."""
     api = describe_write(type(variable).__name__, op)
     if variable.aggregation is VariableAggregation.NONE:
@@ -106,7 +109,7 @@ _NOT_FUSED: Any = object()
 _FUSED_OPS = {ASSIGN: None, ASSIGN_ADD: False, ASSIGN_SUB: True}  # op -> ``subtract`` of reduce_into_update
 
 
-def _write_fused(strategy: Any, variable: Any, op: str | SliceAssign, values: list[Any], read_value: bool) -> Any:
+def _write_fused(strategy: Any, variable: Any, op: WriteOp, values: list[Any], read_value: bool) -> Any:
     """The write as one pass over host memory, when it can be: ``_NOT_FUSED`` otherwise.
 
     The common case of a large aggregated write on logical CPUs: a SUM or MEAN
@@ -176,7 +179,7 @@ def _one_host_buffer(components: Any, old: Any) -> bool:
     return owner.shape == old.shape or owner.size == old.size
 
 
-def _aggregate(strategy: Any, variable: Any, value: Any, op: str | SliceAssign) -> Any:
+def _aggregate(strategy: Any, variable: Any, value: Any, op: WriteOp) -> Any:
     agg = variable.aggregation
     if agg is VariableAggregation.MEAN and variable.dtype.kind != "f" and isinstance(value, PerReplica):
         raise ValueError(
@@ -187,11 +190,55 @@ def _aggregate(strategy: Any, variable: Any, value: Any, op: str | SliceAssign) 
         )
     collective = describe_write(type(variable).__name__, op)  # the workers name the collective after the write
     if agg is VariableAggregation.ONLY_FIRST_REPLICA:
+        if isinstance(value, PerReplica) and isinstance(value.values[0], IndexedSlices):
+            return _first_slices(strategy, value, collective)
         first = strategy.extended._first_replica_value(value, collective)
         return strategy.extended.broadcast_to(first, variable)
     # The internal entry: the context, the op and the destination (the variable) are known good.
     reduce_op = ReduceOp.from_variable_aggregation(agg)
+    if _applies_rows_in_turn(op, value) and strategy.extended._num_workers == 1:
+        return _concatenated_slices(reduce_op, value)
     return strategy.extended._reduce_to(reduce_op, value, variable, None, collective=collective)
+
+
+def _applies_rows_in_turn(op: WriteOp, value: Any) -> bool:
+    """A ``scatter_mul``/``scatter_div`` of the replicas' ``IndexedSlices``: each row's effect depends on the others'."""
+    return (
+        isinstance(op, Scatter)
+        and op.method in ("scatter_mul", "scatter_div")
+        and isinstance(value, PerReplica)
+        and isinstance(value.values[0], IndexedSlices)
+    )
+
+
+def _concatenated_slices(reduce_op: ReduceOp, value: PerReplica) -> IndexedSlices:
+    """The replicas' slices one after another (MEAN: each value divided by the replicas), as TensorFlow reduces them.
+
+    A sum of rows would give the same dense value, but a scatter_mul multiplies by each
+    replica's row in turn (``x * a * b``, not ``x * (a + b)``): TensorFlow's numbers.
+    """
+    parts = [sparse.to_device(part, None) for part in value.values]
+    check_reducible(parts, "the replicas' IndexedSlices")
+    values = np.concatenate([part.values for part in parts])
+    if reduce_op is ReduceOp.MEAN:
+        values = values / len(parts)
+    return IndexedSlices(values, np.concatenate([part.indices for part in parts]), parts[0].dense_shape)
+
+
+def _first_slices(strategy: Any, value: PerReplica, collective: str) -> IndexedSlices:
+    """Replica 0's ``IndexedSlices`` (a scatter with ONLY_FIRST_REPLICA), written to every component as it is.
+
+    Each component moves the rows to its own device as it writes them, so there is nothing
+    to broadcast within one process.
+    """
+    if strategy.extended._num_workers != 1:
+        raise NotImplementedError(
+            f"{collective} with aggregation ONLY_FIRST_REPLICA is not supported across workers yet: global replica "
+            f"0's IndexedSlices would have to be broadcast to the other workers. Use aggregation SUM or MEAN "
+            f"(scatter_add/scatter_sub), or scatter in cross-replica context with the same rows on every worker."
+        )
+    first: IndexedSlices = value.values[0]
+    return first
 
 
 def _describe(value: Any) -> str:

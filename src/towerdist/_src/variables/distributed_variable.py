@@ -37,9 +37,9 @@ from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 from towerdist._src.values.regroup import split_for_replicas
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
-from towerdist._src.variables import aggregation
-from towerdist._src.variables.sliced import SliceAssign, describe_write
-from towerdist._src.variables.variable import ASSIGN_ADD, ASSIGN_SUB, ResourceVariable, Variable, to_array
+from towerdist._src.variables import aggregation, scatter
+from towerdist._src.variables.sliced import describe_write
+from towerdist._src.variables.variable import ASSIGN_ADD, ASSIGN_SUB, ResourceVariable, Variable, WriteOp, to_array
 
 if TYPE_CHECKING:
     from towerdist._src.strategies.strategy import Strategy
@@ -131,7 +131,7 @@ class DistributedVariable(DistributedValues, Variable):
 
     # --- writes ---------------------------------------------------------------------------
 
-    def _write(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
+    def _write(self, op: WriteOp, value: Any, read_value: bool) -> Any:
         self._check_strategy(describe_write("", op).lstrip("."))
         component = self._update_component()
         if component is not None:
@@ -141,10 +141,22 @@ class DistributedVariable(DistributedValues, Variable):
             return self._write_in_replica(op, value, read_value)
         return self._write_cross_replica(op, value, read_value)
 
-    def _write_in_replica(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
+    def _write_in_replica(self, op: WriteOp, value: Any, read_value: bool) -> Any:
         raise NotImplementedError
 
-    def _write_cross_replica(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
+    def _api(self, method: str) -> str:
+        return f"{type(self).__name__}.{method}()"
+
+    def _check_scatter(self, method: str) -> None:
+        if method in scatter.ND or method == scatter.BATCH:
+            raise NotImplementedError(
+                f"{self._api(method)} is not supported by distributed variables (as in TensorFlow): {self.name} has "
+                f"{len(self._components)} copies. Use scatter_update()/scatter_add() with a td.IndexedSlices, or "
+                f"write each copy in strategy.extended.update({self.name.partition(':')[0]}, lambda copy: "
+                f"copy.{method}(...))."
+            )
+
+    def _write_cross_replica(self, op: WriteOp, value: Any, read_value: bool) -> Any:
         """Writes ``value`` to every component (a distributed value component-wise)."""
         try:
             parts = split_for_replicas(value, len(self._components), "value")
@@ -219,10 +231,23 @@ class MirroredVariable(DistributedVariable):
 
     _is_mirrored = True
 
+    def _check_scatter(self, method: str) -> None:
+        super()._check_scatter(method)
+        if method in scatter.REFUSED_WITH_REDUCTION and self._aggregation in (
+            VariableAggregation.SUM,
+            VariableAggregation.MEAN,
+        ):
+            raise NotImplementedError(
+                f"{self._api(method)} is only supported for mirrored variables with NONE or ONLY_FIRST_REPLICA "
+                f"aggregation, got: {self._aggregation} ({self.name}): the replicas' rows cannot be combined by "
+                f"{self._aggregation.name} for this update. Create the variable with "
+                f"aggregation=td.VariableAggregation.ONLY_FIRST_REPLICA (or NONE), or use scatter_add()."
+            )
+
     def _read_cross_replica(self) -> Any:
         return self._get_on_device_or_primary().value()
 
-    def _write_in_replica(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
+    def _write_in_replica(self, op: WriteOp, value: Any, read_value: bool) -> Any:
         if self._aggregation is VariableAggregation.NONE:
             # The replica's own component only. Components on logical CPUs may share one
             # (immutable) buffer; the write swaps in a new buffer for this component alone.
@@ -240,6 +265,14 @@ class SyncOnReadVariable(DistributedVariable):
     ``assign_add``/``assign_sub`` raise for SUM.
     """
 
+    def _check_scatter(self, method: str) -> None:
+        super()._check_scatter(method)
+        raise NotImplementedError(
+            f"Variables with `synchronization=ON_READ` doesn't support `{method}`: {self._api(method)} of "
+            f"{self.name} (each replica's copy is its own partial value). Write the replica's own copy with "
+            f"assign()/assign_add() inside strategy.run(), or use a variable with synchronization=ON_WRITE."
+        )
+
     def _read_cross_replica(self) -> Any:
         if self._aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
             extended = self._distribute_strategy.extended
@@ -249,10 +282,10 @@ class SyncOnReadVariable(DistributedVariable):
         op = ReduceOp.from_variable_aggregation(self._aggregation)
         return self._distribute_strategy.extended._reduce(op, self)
 
-    def _write_in_replica(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
+    def _write_in_replica(self, op: WriteOp, value: Any, read_value: bool) -> Any:
         return self._component_here()._write(op, value, read_value)
 
-    def _write_cross_replica(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
+    def _write_cross_replica(self, op: WriteOp, value: Any, read_value: bool) -> Any:
         if self._aggregation is VariableAggregation.SUM:
             if op in (ASSIGN_ADD, ASSIGN_SUB):
                 raise ValueError(
@@ -292,7 +325,7 @@ class SyncOnReadVariable(DistributedVariable):
 # --- writing components as one transaction ---------------------------------------------------
 
 
-def write_components(components: Sequence[ResourceVariable], op: str | SliceAssign, parts: Sequence[Any]) -> list[Any]:
+def write_components(components: Sequence[ResourceVariable], op: WriteOp, parts: Sequence[Any]) -> list[Any]:
     """Applies ``op(parts[i])`` to ``components[i]`` for every ``i``, all or nothing.
 
     Every new value is computed before any is stored, so a bad value (wrong shape or
@@ -308,7 +341,7 @@ def write_components(components: Sequence[ResourceVariable], op: str | SliceAssi
         return _write_locked(components, op, parts)
 
 
-def _write_locked(components: Sequence[ResourceVariable], op: str | SliceAssign, parts: Sequence[Any]) -> list[Any]:
+def _write_locked(components: Sequence[ResourceVariable], op: WriteOp, parts: Sequence[Any]) -> list[Any]:
     host = backend.host()
     prepared: list[Any] = []
     shared: list[bool] = []  # the component reuses another's result (that one keeps the spare buffer)

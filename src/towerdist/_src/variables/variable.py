@@ -33,17 +33,22 @@ from towerdist._src import backend, context, nest
 from towerdist._src.array_ops import constant, from_python
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.failures import API, unworded, worded_at
 from towerdist._src.operators import ArrayOperators, binary
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
-from towerdist._src.variables import sliced
+from towerdist._src.variables import scatter, sliced
+from towerdist._src.variables.scatter import Scatter
 from towerdist._src.variables.sliced import SliceAssign, describe_write
 from towerdist._src.variables.update_buffers import UpdateBuffers
 
 if TYPE_CHECKING:
     from towerdist._src.strategies.strategy import Strategy
 
-__all__ = ["ResourceVariable", "UnreadVariable", "Variable", "VariableRef", "adopt_shared", "to_array"]
+__all__ = ["ResourceVariable", "UnreadVariable", "Variable", "VariableRef", "WriteOp", "adopt_shared", "to_array"]
+
+# A write of the write protocol: a method name below, a sliced assign or a scatter.
+WriteOp = str | SliceAssign | Scatter
 
 # The write operations every variable supports, by method name.
 ASSIGN = "assign"
@@ -179,9 +184,109 @@ class Variable(ArrayOperators, metaclass=_VariableMeta):
         """Subtracts ``delta`` (same shape as the variable); returns what :meth:`assign` returns."""
         return self._write(ASSIGN_SUB, delta, read_value)
 
-    def _write(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
-        """Applies the write ``op`` (``"assign"``, ``"assign_add"``, ``"assign_sub"`` or a sliced assign)."""
+    def _write(self, op: WriteOp, value: Any, read_value: bool) -> Any:
+        """Applies the write ``op`` (``"assign"``, ``"assign_add"``, ``"assign_sub"``, a sliced assign or a scatter)."""
         raise NotImplementedError
+
+    # --- scatter updates and sparse reads (rules in scatter.py) ------------------------------
+
+    def scatter_add(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> Any:
+        """Adds ``sparse_delta.values`` to the rows ``sparse_delta.indices`` (a repeated index adds every row).
+
+        ``sparse_delta`` is a ``td.IndexedSlices`` whose values have shape ``indices.shape +
+        variable.shape[1:]``. Returns what :meth:`assign` returns. Every index is checked
+        first: an index out of range raises and nothing is written. ``use_locking`` and
+        ``name`` are accepted for TensorFlow compatibility.
+
+        Raises:
+          TypeError: ``sparse_delta`` is not an ``IndexedSlices``.
+          InvalidArgumentError: an index is out of range, or the values have the wrong shape.
+        """
+        return self._scatter("scatter_add", sparse_delta)
+
+    def scatter_sub(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> Any:
+        """Subtracts ``sparse_delta.values`` from its rows; as :meth:`scatter_add`."""
+        return self._scatter("scatter_sub", sparse_delta)
+
+    def scatter_mul(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> Any:
+        """Multiplies the rows ``sparse_delta.indices`` by ``sparse_delta.values``; as :meth:`scatter_add`."""
+        return self._scatter("scatter_mul", sparse_delta)
+
+    def scatter_div(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> Any:
+        """Divides the rows by ``sparse_delta.values`` (integers: truncated, a zero divisor raises); as :meth:`scatter_add`."""
+        return self._scatter("scatter_div", sparse_delta)
+
+    def scatter_min(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> Any:
+        """Sets each row to its minimum with ``sparse_delta.values``; as :meth:`scatter_add`."""
+        return self._scatter("scatter_min", sparse_delta)
+
+    def scatter_max(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> Any:
+        """Sets each row to its maximum with ``sparse_delta.values``; as :meth:`scatter_add`."""
+        return self._scatter("scatter_max", sparse_delta)
+
+    def scatter_update(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> Any:
+        """Sets the rows ``sparse_delta.indices`` to ``sparse_delta.values``; a repeated index takes its last row."""
+        return self._scatter("scatter_update", sparse_delta)
+
+    def batch_scatter_update(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> Any:
+        """Sets ``v[b..., indices[b..., i]]`` to ``values[b..., i]`` for each batch ``b...`` (the indices' leading dimensions).
+
+        A repeated index takes its last row; otherwise as :meth:`scatter_update`.
+        """
+        return self._scatter(scatter.BATCH, sparse_delta)
+
+    def scatter_nd_add(self, indices: Any, updates: Any, name: str | None = None) -> Any:
+        """Adds ``updates`` at ``indices``, whose last axis addresses the first dimensions (``tf.scatter_nd_add``).
+
+        ``updates`` has shape ``indices.shape[:-1] + variable.shape[K:]`` for indices of
+        shape ``[..., K]``; a repeated index adds every update. Returns what :meth:`assign`
+        returns; an index out of range raises and nothing is written.
+        """
+        return self._scatter_nd("scatter_nd_add", indices, updates)
+
+    def scatter_nd_sub(self, indices: Any, updates: Any, name: str | None = None) -> Any:
+        """Subtracts ``updates`` at ``indices``; as :meth:`scatter_nd_add`."""
+        return self._scatter_nd("scatter_nd_sub", indices, updates)
+
+    def scatter_nd_update(self, indices: Any, updates: Any, name: str | None = None) -> Any:
+        """Sets the elements or slices at ``indices`` to ``updates``; a repeated index takes its last update."""
+        return self._scatter_nd("scatter_nd_update", indices, updates)
+
+    def sparse_read(self, indices: Any, name: str | None = None) -> Any:
+        """The rows ``indices`` of the value (``value()[indices]``, a new array), as ``tf.gather`` reads them.
+
+        Raises:
+          InvalidArgumentError: an index is out of range.
+        """
+        with worded_at(self._api("sparse_read")):
+            return scatter.sparse_read(self.value(), indices, self.name)
+
+    def gather_nd(self, indices: Any, name: str | None = None) -> Any:
+        """The elements or slices the last axis of ``indices`` addresses (``tf.gather_nd`` of the value).
+
+        Raises:
+          InvalidArgumentError: an index is out of range.
+        """
+        with worded_at(self._api("gather_nd")):
+            return scatter.gather_nd(self.value(), indices, self.name)
+
+    def _api(self, method: str) -> str:
+        """The public call named in errors, e.g. ``"Variable.scatter_add()"``."""
+        return f"Variable.{method}()"
+
+    def _scatter(self, method: str, sparse_delta: Any) -> Any:
+        with worded_at(self._api(method)):
+            self._check_scatter(method)
+            scatter.require_slices(sparse_delta, context.replica_context_in_run() is None)
+            return self._write(Scatter(method), sparse_delta, True)
+
+    def _scatter_nd(self, method: str, indices: Any, updates: Any) -> Any:
+        with worded_at(self._api(method)):
+            self._check_scatter(method)
+            return self._write(Scatter(method, indices), updates, True)
+
+    def _check_scatter(self, method: str) -> None:
+        """Raises if this kind of variable refuses the scatter ``method`` (every kind but plain variables may)."""
 
     def __getitem__(self, key: Any) -> Any:
         """The elements ``key`` selects, read now (a snapshot); on the host, with ``assign``.
@@ -394,7 +499,7 @@ class ResourceVariable(Variable):
 
     # --- the write protocol (distributed variables write components through it) ------------
 
-    def _write(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
+    def _write(self, op: WriteOp, value: Any, read_value: bool) -> Any:
         with self._write_lock:
             self._store(self._prepare(op, value))
         if not read_value:
@@ -404,13 +509,15 @@ class ResourceVariable(Variable):
         unread._target = self
         return unread
 
-    def _prepare(self, op: str | SliceAssign, value: Any) -> Any:
+    def _prepare(self, op: WriteOp, value: Any) -> Any:
         """The array ``op(value)`` would store, computed without changing the variable.
 
         Raises:
           ValueError / TypeError: ``value`` has the wrong shape or cannot be converted to
             the variable's dtype; the variable is unchanged.
         """
+        if type(op) is Scatter:
+            return self._prepare_scatter(op, value)
         array = to_array(value, self.dtype, describe_write(self._name, op))
         if type(op) is SliceAssign:
             return self._prepare_slice(op, array)
@@ -446,6 +553,29 @@ class ResourceVariable(Variable):
             np.copyto(spare, old)
             return op.apply(spare, array)
         return op.apply(self._impl.copy(old, self._device), array)
+
+    def _prepare_scatter(self, op: Scatter, value: Any) -> Any:
+        """The value with the scatter ``op`` of ``value`` (an ``IndexedSlices``, or updates) applied, in a new array."""
+        if isinstance(value, PerReplica):
+            value = value._local()
+        indices, updates = op.split(value)
+        try:
+            updates = to_array(updates, self.dtype, f"{API} on {self.name}")
+        except (TypeError, ValueError) as error:  # worded by the public method: Variable.scatter_add() on v:0: ...
+            raise unworded(error) from None
+        old = self._array
+        impl = self._impl
+        with impl.on_array_device(old):
+            indices = scatter.index_array(impl, old, indices, self.name)
+            updates = impl.to_device_of(updates, old)
+            spare = self._spare_like(old)
+            if spare is not None:
+                np.copyto(spare, old)
+                new = spare
+            else:
+                new = impl.copy(old, self._device)
+            op.apply(new, indices, updates, self.name)
+        return new
 
     def _spare_like(self, like: Any) -> np.ndarray | None:
         """A private host buffer for a new value shaped like ``like``: the previous value's, if reusable."""
@@ -600,7 +730,7 @@ class UnreadVariable(Variable):
     def value(self) -> Any:
         return self._target.value()
 
-    def _write(self, op: str | SliceAssign, value: Any, read_value: bool) -> Any:
+    def _write(self, op: WriteOp, value: Any, read_value: bool) -> Any:
         return self._target._write(op, value, read_value)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ResourceVariable:
