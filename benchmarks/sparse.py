@@ -277,7 +277,10 @@ def mpi_worker(args: argparse.Namespace) -> None:
         want = strategy.run(all_reduce, args=(dense,))
         if not np.array_equal(td.convert_to_tensor(got), want):
             raise SystemExit(f"rank {rank}: sparse and dense all-reduce differ (density {density})")
-        variants = {"sparse": lambda: strategy.run(all_reduce, args=(slices,)), "dense": lambda: strategy.run(all_reduce, args=(dense,))}
+        variants = {
+            "sparse": lambda s=slices: strategy.run(all_reduce, args=(s,)),
+            "dense": lambda d=dense: strategy.run(all_reduce, args=(d,)),
+        }
         for fn in variants.values():
             fn()
         calls = {name: max(comm.allreduce(calibrate(fn, args.sample_ms), op=MPI.MAX), 1) for name, fn in variants.items()}

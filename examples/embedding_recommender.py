@@ -32,6 +32,7 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 
 import towerdist as td  # noqa: E402
+
 from train_digits import make_strategy  # noqa: E402
 
 # --- data ------------------------------------------------------------------------------------
