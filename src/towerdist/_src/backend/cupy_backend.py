@@ -287,10 +287,11 @@ def unique_rows_sum(indices: Any, values: Any) -> tuple[Any, Any]:
         count = indices.shape[0]
         if count == 0:
             return indices.astype(cupy.int64), values
-        keys = indices.astype(cupy.int64) * count + cupy.arange(count)  # distinct: any sort keeps row order
+        shift = count.bit_length()  # key = index << shift | position, distinct: any sort keeps row order
+        keys = (indices.astype(cupy.int64) << shift) | cupy.arange(count)
         keys.sort()
-        ordered = keys // count
-        order = keys - ordered * count
+        ordered = keys >> shift
+        order = keys & ((1 << shift) - 1)
         starts = cupy.empty(count, bool)
         starts[0] = True
         cupy.not_equal(ordered[1:], ordered[:-1], out=starts[1:])

@@ -158,7 +158,7 @@ def true_divide(array: Any, divisor: Any) -> np.ndarray:
 def unique_rows_sum(indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(distinct indices sorted, values' rows summed per index)``; the rows of an index add in their order.
 
-    The rows are ordered by sorting one int64 key per row, ``index * count + position``
+    The rows are ordered by sorting one int64 key per row, ``index << bits | position``
     (distinct keys: an unstable sort keeps each index's rows in their order, and numpy
     sorts integers with SIMD, far faster than a stable ``argsort``). The first row of each
     index is copied, then the second rows of every repeated index are added at once, then
@@ -169,12 +169,13 @@ def unique_rows_sum(indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray
     if count == 0:
         return indices.astype(np.int64), values
     wide = indices.astype(np.int64, copy=False)
-    if int(np.abs(wide).max()) < (1 << 62) // count:
-        keys = wide * count + np.arange(count)
+    shift = count.bit_length()  # key = index << shift | position: shifts and masks, no division
+    if wide.min() >= 0 and int(wide.max()) < (1 << (62 - shift)):
+        keys = (wide << shift) | np.arange(count)
         keys.sort()
-        ordered = keys // count
-        order = keys - ordered * count
-    else:  # indices too large for the keys: a stable sort of the indices themselves
+        ordered = keys >> shift
+        order = keys & ((1 << shift) - 1)
+    else:  # negative indices (the caller reports them) or too large for the keys: a stable sort
         order = np.argsort(wide, kind="stable")
         ordered = wide[order]
     starts = np.empty(count, bool)
