@@ -57,8 +57,9 @@ class NumpyReference:
         step = t(self.iterations + 1)
         b1, b2, one = t(self.beta_1), t(self.beta_2), t(1)
         alpha = lr * np.sqrt(one - b2**step) / (one - b1**step)
-        m = slots["m"] + (g - slots["m"]) * (one - b1)
-        v = slots["v"] + (g * g - slots["v"]) * (one - b2)
+        # (1 - beta) in Python floats, then the dtype: Keras 3's arithmetic
+        m = slots["m"] + (g - slots["m"]) * t(1.0 - self.beta_1)
+        v = slots["v"] + (g * g - slots["v"]) * t(1.0 - self.beta_2)
         slots["m"], slots["v"] = np.asarray(m), np.asarray(v)
         if self.amsgrad:
             v = slots["vhat"] = np.asarray(np.maximum(slots["vhat"], v))

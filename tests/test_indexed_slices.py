@@ -77,14 +77,13 @@ def test_is_one_leaf_of_a_nest():
     ("values", "indices", "dense_shape", "match"),
     [
         (np.ones((2, 2)), np.array([0.0, 1.0]), None, r"IndexedSlices: indices must be integers; got dtype float64"),
-        (np.ones((2, 2)), np.array(0), None, r"IndexedSlices: indices must have at least one dimension"),
         (np.ones((2, 2)), np.array([0, 1, 2]), None, r"IndexedSlices: values must have one slice per index: indices have shape \(3,\)"),
         (np.ones((2, 2)), np.array([0, 1]), [3, 3], r"IndexedSlices: dense_shape \(3, 3\) does not match the rows of values"),
         (np.ones((2, 2)), np.array([0, 1]), [-3, 2], r"IndexedSlices: dense_shape \[-3, 2\] has a negative dimension"),
         (np.ones((2, 2)), np.array([0, 1]), [[3, 2]], r"IndexedSlices: dense_shape must be a list of integers"),
         (np.ones((2, 2)), np.array([0, 1]), [3.5, 2], r"IndexedSlices: dense_shape must be a list of integers"),
     ],
-    ids=["float_indices", "scalar_index", "too_few_values", "row_shape", "negative", "nested_shape", "float_shape"],
+    ids=["float_indices", "too_few_values", "row_shape", "negative", "nested_shape", "float_shape"],
 )
 def test_invalid_arguments_are_refused(values, indices, dense_shape, match):
     with pytest.raises(InvalidArgumentError, match=match):
@@ -179,3 +178,24 @@ def test_on_a_gpu_an_index_out_of_range_is_named():
         s = td.IndexedSlices(td.constant([[1.0], [2.0]]), td.constant([0, 7]), [3, 1])
     with pytest.raises(InvalidArgumentError, match=r"indices\[1\] = 7 is not in \[0, 3\)"):
         td.convert_to_tensor(s)
+
+
+def test_a_scalar_index_names_one_row_as_in_tensorflow():
+    # TF 2.21: tf.IndexedSlices(row, 1) is one slice; v.scatter_update of it writes row 1.
+    row = np.array([7.0, 8.0], np.float32)
+    s = td.IndexedSlices(row, np.array(1), [3, 2])
+    np.testing.assert_array_equal(td.convert_to_tensor(s), [[0, 0], [7, 8], [0, 0]])
+    v = td.Variable(np.ones((3, 2), np.float32))
+    v.scatter_update(td.IndexedSlices(row, 1))
+    np.testing.assert_array_equal(v.numpy(), [[1, 1], [7, 8], [1, 1]])
+
+
+def test_identity_keeps_an_indexed_slices_sparse_and_copies_it():
+    # TF 2.21: tf.identity of an IndexedSlices is an IndexedSlices.
+    values = np.ones((2, 2), np.float32)
+    s = td.IndexedSlices(values, np.array([0, 2]), [3, 2])
+    copy = td.identity(s)
+    assert isinstance(copy, td.IndexedSlices)
+    assert copy.dense_shape.tolist() == [3, 2]
+    values[0, 0] = 5.0
+    np.testing.assert_array_equal(copy.values, np.ones((2, 2)))

@@ -337,9 +337,12 @@ MISMATCHES = {
         lambda: {"g": _by_replica(np.ones(TABLE, np.float32), make_slices(1))},
         r"needs every replica's value to be of one kind, but at \['g'\] replica 1 has an IndexedSlices and replica 0",
     ),
-    "no_dense_shape": (
-        lambda: td.IndexedSlices(np.ones((1, 3), np.float32), np.array([0])),
-        r"replica 0's IndexedSlices has no dense_shape",
+    "dense_shape_and_none": (
+        lambda: _by_replica(
+            td.IndexedSlices(np.ones((1, 3), np.float32), np.array([0]), [8, 3]),
+            td.IndexedSlices(np.ones((1, 3), np.float32), np.array([0])),
+        ),
+        r"the replicas' IndexedSlices differ: replica 0 has dense_shape \[8, 3\] .* replica 1 has dense_shape \[None, 3\]",
     ),
     "two_dimensional_indices": (
         lambda: td.IndexedSlices(np.ones((1, 1, 3), np.float32), np.array([[0]]), [8, 3]),
@@ -392,16 +395,36 @@ def test_all_gather_refuses_indexed_slices_as_tensorflow(n, nested):
 
 
 @pytest.mark.parametrize("n", [1, 2, 4], ids=lambda n: f"{n}cpu")
-def test_gather_refuses_indexed_slices_as_tensorflow(n):
-    # TF 2.21: NotImplementedError 'gather does not support IndexedSlices'. A fixed bug: with several
-    # replicas the PerReplica hid its components from the check, and gather densified them.
+def test_gather_refuses_a_bare_indexed_slices_and_densifies_a_per_replica_as_tensorflow(n):
+    # TF 2.21: strategy.gather(IndexedSlices) raises NotImplementedError 'gather does not support
+    # IndexedSlices'; a PerReplica of them is densified component by component and concatenated.
     strategy = mirrored("shared_memory", n)
+    with pytest.raises(NotImplementedError, match=r"^gather does not support IndexedSlices"):
+        strategy.gather(make_slices(0), axis=0)
     per_replica = strategy.run(replica_slices)
-    with pytest.raises(NotImplementedError, match=r"^gather does not support IndexedSlices"):
-        strategy.gather(per_replica, axis=0)
-    with pytest.raises(NotImplementedError, match=r"^gather does not support IndexedSlices"):
-        strategy.gather({"g": per_replica}, axis=0)
+    if n == 1:  # one replica's run returns the bare IndexedSlices: refused, as TF refuses it
+        with pytest.raises(NotImplementedError, match=r"^gather does not support IndexedSlices"):
+            strategy.gather(per_replica, axis=0)
+        return
+    gathered = strategy.gather(per_replica, axis=0)
+    want = np.concatenate([np.asarray(part) for part in strategy.experimental_local_results(per_replica)])
+    np.testing.assert_array_equal(gathered, want)
+    assert gathered.shape == (TABLE[0] * n, TABLE[1])
     assert_still_reduces(strategy)
+
+
+def test_slices_without_dense_shape_are_reduced_as_tensorflow_reduces_them():
+    # TF 2.21 reduces IndexedSlices without dense_shape (the result has none either).
+    strategy = mirrored("shared_memory", 2)
+
+    def step():
+        r = int(D.get_replica_context().replica_id_in_sync_group)
+        return D.get_replica_context().all_reduce(SUM, td.IndexedSlices(np.full((2, 3), r + 1.0, np.float32), np.array([r, 5])))
+
+    result = strategy.experimental_local_results(strategy.run(step))[0]
+    assert result.dense_shape is None
+    assert result.indices.tolist() == [0, 1, 5]
+    np.testing.assert_array_equal(result.values, [[1, 1, 1], [2, 2, 2], [3, 3, 3]])
 
 
 # --- simulated (or real) GPUs ---------------------------------------------------------------------

@@ -196,3 +196,39 @@ def test_optimizer_steps_with_sparse_gradients_match_one_process_with_every_repl
     for component in strategy.experimental_local_results(v):
         np.testing.assert_allclose(np.asarray(component), reference.numpy(), rtol=1e-5, atol=1e-7)
     assert not np.allclose(reference.numpy(), initial)  # the steps moved it
+
+
+def test_slices_without_dense_shape_are_reduced_across_workers(multi_worker_strategy):
+    # TF 2.21 reduces IndexedSlices without dense_shape; across workers the rows travel (no table to densify).
+    strategy = multi_worker_strategy
+    _, _, _, n = _layout(strategy)
+
+    def step():
+        g = _replica_id()
+        return D.get_replica_context().all_reduce(SUM, td.IndexedSlices(np.full((1, 3), g + 1.0, np.float32), np.array([g % 2])))
+
+    result = strategy.experimental_local_results(strategy.run(step))[0]
+    assert result.dense_shape is None
+    want = np.zeros((2, 3), np.float32)
+    for g in range(n):
+        want[g % 2] += g + 1.0
+    rows = sorted({g % 2 for g in range(n)})
+    assert result.indices.tolist() == rows
+    np.testing.assert_array_equal(result.values, want[rows])
+
+
+@pytest.mark.parametrize("aggregation", ["SUM", "MEAN"])
+def test_replica_scatter_mul_applies_every_replicas_row_in_turn_across_workers(multi_worker_strategy, aggregation):
+    # TF 2.21 gathers the replicas' slices (its all-reduce of IndexedSlices concatenates them), so a
+    # scatter_mul multiplies by each replica's row in turn: x * a * b (MEAN: each row divided by n).
+    strategy = multi_worker_strategy
+    _, _, _, n = _layout(strategy)
+    with strategy.scope():
+        v = td.Variable(np.full((3, 2), 4.0, np.float32), aggregation=getattr(td.VariableAggregation, aggregation))
+    strategy.run(lambda: v.scatter_mul(td.IndexedSlices(np.float32([[2.0 + _replica_id(), 3.0 + _replica_id()]]), np.array([0]), [3, 2])))
+    want = np.full((3, 2), 4.0)
+    for g in range(n):
+        row = np.array([2.0 + g, 3.0 + g]) / (n if aggregation == "MEAN" else 1)
+        want[0] *= row
+    for component in strategy.experimental_local_results(v):
+        np.testing.assert_allclose(np.asarray(component), want, rtol=1e-6)

@@ -248,3 +248,12 @@ def test_an_index_out_of_range_on_a_gpu_variable_writes_nothing():
     with pytest.raises(InvalidArgumentError, match=r"indices\[0\] = 2 is not in \[0, 2\)"):
         v.scatter_add(slices([1.0], [2]))
     assert v.numpy().tolist() == [1.0, 2.0]
+
+
+def test_a_float_scatter_div_by_zero_is_refused_and_writes_nothing():
+    # TF 2.21: InvalidArgumentError "updates must not contain 0 [Op:ResourceScatterDiv]"; the variable unchanged.
+    v = td.Variable(np.arange(8, dtype=np.float32).reshape(4, 2) + 1)
+    before = v.numpy()
+    with pytest.raises(InvalidArgumentError, match="must not contain 0"):
+        v.scatter_div(td.IndexedSlices(np.float32([[0.0, 2.0]]), np.array([1])))
+    np.testing.assert_array_equal(v.numpy(), before)

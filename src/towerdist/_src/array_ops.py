@@ -175,6 +175,8 @@ def identity(x: Any, name: str | None = None) -> Any:
     placed there; otherwise on ``x``'s own device.
     """
     del name
+    if hasattr(x, "_towerdist_dense"):  # an IndexedSlices: a new one, of copies (TensorFlow keeps it sparse)
+        return type(x)(identity(x.values), identity(x.indices), x.dense_shape)
     array = as_array(x)
     here = device_lib.current()
     if here is None or (type(array) is np.ndarray and array.dtype.kind in _HOST_ONLY_KINDS):

@@ -64,11 +64,6 @@ class IndexedSlices:
             raise InvalidArgumentError(
                 f"IndexedSlices: indices must be integers; got dtype {indices.dtype} (indices={indices!r})."
             )
-        if indices.ndim == 0:
-            raise InvalidArgumentError(
-                f"IndexedSlices: indices must have at least one dimension; got the scalar {indices!r}. Wrap it "
-                f"in a list to name one row."
-            )
         if tuple(values.shape[: indices.ndim]) != tuple(indices.shape):
             raise InvalidArgumentError(
                 f"IndexedSlices: values must have one slice per index: indices have shape {tuple(indices.shape)} "
@@ -257,6 +252,9 @@ def summed(slices: IndexedSlices) -> IndexedSlices:
 def check_reducible(components: Sequence[IndexedSlices], api: str, ids: Sequence[int] | None = None) -> None:
     """Checks that the replicas' ``IndexedSlices`` can be summed: 1-D indices, one dense shape and dtype.
 
+    Slices without a ``dense_shape`` may be summed with others without one, of the same
+    row shape; the sum then has no ``dense_shape`` either.
+
     ``ids`` are the replicas' numbers in the message (by default their positions).
 
     Raises:
@@ -270,12 +268,8 @@ def check_reducible(components: Sequence[IndexedSlices], api: str, ids: Sequence
                 f"{api}: replica {replica}'s IndexedSlices has indices of shape {tuple(item.indices.shape)}; "
                 f"reducing across replicas needs 1-D indices (one row number per slice)."
             )
-        if item.dense_shape is None:
-            raise InvalidArgumentError(
-                f"{api}: replica {replica}'s IndexedSlices has no dense_shape; reducing across replicas checks "
-                f"that every replica's gradient is of the same table, so pass dense_shape=..."
-            )
-    shapes = [[int(d or 0) for d in item.shape] for item in components]
+    # Slices without a dense_shape are reduced too (as TensorFlow does): their rows must agree.
+    shapes = [_described_shape(item) for item in components]
     for replica, item, shape in zip(ids[1:], components[1:], shapes[1:]):
         if shape != shapes[0] or item.dtype != first.dtype:
             raise InvalidArgumentError(
@@ -292,8 +286,19 @@ def check_reducible(components: Sequence[IndexedSlices], api: str, ids: Sequence
         )
 
 
+def _described_shape(item: IndexedSlices) -> list[int | None]:
+    """``dense_shape`` as a list, or ``[None, *row shape]`` when unknown (compared across replicas)."""
+    if item.dense_shape is None:
+        return [None, *(int(d) for d in item.values.shape[1:])]
+    return [int(d) for d in item.dense_shape]
+
+
 def refuse_in_gather(value: Any, api: str) -> None:
-    """Raises TensorFlow's ``NotImplementedError`` if ``value`` holds an ``IndexedSlices`` (gathers refuse them)."""
+    """Raises TensorFlow's ``NotImplementedError`` if ``value`` (a nest) holds a bare ``IndexedSlices``.
+
+    A ``PerReplica`` of them is not refused: TensorFlow densifies its components and
+    concatenates those.
+    """
     leaves = [value] if isinstance(value, IndexedSlices) else nest.flatten(value)[0]
     if any(isinstance(leaf, IndexedSlices) for leaf in leaves):
         verb = api.split(".")[-1].rstrip("()")

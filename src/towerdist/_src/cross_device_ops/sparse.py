@@ -1,21 +1,24 @@
 """Reducing ``IndexedSlices`` across replicas without densifying them.
 
-Each replica's slices are first put in canonical form (each index once, sorted,
-duplicates summed: ``indexed_slices.summed``), on the replica's own thread where the
-caller can. The reduction then carries only those distinct rows: on the host every
-replica's rows are read where they are (the all-gather is in place, in shared memory);
-on GPUs each destination copies the other replicas' rows (peer copies) and merges them.
-The merge writes the union of the replicas' rows once: a row present on several replicas
-is summed in replica order, as a dense all-reduce sums it.
+The replicas' rows are summed in one pass over all of them (``unique_rows_sum`` of their
+concatenation: one SIMD sort of ``index << bits | position`` keys, then a copy of each
+index's first row and one addition per repeat), each index's rows in replica order, so
+each row's sum is the one a dense all-reduce of the densified gradients gives, bit for
+bit. Only the distinct rows come out, sorted (the canonical form). On the host every
+replica's rows are read where they are (the all-gather is in place, in shared memory); on
+GPUs each destination copies the other replicas' rows (peer copies) and merges them.
+Summing each replica's own repeats first, on its thread, was measured slower: two passes
+over the rows instead of one.
 
-When the replicas' rows together cover a large part of the table, an accumulation into a
-dense buffer (every row) costs less than finding each row's place in the union; the
-result is then taken back to the rows touched. Either way the result is the same
-``IndexedSlices`` (the union of the rows, sorted), and the timeline says which path ran
-(``sparse all-reduce (rows)`` or ``(dense)``).
+When the replicas' rows, all in canonical form already, add up to more than
+``DENSE_FRACTION`` times the table's rows, an accumulation into a dense table (every row)
+replaces the sort; the result is then taken back to the rows touched. Either way the
+result is the same ``IndexedSlices`` (the union of the rows, sorted), and the timeline says
+which path ran (``sparse all-reduce (rows)`` or ``(dense)``). Across workers the same
+choice is made by bytes (``multi_worker/workers.py``: ``Workers.sparse_sum``).
 
-TensorFlow concatenates the replicas' slices instead (duplicates kept); the densified
-value is identical (DESIGN §10.22, ``docs/concepts.md``).
+TensorFlow concatenates the replicas' slices instead (repeats kept); the densified value
+is identical (DESIGN §10.22, ``docs/concepts.md``).
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ class Workers:
         self,
         indices: np.ndarray,
         values: np.ndarray,
-        dense_shape: Sequence[int],
+        dense_shape: Sequence[int | None],
         collective: str,
         options: CommunicationOptions | None,
         op: str = "SUM",
@@ -188,15 +188,15 @@ class Workers:
         if communicator is None:
             return np.array(indices, copy=True), np.array(values, copy=True), "rows"
         rows = values.shape[0]
-        table_rows = int(dense_shape[0]) if len(dense_shape) else 0
-        row_shape = tuple(int(d) for d in dense_shape[1:])
+        table_rows = dense_shape[0]  # None: unknown (slices without dense_shape), so the rows travel
+        row_shape = tuple(int(d or 0) for d in dense_shape[1:])
         row_bytes = int(np.prod(row_shape, dtype=np.int64)) * values.dtype.itemsize
-        signature = f"IndexedSlices of {values.dtype}[{', '.join(str(int(d)) for d in dense_shape)}]"
+        signature = f"IndexedSlices of {values.dtype}[{', '.join('?' if d is None else str(int(d)) for d in dense_shape)}]"
         timeout, warning = self.bounds(options)
         counts = communicator.agree(Call(collective, f"sparse {op} (row counts)", signature, extra=rows), timeout, warning)
         gathered_bytes = sum(counts) * (row_bytes + 8)
-        dense_bytes = 2 * (self.size - 1) / self.size * table_rows * (row_bytes + 4)
-        if gathered_bytes > dense_bytes:
+        dense_bytes = None if table_rows is None else 2 * (self.size - 1) / self.size * table_rows * (row_bytes + 4)
+        if dense_bytes is not None and table_rows is not None and gathered_bytes > dense_bytes:
             table = np.zeros((table_rows, *row_shape), values.dtype)
             touched = np.zeros(table_rows, np.int32)
             table[indices] = values

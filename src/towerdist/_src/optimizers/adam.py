@@ -94,8 +94,10 @@ class Adam(Optimizer):
         alpha = dtype.type(learning_rate) * np.sqrt(one - beta_2**t) / (one - beta_1**t)
         return {
             "alpha": dtype.type(alpha),
-            "one_minus_beta_1": one - beta_1,
-            "one_minus_beta_2": one - beta_2,
+            # (1 - beta) in Python floats, then the dtype, as Keras computes it: float32(1) - float32(0.999)
+            # is 1.3e-5 off float32(0.001)
+            "one_minus_beta_1": dtype.type(1.0 - self._beta_1),
+            "one_minus_beta_2": dtype.type(1.0 - self._beta_2),
             "epsilon": dtype.type(self._epsilon),
         }
 

@@ -431,7 +431,7 @@ class MultiWorkerExtended(MirroredExtended):
             raise
         totals = []
         for total in sums:
-            shape = [int(d or 0) for d in total.shape]
+            shape = [None if d is None else int(d) for d in total.shape]
             with profiler.Span(f"sparse all-reduce across workers: {collective}") as span:
                 indices, values, path = self._workers.sparse_sum(
                     total.indices, total.values, shape, collective, options, op

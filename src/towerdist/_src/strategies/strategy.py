@@ -237,8 +237,7 @@ class Strategy:
         context.require_cross_replica_or_default(
             self, "Strategy.gather()", fix="use get_replica_context().all_gather() in a replica instead"
         )
-        # A PerReplica is one leaf of the nest: its components are what may be IndexedSlices.
-        refuse_in_gather(nest.map_structure(lambda v: v.values if isinstance(v, DistributedValues) else v, value), _GATHER)
+        refuse_in_gather(value, _GATHER)  # a bare IndexedSlices (a PerReplica of them is densified, as in TF)
         destination = ResolvedDevices((self._extended._reduce_destination(),))
         try:
             return nest.map_structure(

@@ -30,7 +30,9 @@ from typing import Any
 import numpy as np
 
 from towerdist._src import context
+from towerdist._src import device as device_lib
 from towerdist._src.cross_device_ops import sparse
+from towerdist._src.cross_device_ops.placement import ResolvedDevices
 from towerdist._src.cross_device_ops.shared_memory import SharedMemoryAllReduce, reduce_into_update
 from towerdist._src.failures import name_api
 from towerdist._src.indexed_slices import IndexedSlices, check_reducible
@@ -196,33 +198,33 @@ def _aggregate(strategy: Any, variable: Any, value: Any, op: WriteOp) -> Any:
         return strategy.extended.broadcast_to(first, variable)
     # The internal entry: the context, the op and the destination (the variable) are known good.
     reduce_op = ReduceOp.from_variable_aggregation(agg)
-    if _applies_rows_in_turn(op, value) and strategy.extended._num_workers == 1:
-        return _concatenated_slices(reduce_op, value)
+    if _applies_rows_in_turn(op, value):
+        return _concatenated_slices(strategy, reduce_op, value, collective)
     return strategy.extended._reduce_to(reduce_op, value, variable, None, collective=collective)
 
 
 def _applies_rows_in_turn(op: WriteOp, value: Any) -> bool:
     """A ``scatter_mul``/``scatter_div`` of the replicas' ``IndexedSlices``: each row's effect depends on the others'."""
-    return (
-        isinstance(op, Scatter)
-        and op.method in ("scatter_mul", "scatter_div")
-        and isinstance(value, PerReplica)
-        and isinstance(value.values[0], IndexedSlices)
-    )
+    parts = value.values if isinstance(value, PerReplica) else (value,)  # (one local replica: the value itself)
+    return isinstance(op, Scatter) and op.method in ("scatter_mul", "scatter_div") and isinstance(parts[0], IndexedSlices)
 
 
-def _concatenated_slices(reduce_op: ReduceOp, value: PerReplica) -> IndexedSlices:
-    """The replicas' slices one after another (MEAN: each value divided by the replicas), as TensorFlow reduces them.
+def _concatenated_slices(strategy: Any, reduce_op: ReduceOp, value: Any, collective: str) -> IndexedSlices:
+    """Every replica's slices one after another (MEAN: each value divided by the replicas), as TensorFlow reduces them.
 
     A sum of rows would give the same dense value, but a scatter_mul multiplies by each
-    replica's row in turn (``x * a * b``, not ``x * (a + b)``): TensorFlow's numbers.
+    replica's row in turn (``x * a * b``, not ``x * (a + b)``): TensorFlow's numbers. Across
+    workers the slices are gathered in global replica order (TensorFlow's all-gather).
     """
-    parts = [sparse.to_device(part, None) for part in value.values]
-    check_reducible(parts, "the replicas' IndexedSlices")
-    values = np.concatenate([part.values for part in parts])
+    parts = [sparse.to_device(part, None) for part in (value.values if isinstance(value, PerReplica) else (value,))]
+    check_reducible(parts, collective)
+    extended = strategy.extended
+    host = ResolvedDevices((device_lib.HOST,))
+    indices = extended._gather_to(PerReplica([p.indices.astype(np.int64) for p in parts]), host, 0, collective=collective)
+    values = extended._gather_to(PerReplica([p.values for p in parts]), host, 0, collective=collective)
     if reduce_op is ReduceOp.MEAN:
-        values = values / len(parts)
-    return IndexedSlices(values, np.concatenate([part.indices for part in parts]), parts[0].dense_shape)
+        values = values / strategy.num_replicas_in_sync
+    return IndexedSlices(values, indices, parts[0].dense_shape)
 
 
 def _first_slices(strategy: Any, value: PerReplica, collective: str) -> IndexedSlices:
