@@ -231,8 +231,8 @@ def in_process(args: argparse.Namespace, tf_python: str | None) -> bool:
     header()
     for replicas, density, rows, samples, _ in results:
         ok &= report(f"{replicas} replicas", density, rows, replicas, args, samples["reduce_to"], None)
-    print("\nReplicaContext.all_reduce inside strategy.run (what a training step pays: each replica sums its own")
-    print("repeated rows on its thread; 'empty run' is a run of the same replicas that reduces nothing)")
+    print("\nReplicaContext.all_reduce inside strategy.run (what a training step pays; 'empty run' is a run of")
+    print("the same replicas that reduces nothing)")
     header()
     for replicas, density, rows, samples, tf in results:
         report(f"{replicas} replicas", density, rows, replicas, args, samples["in run"], tf)
