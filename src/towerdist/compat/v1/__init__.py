@@ -57,6 +57,7 @@ from towerdist._src.dtypes import uint8 as uint8
 from towerdist._src.dtypes import uint16 as uint16
 from towerdist._src.dtypes import uint32 as uint32
 from towerdist._src.dtypes import uint64 as uint64
+from towerdist._src.indexed_slices import IndexedSlices as IndexedSlices
 from towerdist._src.module import Module as Module
 from towerdist._src.name_scope import name_scope_v1 as name_scope
 from towerdist._src.variable_enums import VariableAggregation as VariableAggregation
@@ -107,6 +108,7 @@ __all__ = [
     "uint32",
     "uint64",
     "uint8",
+    "IndexedSlices",
     "Variable",
     "VariableAggregation",
     "VariableSynchronization",
