@@ -16,8 +16,16 @@ iterated on a thread pool, a block ahead of the consumer, which still takes elem
 order above (``deterministic=False`` lets it take from whichever input is ready first).
 Closing the iterator stops the pool before it returns.
 
-An error raised by ``map_func`` or by an input comes out at the position where that input's
-next element would have been, after every element produced before it.
+**Errors** (TensorFlow's rule; no element read before an error is lost). An error raised by the
+input, by ``map_func`` or by an open input comes out at the position where the element it
+stands for would have been, after every element produced before it, and the pass goes on
+after it (see :mod:`~towerdist._src.data.continuing`): the open inputs give their remaining
+elements and the input is read again (a towerdist input whose pass raised, such as a failing
+``from_generator``, has ended). Without ``num_parallel_calls`` an error takes no turn: the
+slot it happened in is served again (with the next input element, if the input raised or
+``map_func`` did). With ``num_parallel_calls`` an error is one of its slot's elements, as in
+TensorFlow's parallel interleave: it counts in the block, and the slot then counts as
+exhausted (an error of the input or of ``map_func`` fills the slot of the input it stands for).
 
 **Saving.** A pass's position is the cycle's (the slot whose turn it is, the elements it gave
 in this turn, how many input elements were opened, whether the input ended), the input's
@@ -40,7 +48,7 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
@@ -48,6 +56,7 @@ import numpy as np
 
 from towerdist._src.data import options as options_lib
 from towerdist._src.data import workers
+from towerdist._src.data.continuing import Raise, continuing
 from towerdist._src.data.cursor import Cursor, Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import ErrorHandler, tolerant
@@ -271,10 +280,10 @@ class InterleaveDataset(Dataset):
             if self._workers:
                 state.upcoming = []
         if self._workers:
-            return self._iterate_parallel(state)
-        return self._iterate_sequential(state)
+            return continuing(self._iterate_parallel(state))
+        return continuing(self._iterate_sequential(state))
 
-    def _iterate_sequential(self, state: State) -> Iterator[Any]:
+    def _iterate_sequential(self, state: State) -> Generator[Any, None, None]:
         check = FirstElementCheck(self._mismatch)
         slots: list[dict[str, Any] | None] = state.slots
         inputs: list[Iterator[Any] | None] = [
@@ -295,14 +304,19 @@ class InterleaveDataset(Dataset):
                     except StopIteration:
                         state.input_done = True
                         continue
+                    except Exception as error:  # the slot stays empty: the input is read again at its turn
+                        state.turn, state.taken = index, taken
+                        yield Raise(error)
+                        continue
                     opened = state.opened
                     state.opened = opened + 1
                     try:
                         made, check_first = self._open_checked(element, opened, check)
                     except Exception as error:
-                        if self._dropped(error):
-                            continue  # the next input takes this turn
-                        raise
+                        if not self._dropped(error):
+                            state.turn, state.taken = index, taken
+                            yield Raise(error)
+                        continue  # the next input takes this turn
                     cursor = state.open(made, _MADE + str(opened))
                     slot = inputs[index] = _first_checked(cursor, check, opened) if check_first else iter(cursor)
                     slots[index] = {"element": element, "index": opened}
@@ -311,8 +325,10 @@ class InterleaveDataset(Dataset):
                 except StopIteration:
                     value = _EXHAUSTED
                 except Exception as error:
-                    if not self._dropped(error):
-                        raise
+                    if not self._dropped(error):  # no turn taken: this input goes on at the next call
+                        state.turn, state.taken = index, taken
+                        yield Raise(error)
+                        continue
                     value = _EXHAUSTED  # the input cannot go on after an error
                 if value is _EXHAUSTED:
                     record = slots[index]
@@ -353,7 +369,7 @@ class InterleaveDataset(Dataset):
 
     # --- parallel --------------------------------------------------------------------------
 
-    def _iterate_parallel(self, state: State) -> Iterator[Any]:
+    def _iterate_parallel(self, state: State) -> Generator[Any, None, None]:
         stop = threading.Event()
         pool = DaemonPool(self._workers, _thread_name(self))
         check = FirstElementCheck(self._mismatch)
@@ -370,14 +386,19 @@ class InterleaveDataset(Dataset):
 
             def top_up() -> None:
                 while not state.input_done and len(upcoming) < cycle:
+                    opened = state.opened
                     try:
                         element = next(source)
                     except StopIteration:
                         state.input_done = True
                         return
-                    opened = state.opened
+                    except Exception as error:  # stands in the cycle for the input element that failed
+                        slot = make({"element": None, "index": opened, "ended": True})
+                        slot.fail_with(error)
+                    else:
+                        slot = make({"element": element, "index": opened})
                     state.opened = opened + 1
-                    upcoming.append(make({"element": element, "index": opened}))
+                    upcoming.append(slot)
 
             index, taken = state.turn, state.taken
             while True:
@@ -403,10 +424,13 @@ class InterleaveDataset(Dataset):
                         index, taken = ready, 0
                         slot = slots[index]
                         assert slot is not None
-                value = slot.take()
+                try:
+                    value = slot.take()
+                except Exception as error:  # one of the slot's elements (TensorFlow's parallel rule)
+                    value = Raise(error)
                 if value is _EXHAUSTED:
                     slots[index] = None
-                    if not slot.open_failed:  # a dropped map_func error: the next input takes this turn
+                    if not slot.open_failed or slot.raised:  # a dropped map_func error: the next input takes this turn
                         index, taken = (index + 1) % cycle, 0
                     continue
                 taken += 1
@@ -506,6 +530,7 @@ class _Slot:
         error = record.get("error")
         self._error: BaseException | None = None if error is None else restore_error(error)
         self.open_failed = record.get("open_failed", False)
+        self.raised = record.get("raised", False)  # its error came out (it then counts as exhausted)
         self.future: Future[None] | None = None
         if record.get("opened"):
             self._cursor, self._iterator = owner._resumed_input(state, self.index, check)
@@ -526,6 +551,7 @@ class _Slot:
             "ended": self._ended,
             "error": None if self._error is None else save_error(self._error),
             "open_failed": self.open_failed,
+            "raised": self.raised,
         }
 
     def _open_and_fetch(self) -> None:
@@ -560,6 +586,11 @@ class _Slot:
                     return
                 buffer.append(value)
 
+    def fail_with(self, error: BaseException) -> None:
+        """Makes this (ended) slot raise ``error`` in place of its first element: an input read failed."""
+        self._error = error
+        self._read_failed = True
+
     def _fail(self, error: BaseException) -> None:
         """Ends the input after ``error`` (with ``lock`` held); the consumer raises it unless it is dropped."""
         self._end()
@@ -588,7 +619,9 @@ class _Slot:
             return value
         if self._error is not None:
             error, self._error = self._error, None
-            error.add_note(f"Raised in a {_thread_name(self._owner)} worker thread.")
+            self.raised = True
+            if not getattr(self, "_read_failed", False):  # (an input read fails in the consumer's thread)
+                error.add_note(f"Raised in a {_thread_name(self._owner)} worker thread.")
             raise error
         if not self._ended:  # an empty block: the stop flag was set, or nothing buffered yet
             self.future = self._pool.submit(self._fetch)

@@ -1,0 +1,157 @@
+"""An input error loses no element read before it: interleave, windows, sampling, cache (DESIGN §10.23).
+
+Each pipeline's input fails at one element (a ``from_generator`` whose generator raises: its
+pass then ends, as towerdist's ``map`` and ``from_generator`` passes do). The goldens are
+TensorFlow 2.21's outputs of the same programs (marked "TF 2.21: ..."), ``"E"`` standing for
+the error. The iterator is read on after an error: operations that hold elements deliver them
+after it, as TensorFlow does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import towerdist as td
+
+D = td.data.Dataset
+E = "E"  # where the error comes out
+END = "END"
+
+
+class Bad(ValueError):
+    pass
+
+
+def failing_source(n: int, fail_at: int) -> D:
+    """``0 .. n-1`` from a generator that raises instead of yielding ``fail_at``."""
+
+    def generate():
+        for i in range(n):
+            if i == fail_at:
+                raise Bad(f"cannot read element {i}")
+            yield np.int64(i)
+
+    return D.from_generator(generate, output_signature=td.TensorSpec((), td.int64))
+
+
+def plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return tuple(plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return np.asarray(value).tolist()
+
+
+def outputs(dataset: D, limit: int = 60) -> list[Any]:
+    """Every element and error of one pass, reading on after each error, then ``END``."""
+    out: list[Any] = []
+    iterator = iter(dataset)
+    try:
+        for _ in range(limit):
+            try:
+                out.append(plain(next(iterator)))
+            except StopIteration:
+                out.append(END)
+                break
+            except Bad:
+                out.append(E)
+    finally:
+        iterator.close()
+    return out
+
+
+def tens(x: Any) -> D:
+    return D.range(3).map(lambda y: 10 * x + y)
+
+
+# --- interleave ------------------------------------------------------------------------------
+
+INTERLEAVE = [
+    pytest.param({}, id="sequential"),
+    pytest.param({"num_parallel_calls": 2}, id="parallel"),
+    pytest.param({"num_parallel_calls": 2, "deterministic": True}, id="parallel-deterministic"),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kwargs", INTERLEAVE)
+def test_interleave_input_error_keeps_the_open_inputs(kwargs):
+    ds = failing_source(5, 3).interleave(tens, cycle_length=2, **kwargs)
+    # TF 2.21 (with and without num_parallel_calls): [0, 10, 1, 11, 2, 12, 20, error, 21, 22]
+    assert outputs(ds) == [0, 10, 1, 11, 2, 12, 20, E, 21, 22, END]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kwargs", INTERLEAVE)
+def test_interleave_input_error_with_blocks_of_two(kwargs):
+    ds = failing_source(5, 3).interleave(tens, cycle_length=2, block_length=2, **kwargs)
+    # TF 2.21 (with and without num_parallel_calls): [0, 1, 10, 11, 2, 12, 20, 21, error, 22]
+    assert outputs(ds) == [0, 1, 10, 11, 2, 12, 20, 21, E, 22, END]
+
+
+@pytest.mark.timeout(60)
+def test_interleave_input_error_nondeterministic_delivers_every_element():
+    ds = failing_source(5, 3).interleave(tens, cycle_length=2, num_parallel_calls=2, deterministic=False)
+    got = outputs(ds)
+    # TF 2.21 (one run): [0, 10, 1, 11, 2, 20, 12, 21, 22, error]: the same elements, in any order
+    assert got.count(E) == 1 and got[-1] == END
+    assert sorted(v for v in got if v not in (E, END)) == [0, 1, 2, 10, 11, 12, 20, 21, 22]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kwargs", INTERLEAVE)
+@pytest.mark.parametrize(
+    ("fail_at", "expected"),
+    [
+        (0, [E, END]),  # TF 2.21: [error]
+        (4, [0, 10, 1, 11, 2, 12, 20, 30, 21, 31, 22, 32, E, END]),  # TF 2.21: the same
+    ],
+    ids=["first", "last"],
+)
+def test_interleave_input_error_at_the_first_and_last_input(kwargs, fail_at, expected):
+    ds = failing_source(5, fail_at).interleave(tens, cycle_length=2, **kwargs)
+    assert outputs(ds) == expected
+
+
+def map_func_failing_at_3(x: Any) -> D:
+    if int(x) == 3:
+        raise Bad("no dataset for 3")
+    return D.range(x * 10, x * 10 + 3)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        # TF 2.21: [0, 1, 10, 11, 2, 12, 20, 21, error, 40, 41, 22, 42, 50, 51, 52]
+        pytest.param({}, [0, 1, 10, 11, 2, 12, 20, 21, E, 40, 41, 22, 42, 50, 51, 52, END], id="sequential"),
+        # TF 2.21: [0, 1, 10, 11, 2, 12, 20, 21, error, 22, 40, 41, 50, 51, 42, 52] (the error is
+        # its slot's element, so the slot's next input waits for the next turn)
+        pytest.param(
+            {"num_parallel_calls": 2}, [0, 1, 10, 11, 2, 12, 20, 21, E, 22, 40, 41, 50, 51, 42, 52, END], id="parallel"
+        ),
+    ],
+)
+def test_interleave_map_func_error_goes_on_with_the_next_inputs(kwargs, expected):
+    ds = D.range(6).interleave(map_func_failing_at_3, cycle_length=2, block_length=2, **kwargs)
+    assert outputs(ds) == expected
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        # TF 2.21 (a from_generator input failing at its element 1): [0, 10, 1, error, 2, 20, 21, 30, 22, 31, 32]
+        pytest.param({}, [0, 10, 1, E, 2, 20, 21, 30, 22, 31, 32, END], id="sequential"),
+        # TF 2.21: [0, 10, 1, error, 2, 20, 30, 21, 31, 22, 32]
+        pytest.param({"num_parallel_calls": 2}, [0, 10, 1, E, 2, 20, 30, 21, 31, 22, 32, END], id="parallel"),
+    ],
+)
+def test_interleave_error_of_an_open_input_keeps_the_others(kwargs, expected):
+    def inner(x: Any) -> D:
+        return failing_source(3, 1).map(lambda y: 10 * x + y) if int(x) == 1 else tens(x)
+
+    assert outputs(D.range(4).interleave(inner, cycle_length=2, **kwargs)) == expected
