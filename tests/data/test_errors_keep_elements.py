@@ -155,3 +155,66 @@ def test_interleave_error_of_an_open_input_keeps_the_others(kwargs, expected):
         return failing_source(3, 1).map(lambda y: 10 * x + y) if int(x) == 1 else tens(x)
 
     assert outputs(D.range(4).interleave(inner, cycle_length=2, **kwargs)) == expected
+
+
+# --- group_by_window, bucket_by_sequence_length ------------------------------------------------
+
+
+def batch_of_ten(key: Any, window: D) -> D:
+    return window.batch(10)
+
+
+@pytest.mark.parametrize(
+    ("fail_at", "window_size", "expected"),
+    [
+        # TF 2.21: [error, [0, 2, 4], [1, 3]]: the open windows come after the error
+        (5, 10, [E, [0, 2, 4], [1, 3], END]),
+        # TF 2.21: [[0, 2], [1, 3], error, [4]]
+        (5, 2, [[0, 2], [1, 3], E, [4], END]),
+        # TF 2.21: [error]
+        (0, 10, [E, END]),
+        # TF 2.21 (the last element fails): [error, [0, 2, 4], [1, 3, 5]]
+        (6, 10, [E, [0, 2, 4], [1, 3, 5], END]),
+    ],
+    ids=["mid-window", "full-windows-first", "first", "last"],
+)
+def test_group_by_window_keeps_its_windows_after_an_input_error(fail_at, window_size, expected):
+    ds = failing_source(7, fail_at).group_by_window(lambda x: x % 2, batch_of_ten, window_size=window_size)
+    assert outputs(ds) == expected
+
+
+def test_group_by_window_key_error_keeps_the_windows():
+    def key(x: Any) -> Any:
+        if int(x) == 3:
+            raise Bad("no key for 3")
+        return x % 2
+
+    # TF 2.21 (key_func failing at 3 with py_function): [error, [0, 2, 4, 6], [1, 5]]
+    assert outputs(D.range(7).group_by_window(key, batch_of_ten, window_size=10)) == [E, [0, 2, 4, 6], [1, 5], END]
+
+
+def test_bucket_by_sequence_length_keeps_its_buckets_after_an_input_error():
+    ds = failing_source(7, 5).map(lambda x: np.full([int(x) % 3 + 1], x)).bucket_by_sequence_length(
+        lambda x: np.int32(np.shape(x)[0]), [2, 3], [10, 10, 10]
+    )
+    # TF 2.21: [error, [[0], [3]], [[1, 1], [4, 4]], [[2, 2, 2]]]
+    assert outputs(ds) == [E, [[0], [3]], [[1, 1], [4, 4]], [[2, 2, 2]], END]
+
+
+def test_group_by_window_saved_after_an_error_restores_its_windows(tmp_path):
+    def fail_at_5(x: Any) -> Any:
+        if int(x) == 5:
+            raise Bad("cannot read element 5")
+        return x
+
+    ds = D.range(7).map(fail_at_5).group_by_window(lambda x: x % 2, batch_of_ten, window_size=10)
+    iterator = iter(ds)
+    with pytest.raises(Bad):
+        next(iterator)
+    path = td.train.Checkpoint(iterator=iterator).save(str(tmp_path / "ckpt"))
+    assert [plain(w) for w in iterator] == [[0, 2, 4], [1, 3]]
+    restored = iter(ds)
+    td.train.Checkpoint(iterator=restored).restore(path)
+    # The restored map goes on after the element that failed (TensorFlow's map rule; TF 2.21 with
+    # a map failing at 5: [error, [0, 2, 4, 6], [1, 3]]): the windows read before the error are kept.
+    assert [plain(w) for w in restored] == [[0, 2, 4, 6], [1, 3]]

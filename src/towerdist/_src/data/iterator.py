@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from towerdist._src import steps
 from towerdist._src.data import options as options_lib
 from towerdist._src.data import saved_errors, state_codec, workers
+from towerdist._src.data.continuing import Continuing
 from towerdist._src.data.cursor import (
     Cursor,
     Saved,
@@ -118,7 +119,9 @@ class DatasetIterator:
                     self._cursor = None
                     raise
                 except BaseException:
-                    self._failed = True
+                    # A pass whose last operation goes on after an error (see continuing) still has a
+                    # position; any other pass is over.
+                    self._failed = not isinstance(cursor._elements, Continuing)
                     raise
             if steps.tracking():
                 self._hold(element)

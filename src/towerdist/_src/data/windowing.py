@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,7 @@ import numpy as np
 from towerdist._src import nest
 from towerdist._src.data import options as options_lib
 from towerdist._src.data import state_codec
+from towerdist._src.data.continuing import Raise, continuing
 from towerdist._src.data.cursor import Cursor, Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.padding import int_argument, pad_batch, padded_spec, plan_padding, up_to
@@ -218,11 +219,15 @@ class _Grouping(Dataset):
         # ``ended``, whether the input has ended (then the open windows are reduced, in
         # ascending key order); ``reducing``, the key and window whose reduction is being
         # iterated, if it yields more than one element (group_by_window's dataset).
+        #
+        # An error of the input or of the key (the element it stands for is lost) comes out
+        # where it happened and the pass goes on, as in TensorFlow: the windows open then are
+        # kept, and reduced when they fill up or when the input ends.
         if not state.resumed:
             state.windows, state.sizes, state.ended, state.reducing = {}, {}, False, None
-        return self._grouped(state)
+        return continuing(self._grouped(state))
 
-    def _grouped(self, state: State) -> Iterator[Any]:
+    def _grouped(self, state: State) -> Generator[Any, None, None]:
         static = self._inputs[0]._spec(probe=False)
         windows: dict[int, list[Any]] = state.windows
         sizes: dict[int, int] = state.sizes
@@ -232,17 +237,25 @@ class _Grouping(Dataset):
             if not state.ended:
                 source = state.input()
                 try:
-                    for element in source:
-                        key = self._key(element)
-                        if key not in windows:
-                            size = self._size_for(key)
-                            if size <= 0:
-                                raise unworded(
-                                    InvalidArgumentError(
-                                        f"window size must be greater than zero, but got {size} for key {key}."
+                    while True:
+                        try:
+                            element = next(source)
+                            key = self._key(element)
+                            if key not in windows:
+                                size = self._size_for(key)
+                                if size <= 0:
+                                    raise unworded(
+                                        InvalidArgumentError(
+                                            f"window size must be greater than zero, but got {size} for key {key}."
+                                        )
                                     )
-                                )
-                            sizes[key], windows[key] = size, []
+                                sizes[key], windows[key] = size, []
+                        except StopIteration:
+                            break
+                        except Exception as error:  # the open windows are kept: the pass goes on after it
+                            name_api(error, self._api)
+                            yield Raise(error)
+                            continue
                         window = windows[key]
                         window.append(element)
                         if len(window) == sizes[key]:
