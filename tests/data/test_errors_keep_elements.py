@@ -218,3 +218,35 @@ def test_group_by_window_saved_after_an_error_restores_its_windows(tmp_path):
     # The restored map goes on after the element that failed (TensorFlow's map rule; TF 2.21 with
     # a map failing at 5: [error, [0, 2, 4, 6], [1, 3]]): the windows read before the error are kept.
     assert [plain(w) for w in restored] == [[0, 2, 4, 6], [1, 3]]
+
+
+# --- window ----------------------------------------------------------------------------------
+
+
+def windows(dataset: D) -> D:
+    return dataset.flat_map(lambda w: w.batch(10))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected", "tf"),
+    [
+        ({"size": 3}, [[0, 1, 2], [3, 4], E, END], "[[0, 1, 2], error]"),
+        (
+            {"size": 3, "shift": 1},
+            [[0, 1, 2], [1, 2, 3], [2, 3, 4], [3, 4], [4], E, END],
+            "[[0, 1, 2], [1, 2, 3], [2, 3, 4], error, error, error]",
+        ),
+        ({"size": 3, "shift": 2}, [[0, 1, 2], [2, 3, 4], [4], E, END], "[[0, 1, 2], [2, 3, 4], error]"),
+        ({"size": 2, "drop_remainder": True}, [[0, 1], [2, 3], E, END], "[[0, 1], [2, 3], error]"),
+    ],
+    ids=["tumbling", "sliding", "shift2", "drop_remainder"],
+)
+def test_window_delivers_the_partial_windows_before_an_input_error(kwargs, expected, tf):
+    # TF 2.21 drops the windows being filled (the elements 3 and 4 are lost): `tf`. towerdist hands
+    # them out as the input's last, partial windows (unless drop_remainder), then the error.
+    assert outputs(windows(failing_source(7, 5).window(**kwargs))) == expected
+
+
+def test_window_error_at_the_first_element():
+    # TF 2.21: [error]
+    assert outputs(windows(failing_source(7, 0).window(3))) == [E, END]

@@ -30,6 +30,7 @@ from towerdist._src.data.continuing import Raise, continuing
 from towerdist._src.data.cursor import Cursor, Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.padding import int_argument, pad_batch, padded_spec, plan_padding, up_to
+from towerdist._src.data.saved_errors import restore_error, save_error
 from towerdist._src.data.spec import DatasetSpec, TensorSpec, dtype_name, structure_of, unknown_sizes
 from towerdist._src.data.structure import call_with_element
 from towerdist._src.data.transforms import stack_elements
@@ -109,15 +110,21 @@ class WindowDataset(Dataset):
         # The position: ``buffer``, the elements read from the start of the next window on;
         # ``skip``, how many input elements to pass over before the next window starts (when
         # ``shift`` is larger than a window's span); ``ended``, whether the input has ended
-        # (then the last, partial windows are being handed out).
+        # (then the last, partial windows are being handed out); ``error``, the input's error,
+        # saved, when it ended the input (it comes out after those windows).
+        #
+        # An input error ends the input: the partial windows of the elements read before it
+        # come first (unless ``drop_remainder``), then the error, and the pass ends. TensorFlow
+        # drops the window being filled (DESIGN §10.23: towerdist loses no element read).
         if not state.resumed:
-            state.buffer, state.skip, state.ended = [], 0, False
+            state.buffer, state.skip, state.ended, state.error = [], 0, False, None
         return self._windows(state)
 
     def _windows(self, state: State) -> Iterator[Any]:
         static = self._inputs[0]._spec(probe=False)
         span, shift, stride = self._span, self._shift, self._stride
         buffer = state.buffer
+        failed: BaseException | None = None  # the input's error (state.error is its saved form)
         if not state.ended:
             source = state.input()
             skip = state.skip
@@ -132,6 +139,10 @@ class WindowDataset(Dataset):
                         del buffer[:shift]
                         skip = state.skip = max(shift - span, 0)
                         yield window
+            except Exception as error:
+                if not buffer or self._drop:
+                    raise
+                failed, state.error = error, save_error(error)  # after the partial windows
             finally:
                 source.close()
             state.ended = True
@@ -141,6 +152,10 @@ class WindowDataset(Dataset):
                 window = self._window(buffer[0:span:stride], static)
                 del buffer[:shift]
                 yield window
+        if state.error is not None:
+            error = failed if failed is not None else restore_error(state.error)
+            state.error = None
+            raise error
 
     def _state_params(self) -> dict[str, Any]:
         return {"size": self._size, "shift": self._shift, "stride": self._stride}
