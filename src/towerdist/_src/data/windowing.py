@@ -153,9 +153,9 @@ class WindowDataset(Dataset):
                 del buffer[:shift]
                 yield window
         if state.error is not None:
-            error = failed if failed is not None else restore_error(state.error)
+            raised = failed if failed is not None else restore_error(state.error)
             state.error = None
-            raise error
+            raise raised
 
     def _state_params(self) -> dict[str, Any]:
         return {"size": self._size, "shift": self._shift, "stride": self._stride}
