@@ -9,6 +9,7 @@ after it, as TensorFlow does.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -250,3 +251,63 @@ def test_window_delivers_the_partial_windows_before_an_input_error(kwargs, expec
 def test_window_error_at_the_first_element():
     # TF 2.21: [error]
     assert outputs(windows(failing_source(7, 0).window(3))) == [E, END]
+
+
+# --- operations that hold no element: the error in order, then the pass ends -----------------
+
+
+def test_zip_delivers_the_pairs_before_the_error():
+    # TF 2.21: [(0, 10), (1, 11), error]
+    assert outputs(D.zip((failing_source(4, 2), D.range(10, 14)))) == [(0, 10), (1, 11), E, END]
+
+
+def test_concatenate_delivers_the_first_inputs_elements_before_the_error():
+    # TF 2.21: [0, 1, error, 10, 11] (its pass goes on with the second input); towerdist's pass
+    # ends at the error: concatenate holds no element, so none read before the error is lost.
+    assert outputs(failing_source(4, 2).concatenate(D.range(10, 12))) == [0, 1, E, END]
+
+
+def test_choose_from_datasets_delivers_the_elements_before_the_error():
+    choice = D.from_tensor_slices(np.array([0, 1] * 4, np.int64))
+    # TF 2.21: [0, 10, 1, 11, error, 12] (its pass goes on); towerdist's ends at the error.
+    assert outputs(D.choose_from_datasets([failing_source(4, 2), D.range(10, 14)], choice)) == [0, 10, 1, 11, E, END]
+
+
+@pytest.mark.parametrize("fail_at", [0, 2, 3])
+def test_sample_from_datasets_delivers_the_elements_before_the_error(fail_at):
+    got = outputs(D.sample_from_datasets([failing_source(4, fail_at), D.range(10, 14)], seed=1))
+    # TF 2.21 (seed=1, failing at 2): [10, 0, 1, error, 11, 12, 13]: every element of the failing
+    # input before the error comes before it (towerdist's pass then ends).
+    assert got[-2:] == [E, END]
+    assert [v for v in got if isinstance(v, int) and v < 10] == list(range(fail_at))
+
+
+def test_rejection_resample_delivers_the_elements_before_the_error():
+    ds = failing_source(8, 3).rejection_resample(
+        lambda x: (x % 2).astype(np.int32), target_dist=[0.5, 0.5], initial_dist=[0.5, 0.5], seed=1
+    )
+    # TF 2.21: [(0, 0), (1, 1), (0, 2), error]
+    assert outputs(ds) == [(0, 0), (1, 1), (0, 2), E, END]
+
+
+# --- cache, save: a failed pass is never taken for the whole dataset ---------------------------
+
+
+@pytest.mark.parametrize("to_file", [False, True], ids=["memory", "file"])
+def test_cache_does_not_keep_a_pass_that_failed(tmp_path, to_file):
+    ds = failing_source(5, 3).cache(str(tmp_path / "cache") if to_file else "")
+    # TF 2.21, memory and file alike: [0, 1, 2, error], then a second pass [0, 1, 2]: TF finishes
+    # the cache when the failed input ends, so every later epoch lacks 3 and 4 without an error.
+    # towerdist keeps no failed pass: the next pass reads the input again.
+    assert outputs(ds) == [0, 1, 2, E, END]
+    assert outputs(ds) == [0, 1, 2, E, END]
+    if to_file:
+        assert os.listdir(tmp_path) == []
+
+
+def test_save_of_a_failing_input_raises_and_keeps_the_earlier_save(tmp_path):
+    D.range(3).save(str(tmp_path))
+    # TF 2.21: Dataset.save() of a from_generator failing at 3 never returns (it hangs).
+    with pytest.raises(Bad):
+        failing_source(5, 3).save(str(tmp_path))
+    assert outputs(D.load(str(tmp_path))) == [0, 1, 2, END]
