@@ -21,6 +21,7 @@ from towerdist._src.data import options as options_lib
 from towerdist._src.data.cursor import Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import GatherPlan
+from towerdist._src.data.saved_errors import raise_saved_error, restore_error, save_error
 from towerdist._src.data.seeds import Seeded
 from towerdist._src.data.spec import TensorSpec, spec_with_batch
 from towerdist._src.data.structure import read_only_element, stack, unstack_count
@@ -44,6 +45,23 @@ __all__ = [
 ]
 
 INFINITE, UNKNOWN = options_lib.INFINITE, options_lib.UNKNOWN
+
+
+def read_chunk(source: Iterator[Any], size: int) -> tuple[list[Any], Exception | None]:
+    """Up to ``size`` elements of ``source``, and the error that stopped it early (None if none).
+
+    The elements read before an input error are returned with it, so that the batch they make
+    is delivered before the error: an operation never loses an element it read.
+    """
+    chunk: list[Any] = []
+    try:
+        for element in source:
+            chunk.append(element)
+            if len(chunk) == size:
+                break
+    except Exception as error:
+        return chunk, error
+    return chunk, None
 
 
 def batched_cardinality(n: int, size: int, drop_remainder: bool) -> int:
@@ -119,8 +137,16 @@ class BatchDataset(Dataset):
         source = state.open(plan.indices if plan is not None else self._inputs[0], "0")
         size, drop = self._size, self._drop
         try:
+            raise_saved_error(state)
             while True:
-                chunk = list(itertools.islice(source, size))
+                chunk, failure = read_chunk(source, size)
+                if failure is not None:
+                    # The elements read before the error come first, as a short batch (TensorFlow
+                    # drops them), unless drop_remainder asks for full batches only.
+                    if chunk and not drop:
+                        state.error = save_error(failure)
+                        yield plan.gather(np.array(chunk, dtype=np.intp)) if plan is not None else stack_elements(chunk)
+                    raise failure
                 if not chunk or (drop and len(chunk) < size):
                     return
                 if plan is not None:
@@ -207,7 +233,8 @@ class RowCutter:
     Its position is plain data, saved with the cursor that owns it: ``pending``, the
     elements whose rows are not all cut yet (each with its first unread row), ``template``,
     an element of the stream (its structure, for empty pieces), ``turn``, the index of the
-    next size, and ``exhausted``.
+    next size, ``exhausted``, and ``error``: the input's error (see :mod:`saved_errors`), raised
+    after the pieces of the rows read before it (at the end, as a short piece).
     """
 
     def __init__(self, sizes: Sequence[int], drop_remainder: bool = False) -> None:
@@ -217,6 +244,7 @@ class RowCutter:
         self.template: Any = None
         self.turn = 0
         self.exhausted = False
+        self.error: dict[str, Any] | None = None
 
     def position(self) -> dict[str, Any]:
         return {
@@ -224,6 +252,7 @@ class RowCutter:
             "template": self.template,
             "turn": self.turn,
             "exhausted": self.exhausted,
+            "error": self.error,
         }
 
     def resume(self, position: dict[str, Any]) -> None:
@@ -231,6 +260,7 @@ class RowCutter:
         self.template = position["template"]
         self.turn = position["turn"]
         self.exhausted = position["exhausted"]
+        self.error = position.get("error")
 
     def pieces(self, source: Iterator[Any]) -> Iterator[Any]:
         """The pieces of ``source``'s rows (after the rows already pending)."""
@@ -238,6 +268,7 @@ class RowCutter:
         template_leaves, treespec = (None, None) if self.template is None else nest.flatten(self.template)
         pending = [(nest.flatten(element)[0], start, _rows_of(element)) for element, start in self.pending]
         available = sum(rows - start for _, start, rows in pending)
+        failure: Exception | None = None  # the input's error, raised after the pieces of the rows before it
         while True:
             size = sizes[self.turn]
             # A positive size needs rows; a zero size only needs to know the structure, so that
@@ -247,6 +278,9 @@ class RowCutter:
                     element = next(source)
                 except StopIteration:
                     self.exhausted = True
+                    break
+                except Exception as error:
+                    self.exhausted, self.error, failure = True, save_error(error), error
                     break
                 leaves, spec = nest.flatten(element)
                 if treespec is None:
@@ -262,6 +296,9 @@ class RowCutter:
                     self.pending.append([element, 0])
                     available += rows
             if self.template is None or (size > 0 and available == 0) or (available < size and self.drop_remainder):
+                if self.error is not None:
+                    saved, self.error = self.error, None
+                    raise failure if failure is not None else restore_error(saved)
                 return
             assert treespec is not None and template_leaves is not None
             take = min(size, available)
