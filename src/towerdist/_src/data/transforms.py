@@ -408,27 +408,37 @@ class ShuffleDataset(Seeded, _Transparent):
         return self._shuffled(state)
 
     def _shuffled(self, state: State) -> Iterator[Any]:
+        # As TensorFlow: before each element the buffer is filled up to ``buffer_size`` (so the
+        # input is read no further than TensorFlow reads it), then a random one is taken out. An
+        # input error stops the filling: the buffer drains, then the error is raised (``error``,
+        # saved as :mod:`saved_errors` does, so that a pass restored meanwhile raises it too).
         rng, buffer, uniforms = state.rng, state.buffer, state.uniforms
         capacity = self._buffer_size if self._buffer_size > 0 else None
+        failure: Exception | None = None
         source = state.input()
         try:
-            if not state.draining:
-                for element in source:
-                    if capacity is None or len(buffer) < capacity:
-                        buffer.append(element)
-                        continue
-                    if not uniforms:
-                        uniforms.extend(rng.random(1024).tolist())
-                    j = int(uniforms.pop() * len(buffer))
-                    chosen, buffer[j] = buffer[j], element
-                    yield chosen
-                state.draining = True
-            while buffer:
+            while True:
+                if not state.draining and (capacity is None or len(buffer) < capacity):
+                    try:
+                        for element in source:
+                            buffer.append(element)
+                            if capacity is not None and len(buffer) >= capacity:
+                                break
+                        else:
+                            state.draining = True
+                    except Exception as error:
+                        state.draining, state.error, failure = True, save_error(error), error
+                if not buffer:
+                    break
                 if not uniforms:
                     uniforms.extend(rng.random(1024).tolist())
                 j = int(uniforms.pop() * len(buffer))
                 buffer[j], buffer[-1] = buffer[-1], buffer[j]
                 yield buffer.pop()
+            saved = getattr(state, "error", None)
+            if saved is not None:
+                state.error = None
+                raise failure if failure is not None else restore_error(saved)
         finally:
             source.close()
 
