@@ -15,7 +15,7 @@ from towerdist._src.data import options as options_lib
 from towerdist._src.data.cursor import Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import ErrorHandler
-from towerdist._src.data.saved_errors import restore_error, save_error
+from towerdist._src.data.saved_errors import raise_saved_error, restore_error, save_error
 from towerdist._src.data.spec import EmptyDatasetError, relax_batch, structure_of
 from towerdist._src.data.structure import call_with_element, close_iterator, normalize_output, placeholder_element
 from towerdist._src.data.workers import DaemonPool, wait_or_warn
@@ -90,10 +90,7 @@ class MapDataset(Dataset):
         source = state.input()
         try:
             if state.exhausted:
-                error = getattr(state, "error", None)
-                if error is not None:  # (a parallel pass's input failed after the calls pending)
-                    state.error = None
-                    raise restore_error(error)
+                raise_saved_error(state)  # (a parallel pass's input failed after the calls pending)
                 return
             for index, element in enumerate(source, state.index):
                 state.index = index + 1
@@ -133,10 +130,10 @@ class MapDataset(Dataset):
                     state.index = index + 1
                     window.append((pool.submit(self._apply, element, index), element, index))
                 if not window:
-                    error = getattr(state, "error", None)
-                    if error is not None:
+                    saved = getattr(state, "error", None)
+                    if saved is not None:
                         state.error = None
-                        raise failure if failure is not None else restore_error(error)
+                        raise failure if failure is not None else restore_error(saved)
                     return
                 yield window.popleft()[0].result()
         finally:
