@@ -55,10 +55,7 @@ def read_chunk(source: Iterator[Any], size: int) -> tuple[list[Any], Exception |
     """
     chunk: list[Any] = []
     try:
-        for element in source:
-            chunk.append(element)
-            if len(chunk) == size:
-                break
+        chunk.extend(itertools.islice(source, size))  # (list.extend keeps what it read before an error)
     except Exception as error:
         return chunk, error
     return chunk, None
@@ -417,19 +414,27 @@ class ShuffleDataset(Seeded, _Transparent):
         failure: Exception | None = None
         source = state.input()
         try:
-            while True:
-                if not state.draining and (capacity is None or len(buffer) < capacity):
-                    try:
-                        for element in source:
+            if not state.draining:
+                try:
+                    for element in source:
+                        # The buffer holds ``buffer_size - 1`` elements between two outputs: the
+                        # element read makes it full, and one of the ``buffer_size`` is taken out.
+                        n = len(buffer)
+                        if capacity is None or n + 1 < capacity:
                             buffer.append(element)
-                            if capacity is not None and len(buffer) >= capacity:
-                                break
+                            continue
+                        if not uniforms:
+                            uniforms.extend(rng.random(1024).tolist())
+                        j = int(uniforms.pop() * (n + 1))
+                        if j == n:
+                            yield element
                         else:
-                            state.draining = True
-                    except Exception as error:
-                        state.draining, state.error, failure = True, save_error(error), error
-                if not buffer:
-                    break
+                            chosen, buffer[j] = buffer[j], element
+                            yield chosen
+                except Exception as error:  # (from the input: nothing else here raises one)
+                    state.error, failure = save_error(error), error
+                state.draining = True
+            while buffer:
                 if not uniforms:
                     uniforms.extend(rng.random(1024).tolist())
                 j = int(uniforms.pop() * len(buffer))
