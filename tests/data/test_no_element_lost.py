@@ -85,13 +85,13 @@ def test_parallel_map_over_a_failing_map_ends_the_pass_after_the_error():
     assert outcome(failing_map(4).map(lambda x: x * 1, num_parallel_calls=2)) == [0, 1, 2, 3, ERR, END]
 
 
-def test_parallel_map_restored_between_reading_the_error_and_raising_it_raises_it():
+@pytest.mark.parametrize("restored_calls", [4, None], ids=["parallel", "sequential"])
+def test_parallel_map_restored_between_reading_the_error_and_raising_it_raises_it(restored_calls):
     # After the first element the window holds the results of 1, 2, 3 and the input's error.
-    make = lambda: failing_map(4).map(lambda x: x * 1, num_parallel_calls=4)  # noqa: E731
-    iterator = iter(make())
+    iterator = iter(failing_map(4).map(lambda x: x * 1, num_parallel_calls=4))
     assert take(iterator, 1) == [0]
     state = iterator._checkpoint_state()
-    restored = iter(make())
+    restored = iter(failing_map(4).map(lambda x: x * 1, num_parallel_calls=restored_calls))
     restored._checkpoint_restorer(state)()
     assert outcome(restored) == [1, 2, 3, ERR, END]
 

@@ -61,8 +61,9 @@ class DatasetIterator:
     iterator does too).
 
     An exception raised in the pipeline (by a ``map`` function, a generator, ...) comes out
-    of the call that would have returned that element; the pass then ends, and later calls
-    report the end of the data.
+    of the call that would have returned that element, after every element the pipeline read
+    before it (a short batch, a shuffle buffer); the pass then ends, and later calls report
+    the end of the data.
 
     Like a ``tf.data`` iterator, one iterator may be shared by several threads: each
     element goes to exactly one of them. It can be saved in a ``td.train.Checkpoint``
