@@ -64,6 +64,18 @@ def test_a_stuck_rank_is_named_within_the_timeout_and_the_job_ends(tmp_path):
     assert returncode != 0
 
 
+def test_a_timeout_of_zero_or_less_means_no_bound_as_in_tensorflow():
+    # TensorFlow 2.21, two workers, worker 1 six seconds late: timeout_seconds=-1 and 0 both
+    # return [2.] after 6 s (its collective ops schedule a timeout only when it is positive);
+    # timeout_seconds=2 raises DeadlineExceededError after 2 s.
+    results, output, _, _ = run_mpi("unbounded", timeout=50)
+    (rank0,), (rank1,) = results[0], results[1]
+    for result, seconds in rank0["results"]:
+        assert result == [2.0] * 4, output
+        assert seconds > 1.0  # waited for rank 1, past the 0.5 s bounds that do not apply
+    assert [r for r, _ in rank1["results"]] == [[2.0] * 4] * 2
+
+
 def test_without_a_timeout_a_late_rank_is_named_in_stall_warnings():
     results, output, _, _ = run_mpi("slow", timeout=50)
     (rank0,), (rank1,) = results[0], results[1]
