@@ -386,11 +386,13 @@ class ZipDataset(Dataset):
         return self._treespec.unflatten(specs)
 
     def _cardinality(self) -> int:
+        # TensorFlow's rule: any UNKNOWN input makes the zip UNKNOWN (even beside an empty one);
+        # otherwise the shortest finite input, or INFINITE.
         counts = [node._cardinality() for node in self._inputs]
+        if options_lib.UNKNOWN in counts:
+            return options_lib.UNKNOWN
         finite = [c for c in counts if c >= 0]
-        if finite:
-            return min(finite) if options_lib.UNKNOWN not in counts or min(finite) == 0 else options_lib.UNKNOWN
-        return options_lib.UNKNOWN if options_lib.UNKNOWN in counts else options_lib.INFINITE
+        return min(finite) if finite else options_lib.INFINITE
 
     def _gather_plan(self) -> GatherPlan | None:
         return None

@@ -194,7 +194,18 @@ class UnbatchDataset(Dataset):
         return nest.map_structure(lambda s: TensorSpec(None if s.shape is None else s.shape[1:], s.dtype), spec)
 
     def _cardinality(self) -> int:
-        return INFINITE if self._inputs[0]._cardinality() == INFINITE else UNKNOWN
+        # TensorFlow's rule: n times the first static leading dimension among the components (in
+        # flattening order); UNKNOWN where no component has one, or where it is 0. The spec is the
+        # one known without running the pipeline (cardinality() never reads an element), so after
+        # a map, whose shapes only a call of its function tells, this stays UNKNOWN.
+        n = self._inputs[0]._cardinality()
+        if n < 0:
+            return n
+        spec = self._inputs[0]._spec(probe=False)
+        for leaf in [] if spec is None else nest.flatten(spec)[0]:
+            if leaf.shape is not None and len(leaf.shape) > 0 and leaf.shape[0] is not None:
+                return n * int(leaf.shape[0]) if leaf.shape[0] > 0 else UNKNOWN
+        return UNKNOWN
 
 
 class RowCutter:
@@ -336,8 +347,7 @@ class RebatchDataset(Dataset):
         )
 
     def _cardinality(self) -> int:
-        n = self._inputs[0]._cardinality()
-        return INFINITE if n == INFINITE else UNKNOWN
+        return UNKNOWN  # as in TensorFlow, even for an infinite or a finite input
 
     def _batch_size(self) -> int | None:
         return self._sizes[0] if len(set(self._sizes)) == 1 else None
