@@ -337,14 +337,30 @@ class RebatchDataset(Dataset):
 
     def _spec(self, probe: bool) -> Any:
         spec = self._inputs[0]._spec(probe)
-        static = self._sizes[0] if self._drop and len(set(self._sizes)) == 1 else None
-        return (
-            None
-            if spec is None
-            else nest.map_structure(
-                lambda s: TensorSpec(None if s.shape is None else (static, *s.shape[1:]), s.dtype), spec
-            )
+        if spec is None:
+            return None
+        static = self._static_batch(spec)
+        return nest.map_structure(
+            lambda s: TensorSpec(None if s.shape is None else (static, *s.shape[1:]), s.dtype), spec
         )
+
+    def _static_batch(self, input_spec: Any) -> int | None:
+        """The output's static batch size (TensorFlow's rule), or None where batches may differ.
+
+        One size repeated, and no partial batch possible: with ``drop_remainder``, or where every
+        input component's static batch size is a multiple of it
+        (``batch(4, drop_remainder=True).rebatch([2, 2])`` has batches of 2).
+        """
+        if len(set(self._sizes)) != 1:
+            return None
+        size = self._sizes[0]
+        if self._drop:
+            return size
+        leaves, _ = nest.flatten(input_spec)
+        for leaf in leaves:
+            if leaf.shape is None or not leaf.shape or leaf.shape[0] is None or leaf.shape[0] % size:
+                return None
+        return size
 
     def _cardinality(self) -> int:
         return UNKNOWN  # as in TensorFlow, even for an infinite or a finite input
