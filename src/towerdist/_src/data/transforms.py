@@ -572,7 +572,7 @@ class OptionsDataset(_Transparent):
         if not isinstance(options, options_lib.Options):
             raise TypeError(f"with_options() takes a td.data.Options. Got options={options!r}.")
         self._inputs = (input_dataset,)
-        self._own_options = options
+        self._own_options = options._copy()  # later changes to ``options`` do not reach the dataset, as in TF
 
     def _iterate(self, state: State) -> Iterator[Any]:
         return iter(state.input())
