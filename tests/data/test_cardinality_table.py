@@ -117,6 +117,7 @@ OPS = {
     "rejection_resample": lambda d: d.rejection_resample(lambda x: tf.cast(x % 2, tf.int32), [0.5, 0.5], seed=1),
     "apply identity": lambda d: d.apply(lambda z: z),
     "unique": lambda d: d.unique(),
+    "assert_cardinality(10)": lambda d: d.apply(tf.data.experimental.assert_cardinality(10)),
     "with_options": lambda d: d.with_options(tf.data.Options()),
     "map(flat) then repeat(2)": lambda d: d.map(_sq).repeat(2),
     "batch then repeat()": lambda d: d.batch(3).repeat(),
@@ -433,6 +434,10 @@ TF_TABLE = [
     ("unique", "inf", UNK),
     ("unique", "unk", UNK),
     ("unique", "emp", UNK),
+    ("assert_cardinality(10)", "fin", 10),
+    ("assert_cardinality(10)", "inf", 10),
+    ("assert_cardinality(10)", "unk", 10),
+    ("assert_cardinality(10)", "emp", 10),
     ("with_options", "fin", 10),
     ("with_options", "inf", INF),
     ("with_options", "unk", UNK),
@@ -591,3 +596,73 @@ def test_unbatch_after_map_stays_unknown_where_tensorflow_traces_the_shape():
     assert ds.unbatch().cardinality() == UNK
     keyed = D.range(9).batch(3, drop_remainder=True).map(lambda x: {"a": x, "b": x})
     assert keyed.unbatch().cardinality() == UNK  # TF 2.21: 9
+
+
+# --- assert_cardinality ---------------------------------------------------------------------------
+
+# TF 2.21: the elements, then FailedPreconditionError with this message where the count is wrong.
+ASSERTED = [
+    (
+        "short",
+        5,
+        10,
+        [0, 1, 2, 3, 4],
+        "Input dataset was expected to contain 10 elements but contained only 5 elements.",
+    ),
+    (
+        "long",
+        12,
+        10,
+        list(range(10)),
+        "Input dataset was expected to contain 10 elements but contained at least 11 elements.",
+    ),
+    (
+        "infinite_expected",
+        3,
+        INF,
+        [0, 1, 2],
+        "Input dataset was expected to contain an infinite number of elements but contained only 3 elements.",
+    ),
+    (
+        "unknown_expected",
+        3,
+        UNK,
+        [],
+        "Input dataset was expected to contain -2 elements but contained at least 1 element.",
+    ),
+    ("exact", 3, 3, [0, 1, 2], None),
+]
+
+
+@pytest.mark.parametrize("n, expected, head, message", [a[1:] for a in ASSERTED], ids=[a[0] for a in ASSERTED])
+def test_assert_cardinality_checks_the_count_while_running(n, expected, head, message):
+    ds = D.range(n).apply(tf.data.experimental.assert_cardinality(expected))
+    assert ds.cardinality() == expected
+    iterator = iter(ds)
+    got = [int(next(iterator)) for _ in head]
+    assert got == head
+    if message is None:
+        assert list(iterator) == []
+    else:
+        with pytest.raises(tf.errors.FailedPreconditionError) as info:
+            next(iterator)
+        assert str(info.value) == message
+
+
+def test_assert_cardinality_resumes_its_count_from_a_saved_position():
+    from iterator_checkpoint_helpers import restored_rest, save_after
+
+    def make():
+        return D.range(6).apply(tf.data.experimental.assert_cardinality(6))
+
+    saved = save_after(make, 4)
+    assert [int(x) for x in restored_rest(make, saved.state)] == [4, 5]
+
+
+def test_assert_cardinality_takes_an_integer():
+    with pytest.raises(TypeError, match="assert_cardinality\\(\\) takes an integer"):
+        D.range(3).apply(tf.data.experimental.assert_cardinality(2.0))
+
+
+def test_experimental_cardinality_is_the_method():
+    assert tf.data.experimental.cardinality(D.range(3).repeat()) == INF

@@ -1,5 +1,7 @@
 """``tf.data.experimental``: the auto-shard policy, the option groups and the experimental operations."""
 
+from towerdist._src.data.cardinality import experimental_assert_cardinality as assert_cardinality
+from towerdist._src.data.cardinality import experimental_cardinality as cardinality
 from towerdist._src.data.combinators import experimental_get_single_element as get_single_element
 from towerdist._src.data.combinators import experimental_ignore_errors as ignore_errors
 from towerdist._src.data.combinators import experimental_scan as scan
@@ -40,7 +42,9 @@ __all__ = [
     "OptimizationOptions",
     "ServiceOptions",
     "ThreadingOptions",
+    "assert_cardinality",
     "bucket_by_sequence_length",
+    "cardinality",
     "choose_from_datasets",
     "get_single_element",
     "group_by_window",
