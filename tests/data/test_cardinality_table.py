@@ -666,3 +666,17 @@ def test_assert_cardinality_takes_an_integer():
 
 def test_experimental_cardinality_is_the_method():
     assert tf.data.experimental.cardinality(D.range(3).repeat()) == INF
+
+
+def test_file_sources(tmp_path):
+    for i in range(3):
+        (tmp_path / f"f{i}.txt").write_text("a\nb\n")
+    pattern = str(tmp_path / "*.txt")
+    # TF 2.21: 3, 3, -2, -2, -1
+    assert D.list_files(pattern, shuffle=False).cardinality() == 3
+    assert D.list_files(pattern, shuffle=True, seed=1).cardinality() == 3
+    assert tf.data.TextLineDataset([str(tmp_path / "f0.txt")]).cardinality() == UNK
+    files = D.list_files(pattern, shuffle=False)
+    assert files.interleave(tf.data.TextLineDataset, num_parallel_calls=2).cardinality() == UNK
+    lines = files.repeat().interleave(tf.data.TextLineDataset, cycle_length=2, num_parallel_calls=2)
+    assert lines.cardinality() == INF
