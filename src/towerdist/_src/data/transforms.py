@@ -217,7 +217,18 @@ class UnbatchDataset(Dataset):
         return nest.map_structure(lambda s: TensorSpec(None if s.shape is None else s.shape[1:], s.dtype), spec)
 
     def _cardinality(self) -> int:
-        return INFINITE if self._inputs[0]._cardinality() == INFINITE else UNKNOWN
+        # TensorFlow's rule: n times the first static leading dimension among the components (in
+        # flattening order); UNKNOWN where no component has one, or where it is 0. The spec is the
+        # one known without running the pipeline (cardinality() never reads an element), so after
+        # a map, whose shapes only a call of its function tells, this stays UNKNOWN.
+        n = self._inputs[0]._cardinality()
+        if n < 0:
+            return n
+        spec = self._inputs[0]._spec(probe=False)
+        for leaf in [] if spec is None else nest.flatten(spec)[0]:
+            if leaf.shape is not None and len(leaf.shape) > 0 and leaf.shape[0] is not None:
+                return n * int(leaf.shape[0]) if leaf.shape[0] > 0 else UNKNOWN
+        return UNKNOWN
 
 
 class RowCutter:
@@ -360,18 +371,33 @@ class RebatchDataset(Dataset):
 
     def _spec(self, probe: bool) -> Any:
         spec = self._inputs[0]._spec(probe)
-        static = self._sizes[0] if self._drop and len(set(self._sizes)) == 1 else None
-        return (
-            None
-            if spec is None
-            else nest.map_structure(
-                lambda s: TensorSpec(None if s.shape is None else (static, *s.shape[1:]), s.dtype), spec
-            )
+        if spec is None:
+            return None
+        static = self._static_batch(spec)
+        return nest.map_structure(
+            lambda s: TensorSpec(None if s.shape is None else (static, *s.shape[1:]), s.dtype), spec
         )
 
+    def _static_batch(self, input_spec: Any) -> int | None:
+        """The output's static batch size (TensorFlow's rule), or None where batches may differ.
+
+        One size repeated, and no partial batch possible: with ``drop_remainder``, or where every
+        input component's static batch size is a multiple of it
+        (``batch(4, drop_remainder=True).rebatch([2, 2])`` has batches of 2).
+        """
+        if len(set(self._sizes)) != 1:
+            return None
+        size = self._sizes[0]
+        if self._drop:
+            return size
+        leaves, _ = nest.flatten(input_spec)
+        for leaf in leaves:
+            if leaf.shape is None or not leaf.shape or leaf.shape[0] is None or leaf.shape[0] % size:
+                return None
+        return size
+
     def _cardinality(self) -> int:
-        n = self._inputs[0]._cardinality()
-        return INFINITE if n == INFINITE else UNKNOWN
+        return UNKNOWN  # as in TensorFlow, even for an infinite or a finite input
 
     def _batch_size(self) -> int | None:
         return self._sizes[0] if len(set(self._sizes)) == 1 else None
@@ -598,7 +624,7 @@ class OptionsDataset(_Transparent):
         if not isinstance(options, options_lib.Options):
             raise TypeError(f"with_options() takes a td.data.Options. Got options={options!r}.")
         self._inputs = (input_dataset,)
-        self._own_options = options
+        self._own_options = options._copy()  # later changes to ``options`` do not reach the dataset, as in TF
 
     def _iterate(self, state: State) -> Iterator[Any]:
         return iter(state.input())
