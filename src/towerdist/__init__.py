@@ -21,6 +21,7 @@ from towerdist import config as config
 from towerdist import contrib as contrib
 from towerdist import data as data
 from towerdist import distribute as distribute
+from towerdist import dtypes as dtypes
 from towerdist import errors as errors
 from towerdist import experimental as experimental
 from towerdist import io as io
@@ -90,6 +91,7 @@ __all__ = [
     "device",
     "distribute",
     "double",
+    "dtypes",
     "errors",
     "experimental",
     "float16",

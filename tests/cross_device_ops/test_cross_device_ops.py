@@ -890,6 +890,31 @@ def test_negative_bytes_per_pack_is_rejected():
         CommunicationOptions(bytes_per_pack=-1)
 
 
+@pytest.mark.parametrize("seconds", [-1, 0, 0.0, -0.5])
+def test_a_timeout_of_zero_or_less_is_accepted_and_means_no_bound(seconds):
+    # TensorFlow 2.21 accepts them and keeps the value ("Zero disables timeout"; its collective
+    # ops schedule a timeout only when it is positive: a 2-worker all_reduce waits for a late peer).
+    options = CommunicationOptions(timeout_seconds=seconds)
+    assert options.timeout_seconds == seconds
+    assert str(options) == f"Options(bytes_per_pack=0,timeout_seconds={seconds}, implementation=CommunicationImplementation.AUTO)"
+    # per call, it overrides the strategy's bound, as any timeout that is not None does in TF
+    assert CommunicationOptions(timeout_seconds=5).merge(options).timeout_seconds == seconds
+    workers = D.MultiWorkerMirroredStrategy(communication_options=CommunicationOptions(timeout_seconds=5)).extended._workers
+    assert workers.bounds(options)[0] is None
+    assert workers.bounds(None)[0] == 5.0
+
+
+@pytest.mark.parametrize("seconds", ["10", [1], True])
+def test_a_timeout_that_is_not_a_number_is_a_type_error(seconds):
+    with pytest.raises(TypeError, match=r"Argument `timeout_seconds` must be a number of seconds or None\. Received timeout_seconds="):
+        CommunicationOptions(timeout_seconds=seconds)
+
+
+def test_a_nan_timeout_is_a_value_error():
+    with pytest.raises(ValueError, match="0 or less: no bound"):
+        CommunicationOptions(timeout_seconds=float("nan"))
+
+
 @pytest.mark.parametrize("implementation", [3, object(), None])
 def test_implementation_of_another_type_is_rejected(implementation):
     with pytest.raises(ValueError, match=re.escape("Argument `implementation` must be instance of")):

@@ -31,7 +31,8 @@ def numbers() -> Iterator[np.int64]:
 def _generated(policy: Policy | None) -> D:
     dataset = D.from_generator(numbers, output_signature=td.TensorSpec((), np.int64)).batch(4)
     options = td.data.Options()
-    options.experimental_external_state_policy = policy
+    if policy is not None:  # None: left unset (setting None is a TypeError, as in TF)
+        options.experimental_external_state_policy = policy
     return dataset.with_options(options)
 
 

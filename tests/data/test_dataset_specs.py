@@ -201,16 +201,20 @@ def test_auto_shard_policy_values(name, value):
     assert rows(ds) == [[0, 1], [2, 3], [4, 5]]
 
 
-def test_auto_shard_policy_accepts_int():
+def test_auto_shard_policy_refuses_an_int_and_names_the_member():
+    # TF 2.21: TypeError: Property "auto_shard_policy" must be of type <enum 'AutoShardPolicy'>, got: 2
     options = td.data.Options()
-    options.experimental_distribute.auto_shard_policy = 2
-    assert options.experimental_distribute.auto_shard_policy is td.data.experimental.AutoShardPolicy.DATA
+    with pytest.raises(
+        TypeError, match=r'"auto_shard_policy" .*must be of type AutoShardPolicy.*AutoShardPolicy\.DATA'
+    ):
+        options.experimental_distribute.auto_shard_policy = 2
+    assert options.experimental_distribute.auto_shard_policy is td.data.experimental.AutoShardPolicy.AUTO
 
 
-@pytest.mark.parametrize("value", [7, "DATA"])
+@pytest.mark.parametrize("value", [7, "DATA", None])
 def test_auto_shard_policy_invalid(value):
     options = td.data.Options()
-    with pytest.raises(ValueError, match="auto_shard_policy must be"):
+    with pytest.raises(TypeError, match='Property "auto_shard_policy" of td.data.DistributeOptions must be of type'):
         options.experimental_distribute.auto_shard_policy = value
     assert options.experimental_distribute.auto_shard_policy == td.data.experimental.AutoShardPolicy.AUTO
 

@@ -18,7 +18,8 @@ BATCHES = [np.arange(4) + 4 * k for k in range(3)]
 
 def _dataset(policy: Policy | None, source: Any = None) -> td.data.Dataset:
     options = td.data.Options()
-    options.experimental_external_state_policy = policy
+    if policy is not None:  # None: left unset (setting None is a TypeError, as in TF)
+        options.experimental_external_state_policy = policy
     return as_dataset(list(BATCHES) if source is None else source).with_options(options)
 
 

@@ -507,7 +507,7 @@ def test_per_replica_mode_gives_each_replica_its_own_pipeline(multi_worker_strat
 
 def test_element_spec_has_one_spec_per_local_replica(multi_worker_strategy):
     strategy = multi_worker_strategy
-    _, _, local, n = _layout(strategy)
+    _, workers, local, n = _layout(strategy)
     features = np.zeros((10, FEATURES), np.float32)
     labels = np.arange(10)
     dataset = td.data.Dataset.from_tensor_slices((features, labels)).batch(2 * n)
@@ -519,12 +519,19 @@ def test_element_spec_has_one_spec_per_local_replica(multi_worker_strategy):
     else:  # TF: a PerReplicaSpec per component, one spec per local replica (also with one)
         assert spec == tuple(PerReplicaSpec(*[s] * local) for s in piece_specs)
     assert iter(dist).element_spec == spec
-    # A pipeline per worker is not split: its replicas' specs are the dataset's own.
+    # A pipeline per worker is not split: its replicas' specs are the dataset's own, except that
+    # with several workers the batch dimension is dynamic (TF 2.21: batch(2, drop_remainder=True)
+    # under a 2-worker MWMS gives PerReplicaSpec(TensorSpec((None, ...))): a worker that ran out
+    # gets empty pieces).
     from_fn = strategy.distribute_datasets_from_function(
         lambda ctx: td.data.Dataset.from_tensor_slices(features).batch(2, drop_remainder=True)
     )
-    fixed = td.TensorSpec((2, FEATURES), td.float32)
+    fixed = td.TensorSpec((2 if workers == 1 else None, FEATURES), td.float32)
     assert from_fn.element_spec == (fixed if n == 1 else PerReplicaSpec(*[fixed] * local))
+    assert iter(from_fn).element_spec == from_fn.element_spec
+    scalars = strategy.distribute_datasets_from_function(lambda ctx: td.data.Dataset.range(4))
+    scalar = td.TensorSpec((), td.int64)  # no batch dimension to make dynamic
+    assert scalars.element_spec == (scalar if n == 1 else PerReplicaSpec(*[scalar] * local))
 
 
 # --- one epoch -----------------------------------------------------------------------------------

@@ -206,6 +206,18 @@ def test_reduce_along_an_axis_counts_empty_pieces(multi_worker_strategy):
     np.testing.assert_array_equal(strategy.reduce("MEAN", values, axis=0), [1.0, 1.0])
 
 
+def test_reduce_of_a_tuple_along_an_axis_stacks_it_and_a_dict_is_a_type_error(multi_worker_strategy):
+    # TensorFlow 2.21 (one worker, one replica): (a, b) of equal shapes reduces as [a, b]
+    # ([1, 2], [3, 4] -> SUM [4, 6]); a dict raises TypeError, the same on every worker.
+    strategy = multi_worker_strategy
+    _, _, _, n = _layout(strategy)
+    pairs = strategy.run(lambda: (np.array([1.0, 2.0]) * (_replica_id() + 1), np.array([3.0, 4.0])))
+    np.testing.assert_array_equal(strategy.reduce("SUM", pairs, axis=0), [n * (n + 1) / 2 + 3 * n, n * (n + 1) + 4 * n])
+    with pytest.raises(TypeError, match="cannot take a dict"):
+        strategy.reduce("SUM", strategy.run(lambda: {"a": np.ones(2)}), axis=0)
+    np.testing.assert_array_equal(strategy.reduce("SUM", pairs, axis=None)[1], [3.0 * n, 4.0 * n])  # the next one works
+
+
 def test_reduce_of_a_plain_value_communicates_between_workers(multi_worker_strategy):
     strategy = multi_worker_strategy
     rank, workers, local, _ = _layout(strategy)

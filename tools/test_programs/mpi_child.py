@@ -107,6 +107,34 @@ def interrupted_wait(strategy: td.distribute.Strategy, rank: int) -> None:
     report(rank=rank, outcome=outcome)
 
 
+def unbounded(strategy: td.distribute.Strategy, rank: int) -> None:
+    """timeout_seconds <= 0 means no bound (TensorFlow's meaning): rank 1 is 1.5 s late twice, rank 0 waits.
+
+    The strategy was made with ``timeout_seconds=-1`` and the replica timeout is 0.5 s: the
+    first collective outlasts it. The second passes ``timeout_seconds=0`` per call over a
+    strategy whose own options say 0.5 s.
+    """
+    td.config.set_replica_timeouts(warning_seconds=None, timeout_seconds=0.5)
+    bounded = td.distribute.MultiWorkerMirroredStrategy(
+        communication_options=td.distribute.experimental.CommunicationOptions(timeout_seconds=0.5)
+    )
+    unbounded_call = td.distribute.experimental.CommunicationOptions(timeout_seconds=0)
+    results = []
+    for reduce in (
+        lambda: all_reduce(strategy),
+        lambda: bounded.run(lambda: td.distribute.get_replica_context().all_reduce(
+            "sum", np.ones(4, np.float32), options=unbounded_call)),
+    ):
+        if rank == 1:
+            time.sleep(1.5)
+        start = time.monotonic()
+        try:
+            results.append([np.asarray(reduce()).tolist(), time.monotonic() - start])
+        except Exception as error:  # noqa: BLE001  (reported, and the test fails on it)
+            results.append([f"{type(error).__name__}: {error}", time.monotonic() - start])
+    report(rank=rank, outcome="done", results=results)
+
+
 def killed_rank(strategy: td.distribute.Strategy, rank: int) -> None:
     """Rank 1 is killed with SIGKILL; rank 0 waits in a collective with no timeout."""
     if rank == 1:
@@ -203,7 +231,8 @@ def main() -> None:
     if scenario == "device_names":
         device_names(int(sys.argv[2]))
         return
-    options = td.distribute.experimental.CommunicationOptions(timeout_seconds=2.0 if scenario == "stuck" else None)
+    timeout = {"stuck": 2.0, "unbounded": -1}.get(scenario)
+    options = td.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
     strategy = td.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     rank = strategy.cluster_resolver.task_id
     if scenario == "stuck":
@@ -216,6 +245,8 @@ def main() -> None:
         early_exit(strategy, rank)
     elif scenario == "interrupted":
         interrupted_wait(strategy, rank)
+    elif scenario == "unbounded":
+        unbounded(strategy, rank)
     elif scenario == "killed":
         killed_rank(strategy, rank)
     elif scenario == "failed_save":

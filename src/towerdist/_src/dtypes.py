@@ -1,4 +1,4 @@
-"""TensorFlow's dtype names as numpy dtypes (``td.float32 == np.dtype("float32")``)."""
+"""TensorFlow's dtype names as numpy dtypes (``td.float32 == np.dtype("float32")``), and ``as_dtype``."""
 
 from __future__ import annotations
 
@@ -25,6 +25,42 @@ complex128 = np.dtype(np.complex128)
 string = np.dtype(np.object_)
 
 _INT32 = np.iinfo(np.int32)
+
+DType = np.dtype  # towerdist's dtypes are numpy's
+
+# TensorFlow's names that numpy spells otherwise.
+_NAMES = {"string": string, "half": half, "double": double, "bool": bool}
+_UNSUPPORTED = ("bfloat16", "qint8", "qint16", "qint32", "quint8", "quint16", "resource", "variant")
+
+
+def as_dtype(type_value: Any) -> np.dtype[Any]:
+    """The dtype ``type_value`` names (``tf.as_dtype``): a dtype, a numpy type, a name, ``float`` or ``bool``.
+
+    As in TensorFlow 2.21: ``float`` is float32, ``object`` is string, names are TensorFlow's
+    (``"float32"``, ``"string"``, ``"half"``, ``"double"``) or numpy's.
+
+    Raises:
+      TypeError: ``type_value`` names no dtype towerdist has (``int``, ``str``, ``None``,
+        ``"bfloat16"``, ``"nonsense"``).
+    """
+    if type_value is float:
+        return float32
+    if isinstance(type_value, str) and type_value in _NAMES:
+        return _NAMES[type_value]
+    # (identity, not ==: np.dtype("int64") == int is True)
+    unsupported = isinstance(type_value, str) and type_value in _UNSUPPORTED
+    rejected = type_value is None or any(type_value is t for t in (int, complex, str, bytes)) or unsupported
+    if not rejected:
+        try:
+            found: np.dtype[Any] = np.dtype(type_value)
+            return found
+        except TypeError:
+            pass
+    raise TypeError(
+        f"Cannot convert the argument `type_value`: {type_value!r} to a towerdist dtype. Pass a dtype "
+        f"(td.float32, td.int64, ...), its name ('float32', 'int64', 'string') or a numpy type (np.float32)"
+        + (f"; {type_value} is a TensorFlow dtype numpy does not have." if unsupported else ".")
+    )
 
 
 def python_dtype(array: np.ndarray) -> Any:

@@ -11,13 +11,15 @@ class                                 code  raised by towerdist for             
 ====================================  ====  ==========================================  =============================
 ``OpError``                           --    base of the TensorFlow-style errors         ``Exception``
 ``CancelledError``                    1     (not raised: nothing is cancelled)          ``OpError``
-``UnknownError``                      2     (not raised)                                ``OpError``
+``UnknownError``                      2     an exception of a ``from_generator``        ``OpError``
+                                            generator with no better class
 ``InvalidArgumentError``              3     bad values: mismatched shapes/dtypes        ``OpError``, ``ValueError``
 ``DeadlineExceededError``             4     a replica or collective ran out of time     ``OpError``, ``TimeoutError``
 ``NotFoundError``                     5     a missing checkpoint or input file          ``OpError``
 ``AlreadyExistsError``                6     a second profiler started                   ``OpError``
 ``PermissionDeniedError``             7     an input file that may not be read          ``OpError``
-``ResourceExhaustedError``            8     (not raised)                                ``OpError``
+``ResourceExhaustedError``            8     a ``MemoryError`` of a ``from_generator``   ``OpError``
+                                            generator
 ``FailedPreconditionError``           9     a directory given as an input file          ``OpError``
 ``AbortedError``                      10    another worker failed a collective step     ``OpError``
 ``OutOfRangeError``                   11    an exhausted iterator (``get_next``)        ``OpError``

@@ -1,4 +1,4 @@
-"""``td.io.gfile``: the few ``tf.io.gfile`` functions TensorFlow's multi-worker tutorials use, on local paths.
+"""``td.io.gfile``: ``tf.io.gfile``'s functions on local paths (``GFile`` is in ``gfile_file.py``).
 
 TensorFlow's tutorial for ``MultiWorkerMirroredStrategy`` makes a ``workertemp_<id>``
 directory with ``tf.io.gfile.makedirs`` for a non-chief worker's checkpoints and removes
@@ -18,11 +18,27 @@ import errno
 import glob as glob_lib
 import os
 import shutil
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 from towerdist._src import errors
 
-__all__ = ["exists", "glob", "isdir", "listdir", "makedirs", "remove", "rmtree"]
+__all__ = [
+    "FileStatistics",
+    "copy",
+    "exists",
+    "glob",
+    "isdir",
+    "join",
+    "listdir",
+    "makedirs",
+    "mkdir",
+    "remove",
+    "rename",
+    "rmtree",
+    "stat",
+    "walk",
+]
 
 # TensorFlow's ErrnoToCode (tensorflow/tsl/platform/errors), for the errnos file operations give.
 _CLASS_OF_ERRNO: dict[int, type[errors.OpError]] = {
@@ -73,12 +89,17 @@ def listdir(path: Any) -> list[str]:
     """The names of the entries of the directory ``path`` (in no particular order, as TensorFlow's).
 
     Raises:
-      NotFoundError: ``path`` does not exist.
-      FailedPreconditionError: ``path`` is not a directory.
+      NotFoundError: ``path`` does not exist or is not a directory (TensorFlow 2.21: "Could not
+        find directory" for both).
     """
     where = _as_path(path)
     try:
         return os.listdir(where)
+    except NotADirectoryError as error:
+        raise errors.NotFoundError(
+            f"td.io.gfile.listdir() could not list {where}: Not a directory (TensorFlow: Could not find directory)",
+            path=where,
+        ) from error
     except OSError as error:
         raise _op_error(error, "td.io.gfile.listdir() could not list", where) from error
 
@@ -134,3 +155,117 @@ def rmtree(path: Any) -> None:
         shutil.rmtree(where)
     except OSError as error:
         raise _op_error(error, "td.io.gfile.rmtree() could not delete", where) from error
+
+
+def mkdir(path: Any) -> None:
+    """Creates the directory ``path``, whose parent must exist; nothing to do if it exists (as TensorFlow 2.21).
+
+    Raises:
+      NotFoundError: the parent does not exist (use :func:`makedirs`).
+      AlreadyExistsError: ``path`` is a file.
+    """
+    where = _as_path(path)
+    try:
+        if not os.path.isdir(where):
+            os.mkdir(where)
+    except OSError as error:
+        raise _op_error(error, "td.io.gfile.mkdir() could not create", where) from error
+
+
+def rename(oldname: Any, newname: Any, overwrite: bool = False) -> None:
+    """Renames (moves) the file or directory ``oldname`` to ``newname``.
+
+    Raises:
+      AlreadyExistsError: ``newname`` exists and ``overwrite`` is False.
+      NotFoundError: ``oldname`` does not exist.
+    """
+    old, new = _as_path(oldname), _as_path(newname)
+    _refuse_existing(new, overwrite, "rename")
+    try:
+        os.replace(old, new)
+    except OSError as error:
+        raise _op_error(error, f"td.io.gfile.rename() could not rename {old} to", new) from error
+
+
+def copy(oldpath: Any, newpath: Any, overwrite: bool = False) -> None:
+    """Copies the file ``oldpath`` to ``newpath``.
+
+    Raises:
+      AlreadyExistsError: ``newpath`` exists and ``overwrite`` is False.
+      NotFoundError: ``oldpath`` does not exist.
+      InvalidArgumentError: ``oldpath`` is a directory.
+    """
+    old, new = _as_path(oldpath), _as_path(newpath)
+    _refuse_existing(new, overwrite, "copy")
+    if os.path.isdir(old):
+        raise errors.InvalidArgumentError(
+            f"td.io.gfile.copy() copies files, and {old} is a directory; copy its files one by one "
+            f"(td.io.gfile.walk()), or use shutil.copytree().",
+            path=old,
+        )
+    try:
+        shutil.copyfile(old, new)
+    except OSError as error:
+        raise _op_error(error, f"td.io.gfile.copy() could not copy {old} to", new) from error
+
+
+def _refuse_existing(path: str, overwrite: bool, api: str) -> None:
+    if not overwrite and os.path.lexists(path):
+        raise errors.AlreadyExistsError(
+            f"td.io.gfile.{api}() will not replace {path}: file already exists; pass overwrite=True to replace it.",
+            path=path,
+        )
+
+
+def join(path: Any, *paths: Any) -> str:
+    """``path`` and ``paths`` joined with ``/`` (``os.path.join``)."""
+    return os.path.join(_as_path(path), *(_as_path(p) for p in paths))
+
+
+class FileStatistics(NamedTuple):
+    """What :func:`stat` returns (TensorFlow's ``FileStatistics``)."""
+
+    length: int
+    mtime_nsec: int
+    is_directory: bool
+
+
+def stat(path: Any) -> FileStatistics:
+    """The size, modification time (ns) and kind of ``path``.
+
+    Raises:
+      NotFoundError: ``path`` does not exist.
+    """
+    where = _as_path(path)
+    try:
+        found = os.stat(where)
+    except OSError as error:
+        raise _op_error(error, "td.io.gfile.stat() could not read", where) from error
+    return FileStatistics(found.st_size, found.st_mtime_ns, os.path.isdir(where))
+
+
+def walk(
+    top: Any, topdown: bool = True, onerror: Callable[[errors.OpError], Any] | None = None
+) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``(directory, subdirectories, files)`` for ``top`` and every directory below it (nothing if ``top`` is missing).
+
+    Args:
+      top: the directory to start from.
+      topdown: yield a directory before (True) or after (False) those below it.
+      onerror: called with the error when a directory cannot be listed; it is then skipped.
+    """
+    where = _as_path(top)
+    try:
+        names = listdir(where)
+    except errors.OpError as error:
+        if onerror is not None:
+            onerror(error)
+        return
+    subdirectories = [name for name in names if os.path.isdir(os.path.join(where, name))]
+    files = [name for name in names if name not in subdirectories]
+    if topdown:
+        yield where, subdirectories, files
+    for name in subdirectories:
+        yield from walk(os.path.join(where, name), topdown, onerror)
+    if not topdown:
+        yield where, subdirectories, files

@@ -17,10 +17,14 @@ Failure policy (facts in DESIGN section 9 and ``reference/mpi.md``):
 
 from __future__ import annotations
 
+import array
 import atexit
 import os
+import stat
 import sys
 import threading
+import time
+from traceback import format_exception
 from types import TracebackType
 from typing import Any
 
@@ -29,6 +33,8 @@ from towerdist._src.errors import MissingDependencyError
 __all__ = ["World", "launcher_size", "world"]
 
 ABORT_ON_ERROR_VARIABLE = "TOWERDIST_MPI_ABORT_ON_ERROR"
+# The longest an abort waits for the launcher to take this rank's last output (a traceback).
+_OUTPUT_DRAIN_SECONDS = 2.0
 
 # What launchers put in each process's environment, with the number of processes they started.
 _SIZE_VARIABLES = (
@@ -70,10 +76,15 @@ class World:
             self._broken.append(reason)
 
     def abort(self, code: int, reason: str) -> None:
-        """Ends every rank of the job now (``MPI_Abort``), after saying why on stderr."""
+        """Ends every rank of the job now (``MPI_Abort``), after saying why on stderr.
+
+        What this rank wrote before (a traceback) and the reason reach the launcher first: the
+        launcher stops forwarding a rank's output once the job aborts, so the abort waits (at most
+        ``_OUTPUT_DRAIN_SECONDS``) until the launcher has read this process's stdout and stderr.
+        """
         _flush()
-        sys.stderr.write(f"towerdist: rank {self.rank} of {self.size} aborts the MPI job: {reason}\n")
-        _flush()
+        _write_stderr(f"towerdist: rank {self.rank} of {self.size} aborts the MPI job: {reason}\n")
+        _wait_until_output_is_read(_OUTPUT_DRAIN_SECONDS)
         try:
             self.MPI.COMM_WORLD.Abort(code)
         finally:
@@ -143,10 +154,54 @@ def _install_abort_on_uncaught_exception(world: World) -> None:
     def abort_on_uncaught_exception(
         kind: type[BaseException], error: BaseException, traceback: TracebackType | None
     ) -> None:
-        previous(kind, error, traceback)  # the traceback first, as Python prints it
+        try:
+            previous(kind, error, traceback)  # the traceback first, as Python prints it
+        except Exception:  # noqa: BLE001  (a broken hook or sys.stderr must not hide the error)
+            _write_stderr("".join(format_exception(kind, error, traceback)))
         world.abort(1, f"uncaught {kind.__name__} (set {ABORT_ON_ERROR_VARIABLE}=0 to handle failures yourself)")
 
     sys.excepthook = abort_on_uncaught_exception
+
+
+def _write_stderr(text: str) -> None:
+    """Writes ``text`` to file descriptor 2 at once, past any Python buffer (or a replaced sys.stderr)."""
+    data = text.encode("utf-8", "backslashreplace")
+    while data:
+        try:
+            written = os.write(2, data)
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+        data = data[written:]
+
+
+def _unread_bytes(fd: int) -> int:
+    """How many bytes written to ``fd`` its reader has not taken yet (0 unless ``fd`` is a pipe)."""
+    try:
+        import fcntl  # noqa: PLC0415  (POSIX only)
+        import termios  # noqa: PLC0415
+
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return 0  # a file or a terminal: written is delivered
+        count = array.array("i", [0])
+        fcntl.ioctl(fd, termios.FIONREAD, count)  # on Linux, either end of a pipe says what it holds
+    except (ImportError, OSError, ValueError):
+        return 0
+    return count[0]
+
+
+def _wait_until_output_is_read(seconds: float) -> None:
+    """Waits (at most ``seconds``) until the launcher has read what this process wrote to stdout and stderr.
+
+    Flushing puts the output in the pipe to the launcher (hydra's proxy), but ``MPI_Abort`` makes the
+    launcher kill the job and stop forwarding it: a traceback still in the pipe was lost in about a
+    quarter of the aborts. The launcher reads its pipes every few milliseconds.
+    """
+    deadline = time.monotonic() + seconds
+    while any(_unread_bytes(fd) for fd in (1, 2)) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    time.sleep(0.05)  # the launcher forwards what it has read before it handles the abort
 
 
 def _flush() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import math
+import numbers
 from typing import Any, NamedTuple
 
 __all__ = ["CollectiveHints", "CommunicationImplementation", "CommunicationOptions", "RunOptions", "ValueContext"]
@@ -25,13 +27,19 @@ class CommunicationOptions:
     Args:
       bytes_per_pack: pack small tensors into chunks of about this many bytes for
         ``batch_reduce_to``/``all_reduce``; 0 lets towerdist choose.
-      timeout_seconds: bound on every collective; None means no bound. Only the MPI
-        multi-worker path uses it; a peer that does not arrive in time raises
-        ``td.errors.DeadlineExceededError``.
+      timeout_seconds: bound on every collective, in seconds. As in TensorFlow, 0 or a
+        negative number means no bound (TensorFlow's collective ops schedule their timeout
+        only when it is positive): the collective waits for its peers however long they
+        take, even when ``td.config.set_replica_timeouts`` sets a bound. None (the default)
+        means the bound of ``td.config.set_replica_timeouts`` (none unless set); per-call
+        options of None keep the strategy's. Only the MPI multi-worker path uses it; a peer
+        that does not arrive in time raises ``td.errors.DeadlineExceededError``.
       implementation: a ``CommunicationImplementation`` or its name in any case.
 
     Raises:
-      ValueError: ``bytes_per_pack`` is negative or ``implementation`` is not recognised.
+      ValueError: ``bytes_per_pack`` is negative, ``implementation`` is not recognised or
+        ``timeout_seconds`` is NaN.
+      TypeError: ``timeout_seconds`` is not a number or None.
     """
 
     __slots__ = ("bytes_per_pack", "implementation", "timeout_seconds")
@@ -58,8 +66,17 @@ class CommunicationOptions:
                 "`tf.distribute.experimental.CommunicationImplementation`. "
                 f"Received implementation={implementation!r}."
             )
-        if timeout_seconds is not None and not timeout_seconds > 0:
-            raise ValueError(f"Argument `timeout_seconds` must be > 0 or None. Received {timeout_seconds!r}.")
+        if timeout_seconds is not None:
+            if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, numbers.Real):
+                raise TypeError(
+                    f"Argument `timeout_seconds` must be a number of seconds or None. Received "
+                    f"timeout_seconds={timeout_seconds!r} of type {type(timeout_seconds).__name__}."
+                )
+            if math.isnan(timeout_seconds):
+                raise ValueError(
+                    "Argument `timeout_seconds` must be a number of seconds or None (0 or less: no bound). "
+                    f"Received timeout_seconds={timeout_seconds!r}."
+                )
         self.bytes_per_pack = bytes_per_pack
         self.timeout_seconds = timeout_seconds
         self.implementation = implementation

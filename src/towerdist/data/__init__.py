@@ -13,6 +13,7 @@ from towerdist._src.data.options import AUTOTUNE as AUTOTUNE
 from towerdist._src.data.options import INFINITE as INFINITE_CARDINALITY
 from towerdist._src.data.options import UNKNOWN as UNKNOWN_CARDINALITY
 from towerdist._src.data.options import Options as Options
+from towerdist._src.data.options import ThreadingOptions as ThreadingOptions
 from towerdist._src.data.spec import DatasetSpec as DatasetSpec
 from towerdist.data import experimental as experimental
 
@@ -25,5 +26,6 @@ __all__ = [
     "Iterator",
     "Options",
     "TextLineDataset",
+    "ThreadingOptions",
     "experimental",
 ]

@@ -10,13 +10,20 @@ this rank's place. TensorFlow numbers the workers chief first: the chief is work
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+from types import FrameType
 from typing import Any
 
 from towerdist._src import mpi_runtime
 from towerdist._src.cluster_resolver.cluster_resolver import ClusterResolver
 from towerdist._src.cluster_resolver.cluster_spec import ClusterSpec
+from towerdist._src.cluster_resolver.tf_config import TF_CONFIG, TFConfigClusterResolver, load_tf_config
 
 __all__ = ["MPIClusterResolver", "resolve_for_mpi"]
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 # The jobs whose tasks are workers of MultiWorkerMirroredStrategy, in TensorFlow's order.
 _WORKER_JOBS = ("chief", "worker")
@@ -73,6 +80,7 @@ def resolve_for_mpi(resolver: Any, rank: int, size: int) -> Any:
         has parameter servers, or puts this process at another place than its rank.
     """
     if resolver is None:
+        _warn_if_tf_config_disagrees(rank, size)
         return MPIClusterResolver(rank, size)
     spec = resolver.cluster_spec()
     if not spec.jobs:
@@ -106,6 +114,76 @@ def resolve_for_mpi(resolver: Any, rank: int, size: int) -> Any:
             f"MultiWorkerMirroredStrategy got {shown}, which makes this process {place}, but {where}. {fix}."
         )
     return resolver
+
+
+def _warn_if_tf_config_disagrees(rank: int, size: int) -> None:
+    """Warns when ``TF_CONFIG`` describes another job than MPI's: the strategy ignores it, the script may not.
+
+    A TensorFlow script often reads ``TF_CONFIG`` itself (``num_workers =
+    len(tf_config["cluster"]["worker"])`` to size the global batch, ``task.index == 0`` for the
+    chief); under ``mpiexec`` with one ``TF_CONFIG`` for every rank, or another number of
+    workers, it would then compute with another job than the one that runs.
+    """
+    text = os.environ.get(TF_CONFIG, "").strip()
+    if not text:
+        return
+    fix = (
+        "Give each rank its own TF_CONFIG (MPICH: mpiexec -n 1 -env TF_CONFIG '<rank 0's>' python train.py "
+        ": -n 1 -env TF_CONFIG '<rank 1's>' python train.py), or unset it and read the job from "
+        "strategy.cluster_resolver (task_id, cluster_spec()); pass "
+        "cluster_resolver=tf.distribute.cluster_resolver.TFConfigClusterResolver() to make this an error"
+    )
+    where = (
+        "this process runs as the only worker (no MPI launcher, or mpiexec -n 1)"
+        if size == 1
+        else f"MPI started this process as rank {rank} of {size}"
+    )
+    try:
+        load_tf_config()
+    except ValueError as error:
+        warnings.warn(
+            f"MultiWorkerMirroredStrategy() takes its workers from MPI ({where}) and ignores TF_CONFIG, "
+            f"which cannot be read: {getattr(error, 'msg', error)} {fix}.",
+            UserWarning,
+            stacklevel=_user_stack_level(),
+        )
+        return
+    resolver = TFConfigClusterResolver()
+    spec = resolver.cluster_spec()
+    if not spec.jobs:
+        return
+    problems = []
+    others = [job for job in spec.jobs if job not in (*_WORKER_JOBS, "evaluator")]
+    if others:
+        problems.append(f"its jobs {others} are not workers")
+    workers = sum(spec.num_tasks(job) for job in _WORKER_JOBS if job in spec.jobs)
+    task_type, task_id = resolver.task_type, resolver.task_id
+    if workers != size:
+        problems.append(f"it lists {workers} worker{'s' * (workers != 1)} where MPI started {size} process{'es' * (size != 1)}")
+    elif not (task_type is None and task_id is None and size == 1):
+        index = _worker_index(spec, task_type, task_id)
+        if index != rank:
+            place = "no worker" if index is None else f"worker {index}"
+            problems.append(f"its task ({task_type!r}, index {task_id!r}) makes this process {place}, not worker {rank}")
+    if problems:
+        warnings.warn(
+            f"MultiWorkerMirroredStrategy() takes its workers from MPI ({where}) and ignores TF_CONFIG, "
+            f"which disagrees: {'; '.join(problems)} (TF_CONFIG={text}). Code that reads TF_CONFIG (num_workers "
+            f"= len(tf_config['cluster']['worker']), task.index == 0 for the chief) sees another job than the "
+            f"one that runs. {fix}.",
+            UserWarning,
+            stacklevel=_user_stack_level(),
+        )
+
+
+def _user_stack_level() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside towerdist (the user's call)."""
+    frame: FrameType | None = sys._getframe(1)  # 1: the function that warns (stacklevel 1)
+    level = 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def _worker_index(spec: ClusterSpec, task_type: Any, task_id: Any) -> int | None:

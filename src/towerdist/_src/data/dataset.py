@@ -652,12 +652,28 @@ class Dataset(Node):
         return np.int64(self._cardinality())
 
     def options(self) -> options_lib.Options:
-        """The options of this dataset, merged from the whole pipeline."""
+        """The options of this dataset (read-only): its inputs', merged in order, then its own.
+
+        As in TensorFlow: ``with_options`` called later wins over earlier calls, and of the
+        inputs of ``zip``/``concatenate``/sampling the later ones win (see ``td.data.Options``).
+        """
+        merged = self._merged_options({})
+        merged._set_mutable(False)
+        return merged
+
+    def _merged_options(self, done: dict[int, options_lib.Options]) -> options_lib.Options:
+        """This node's options; ``done`` holds those of the nodes already merged (a node may be
+        the input of several others, as in ``zip((d, d))``)."""
+        known = done.get(id(self))
+        if known is not None:
+            return known
         merged = options_lib.Options()
-        for node in reversed(list(self._walk())):  # upstream first: later with_options calls win
-            own = getattr(node, "_own_options", None)
-            if own is not None:
-                merged = merged.merge(own)
+        for node in self._inputs:
+            merged = merged.merge(node._merged_options(done))
+        own = getattr(self, "_own_options", None)
+        if own is not None:
+            merged = merged.merge(own)
+        done[id(self)] = merged
         return merged
 
     def __len__(self) -> int:

@@ -462,7 +462,11 @@ class InterleaveDataset(Dataset):
         return copy.copy(self)
 
     def _cardinality(self) -> int:
-        return options_lib.UNKNOWN  # as in TensorFlow, even for an infinite input
+        # TensorFlow's rule: the parallel interleave of an infinite input is infinite; the sequential
+        # one (and flat_map) reports UNKNOWN even then, as its kernel defines no cardinality.
+        if self._workers and self._inputs[0]._cardinality() == options_lib.INFINITE:
+            return options_lib.INFINITE
+        return options_lib.UNKNOWN
 
     def _reads_files(self) -> bool:
         """True if ``map_func`` makes datasets that read files (FILE auto-sharding shards the input then)."""

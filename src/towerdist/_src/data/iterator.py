@@ -62,11 +62,11 @@ class DatasetIterator:
     iterator does too).
 
     An exception raised in the pipeline (by a ``map`` function, a generator, ...) comes out
-    of the call that would have returned that element, after every element read before it.
-    Operations that hold elements read before the error (``interleave``'s open inputs,
-    ``group_by_window``'s windows, ...) go on after it, as in TensorFlow, so later calls give
-    those elements; elsewhere the pass ends and later calls report the end of the data
-    (``docs/input.md``, "When an input element fails").
+    of the call that would have returned that element, after every element the pipeline read
+    before it (a short batch, a shuffle buffer). Operations that hold elements past the error
+    (``interleave``'s open inputs, ``group_by_window``'s windows) go on after it, as in
+    TensorFlow, so later calls give those elements; elsewhere the pass ends and later calls
+    report the end of the data (``docs/input.md``, "When an input element fails").
 
     Like a ``tf.data`` iterator, one iterator may be shared by several threads: each
     element goes to exactly one of them. It can be saved in a ``td.train.Checkpoint``

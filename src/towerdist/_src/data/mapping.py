@@ -15,6 +15,7 @@ from towerdist._src.data import options as options_lib
 from towerdist._src.data.cursor import Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import ErrorHandler
+from towerdist._src.data.saved_errors import raise_saved_error, restore_error, save_error
 from towerdist._src.data.spec import EmptyDatasetError, relax_batch, structure_of
 from towerdist._src.data.structure import call_with_element, close_iterator, normalize_output, placeholder_element
 from towerdist._src.data.workers import DaemonPool, wait_or_warn
@@ -73,7 +74,8 @@ class MapDataset(Dataset):
     def _iterate(self, state: State) -> Iterator[Any]:
         # The position: the index of the next input element (``index``, for the notes on a failing
         # call's error), the input's pass, and, between a parallel pass's consumer and its input,
-        # the calls under way (``pending``: see _iterate_parallel); ``exhausted``: the input ended.
+        # the calls under way (``pending``: see _iterate_parallel); ``exhausted``: the input ended,
+        # ``error`` (if set): with the error that :mod:`saved_errors` saved, raised after ``pending``.
         if not state.resumed:
             state.index, state.pending, state.exhausted = 0, [], False
         if self._workers > 1:
@@ -88,6 +90,7 @@ class MapDataset(Dataset):
         source = state.input()
         try:
             if state.exhausted:
+                raise_saved_error(state)  # (a parallel pass's input failed after the calls pending)
                 return
             for index, element in enumerate(source, state.index):
                 state.index = index + 1
@@ -110,6 +113,7 @@ class MapDataset(Dataset):
                 call = _done(value) if kind == _RESULT else pool.submit(self._apply, value, index)
                 window.append((call, value, index))
             state.pending = []
+            failure: BaseException | None = None  # the input's error, raised after the calls it followed
             while True:
                 while not state.exhausted and len(window) < 2 * self._workers:
                     try:
@@ -117,10 +121,19 @@ class MapDataset(Dataset):
                     except StopIteration:
                         state.exhausted = True
                         break
+                    except Exception as error:
+                        # Every element read before the error is mapped and delivered first
+                        # (saved as ``error``, so that a pass restored meanwhile raises it too).
+                        state.exhausted, state.error, failure = True, save_error(error), error
+                        break
                     index = state.index
                     state.index = index + 1
                     window.append((pool.submit(self._apply, element, index), element, index))
                 if not window:
+                    saved = getattr(state, "error", None)
+                    if saved is not None:
+                        state.error = None
+                        raise failure if failure is not None else restore_error(saved)
                     return
                 yield window.popleft()[0].result()
         finally:

@@ -14,7 +14,6 @@ a ``TypeError`` (pass ``np.int64(0)``), ``-1.0`` on float32 data is fine.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -23,9 +22,10 @@ import numpy as np
 from towerdist._src import backend, nest
 from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
+from towerdist._src.data.saved_errors import raise_saved_error, save_error
 from towerdist._src.data.spec import TensorSpec, dtype_name
 from towerdist._src.data.structure import to_component
-from towerdist._src.data.transforms import batched_cardinality
+from towerdist._src.data.transforms import batched_cardinality, read_chunk
 from towerdist._src.errors import DataLossError, InvalidArgumentError
 from towerdist._src.failures import name_api, unworded, worded_at
 
@@ -358,8 +358,11 @@ class PaddedBatchDataset(Dataset):
         if plan is None and state.learnt is not None:
             plan = plan_padding(state.learnt, self._padded_shapes, self._padding_values, rank_only=True)
         try:
+            raise_saved_error(state)
             while True:
-                chunk = list(itertools.islice(source, self._size))
+                chunk, failure = read_chunk(source, self._size)
+                if failure is not None and (self._drop or not chunk):
+                    raise failure
                 if not chunk or (self._drop and len(chunk) < self._size):
                     return
                 try:
@@ -370,6 +373,11 @@ class PaddedBatchDataset(Dataset):
                 except BaseException as error:
                     name_api(error, self._api)
                     raise
+                if failure is not None:
+                    # The elements read before the error come first, as a short batch (as in batch()).
+                    state.error = save_error(failure)
+                    yield batch
+                    raise failure
                 yield batch
         finally:
             source.close()

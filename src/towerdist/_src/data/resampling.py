@@ -281,6 +281,9 @@ class RejectionResampleDataset(Seeded, Dataset):
         return (TensorSpec((), value.dtype), inner)
 
     def _cardinality(self) -> int:
+        # TensorFlow's: the resampled stream of an infinite input stays infinite, any other is UNKNOWN.
+        if self._inputs[0]._cardinality() == options_lib.INFINITE:
+            return options_lib.INFINITE
         return options_lib.UNKNOWN
 
 

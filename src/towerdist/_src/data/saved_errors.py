@@ -17,7 +17,7 @@ from typing import Any
 from towerdist._src.data import state_codec
 from towerdist._src.errors import UnknownError
 
-__all__ = ["restore_error", "save_error"]
+__all__ = ["raise_saved_error", "restore_error", "save_error"]
 
 _PLAIN = (str, int, float, bool, type(None))  # argument types an error is rebuilt from
 
@@ -44,6 +44,15 @@ def restore_error(saved: dict[str, Any]) -> BaseException:
         error.add_note(note)
     error.add_note("Raised before the iterator's position was saved, and restored with it (without its traceback).")
     return error
+
+
+def raise_saved_error(state: Any) -> None:
+    """Raises the error a pass saved in ``state.error`` (if any): a pass that delivered the elements
+    it read before an input error, then was saved before raising it, raises it when restored."""
+    saved = getattr(state, "error", None)
+    if saved is not None:
+        state.error = None
+        raise restore_error(saved)
 
 
 def _rebuilt(type_name: str, args: list[Any]) -> BaseException | None:

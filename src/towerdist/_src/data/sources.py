@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import operator
 from collections.abc import Callable, Iterator
@@ -17,7 +18,13 @@ from towerdist._src.data.node import GatherPlan
 from towerdist._src.data.seeds import Seeded
 from towerdist._src.data.spec import TensorSpec, dtype_name, shapes_compatible, structure_of
 from towerdist._src.data.structure import read_only, read_only_element, to_component, to_element
-from towerdist._src.errors import InvalidArgumentError, UnimplementedError
+from towerdist._src.errors import (
+    InvalidArgumentError,
+    OpError,
+    ResourceExhaustedError,
+    UnimplementedError,
+    UnknownError,
+)
 from towerdist._src.failures import unworded, worded_at
 
 __all__ = [
@@ -246,8 +253,19 @@ class GeneratorDataset(ExternalSource):
     def _external_state(self) -> str | None:
         return f"Dataset.from_generator({_callable_name(self._generator)}): the generator's position"
 
+    def _tolerant(self) -> Dataset | None:
+        return copy.copy(self)  # under ignore_errors(): drops the elements that do not fit the signature
+
     def _generate(self) -> Iterator[Any]:
-        iterator = iter(self._generator(*self._args))
+        # As TensorFlow runs the generator in a py_func: an exception it raises surfaces as the
+        # td.errors class TF maps it to (the original is the __cause__), and ends the pass (the
+        # generator cannot go on). An element that does not fit the signature is an
+        # InvalidArgumentError; under ignore_errors() it is dropped and the generator goes on.
+        on_error = getattr(self, "_on_error", None)
+        try:
+            iterator = iter(self._generator(*self._args))
+        except Exception as error:
+            raise self._wrapped(error, "calling the generator") from error
         try:
             for index in itertools.count():
                 try:
@@ -255,13 +273,32 @@ class GeneratorDataset(ExternalSource):
                 except StopIteration:
                     return
                 except Exception as error:
-                    error.add_note(f"td.data.Dataset.from_generator(): raised by the generator after {index} elements.")
-                    raise
-                yield self._convert(value, index)
+                    wrapped = self._wrapped(error, f"the generator, after {index} element{'' if index == 1 else 's'}")
+                    if on_error is not None:
+                        on_error(wrapped)
+                        return  # the generator raised: it has ended
+                    raise wrapped from error
+                try:
+                    element = self._convert(value, index)
+                except InvalidArgumentError as error:
+                    if on_error is None:
+                        raise
+                    on_error(error)
+                    continue
+                yield element
         finally:
             close = getattr(iterator, "close", None)
             if close is not None:
                 close()
+
+    def _wrapped(self, error: Exception, where: str) -> OpError:
+        """``error``, raised by ``where``, as the td.errors class TensorFlow's py_func maps it to."""
+        cls = _py_func_error_class(error)
+        wrapped = cls(
+            f"{type(error).__name__}: {error}\n(raised in Dataset.from_generator({_callable_name(self._generator)}) "
+            f"by {where}; the original exception is this error's __cause__)"
+        )
+        return wrapped
 
     def _convert(self, value: Any, index: int) -> Any:
         # The generator's arrays may be its own (yielded again next epoch): hand out read-only views.
@@ -272,25 +309,28 @@ class GeneratorDataset(ExternalSource):
         try:
             leaves = self._treespec.flatten_up_to(value)
         except (ValueError, TypeError):
-            raise TypeError(
-                f"`generator` yielded an element that did not match the expected structure. The expected "
-                f"structure was {self._signature}, but element {index} was {_preview(value)}."
+            raise InvalidArgumentError(
+                f"TypeError: `generator` yielded an element that did not match the expected structure. The "
+                f"expected structure was {self._signature}, but element {index} was {_preview(value)}."
             ) from None
         converted = []
         for spec, leaf in zip(self._leaf_specs, leaves, strict=True):
             try:
                 array = to_component(leaf)
+                text = isinstance(array, bytes) or (isinstance(array, np.ndarray) and array.dtype == np.object_)
+                if text and spec.dtype != np.object_:
+                    raise TypeError("a string where a number is expected")
                 if not isinstance(array, bytes):
                     array = np.asarray(array, dtype=spec.dtype)
-            except (TypeError, ValueError):
-                raise TypeError(
-                    f"`generator` yielded an element that could not be converted to the expected type. The "
-                    f"expected type was {spec.dtype}, but element {index} was {_preview(leaf)}."
+            except (TypeError, ValueError, OverflowError):
+                raise InvalidArgumentError(
+                    f"TypeError: `generator` yielded an element that could not be converted to the expected type. "
+                    f"The expected type was {dtype_name(spec.dtype)}, but element {index} was {_preview(leaf)}."
                 ) from None
             if not shapes_compatible(spec.shape, np.shape(array)):
                 raise InvalidArgumentError(
-                    f"`generator` yielded an element of shape {np.shape(array)} where an element of shape "
-                    f"{spec.shape} was expected (element {index})."
+                    f"TypeError: `generator` yielded an element of shape {np.shape(array)} where an element of "
+                    f"shape {_shape_text(spec.shape)} was expected (element {index})."
                 )
             if isinstance(array, np.ndarray) and array.ndim == 0:
                 array = array[()]
@@ -307,6 +347,21 @@ class GeneratorDataset(ExternalSource):
 
     def _cardinality(self) -> int:
         return options_lib.UNKNOWN
+
+
+def _py_func_error_class(error: Exception) -> type[OpError]:
+    """The td.errors class TensorFlow's py_func gives an exception raised in Python code (TF 2.21's mapping)."""
+    if isinstance(error, (ValueError, TypeError)):
+        return InvalidArgumentError
+    if isinstance(error, MemoryError):
+        return ResourceExhaustedError
+    if isinstance(error, NotImplementedError):
+        return UnimplementedError
+    return UnknownError
+
+
+def _shape_text(shape: tuple[int | None, ...] | None) -> str:
+    return "<unknown>" if shape is None else str(tuple(shape))
 
 
 def _callable_name(fn: Any) -> str:
@@ -386,11 +441,13 @@ class ZipDataset(Dataset):
         return self._treespec.unflatten(specs)
 
     def _cardinality(self) -> int:
+        # TensorFlow's rule: any UNKNOWN input makes the zip UNKNOWN (even beside an empty one);
+        # otherwise the shortest finite input, or INFINITE.
         counts = [node._cardinality() for node in self._inputs]
+        if options_lib.UNKNOWN in counts:
+            return options_lib.UNKNOWN
         finite = [c for c in counts if c >= 0]
-        if finite:
-            return min(finite) if options_lib.UNKNOWN not in counts or min(finite) == 0 else options_lib.UNKNOWN
-        return options_lib.UNKNOWN if options_lib.UNKNOWN in counts else options_lib.INFINITE
+        return min(finite) if finite else options_lib.INFINITE
 
     def _gather_plan(self) -> GatherPlan | None:
         return None

@@ -21,6 +21,7 @@ from towerdist._src.data import options as options_lib
 from towerdist._src.data.cursor import Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import GatherPlan
+from towerdist._src.data.saved_errors import raise_saved_error, restore_error, save_error
 from towerdist._src.data.seeds import Seeded
 from towerdist._src.data.spec import TensorSpec, spec_with_batch
 from towerdist._src.data.structure import read_only_element, stack, unstack_count
@@ -44,6 +45,20 @@ __all__ = [
 ]
 
 INFINITE, UNKNOWN = options_lib.INFINITE, options_lib.UNKNOWN
+
+
+def read_chunk(source: Iterator[Any], size: int) -> tuple[list[Any], Exception | None]:
+    """Up to ``size`` elements of ``source``, and the error that stopped it early (None if none).
+
+    The elements read before an input error are returned with it, so that the batch they make
+    is delivered before the error: an operation never loses an element it read.
+    """
+    chunk: list[Any] = []
+    try:
+        chunk.extend(itertools.islice(source, size))  # (list.extend keeps what it read before an error)
+    except Exception as error:
+        return chunk, error
+    return chunk, None
 
 
 def batched_cardinality(n: int, size: int, drop_remainder: bool) -> int:
@@ -119,8 +134,16 @@ class BatchDataset(Dataset):
         source = state.open(plan.indices if plan is not None else self._inputs[0], "0")
         size, drop = self._size, self._drop
         try:
+            raise_saved_error(state)
             while True:
-                chunk = list(itertools.islice(source, size))
+                chunk, failure = read_chunk(source, size)
+                if failure is not None:
+                    # The elements read before the error come first, as a short batch (TensorFlow
+                    # drops them), unless drop_remainder asks for full batches only.
+                    if chunk and not drop:
+                        state.error = save_error(failure)
+                        yield plan.gather(np.array(chunk, dtype=np.intp)) if plan is not None else stack_elements(chunk)
+                    raise failure
                 if not chunk or (drop and len(chunk) < size):
                     return
                 if plan is not None:
@@ -194,7 +217,18 @@ class UnbatchDataset(Dataset):
         return nest.map_structure(lambda s: TensorSpec(None if s.shape is None else s.shape[1:], s.dtype), spec)
 
     def _cardinality(self) -> int:
-        return INFINITE if self._inputs[0]._cardinality() == INFINITE else UNKNOWN
+        # TensorFlow's rule: n times the first static leading dimension among the components (in
+        # flattening order); UNKNOWN where no component has one, or where it is 0. The spec is the
+        # one known without running the pipeline (cardinality() never reads an element), so after
+        # a map, whose shapes only a call of its function tells, this stays UNKNOWN.
+        n = self._inputs[0]._cardinality()
+        if n < 0:
+            return n
+        spec = self._inputs[0]._spec(probe=False)
+        for leaf in [] if spec is None else nest.flatten(spec)[0]:
+            if leaf.shape is not None and len(leaf.shape) > 0 and leaf.shape[0] is not None:
+                return n * int(leaf.shape[0]) if leaf.shape[0] > 0 else UNKNOWN
+        return UNKNOWN
 
 
 class RowCutter:
@@ -207,7 +241,8 @@ class RowCutter:
     Its position is plain data, saved with the cursor that owns it: ``pending``, the
     elements whose rows are not all cut yet (each with its first unread row), ``template``,
     an element of the stream (its structure, for empty pieces), ``turn``, the index of the
-    next size, and ``exhausted``.
+    next size, ``exhausted``, and ``error``: the input's error (see :mod:`saved_errors`), raised
+    after the pieces of the rows read before it (at the end, as a short piece).
     """
 
     def __init__(self, sizes: Sequence[int], drop_remainder: bool = False) -> None:
@@ -217,6 +252,7 @@ class RowCutter:
         self.template: Any = None
         self.turn = 0
         self.exhausted = False
+        self.error: dict[str, Any] | None = None
 
     def position(self) -> dict[str, Any]:
         return {
@@ -224,6 +260,7 @@ class RowCutter:
             "template": self.template,
             "turn": self.turn,
             "exhausted": self.exhausted,
+            "error": self.error,
         }
 
     def resume(self, position: dict[str, Any]) -> None:
@@ -231,6 +268,7 @@ class RowCutter:
         self.template = position["template"]
         self.turn = position["turn"]
         self.exhausted = position["exhausted"]
+        self.error = position.get("error")
 
     def pieces(self, source: Iterator[Any]) -> Iterator[Any]:
         """The pieces of ``source``'s rows (after the rows already pending)."""
@@ -238,6 +276,7 @@ class RowCutter:
         template_leaves, treespec = (None, None) if self.template is None else nest.flatten(self.template)
         pending = [(nest.flatten(element)[0], start, _rows_of(element)) for element, start in self.pending]
         available = sum(rows - start for _, start, rows in pending)
+        failure: Exception | None = None  # the input's error, raised after the pieces of the rows before it
         while True:
             size = sizes[self.turn]
             # A positive size needs rows; a zero size only needs to know the structure, so that
@@ -247,6 +286,9 @@ class RowCutter:
                     element = next(source)
                 except StopIteration:
                     self.exhausted = True
+                    break
+                except Exception as error:
+                    self.exhausted, self.error, failure = True, save_error(error), error
                     break
                 leaves, spec = nest.flatten(element)
                 if treespec is None:
@@ -262,6 +304,9 @@ class RowCutter:
                     self.pending.append([element, 0])
                     available += rows
             if self.template is None or (size > 0 and available == 0) or (available < size and self.drop_remainder):
+                if self.error is not None:
+                    saved, self.error = self.error, None
+                    raise failure if failure is not None else restore_error(saved)
                 return
             assert treespec is not None and template_leaves is not None
             take = min(size, available)
@@ -326,18 +371,33 @@ class RebatchDataset(Dataset):
 
     def _spec(self, probe: bool) -> Any:
         spec = self._inputs[0]._spec(probe)
-        static = self._sizes[0] if self._drop and len(set(self._sizes)) == 1 else None
-        return (
-            None
-            if spec is None
-            else nest.map_structure(
-                lambda s: TensorSpec(None if s.shape is None else (static, *s.shape[1:]), s.dtype), spec
-            )
+        if spec is None:
+            return None
+        static = self._static_batch(spec)
+        return nest.map_structure(
+            lambda s: TensorSpec(None if s.shape is None else (static, *s.shape[1:]), s.dtype), spec
         )
 
+    def _static_batch(self, input_spec: Any) -> int | None:
+        """The output's static batch size (TensorFlow's rule), or None where batches may differ.
+
+        One size repeated, and no partial batch possible: with ``drop_remainder``, or where every
+        input component's static batch size is a multiple of it
+        (``batch(4, drop_remainder=True).rebatch([2, 2])`` has batches of 2).
+        """
+        if len(set(self._sizes)) != 1:
+            return None
+        size = self._sizes[0]
+        if self._drop:
+            return size
+        leaves, _ = nest.flatten(input_spec)
+        for leaf in leaves:
+            if leaf.shape is None or not leaf.shape or leaf.shape[0] is None or leaf.shape[0] % size:
+                return None
+        return size
+
     def _cardinality(self) -> int:
-        n = self._inputs[0]._cardinality()
-        return INFINITE if n == INFINITE else UNKNOWN
+        return UNKNOWN  # as in TensorFlow, even for an infinite or a finite input
 
     def _batch_size(self) -> int | None:
         return self._sizes[0] if len(set(self._sizes)) == 1 else None
@@ -371,20 +431,34 @@ class ShuffleDataset(Seeded, _Transparent):
         return self._shuffled(state)
 
     def _shuffled(self, state: State) -> Iterator[Any]:
+        # As TensorFlow: before each element the buffer is filled up to ``buffer_size`` (so the
+        # input is read no further than TensorFlow reads it), then a random one is taken out. An
+        # input error stops the filling: the buffer drains, then the error is raised (``error``,
+        # saved as :mod:`saved_errors` does, so that a pass restored meanwhile raises it too).
         rng, buffer, uniforms = state.rng, state.buffer, state.uniforms
         capacity = self._buffer_size if self._buffer_size > 0 else None
+        failure: Exception | None = None
         source = state.input()
         try:
             if not state.draining:
-                for element in source:
-                    if capacity is None or len(buffer) < capacity:
-                        buffer.append(element)
-                        continue
-                    if not uniforms:
-                        uniforms.extend(rng.random(1024).tolist())
-                    j = int(uniforms.pop() * len(buffer))
-                    chosen, buffer[j] = buffer[j], element
-                    yield chosen
+                try:
+                    for element in source:
+                        # The buffer holds ``buffer_size - 1`` elements between two outputs: the
+                        # element read makes it full, and one of the ``buffer_size`` is taken out.
+                        n = len(buffer)
+                        if capacity is None or n + 1 < capacity:
+                            buffer.append(element)
+                            continue
+                        if not uniforms:
+                            uniforms.extend(rng.random(1024).tolist())
+                        j = int(uniforms.pop() * (n + 1))
+                        if j == n:
+                            yield element
+                        else:
+                            chosen, buffer[j] = buffer[j], element
+                            yield chosen
+                except Exception as error:  # (from the input: nothing else here raises one)
+                    state.error, failure = save_error(error), error
                 state.draining = True
             while buffer:
                 if not uniforms:
@@ -392,6 +466,10 @@ class ShuffleDataset(Seeded, _Transparent):
                 j = int(uniforms.pop() * len(buffer))
                 buffer[j], buffer[-1] = buffer[-1], buffer[j]
                 yield buffer.pop()
+            saved = getattr(state, "error", None)
+            if saved is not None:
+                state.error = None
+                raise failure if failure is not None else restore_error(saved)
         finally:
             source.close()
 
@@ -546,7 +624,7 @@ class OptionsDataset(_Transparent):
         if not isinstance(options, options_lib.Options):
             raise TypeError(f"with_options() takes a td.data.Options. Got options={options!r}.")
         self._inputs = (input_dataset,)
-        self._own_options = options
+        self._own_options = options._copy()  # later changes to ``options`` do not reach the dataset, as in TF
 
     def _iterate(self, state: State) -> Iterator[Any]:
         return iter(state.input())

@@ -275,7 +275,12 @@ class DistributedDatasetsFromFunction(_DistributedInput):
         return spec is not None and is_fully_defined(spec)
 
     def _replica_spec(self, probe: bool) -> Any:
-        return self._datasets[0]._spec(probe)
+        spec = self._datasets[0]._spec(probe)
+        if spec is None or self._worker.num_workers == 1:
+            return spec
+        # TF's rule with several workers: a worker may run out first and get empty pieces
+        # (partial steps), so the batch dimension is dynamic even after batch(drop_remainder=True).
+        return replica_spec(spec, 1, multi_worker=True)
 
     def _pipelines(self) -> list[Dataset]:
         return list(self._datasets)

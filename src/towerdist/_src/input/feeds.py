@@ -193,15 +193,7 @@ class RowFeed(Feed):
         self._local = local
 
     def steps(self) -> Iterator[Step]:
-        pieces = self._cutter.pieces(self._source())
-        step: list[Any] = []
-        for piece in pieces:
-            step.append(piece)
-            if len(step) == self._local:
-                yield Step(step, list(step))
-                step = []
-        if step:
-            yield Step(step + [MISSING] * (self._local - len(step)), list(step))
+        return _grouped(self._cutter.pieces(self._source()), self._local)
 
     def leftover(self) -> list[Any]:
         position = self._cutter.position()
@@ -324,19 +316,7 @@ class ElementFeed(Feed):
                 return
 
     def steps(self) -> Iterator[Step]:
-        elements = self._elements()
-        local = self._local
-        while True:
-            step: list[Any] = []
-            for element in elements:
-                step.append(element)
-                if len(step) == local:
-                    break
-            if not step:
-                return
-            yield Step(step + [MISSING] * (local - len(step)), list(step))
-            if len(step) < local:
-                return
+        return _grouped(self._elements(), self._local)
 
     def leftover(self) -> list[Any]:
         if self._cutter is not None:
@@ -369,10 +349,42 @@ class PerReplicaFeed(Feed):
                 unit = leftover.pop(0)
                 step = [MISSING if element is None else element for element in unit]
             else:
-                step = [next(source, MISSING) for source in sources]
+                step, failure = [], None
+                for source in sources:
+                    try:
+                        step.append(next(source, MISSING))
+                    except Exception as error:
+                        failure = error
+                        break
+                if failure is not None:
+                    # The elements the other pipelines gave for this step come first, then the error.
+                    step += [MISSING] * (len(sources) - len(step))
+                    if any(piece is not MISSING for piece in step):
+                        yield Step(step, [None if piece is MISSING else piece for piece in step])
+                    raise failure
             if all(piece is MISSING for piece in step):
                 return
             yield Step(step, [None if piece is MISSING else piece for piece in step])
+
+
+def _grouped(units: Iterator[Any], local: int) -> Iterator[Step]:
+    """``units`` in steps of ``local``, a short last one padded with ``MISSING``.
+
+    The units read before an error make a short step delivered before it: no element read is lost.
+    """
+    step: list[Any] = []
+    try:
+        for unit in units:
+            step.append(unit)
+            if len(step) == local:
+                yield Step(step, list(step))
+                step = []
+    except Exception:
+        if step:
+            yield Step(step + [MISSING] * (local - len(step)), list(step))
+        raise
+    if step:
+        yield Step(step + [MISSING] * (local - len(step)), list(step))
 
 
 def _ended(error: BaseException | None) -> Iterator[Any]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
+import math
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -68,11 +69,15 @@ class Workers:
         """``(timeout, warning)`` seconds for a collective with per-call ``options``.
 
         The timeout is ``CommunicationOptions.timeout_seconds`` (per call, else the
-        strategy's), else the replica timeout of ``td.config.set_replica_timeouts``.
+        strategy's), else the replica timeout of ``td.config.set_replica_timeouts``. A
+        ``timeout_seconds`` of 0 or less (or infinity) means no bound, as in TensorFlow, whose
+        collective ops schedule a timeout only when it is positive.
         """
         replica = replica_timeouts.get_replica_timeouts()
         timeout = (self._options if options is None else self._options.merge(options)).timeout_seconds
-        return (timeout if timeout is not None else replica["timeout_seconds"]), replica["warning_seconds"]
+        if timeout is None:
+            return replica["timeout_seconds"], replica["warning_seconds"]
+        return (float(timeout) if 0 < timeout < math.inf else None), replica["warning_seconds"]
 
     # --- collectives ------------------------------------------------------------------------
 

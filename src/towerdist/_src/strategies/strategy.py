@@ -8,7 +8,7 @@ hooks. The argument checks both share live in ``arguments.py``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 from towerdist._src import aliases, array_ops, backend, context, nest, steps
@@ -274,10 +274,17 @@ class Strategy:
     # --- helpers --------------------------------------------------------------------------
 
     def _reduce_along_axis(self, op: ReduceOp, value: Any, axis: Any) -> Any:
+        replicas = len(self._extended._replica_devices)
         if isinstance(value, DistributedValues):
             parts = list(self._extended._local_results(value))
+        elif nest.is_nested(value) and any(isinstance(leaf, DistributedValues) for leaf in nest.flatten(value)[0]):
+            parts = list(local_results(value, replicas))  # a tuple of PerReplica (strategy.run's result)
         else:
-            parts = [value] * len(self._extended._replica_devices)  # the same value on every replica
+            parts = [value] * replicas  # the same value on every replica
+        # As in TensorFlow (tf.reduce_sum of each replica's value), a list or tuple becomes one
+        # array (stacked: equal shapes only) and a dict is refused.
+        for part in parts:
+            _refuse_mappings(part, axis)
         arrays = [array_ops.as_array(p) for p in parts]
         axes = reduce_axes(axis, arrays[0].ndim)
         sums = [array_ops.reduce_sum(a, axis=axes) for a in arrays]
@@ -300,6 +307,21 @@ class Strategy:
 
     def __repr__(self) -> str:
         return self._extended._describe()
+
+
+def _refuse_mappings(value: Any, axis: Any) -> None:
+    if not nest.is_nested(value):
+        return
+    if isinstance(value, Mapping):
+        raise TypeError(
+            f"Strategy.reduce() with axis={axis!r} reduces one tensor per replica and cannot take a dict, "
+            f"as in TensorFlow. Got a value with keys {sorted(map(str, value))}; reduce each entry: "
+            f"{{k: strategy.reduce(op, v, axis={axis!r}) for k, v in value.items()}}, or use axis=None, "
+            f"which keeps the structure."
+        )
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            _refuse_mappings(item, axis)
 
 
 aliases.install(Strategy, aliases.STRATEGY)

@@ -589,8 +589,13 @@ def update_regroup(results: list[Any], devices: Sequence[DeviceSpec], group: boo
     """Merges per-component update results: ``Mirrored`` values, or per-component tuples.
 
     Grouped, a component's write result (an ``UnreadVariable``) is read into its new value,
-    as TensorFlow's grouped update reads each result; per-component tuples keep them.
+    as TensorFlow's grouped update reads each result; per-component tuples keep them. One
+    component's result is returned as it is, as in TensorFlow (which reads the results only
+    to order several of them): ``extended.update(v, lambda var: var.assign_sub(g))`` then
+    returns the variable, read when used.
     """
+    if group and len(results) == 1:
+        return results[0]
     if group:
         return regroup([read_unread(result) for result in results], devices, wrap_class=Mirrored)
     merged = regroup(results, devices, wrap_class=Mirrored)

@@ -38,8 +38,16 @@ from towerdist._src.values.distributed_values import DistributedValues, Mirrored
 from towerdist._src.values.regroup import split_for_replicas
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 from towerdist._src.variables import aggregation, scatter
-from towerdist._src.variables.sliced import describe_write
-from towerdist._src.variables.variable import ASSIGN_ADD, ASSIGN_SUB, ResourceVariable, Variable, WriteOp, to_array
+from towerdist._src.variables.sliced import SliceAssign, describe_write
+from towerdist._src.variables.variable import (
+    ASSIGN_ADD,
+    ASSIGN_SUB,
+    ResourceVariable,
+    Variable,
+    WriteOp,
+    to_array,
+    unread,
+)
 
 if TYPE_CHECKING:
     from towerdist._src.strategies.strategy import Strategy
@@ -164,12 +172,25 @@ class DistributedVariable(DistributedValues, Variable):
             name_api(error, describe_write(type(self).__name__, op))  # the write the user called
             raise
         write_components(self._components, op, parts)
-        return self._write_result() if read_value else None
+        if not read_value:
+            return None
+        if type(op) is SliceAssign:
+            # ``v[key].assign(x)``: one variable, read when used, as in TensorFlow (whose
+            # strided-slice assign writes the first copy only; here every copy is written).
+            return unread(self)
+        return self._write_result()
 
     def _write_result(self) -> Any:
-        """What a write returns when asked to read the value: every component's new value."""
-        new = [component.value() for component in self._components]
-        return new[0] if len(new) == 1 else Mirrored(new, self._devices)
+        """What a write returns when asked to read the value, as TensorFlow's grouped update.
+
+        Several components: every component's new value (a ``Mirrored``). One component
+        (``MultiWorkerMirroredStrategy`` on a worker without GPUs, a one-device
+        ``MirroredStrategy``): TensorFlow returns that component's write result as it is, the
+        variable read when used (an ``UnreadVariable``).
+        """
+        if len(self._components) == 1:
+            return unread(self._components[0])
+        return Mirrored([component.value() for component in self._components], self._devices)
 
     def _update_component(self) -> ResourceVariable | None:
         """The component an update context of this thread selects, if any."""

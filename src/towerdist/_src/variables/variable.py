@@ -45,7 +45,7 @@ from towerdist._src.variables.update_buffers import UpdateBuffers
 if TYPE_CHECKING:
     from towerdist._src.strategies.strategy import Strategy
 
-__all__ = ["ResourceVariable", "UnreadVariable", "Variable", "VariableRef", "WriteOp", "adopt_shared", "to_array"]
+__all__ = ["ResourceVariable", "UnreadVariable", "Variable", "VariableRef", "WriteOp", "adopt_shared", "to_array", "unread"]
 
 # A write of the write protocol: a method name below, a sliced assign or a scatter.
 WriteOp = str | SliceAssign | Scatter
@@ -504,10 +504,7 @@ class ResourceVariable(Variable):
             self._store(self._prepare(op, value))
         if not read_value:
             return None
-        # Built directly: the factory metaclass's __call__ would cost more than the rest of a small write.
-        unread = object.__new__(UnreadVariable)
-        unread._target = self
-        return unread
+        return unread(self)
 
     def _prepare(self, op: WriteOp, value: Any) -> Any:
         """The array ``op(value)`` would store, computed without changing the variable.
@@ -685,10 +682,12 @@ class UnreadVariable(Variable):
     ``v.assign(x) is v`` is False, and ``run`` regroups the ones its replicas return into a
     ``PerReplica``), named ``'UnreadVariable'``, with ``v``'s other attributes. Returned by a
     component of a distributed variable (a replica-local write, or one in ``extended.update``)
-    it stands for that component.
+    it stands for that component; returned by ``v[key].assign(x)`` of a distributed variable
+    in cross-replica context, it stands for the distributed variable (reads give its value,
+    writes write every copy).
     """
 
-    def __init__(self, target: ResourceVariable) -> None:
+    def __init__(self, target: Variable) -> None:
         self._target = target
 
     @property
@@ -731,14 +730,28 @@ class UnreadVariable(Variable):
         return self._target.value()
 
     def _write(self, op: WriteOp, value: Any, read_value: bool) -> Any:
-        return self._target._write(op, value, read_value)
+        result = self._target._write(op, value, read_value)
+        if result is None or type(result) is UnreadVariable:
+            return result
+        # Standing for a distributed variable (``v[key].assign(x)``): a chained write returns
+        # one variable again, as TensorFlow's does, although it wrote every copy.
+        return unread(self._target)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> ResourceVariable:
-        """A new, independent plain variable holding the current value (TensorFlow's raises)."""
+    def __deepcopy__(self, memo: dict[int, Any]) -> Variable:
+        """A new, independent copy of the variable it stands for, holding the current value (TensorFlow's raises)."""
         return copy.deepcopy(self._target, memo)
 
     def __repr__(self) -> str:
-        return format_variable(self.name, self._target._array)
+        array = getattr(self._target, "_array", None)  # a distributed variable has none: its value then
+        return format_variable(self.name, self._target.value() if array is None else array)
+
+
+def unread(target: Variable) -> UnreadVariable:
+    """The :class:`UnreadVariable` a write of ``target`` returns (a variable or a distributed variable)."""
+    # Built directly: the factory metaclass's __call__ would cost more than the rest of a small write.
+    result = object.__new__(UnreadVariable)
+    result._target = target
+    return result
 
 
 def adopt_shared(variables: Sequence[ResourceVariable], array: Any) -> None:
