@@ -32,6 +32,14 @@ class Broken(ValueError):
     """The input's error (a type of its own, so that a test sees it is this one that surfaced)."""
 
 
+# A generator's ValueError surfaces as TensorFlow's InvalidArgumentError, the original as its cause.
+INPUT_ERRORS = (Broken, td.errors.InvalidArgumentError)
+
+
+def is_input_error(error: BaseException) -> bool:
+    return isinstance(error, Broken) or isinstance(error.__cause__, Broken)
+
+
 def failing(k: int, n: int = N) -> td.data.Dataset:
     """``from_generator`` over ``0, 1, ..., n - 1``, raising ``Broken`` at element ``k``."""
 
@@ -65,7 +73,8 @@ def outcome(dataset: Any, limit: int = 30) -> list[Any]:
         except StopIteration:
             out.append(END)
             break
-        except Broken:
+        except INPUT_ERRORS as error:
+            assert is_input_error(error), error
             out.append(ERR)
     return out
 

@@ -23,6 +23,14 @@ class Broken(ValueError):
     """The input's error."""
 
 
+# A generator's ValueError surfaces as TensorFlow's InvalidArgumentError, the original as its cause.
+INPUT_ERRORS = (Broken, td.errors.InvalidArgumentError)
+
+
+def is_input_error(error: BaseException) -> bool:
+    return isinstance(error, Broken) or isinstance(error.__cause__, Broken)
+
+
 def failing(k: int, n: int = 12) -> td.data.Dataset:
     """``from_generator`` over ``0, 1, ..., n - 1``, raising ``Broken`` at element ``k``."""
 
@@ -45,7 +53,8 @@ def outcome(strategy: td.distribute.Strategy, dist: Any, limit: int = 10) -> lis
         except StopIteration:
             out.append(END)
             break
-        except Broken:
+        except INPUT_ERRORS as error:
+            assert is_input_error(error), error
             out.append(ERR)
             continue
         out.append([np.asarray(v).tolist() for v in strategy.experimental_local_results(step)])
