@@ -324,3 +324,81 @@ def test_save_of_a_failing_input_raises_and_keeps_the_earlier_save(tmp_path):
         failing_source(5, 3).save(str(tmp_path))
     assert failed_here(info.value)
     assert outputs(D.load(str(tmp_path))) == [0, 1, 2, END]
+
+
+# --- an operation that goes on after an error, read by another operation ---------------------------
+
+
+def _failing_source(k: int = 5):
+    def gen():
+        for i in range(10):
+            if i == k:
+                raise ValueError("record is corrupt")
+            yield i
+
+    return td.data.Dataset.from_generator(gen, output_signature=td.TensorSpec((), td.int64))
+
+
+def _outcome(dataset, limit: int = 30):
+    out, iterator = [], iter(dataset)
+    for _ in range(limit):
+        try:
+            out.append(np.asarray(next(iterator)).tolist())
+        except StopIteration:
+            out.append("END")
+            break
+        except td.errors.InvalidArgumentError as error:
+            assert isinstance(error.__cause__, ValueError), error  # the generator's own error, kept as the cause
+            out.append("ERR")
+    return out
+
+
+def _grouped(dataset):
+    return dataset.group_by_window(lambda x: x % 2, lambda key, window: window.batch(10), window_size=10)
+
+
+@pytest.mark.parametrize(
+    "after",
+    [lambda d: d.map(lambda x: x), lambda d: d.prefetch(2), lambda d: d.batch(1).unbatch()],
+    ids=["map", "prefetch", "batch_unbatch"],
+)
+def test_windows_held_at_an_error_reach_the_iterator_through_later_operations(after):
+    # The last operation of the pipeline goes on after the error (TF's order: [ERR, [0, 2, 4], [1, 3]]);
+    # one read by another operation (which ends at an error) delivers its windows first, then the
+    # error: nothing read before the error is lost on the way up.
+    assert _outcome(_grouped(_failing_source())) == ["ERR", [0, 2, 4], [1, 3], "END"]
+    assert _outcome(after(_grouped(_failing_source()))) == [[0, 2, 4], [1, 3], "ERR", "END"]
+
+
+def test_an_interleave_read_by_a_map_delivers_the_open_inputs_then_the_error():
+    names = _failing_source(3)
+    interleaved = names.interleave(lambda x: td.data.Dataset.range(3).map(lambda y: 10 * x + y), cycle_length=2)
+    # TF 2.21 (interleave last): [0, 10, 1, 11, 2, 12, 20, ERR, 21, 22]
+    assert _outcome(interleaved) == [0, 10, 1, 11, 2, 12, 20, "ERR", 21, 22, "END"]
+    assert _outcome(interleaved.map(lambda x: x)) == [0, 10, 1, 11, 2, 12, 20, 21, 22, "ERR", "END"]
+
+
+def test_a_position_saved_while_an_error_is_deferred_raises_it_once_restored():
+    def make():
+        def parse(x):
+            if int(x) == 5:
+                raise ValueError("record is corrupt")
+            return x
+
+        return _grouped(td.data.Dataset.range(10).map(parse)).map(lambda w: w)
+
+    iterator = iter(make())
+    first = np.asarray(next(iterator)).tolist()
+    state = iterator._checkpoint_state()
+    restored = iter(make())
+    restored._checkpoint_restorer(state)()
+    rest = []
+    for _ in range(5):
+        try:
+            rest.append(np.asarray(next(restored)).tolist())
+        except StopIteration:
+            rest.append("END")
+            break
+        except ValueError:  # the map function's own error, saved with the position and raised again
+            rest.append("ERR")
+    assert [first, *rest] == [[0, 2, 4], [1, 3], "ERR", "END"]

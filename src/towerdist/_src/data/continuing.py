@@ -10,7 +10,11 @@ goes on. The generator keeps the cursor rule (see :mod:`~towerdist._src.data.cur
 yields ``Raise``, its state says where the pass stands *after* the error.
 
 An operation downstream that does not hold elements (``map``, ``batch``, ...) still ends its
-pass when its input raises; the iterator then reports the end of the data.
+pass when its input raises. So only the pass an iterator reads itself goes on after an error
+(:class:`Continuing`, TensorFlow's order); a pass read by another operation (or by a
+distributed dataset's feed) defers the error instead (:class:`Deferring`): it delivers what it
+holds first, then raises the error, so that no element read before the error is lost on the
+way up, as ``shuffle`` and ``batch`` do with an error of theirs (``docs/input.md``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from __future__ import annotations
 from collections.abc import Generator, Iterator
 from typing import Any
 
-__all__ = ["Continuing", "Raise", "continuing"]
+from towerdist._src.data.saved_errors import restore_error, save_error
+
+__all__ = ["Continuing", "Deferring", "Raise", "continuing"]
 
 
 class Raise:
@@ -51,6 +57,50 @@ class Continuing:
         self._generator.close()
 
 
-def continuing(generator: Generator[Any, None, None]) -> Continuing:
-    """``generator``'s elements; a yielded ``Raise(error)`` raises ``error`` and the pass goes on."""
-    return Continuing(generator)
+_END: Any = object()
+
+
+class Deferring:
+    """The iterator over such a generator in a pass read by another operation: its errors come last.
+
+    A yielded :class:`Raise` is kept (in the pass's state, ``deferred_error``, so that a
+    position saved meanwhile raises it too once restored) and raised when the generator has
+    given everything else; an error deferred meanwhile is chained to the first as its context.
+    """
+
+    __slots__ = ("_error", "_generator", "_state")
+
+    def __init__(self, generator: Generator[Any, None, None], state: Any) -> None:
+        self._generator = generator
+        self._state = state
+        self._error: BaseException | None = None  # the error itself (a restored pass has only its record)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            value = next(self._generator, _END)
+            if value is _END:
+                saved = getattr(self._state, "deferred_error", None)
+                if saved is None:
+                    raise StopIteration
+                self._state.deferred_error = None
+                raise self._error if self._error is not None else restore_error(saved)  # (its cause kept)
+            if type(value) is not Raise:
+                return value
+            if getattr(self._state, "deferred_error", None) is None:
+                self._state.deferred_error = save_error(value.error)
+                self._error = value.error
+
+    def close(self) -> None:
+        self._generator.close()
+
+
+def continuing(generator: Generator[Any, None, None], state: Any) -> Continuing | Deferring:
+    """``generator``'s elements, for the pass ``state``: a yielded ``Raise(error)`` raises ``error``
+    and the pass goes on where an iterator reads the pass itself; elsewhere the error is deferred
+    to the end of the pass (see the module docstring)."""
+    if state._may_continue:
+        return Continuing(generator)
+    return Deferring(generator, state)

@@ -87,8 +87,11 @@ class State:
     generator then starts from its attributes instead of initialising them.
     """
 
-    def __init__(self, node: Dataset, saved: Saved | None = None, path: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, node: Dataset, saved: Saved | None = None, path: tuple[str, ...] = (), may_continue: bool = False
+    ) -> None:
         self._node = node
+        self._may_continue = may_continue  # read by an iterator itself: may go on after an error (continuing)
         self._path = (*path, node._state_name())
         self._children: dict[str, Cursor] = {}
         self._resumed = saved is not None and not saved.get("fresh", False)
@@ -189,13 +192,17 @@ class Cursor:
       node: the node to iterate.
       saved: a position from :meth:`save` (of a cursor over the same pipeline) to start at.
       path: the operations above this one, for the messages of a failed restore.
+      may_continue: whether the reader (a dataset iterator) goes on after an error the
+        node raises while holding elements (see ``continuing``).
     """
 
     __slots__ = ("_elements", "_pending", "node", "state")
 
-    def __init__(self, node: Dataset, saved: Saved | None = None, path: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, node: Dataset, saved: Saved | None = None, path: tuple[str, ...] = (), may_continue: bool = False
+    ) -> None:
         self.node = node
-        self.state = State(node, saved, path)
+        self.state = State(node, saved, path, may_continue)
         self._pending = saved is not None  # restored, and not yet taken by its parent's generator
         self._elements: Iterator[Any] = node._iterate(self.state)
 

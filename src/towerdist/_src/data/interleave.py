@@ -280,8 +280,8 @@ class InterleaveDataset(Dataset):
             if self._workers:
                 state.upcoming = []
         if self._workers:
-            return continuing(self._iterate_parallel(state))
-        return continuing(self._iterate_sequential(state))
+            return continuing(self._iterate_parallel(state), state)
+        return continuing(self._iterate_sequential(state), state)
 
     def _iterate_sequential(self, state: State) -> Generator[Any, None, None]:
         check = FirstElementCheck(self._mismatch)

@@ -79,7 +79,7 @@ class DatasetIterator:
 
     def __init__(self, dataset: Dataset) -> None:
         self._dataset = dataset
-        self._cursor: Cursor | None = dataset._cursor()
+        self._cursor: Cursor | None = dataset._cursor(may_continue=True)
         self._failed = False  # the pipeline raised: the pass is over
         self._pending: list[Any] = []  # elements to yield before the cursor's (restored)
         self._held: list[Any] = []  # elements handed out since the last step began (see steps)
@@ -190,7 +190,7 @@ class DatasetIterator:
         """Ends the pass now, as ``close``, and starts a new one from the first element."""
         with self._lock:
             self.close()
-            self._cursor = self._dataset._cursor()
+            self._cursor = self._dataset._cursor(may_continue=True)
             self._failed = False
             self._pending = []
             self._held = []
@@ -250,7 +250,7 @@ class DatasetIterator:
         """
         check_pipeline(self._dataset, position["pipeline"])
         saved_cursor = position.get("cursor")
-        cursor = None if position.get("ended") else self._dataset._cursor(saved_cursor)
+        cursor = None if position.get("ended") else self._dataset._cursor(saved_cursor, may_continue=True)
         pending = list(position.get("pending", []))
         error = position.get("error")
         error_after = None if error is None else saved_errors.restore_error(error)

@@ -60,9 +60,13 @@ class Node:
     def _iterate(self, state: State) -> Iterator[Any]:
         raise NotImplementedError
 
-    def _cursor(self, saved: Saved | None = None) -> Cursor:
-        """A new pass over this node (at the position ``saved``, if given)."""
-        return Cursor(cast("Dataset", self), saved)
+    def _cursor(self, saved: Saved | None = None, may_continue: bool = False) -> Cursor:
+        """A new pass over this node (at the position ``saved``, if given).
+
+        ``may_continue``: the reader is a dataset iterator, which goes on after an error of an
+        operation that holds elements (see ``continuing``).
+        """
+        return Cursor(cast("Dataset", self), saved, may_continue=may_continue)
 
     # --- saving a pass's position (see cursor) ----------------------------------------------
 

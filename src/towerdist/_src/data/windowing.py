@@ -240,7 +240,7 @@ class _Grouping(Dataset):
         # kept, and reduced when they fill up or when the input ends.
         if not state.resumed:
             state.windows, state.sizes, state.ended, state.reducing = {}, {}, False, None
-        return continuing(self._grouped(state))
+        return continuing(self._grouped(state), state)
 
     def _grouped(self, state: State) -> Generator[Any, None, None]:
         static = self._inputs[0]._spec(probe=False)
