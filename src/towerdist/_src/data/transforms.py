@@ -11,13 +11,14 @@ import os
 import pickle
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from towerdist._src import backend, nest
 from towerdist._src.data import options as options_lib
+from towerdist._src.data.continuing import Raise, continuing
 from towerdist._src.data.cursor import Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import GatherPlan
@@ -428,13 +429,16 @@ class ShuffleDataset(Seeded, _Transparent):
             state.epoch = self._seeds.next_epoch() if self._reshuffle else 0
             state.rng = np.random.default_rng([self._seed, state.epoch])
             state.buffer, state.uniforms, state.draining = [], [], False
-        return self._shuffled(state)
+        # Only a pass the iterator reads itself goes on after an error (and pays the wrapper's
+        # check per element); read by another operation, the buffer drains before the error.
+        return continuing(self._shuffled(state), state) if state._may_continue else self._shuffled(state)
 
-    def _shuffled(self, state: State) -> Iterator[Any]:
+    def _shuffled(self, state: State) -> Generator[Any, None, None]:
         # As TensorFlow: before each element the buffer is filled up to ``buffer_size`` (so the
         # input is read no further than TensorFlow reads it), then a random one is taken out. An
-        # input error stops the filling: the buffer drains, then the error is raised (``error``,
-        # saved as :mod:`saved_errors` does, so that a pass restored meanwhile raises it too).
+        # input error stops the filling: the error comes first, then the buffer drains, as in
+        # TensorFlow, where the iterator reads this pass itself; read by another operation, the
+        # buffer drains first (see continuing).
         rng, buffer, uniforms = state.rng, state.buffer, state.uniforms
         capacity = self._buffer_size if self._buffer_size > 0 else None
         failure: Exception | None = None
@@ -458,8 +462,12 @@ class ShuffleDataset(Seeded, _Transparent):
                             chosen, buffer[j] = buffer[j], element
                             yield chosen
                 except Exception as error:  # (from the input: nothing else here raises one)
-                    state.error, failure = save_error(error), error
+                    failure = error
+                    if not state._may_continue:  # raised after the buffer (saved: a restored pass raises it too)
+                        state.error = save_error(error)
                 state.draining = True
+                if failure is not None and state._may_continue:
+                    yield Raise(failure)
             while buffer:
                 if not uniforms:
                     uniforms.extend(rng.random(1024).tolist())
