@@ -9,6 +9,7 @@ out of the mailbox and lose it. While parked, the handlers only record the signa
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal's C functions (no enum wrapping: see _HELD_SIGNALS)
 import contextlib
 import queue
 import signal
@@ -21,8 +22,10 @@ __all__ = ["interrupts_held", "run_held_handler"]
 
 # The signals whose Python handlers are held while the caller is parked (those a program or
 # a test runner commonly handles: Ctrl-C, a scheduler's stop, pytest-timeout's alarm, ...).
+# Plain numbers: the park runs every step, so it calls ``_signal`` directly (measured on a 2-core
+# AMD EPYC VM: ~24 us per step through ``signal``'s enum conversions, a few us without them).
 _HELD_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGALRM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+    int(getattr(signal, name)) for name in ("SIGINT", "SIGTERM", "SIGALRM", "SIGHUP", "SIGUSR1", "SIGUSR2")
     if hasattr(signal, name)
 )
 
@@ -41,7 +44,7 @@ def interrupts_held(mailbox: queue.SimpleQueue[Any]) -> Iterator[list[Any]]:
     held: list[Any] = []
     replaced: list[tuple[int, Any]] = []
     for signum in _HELD_SIGNALS:
-        previous = signal.getsignal(signum)
+        previous = _signal.getsignal(signum)
         if callable(previous):
             replaced.append((signum, previous))
     if not replaced:
@@ -53,12 +56,12 @@ def interrupts_held(mailbox: queue.SimpleQueue[Any]) -> Iterator[list[Any]]:
         mailbox.put((INTERRUPTED,))
 
     for signum, _ in replaced:
-        signal.signal(signum, hold)
+        _signal.signal(signum, hold)
     try:
         yield held
     finally:
         for signum, previous in replaced:
-            signal.signal(signum, previous)
+            _signal.signal(signum, previous)
         if held:  # still pending (the park ended first): the handlers run now, outside the wait
             run_held_handler(held)
 
