@@ -304,22 +304,63 @@ def test_a_saved_open_input_that_its_cycle_does_not_hold_is_a_data_loss_error():
 # --- saving while a thread is busy or blocked ----------------------------------------------
 
 
-def test_a_save_waits_for_the_element_a_prefetch_thread_is_making():
-    def make():
-        return D.range(8).map(lambda x: (time.sleep(0.05), x)[1]).prefetch(2)
+def _save_while_a_thread_is_in_user_code(build, taken, blocked_at, monkeypatch):
+    """Saves after ``taken`` elements while a worker thread is inside ``gate`` (blocked until the save says it waits).
 
-    saved = save_after(make, 3)  # (the thread is usually making an element then: the rest is the same either way)
-    assert_same_elements(saved.rest, restored_rest(make, saved.state))
+    ``build(gate)`` makes the pipeline; ``gate(i, y)`` blocks at element ``blocked_at`` (one the
+    elements taken do not need), and a log handler releases it once the save reports that it
+    waits for that thread: the save deterministically waits for an element being made.
+    """
+    monkeypatch.setattr(workers, "_SAVE_WARNING_SECONDS", 0.05)
+    monkeypatch.setattr(workers, "SAVE_SECONDS", 30.0)
+    entered, release = threading.Event(), threading.Event()
+    warned: list[str] = []
+
+    def gate(i, y):
+        if (int(i), int(y)) == blocked_at:
+            entered.set()
+            assert release.wait(timeout=30)
+        return 10 * i + y
+
+    class ReleaseOnTheWarning(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "Saving the iterator has waited" in record.getMessage():
+                warned.append(record.getMessage())
+                release.set()
+
+    iterator = iter(build(gate))
+    head = take(iterator, taken)
+    assert entered.wait(timeout=10)  # a thread is making an element now
+    handler = ReleaseOnTheWarning()
+    logging.getLogger("towerdist").addHandler(handler)
+    try:
+        state = iterator._checkpoint_state()
+    finally:
+        logging.getLogger("towerdist").removeHandler(handler)
+        release.set()
+    assert warned, "the save did not wait for the thread making an element"
+    plain = lambda: build(lambda i, y: 10 * i + y)  # noqa: E731
+    rest = list(iterator)
+    assert_same_elements(list(plain()), head + rest)
+    assert_same_elements(rest, restored_rest(plain, state))
 
 
-def test_a_save_waits_for_the_elements_parallel_interleave_threads_are_making():
-    def make():
-        return D.range(6).interleave(
-            lambda x: D.range(3).map(lambda y: (time.sleep(0.02), 10 * x + y)[1]), cycle_length=3, num_parallel_calls=3
-        )
+def test_a_save_waits_for_the_element_a_prefetch_thread_is_making(monkeypatch):
+    # 3 taken, 3 buffered, 4 being made
+    _save_while_a_thread_is_in_user_code(
+        lambda gate: D.range(8).map(lambda x: gate(0, x)).prefetch(2), 3, (0, 4), monkeypatch
+    )
 
-    saved = save_after(make, 4)
-    assert_same_elements(saved.rest, restored_rest(make, saved.state))
+
+def test_a_save_waits_for_the_elements_parallel_interleave_threads_are_making(monkeypatch):
+    _save_while_a_thread_is_in_user_code(
+        lambda gate: D.range(6).interleave(
+            lambda x: D.range(3).map(lambda y: gate(x, y)), cycle_length=3, num_parallel_calls=3
+        ),
+        4,
+        (1, 1),  # taken 0, 10, 20, 1; the thread of input 1 makes 11
+        monkeypatch,
+    )
 
 
 # Each pipeline is given gate(i, y), called on element y of input i (0 for prefetch), and
