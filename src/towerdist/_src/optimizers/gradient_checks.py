@@ -173,10 +173,17 @@ def gradient_columns(per_replica: list[list[tuple[Any, Variable]]]) -> list[list
     return [list(column) for column in zip(*[[grad for grad, _ in pairs] for pairs in per_replica])]
 
 
-def to_sum(columns: list[list[Any]], variables: list[Variable], from_replicas: bool, workers: int) -> list[bool]:
+def to_sum(
+    columns: list[list[Any]],
+    variables: list[Variable],
+    from_replicas: bool,
+    workers: int,
+    given: list[list[Any]] | None = None,
+) -> list[bool]:
     """Which gradients are given per replica and must be summed (checked before any update).
 
     With several workers (MultiWorkerMirroredStrategy) every gradient is summed across them.
+    ``given``: the objects the replicas passed, where ``columns`` holds copies of some.
 
     Raises:
       ValueError: (unworded) in replica context, one gradient object stands for every replica.
@@ -185,7 +192,8 @@ def to_sum(columns: list[list[Any]], variables: list[Variable], from_replicas: b
     if replicas == 1:  # several workers: a replica's own gradient; in cross-replica context, applied as given
         return [True] * len(columns) if workers > 1 and from_replicas else NOTHING_TO_SUM
     summed = [False] * len(columns)
-    for k, column in enumerate(columns):
+    objects = columns if given is None else given
+    for k, column in enumerate(objects):
         if len(column) > 1:
             if from_replicas:
                 first = column[0]

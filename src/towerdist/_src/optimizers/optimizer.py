@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from towerdist._src import backend, context, parallel
+from towerdist._src import backend, context, parallel, update_fence
 from towerdist._src.errors import ValidationError
 from towerdist._src.failures import name_api, unworded, worded_at
 from towerdist._src.indexed_slices import IndexedSlices, check_reducible, densify
@@ -136,6 +136,8 @@ class Optimizer:
 
         Assign a float or a schedule to change it.
         """
+        if update_fence.up:  # the step count of an update this replica handed over
+            update_fence.wait()
         return self._current_learning_rate(self._host_step.read(self._iterations))
 
     @learning_rate.setter
@@ -282,6 +284,8 @@ class Optimizer:
         """
         del name
         api = self._api
+        if update_fence.up:  # this replica's previous update may still be being applied
+            update_fence.wait()
         try:
             pairs = self._checked_pairs(grads_and_vars)
             strategy = self._strategy if pairs is self._cache.last_pairs_checked else None
@@ -298,9 +302,11 @@ class Optimizer:
             def settle(merge_strategy: Any, per_replica: list[list[tuple[Any, Variable]]]) -> list[Any]:
                 try:
                     columns = gradient_columns(per_replica)
+                    given = _given_columns(per_replica)
                     deferred = _replica_gpus(merge_strategy, len(per_replica))
                     self._apply(
-                        merge_strategy, per_replica[0], columns, experimental_aggregate_gradients, True, deferred
+                        merge_strategy, per_replica[0], columns, experimental_aggregate_gradients, True, deferred,
+                        given,
                     )
                 except BaseException as error:  # the gradients' checks raise unworded
                     name_api(error, api)
@@ -309,7 +315,14 @@ class Optimizer:
                     return [None] * len(per_replica)
                 return [deferred[device.device_index] for device in _replica_devices(merge_strategy)]
 
-            own_updates = replica_context._collective(settle, pairs, api)
+            # Host arrays summed into a small update need nothing back: a replica arriving before
+            # the others may hand a copy of them over and go on (barrier.py, "Handing over").
+            hand_over = (
+                pairs is self._cache.last_pairs_checked
+                and experimental_aggregate_gradients
+                and self._cache.small_host_update(self._cost_per_byte, _PARALLEL_MIN_BYTES)
+            )
+            own_updates = replica_context._collective(settle, pairs, api, self._hand_over_copy if hand_over else None)
             if own_updates:  # this replica's GPU: its copies of the variables, on its thread and stream
                 for group in own_updates:
                     self._update_group(*group)
@@ -325,6 +338,22 @@ class Optimizer:
             raise
         assert self._iterations is not None
         return self._iterations
+
+    def _hand_over_copy(self, pairs: list[tuple[np.ndarray, Variable]], replica: int) -> HandedOver:
+        """A private copy of a replica's gradients, for the replica settling the step (it goes on meanwhile).
+
+        Into buffers kept per variable and replica, reused every step.
+        """
+        plans = self._cache.plans
+        name = _staging_name(replica)
+        copied = HandedOver(pairs)
+        for grad, var in pairs:
+            plan = plans.get(id(var))
+            buffer = grad.copy() if plan is None else plan.sum_buffers.scratch(name, grad)
+            if plan is not None:
+                np.copyto(buffer, grad)
+            copied.append((buffer, var))
+        return copied
 
     def _checked_pairs(self, grads_and_vars: Iterable[tuple[Any, Variable]]) -> list[tuple[Any, Variable]]:
         """The checked pairs; the same variables as the previous call take the short way.
@@ -362,6 +391,7 @@ class Optimizer:
         aggregate: bool,
         from_replicas: bool,
         deferred: dict[int, list[Group]] | None = None,
+        given: list[list[Any]] | None = None,
     ) -> None:
         """Cross-replica half of ``apply_gradients``: sum, update each variable, count the step.
 
@@ -369,6 +399,8 @@ class Optimizer:
         the same value stands for every replica). With ``deferred`` (a dict by GPU of the
         replicas, each GPU one replica's), the updates of the copies on those GPUs are not
         applied here but collected there, for each replica to apply on its own thread.
+        ``given``: the gradient objects the replicas passed, when some were handed over as
+        copies (the check that no object stands for every replica looks at those).
         """
         variables = [var for _, var in pairs]
         known = self._cache.plans_of(variables) if self._iterations is not None else None
@@ -376,10 +408,12 @@ class Optimizer:
         for k, var in enumerate(variables):
             current = (known[k].components if known is not None else components(var))[0]._array
             column = columns[k]
-            if len(column) == 1:
-                grad = column[0]
-                if type(grad) is np.ndarray and grad.shape == current.shape and grad.dtype == current.dtype:
-                    continue  # the common case, checked inline
+            shape, dtype = current.shape, current.dtype
+            for part in column:  # the common case, checked inline: arrays of the variable's shape and dtype
+                if type(part) is not np.ndarray or part.shape != shape or part.dtype != dtype:
+                    break
+            else:
+                continue
             if any(type(part) is IndexedSlices for part in column):
                 columns[k], is_sparse = self._prepared_sparse(column, var, current, from_replicas)
                 if is_sparse:
@@ -388,7 +422,7 @@ class Optimizer:
             check_gradient(column, var, current, from_replicas)
         plans = known if known is not None else self._build_plans(strategy, variables)
         workers = strategy.extended._num_workers
-        summed = to_sum(columns, variables, from_replicas, workers) if aggregate else NOTHING_TO_SUM
+        summed = to_sum(columns, variables, from_replicas, workers, given) if aggregate else NOTHING_TO_SUM
         step = self._host_step.read(self._iterations)
         learning_rate = self._learning_rate if type(self._learning_rate) is float else self._current_learning_rate(step)
         coefficients_by_dtype: dict[np.dtype[Any], dict[str, Any]] = {}
@@ -425,6 +459,8 @@ class Optimizer:
         would launch on other GPUs' copies, on streams the step does not order.
         """
         everything = list(range(len(plans)))
+        if plans is self._cache.last_plans and self._cache.small_host_update(self._cost_per_byte, _PARALLEL_MIN_BYTES):
+            return [everything]  # (found once for these plans)
         parts = parallel.max_parts()
         if parts <= 1 or any(plan.components[0]._impl is not _HOST for plan in plans):
             return [everything]
@@ -782,6 +818,38 @@ def check_non_negative(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= float(value) < float("inf"):
         raise ValueError(f"`{name}` must be a float >= 0. Received: {name}={value!r}")
     return float(value)
+
+
+class HandedOver(list):  # type: ignore[type-arg]
+    """A replica's ``(gradient, variable)`` pairs copied for a hand-over; ``given`` are the pairs it passed."""
+
+    __slots__ = ("given",)
+
+    def __init__(self, given: list[tuple[Any, Variable]]) -> None:
+        super().__init__()
+        self.given = given
+
+
+def _given_columns(per_replica: list[list[tuple[Any, Variable]]]) -> list[list[Any]] | None:
+    """Each variable's gradient objects as the replicas passed them, if some were handed over (else None)."""
+    for pairs in per_replica:
+        if type(pairs) is HandedOver:
+            break
+    else:
+        return None
+    given = [pairs.given if type(pairs) is HandedOver else pairs for pairs in per_replica]
+    return [list(column) for column in zip(*[[grad for grad, _ in pairs] for pairs in given])]
+
+
+_STAGING_NAMES: dict[int, str] = {}
+
+
+def _staging_name(replica: int) -> str:
+    """The name of replica ``replica``'s staging buffers in a variable's ``UpdateBuffers``."""
+    name = _STAGING_NAMES.get(replica)
+    if name is None:
+        name = _STAGING_NAMES[replica] = f"handed over by replica {replica}"
+    return name
 
 
 _HOST = backend.host()

@@ -129,7 +129,7 @@ class PlanCache:
     on the step.
     """
 
-    __slots__ = ("coefficients", "last_pairs_checked", "last_plans", "last_variables", "plans")
+    __slots__ = ("_sized", "_small", "coefficients", "last_pairs_checked", "last_plans", "last_variables", "plans")
 
     def __init__(self) -> None:
         self.plans: dict[int, VariablePlan] = {}
@@ -137,6 +137,24 @@ class PlanCache:
         self.last_pairs_checked: Any = None
         self.last_plans: list[VariablePlan] | None = None
         self.coefficients: dict[tuple[float, np.dtype[Any]], dict[str, Any]] = {}
+        self._sized: list[VariablePlan] | None = None  # the plans ``_small`` was found for
+        self._small = False
+
+    def small_host_update(self, cost_per_byte: int, limit: int) -> bool:
+        """Whether the last call's variables all live in host memory and their update is small.
+
+        Small: parameter bytes x ``cost_per_byte`` under ``limit`` (one thread does it best).
+        Found once per list of plans.
+        """
+        plans = self.last_plans
+        if plans is not self._sized:
+            self._sized = plans
+            self._small = (
+                plans is not None
+                and all(type(c._array) is np.ndarray for plan in plans for c in plan.components)
+                and sum(plan.components[0]._array.nbytes for plan in plans) * cost_per_byte < limit
+            )
+        return self._small
 
     def plans_of(self, variables: list[Variable]) -> list[VariablePlan] | None:
         """The plans of ``variables`` if every one exists (None: build them first)."""

@@ -25,6 +25,19 @@ split with ``select_replica``) and a *collective* request (towerdist's own
 ``all_reduce``/``all_gather``/optimizer steps: the function gets the replicas' payloads as
 a list and returns one part per replica, with no regrouping).
 
+**Handing over.** A collective request may say it needs nothing back from the round (an
+optimizer step on CPU replicas: the settler updates the variables, every replica's part is
+None). A replica bringing one that is not the last to arrive need not park: it *hands the
+request over*. It copies its payload (``request.snapshot``: its gradients may be written
+once the replica goes on; the settler waits for the copy), raises its fence
+(``update_fence.py``: its next variable access, or its next request, waits until the round
+is settled) and goes on with its function. If it returns before the round completes, its
+return counts in the next round, as if it had arrived after the settle. The settler
+releases nobody for it, and after the round's function marks the hand-over settled,
+resuming the replica if it waits. A failed step stops a replica waiting for a settle like a
+parked one. On a 2-core VM this saves the step one thread wake-up (~0.1 ms) at every
+``apply_gradients``. Sequential steps and steps on GPUs never hand over.
+
 **The end of a step.** A replica thread that returns reports its result and leaves; the
 last one to leave posts to ``done``. The caller, once replica 0 has returned, waits for
 ``done`` only if some replica thread is still running: when replica 0 is the last to
@@ -65,6 +78,7 @@ sequential step. Every waiting thread watches the step through :meth:`status`.
 
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import threading
@@ -73,7 +87,7 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from towerdist._src import context, thread_state, waiting
+from towerdist._src import context, thread_state, update_fence, waiting
 from towerdist._src import device as device_lib
 from towerdist._src import profiler as _profiler
 from towerdist._src.backend import cupy_streams
@@ -90,6 +104,9 @@ __all__ = ["CollectiveRequest", "MergeRequest", "Step", "StopReplica", "add_note
 
 _MERGE = "merge"  # a replica's kind in the current round: parked with a request
 _DONE = "done"  # returned from the replica function
+# How long a settler spins for the copies of handed-over payloads before it blocks (they are
+# copies of at most a few MiB already in memory: ~0.1 ms).
+_SNAPSHOT_SPIN_SECONDS = 0.002
 
 
 class StopReplica(BaseException):
@@ -100,6 +117,8 @@ class MergeRequest:
     """A replica's ``merge_call(merge_fn, args, kwargs)``."""
 
     __slots__ = ("args", "collective", "kwargs", "merge_fn")
+
+    snapshot = None  # a merge_fn's result goes back to every replica: nobody hands one over
 
     def __init__(
         self, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], collective: str
@@ -126,12 +145,21 @@ class MergeRequest:
 class CollectiveRequest:
     """A replica's part of an internal collective: ``fn(strategy, payloads)`` gives the parts."""
 
-    __slots__ = ("collective", "fn", "payload")
+    __slots__ = ("collective", "fn", "payload", "snapshot")
 
-    def __init__(self, fn: Callable[[Any, list[Any]], list[Any]], payload: Any, collective: str) -> None:
+    def __init__(
+        self,
+        fn: Callable[[Any, list[Any]], list[Any]],
+        payload: Any,
+        collective: str,
+        snapshot: Callable[[Any, int], Any] | None = None,
+    ) -> None:
         self.fn = fn
         self.payload = payload
         self.collective = collective
+        # ``snapshot(payload, replica)``: a private copy of the payload, taken when the replica
+        # hands the request over instead of parking (see "Handing over"); None: it parks.
+        self.snapshot = snapshot
 
     def describe(self) -> str:
         return self.collective
@@ -227,6 +255,17 @@ class Step:
         # Replicas parked in a completed round that its settler has not released yet.
         self._unreleased: list[int] = []
         self._settler: int | None = None  # the thread that completed the latest round
+        # Handing over (see the module's docstring): per replica, the round it handed a request
+        # over in and whose settle it has not seen finish (None: nothing pending); whether the
+        # private copy of its payload is still being taken; whether it returned from its
+        # function before that round completed (its return counts in the next round); whether
+        # it is parked, waiting for the settle.
+        self._may_hand_over = n > 1 and not sequential and not self.on_gpus
+        self._handed: list[int | None] = [None] * n
+        self._snapshotting = [False] * n
+        self._returned_early = [False] * n
+        self._awaiting_settle = [False] * n
+        self._snapshots_taken = threading.Condition(self._lock)
         # Sequential steps: the replica whose turn it is.
         self._turn = 0
         self._turn_changed = threading.Condition(self._lock) if sequential else _NO_TURNS
@@ -312,6 +351,7 @@ class Step:
         else:
             self._arrive_done(i, result)
         finally:
+            update_fence.lower()  # a hand-over still being settled is the step's: run returns after it
             state.restore(saved)
             if self.orders_streams:  # whatever this replica launched, before the caller reads it
                 try:
@@ -328,6 +368,8 @@ class Step:
         0's function on arguments meant for something else.
         """
         try:
+            if self._handed[i] is not None:  # its previous request is being settled: wait for that first
+                self.await_settled(i)
             if self.orders_streams:  # what this replica launched, before the settler's streams read it
                 self._arrival_marks[i] = cupy_streams.mark(self.gpu_ids, self._own_gpu[i])
             with self._lock:
@@ -339,7 +381,14 @@ class Step:
                 if self.sequential:
                     self._pass_turn(i)
                 outcome = self._arrive(i)
+                hand_over = outcome is None and request.snapshot is not None and self._may_hand_over
+                if hand_over:
+                    self._handed[i] = self._round
+                    self._snapshotting[i] = True
                 pending = [r for r, kind in enumerate(self._kinds) if kind is None] if _profiler.active else None
+            if hand_over:
+                self._hand_over(i, request)
+                return None
             if outcome is None:
                 if pending is None:
                     part = self._park(i)
@@ -365,10 +414,60 @@ class Step:
             self._await_turn(i)
         return part
 
+    def _hand_over(self, i: int, request: MergeRequest | CollectiveRequest) -> None:
+        """Replica ``i``, not the last to arrive, hands ``request`` over and goes on (see "Handing over").
+
+        The payload is replaced by the private copy ``request.snapshot`` takes (the settler
+        waits for it), and the replica's fence goes up: its next variable access waits for
+        the settle (``update_fence``).
+        """
+        try:
+            assert type(request) is CollectiveRequest and request.snapshot is not None
+            request.payload = request.snapshot(request.payload, i)
+        finally:
+            with self._lock:
+                self._snapshotting[i] = False
+                self._snapshots_taken.notify_all()
+        update_fence.raise_fence(lambda: self.await_settled(i))
+
+    def await_settled(self, i: int) -> None:
+        """Blocks replica ``i`` until the request it handed over is settled (at once if it is).
+
+        Raises :class:`StopReplica` when the step failed meanwhile.
+        """
+        update_fence.lower()
+        with self._lock:
+            if self._handed[i] is None:
+                return
+            if self._failure is not None:
+                raise StopReplica
+            self._awaiting_settle[i] = True
+        if _profiler.active:
+            with _profiler.Span("wait for the update handed over", {"replica": i}):
+                self._park(i)
+        else:
+            self._park(i)
+
+    def _await_snapshots(self) -> None:
+        """Waits (as the settler) until every replica handing a request over has copied its payload.
+
+        The copies are of gradients already in memory, bounded by what may be handed over:
+        a short spin covers them, then a blocking wait.
+        """
+        start = time.perf_counter()
+        while True in self._snapshotting and time.perf_counter() - start < _SNAPSHOT_SPIN_SECONDS:
+            os.sched_yield()
+        with self._lock:
+            while True in self._snapshotting:
+                self._snapshots_taken.wait(self.watch.poll_seconds())
+
     def _arrive_done(self, i: int, result: Any) -> None:
         self.results[i] = result
         with self._lock:
             if self._failure is not None:
+                return
+            if self._handed[i] == self._round:  # its hand-over's round is incomplete: this return counts in the next
+                self._returned_early[i] = True
                 return
             self._kinds[i] = _DONE
             if self.sequential:
@@ -391,13 +490,20 @@ class Step:
                 self._round_started = time.monotonic()
             return None
         kinds, requests = self._kinds, self._requests
-        self._unreleased = [r for r, kind in enumerate(kinds) if kind is _MERGE and r != i]
+        handed = self._handed
+        self._unreleased = [r for r, kind in enumerate(kinds) if kind is _MERGE and r != i and handed[r] is None]
         self._settler = threading.get_ident()
         self._kinds = [None] * n
         self._requests = [None] * n
         self._arrived = 0
         self._round += 1
         self._round_started = None
+        if True in self._returned_early:  # replicas that handed over, then returned: they arrive in the new round
+            for r, early in enumerate(self._returned_early):
+                if early:
+                    self._returned_early[r] = False
+                    self._kinds[r] = _DONE
+                    self._arrived += 1
         if n == 1:  # a one-replica step: nothing to compare
             return (None, requests) if kinds[0] is _MERGE else (None, [])
         if _DONE in kinds:
@@ -453,6 +559,8 @@ class Step:
 
     def _settle(self, i: int, requests: list[Any]) -> Any:
         """Runs the round's request once (replica ``i`` arrived last) and releases the others."""
+        if True in self._snapshotting:
+            self._await_snapshots()
         others = self._unreleased
         state = thread_state.state
         saved = state.save()
@@ -505,15 +613,29 @@ class Step:
                 self._turn = 0
                 self._turn_started = time.monotonic()
                 self._turn_changed.notify_all()
+            awaiting = self._settled_hand_overs() if not failed else []
         if failed:
             self._release_unreleased()
             raise StopReplica
         mailboxes = self._mailboxes
+        for r in awaiting:
+            mailboxes[r].put((RESUME, None))
         while others:
             r = others[0]
             mailboxes[r].put((RESUME, parts[r]))
             del others[0]
         return parts[i]
+
+    def _settled_hand_overs(self) -> list[int]:
+        """Marks the hand-overs of completed rounds settled (lock held); returns who waits for that."""
+        awaiting = []
+        for r, handed in enumerate(self._handed):
+            if handed is not None and handed < self._round:
+                self._handed[r] = None
+                if self._awaiting_settle[r]:
+                    self._awaiting_settle[r] = False
+                    awaiting.append(r)
+        return awaiting
 
     def _release_unreleased(self) -> None:
         """Stops the replicas parked in the round this thread settles (after a failure)."""
@@ -634,10 +756,15 @@ class Step:
                 self._failure = error
                 self._failure_origin = origin
                 self._failure_time = time.monotonic()
-                stop = [r for r, kind in enumerate(self._kinds) if kind is _MERGE]
+                handed = self._handed
+                stop = [r for r, kind in enumerate(self._kinds) if kind is _MERGE and handed[r] is None]
             else:
                 self._other_failures.append((origin[1], error))
                 stop = []
+            for r, awaiting in enumerate(self._awaiting_settle):  # parked for a hand-over's settle
+                if awaiting:
+                    self._awaiting_settle[r] = False
+                    stop.append(r)
             self._turn_changed.notify_all()
         for r in stop:
             self._mailboxes[r].put((STOP,))

@@ -452,10 +452,16 @@ class _MirroredReplicaContext(ReplicaContext):
             raise StopReplica
         return step.meet(self._replica_id, MergeRequest(merge_fn, args, kwargs, collective))
 
-    def _collective(self, fn: Callable[[Any, list[Any]], list[Any]], payload: Any, collective: str) -> Any:
+    def _collective(
+        self,
+        fn: Callable[[Any, list[Any]], list[Any]],
+        payload: Any,
+        collective: str,
+        snapshot: Callable[[Any, int], Any] | None = None,
+    ) -> Any:
         step = self._step
         if step is None:
             raise StopReplica
         if step.num_replicas == 1:  # nobody to meet: run it here, in cross-replica context
             return super()._collective(fn, payload, collective)
-        return step.meet(self._replica_id, CollectiveRequest(fn, payload, collective))
+        return step.meet(self._replica_id, CollectiveRequest(fn, payload, collective, snapshot))

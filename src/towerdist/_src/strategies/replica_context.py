@@ -137,12 +137,22 @@ class ReplicaContext:
             del thread_state.state.modes[depth:]
         return select_replica(self._replica_id, result)
 
-    def _collective(self, fn: Callable[[Any, list[Any]], list[Any]], payload: Any, collective: str) -> Any:
+    def _collective(
+        self,
+        fn: Callable[[Any, list[Any]], list[Any]],
+        payload: Any,
+        collective: str,
+        snapshot: Callable[[Any, int], Any] | None = None,
+    ) -> Any:
         """An internal collective: ``fn(strategy, payloads)`` runs once on every replica's payload.
 
         ``payloads`` are in replica order; ``fn`` returns one part per replica and this
         replica gets its part. Unlike ``merge_call``, nothing is regrouped or selected.
+        With ``snapshot`` (``snapshot(payload, replica)`` copies the payload), ``fn`` returns
+        None for every replica and a replica arriving before the others may hand the payload
+        over and go on instead of waiting (``barrier.py``, "Handing over"): its part is None.
         """
+        del snapshot  # one replica: nothing to hand over to
         modes = thread_state.state.modes
         depth = len(modes)
         modes.append(context.cross_replica_mode(self._strategy))

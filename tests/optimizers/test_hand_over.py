@@ -1,0 +1,226 @@
+"""Handing an optimizer step over (barrier.py, "Handing over"; update_fence.py).
+
+A replica reaching ``apply_gradients`` before the others copies its gradients, goes on with
+its function and lets the last replica apply the update; its next variable access waits for
+that update. These tests order the replicas with events (never sleeps): replica 0 arrives
+first and signals from *after* its ``apply_gradients`` returned, which it could not do if it
+had parked there, and replica 1 arrives only once it has that signal.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import towerdist as td
+from towerdist._src import update_fence
+from towerdist._src.strategies.barrier import Step
+
+from conftest import cpus
+
+WAIT = 10.0  # seconds a replica waits for an event the test guarantees will come
+RATE = 0.5
+
+
+def replica_id() -> int:
+    return int(td.distribute.get_replica_context().replica_id_in_sync_group)
+
+
+@pytest.fixture
+def strategy() -> td.distribute.MirroredStrategy:
+    return td.distribute.MirroredStrategy(cpus(2))
+
+
+def model(strategy: td.distribute.MirroredStrategy) -> tuple[list[td.Variable], td.optimizers.SGD]:
+    with strategy.scope():
+        variables = [td.Variable(np.arange(6, dtype=np.float32).reshape(2, 3)), td.Variable(np.ones(4, np.float32))]
+        return variables, td.optimizers.SGD(RATE)
+
+
+def gradients(replica: int) -> list[np.ndarray]:
+    return [np.full((2, 3), replica + 1.0, np.float32), np.arange(4, dtype=np.float32) * (replica + 1)]
+
+
+def warm_up(strategy, variables, opt) -> list[np.ndarray]:
+    """Two steps of every replica applying its gradients (the second takes the steady path); the values after."""
+    for _ in range(2):
+        strategy.run(lambda: opt.apply_gradients(zip(gradients(replica_id()), variables)))
+    return [v.numpy() for v in variables]
+
+
+def expected_after_one_more(before: list[np.ndarray]) -> list[np.ndarray]:
+    total = [a + b for a, b in zip(gradients(0), gradients(1))]
+    return [b - np.float32(RATE) * g for b, g in zip(before, total)]
+
+
+def test_the_first_replica_goes_on_and_its_read_waits_for_the_update(strategy):
+    variables, opt = model(strategy)
+    before = warm_up(strategy, variables, opt)
+    handed = threading.Event()
+
+    def step():
+        if replica_id() == 0:
+            opt.apply_gradients(zip(gradients(0), variables))
+            handed.set()  # apply_gradients returned before replica 1 arrived: it was handed over
+            return [v.read_value().copy() for v in variables]  # waits at the fence for the update
+        assert handed.wait(WAIT), "replica 0 parked in apply_gradients instead of handing its gradients over"
+        opt.apply_gradients(zip(gradients(1), variables))
+        return [v.read_value().copy() for v in variables]
+
+    results = strategy.experimental_local_results(strategy.run(step))
+    for seen in results:
+        for got, want in zip(seen, expected_after_one_more(before)):
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert int(opt.iterations.numpy()) == 3
+    assert update_fence.up == 0
+
+
+def test_writing_into_the_gradients_after_handing_them_over_changes_nothing(strategy):
+    variables, opt = model(strategy)
+    before = warm_up(strategy, variables, opt)
+    written = threading.Event()
+
+    def step():
+        grads = gradients(replica_id())
+        if replica_id() == 0:
+            opt.apply_gradients(zip(grads, variables))
+            for g in grads:
+                g[...] = 1e6  # the user's arrays are theirs again: the update uses the copy
+            written.set()
+            return None
+        assert written.wait(WAIT), "replica 0 parked in apply_gradients instead of handing its gradients over"
+        opt.apply_gradients(zip(grads, variables))
+        return None
+
+    strategy.run(step)
+    for var, want in zip(variables, expected_after_one_more(before)):
+        np.testing.assert_allclose(var.numpy(), want, rtol=1e-6)
+
+
+def test_a_replica_that_returns_before_the_others_arrive_counts_as_returned(strategy, monkeypatch):
+    variables, opt = model(strategy)
+    before = warm_up(strategy, variables, opt)
+    returned = threading.Event()
+    arrive_done = Step._arrive_done
+
+    def arrive_done_and_tell(self, i, result):  # replica 0's return has been counted (in the next round)
+        arrive_done(self, i, result)
+        if i == 0:
+            returned.set()
+
+    monkeypatch.setattr(Step, "_arrive_done", arrive_done_and_tell)
+
+    def step():
+        if replica_id() == 0:
+            opt.apply_gradients(zip(gradients(0), variables))
+            return "zero"
+        assert returned.wait(WAIT), "replica 0 parked in apply_gradients instead of handing its gradients over"
+        opt.apply_gradients(zip(gradients(1), variables))
+        return "one"
+
+    assert strategy.experimental_local_results(strategy.run(step)) == ("zero", "one")
+    for var, want in zip(variables, expected_after_one_more(before)):
+        np.testing.assert_allclose(var.numpy(), want, rtol=1e-6)
+
+
+def test_a_second_collective_after_a_hand_over_sees_the_updated_variables(strategy):
+    variables, opt = model(strategy)
+    before = warm_up(strategy, variables, opt)
+    handed = threading.Event()
+
+    def step():
+        ctx = td.distribute.get_replica_context()
+        if replica_id() == 0:
+            opt.apply_gradients(zip(gradients(0), variables))
+            handed.set()
+        else:
+            assert handed.wait(WAIT)
+            opt.apply_gradients(zip(gradients(1), variables))
+        return ctx.all_reduce("sum", variables[1].read_value())
+
+    total = strategy.experimental_local_results(strategy.run(step))
+    want = expected_after_one_more(before)[1] * 2
+    for got in total:
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_one_gradient_object_for_every_replica_is_still_refused_when_handed_over(strategy):
+    variables, opt = model(strategy)
+    before = warm_up(strategy, variables, opt)
+    shared = gradients(0)
+
+    with pytest.raises(ValueError, match="same object in all 2 replicas"):
+        strategy.run(lambda: opt.apply_gradients(zip(shared, variables)))
+    for var, value in zip(variables, before):  # nothing was applied
+        np.testing.assert_array_equal(var.numpy(), value)
+    after = warm_up(strategy, variables, opt)  # the strategy and the optimizer still work
+    assert not np.array_equal(after[0], before[0])
+
+
+def test_a_failing_settle_stops_the_replica_waiting_at_its_fence(strategy):
+    variables, opt = model(strategy)
+    before = warm_up(strategy, variables, opt)
+    handed = threading.Event()
+    reached_read: list[bool] = []
+
+    def step():
+        if replica_id() == 0:
+            opt.apply_gradients(zip(gradients(0), variables))
+            handed.set()
+            reached_read.append(True)
+            return variables[0].read_value()  # the settle fails: this read stops the replica
+        assert handed.wait(WAIT)
+        bad = [np.ones((3, 3), np.float32), gradients(1)[1]]  # the wrong shape for the first variable
+        opt.apply_gradients(zip(bad, variables))
+        return None
+
+    with pytest.raises(ValueError, match="shape"):
+        strategy.run(step)
+    assert reached_read == [True]
+    for var, value in zip(variables, before):
+        np.testing.assert_array_equal(var.numpy(), value)
+    assert update_fence.up == 0
+    after = warm_up(strategy, variables, opt)
+    assert not np.array_equal(after[0], before[0])
+
+
+def test_a_replica_skipping_apply_gradients_after_a_hand_over_is_a_merge_count_error(strategy):
+    variables, opt = model(strategy)
+    warm_up(strategy, variables, opt)
+
+    def step():
+        if replica_id() == 0:
+            opt.apply_gradients(zip(gradients(0), variables))
+        return None
+
+    with pytest.raises(td.errors.MergeCallCountError):
+        strategy.run(step)
+    warm_up(strategy, variables, opt)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_many_steps_with_reads_after_the_update_match_one_thread(strategy, seed):
+    """Replicas arrive in random order (uneven busy work); every step reads after applying."""
+    variables, opt = model(strategy)
+    reference = [v.numpy() for v in variables]
+    rng = np.random.default_rng(seed)
+    work = rng.integers(0, 3, size=(60, 2))
+    scratch = np.ones((64, 64))
+
+    def step(t):
+        r = replica_id()
+        for _ in range(int(work[t, r])):
+            scratch @ scratch  # uneven work: either replica may arrive first
+        opt.apply_gradients(zip([g * (t + 1) for g in gradients(r)], variables))
+        return variables[0].read_value().copy()
+
+    for t in range(60):
+        seen = strategy.experimental_local_results(strategy.run(step, args=(t,)))
+        total = [(a + b) * (t + 1) for a, b in zip(gradients(0), gradients(1))]
+        reference = [v - np.float32(RATE) * g for v, g in zip(reference, total)]
+        for got in seen:
+            np.testing.assert_allclose(got, reference[0], rtol=1e-5)
+    for var, want in zip(variables, reference):
+        np.testing.assert_allclose(var.numpy(), want, rtol=1e-5)
