@@ -341,8 +341,14 @@ class Optimizer:
             return check_pairs(pairs)[0]  # raises
         last = cache.last_variables
         if pairs and len(pairs) == len(last):
+            gpu_array = cache.last_gpu_array_type  # a GPU step's gradients are cupy arrays, checked once as such
             for pair, var in zip(pairs, last):
-                if not (type(pair) is tuple and len(pair) == 2 and pair[1] is var and type(pair[0]) is np.ndarray):
+                if not (
+                    type(pair) is tuple
+                    and len(pair) == 2
+                    and pair[1] is var
+                    and (type(pair[0]) is np.ndarray or type(pair[0]) is gpu_array)
+                ):
                     break
             else:
                 cache.last_pairs_checked = pairs
@@ -352,6 +358,8 @@ class Optimizer:
             warn_skipped(skipped, self._api, stacklevel=3)  # the caller of apply_gradients
         cache.last_variables = tuple(var for _, var in checked)
         cache.last_pairs_checked = None
+        gpu_arrays = {type(grad) for grad, _ in checked if backend.is_array(grad) and type(grad) is not np.ndarray}
+        cache.last_gpu_array_type = gpu_arrays.pop() if len(gpu_arrays) == 1 else None
         return checked
 
     def _apply(
@@ -378,7 +386,11 @@ class Optimizer:
             column = columns[k]
             if len(column) == 1:
                 grad = column[0]
-                if type(grad) is np.ndarray and grad.shape == current.shape and grad.dtype == current.dtype:
+                if (
+                    (type(grad) is np.ndarray or type(grad) is type(current))  # a host array, or one of the variable's GPU kind
+                    and grad.shape == current.shape
+                    and grad.dtype == current.dtype
+                ):
                     continue  # the common case, checked inline
             if any(type(part) is IndexedSlices for part in column):
                 columns[k], is_sparse = self._prepared_sparse(column, var, current, from_replicas)
@@ -591,7 +603,8 @@ class Optimizer:
                     )
         else:
             with impl.on_device(first._device):  # every kernel of the update runs on the variable's GPU
-                grad = _on_device(grad, first)
+                if type(grad) is not type(old_value) or grad.device != old_value.device:
+                    grad = _on_device(grad, first)  # (a gradient already beside the variable needs no call)
                 if grad.dtype != old_value.dtype:
                     grad = grad.astype(old_value.dtype)
                 new_value, new_slots = self._compute(impl.xp, old_value, grad, old_slots, coefficients, buffers)

@@ -261,6 +261,7 @@ class SimulatedArray:
                 raise TypeError("Only numpy.ndarray can be obtained from cupy.ndarray")
             if out.dtype != self.dtype or out.shape != self.shape:
                 raise ValueError(f"get(out=) needs a {self.dtype} array of shape {self.shape}.")
+        machine.stats.count_work("d2h")
         if blocking:
             machine.stats.count_sync(self._memory.device_id, call)
         machine.wait_for_memory([self._memory], f"{call}()")
@@ -343,6 +344,7 @@ class SimulatedArray:
                 f"GPU {self._memory.device_id} has strides {self.strides}; make it contiguous on its own "
                 f"device first, e.g. cupy.ascontiguousarray() under cupy.cuda.Device({self._memory.device_id}).)"
             )
+        machine.stats.count_work("d2d")
         copied = new_array(machine, np.array(source._array, order="K", copy=True), device, what)
         machine.mark_accessed(key, [source._memory], what)
         return copied
@@ -559,6 +561,7 @@ def launch(
     if mode == "kernel":
         _check_devices(operands, device, name)
         machine.check_order(key, memories, name, written)
+        machine.stats.count_work("kernel_launches")
     if mode != "shape":
         machine.wait_for_memory(memories, name)
     with np.errstate(all="ignore"):
@@ -566,6 +569,7 @@ def launch(
     wrapped = _wrap_result(machine, result, operands, device, name, mode)
     if mode == "view" and _has_new_array(wrapped, memories):
         machine.check_order(key, memories, name)  # not a view after all: a copy kernel read the operands
+        machine.stats.count_work("kernel_launches")
         machine.mark_accessed(key, memories, name)
     elif mode == "kernel":
         machine.mark_accessed(key, memories, name, written)

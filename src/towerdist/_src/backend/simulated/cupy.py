@@ -175,6 +175,7 @@ class _SimulatedCupy(types.ModuleType):
         if _contains_device_arrays(obj):  # a nested sequence of device arrays: a stacking kernel
             return launch(machine, np.array, (obj,), {"dtype": dtype, "ndmin": ndmin}, "cupy.array")
         host = np.array(obj, dtype=dtype, copy=True, order=order, ndmin=ndmin)  # type: ignore[call-overload]
+        machine.stats.count_work("h2d")
         return new_array(machine, host, machine.current_device(), "cupy.array (an upload)")
 
     def asarray(
