@@ -109,7 +109,7 @@ class HostWork:
         """Per-step counts of ``step`` over ``steps`` calls (after 3 calls of warm-up)."""
         for _ in range(3):
             step()
-        stats = self._stats(reset=True)
+        self._stats(reset=True)  # the counts start here
         self.python.calls = 0
         self.python.counting = True
         began = time.perf_counter()
@@ -247,7 +247,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--simulate", type=int, default=None, metavar="N",
                         help="count on N simulated GPUs (default: real cupy if a GPU is visible, else 1)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=20, help="steps counted per variant (default 20)")
-    parser.add_argument("--sites", action="store_true", help="on simulated GPUs, also list where towerdist's host work is")
+    parser.add_argument(
+        "--sites", action="store_true", help="on simulated GPUs, also list where towerdist's host work is"
+    )
     args = parser.parse_args(argv)
     simulate = args.simulate
     if simulate is None and not os.environ.get("TOWERDIST_SIMULATE_GPUS"):
