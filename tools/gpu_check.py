@@ -343,6 +343,29 @@ def _side_by_side(cp: Any, variants: dict[str, Callable[[], Any]], steps: int, r
     return {name: statistics.median(samples) for name, samples in times.items()}
 
 
+def _upload_us(cp: Any, shape: tuple[int, ...], repeats: int) -> tuple[float, float, int]:
+    """Microseconds to upload a float32 array of ``shape`` to GPU 0 from pageable and from pinned memory; its bytes."""
+    import numpy as np
+
+    host = np.random.default_rng(0).random(shape, dtype=np.float32)
+    pinned = np.frombuffer(cp.cuda.alloc_pinned_memory(host.nbytes), np.float32, host.size).reshape(shape)
+    pinned[...] = host
+    device = cp.cuda.Device(0)
+    with device:
+        stream = cp.cuda.Stream(non_blocking=True)
+        target = cp.empty(shape, cp.float32)
+
+        def pageable() -> None:
+            cp.asarray(host)
+            device.synchronize()
+
+        def from_pinned() -> None:
+            target.set(pinned, stream=stream)
+            stream.synchronize()
+
+        return median_us(pageable, repeats), median_us(from_pinned, repeats), int(host.nbytes)
+
+
 def _staging_of(iterator: Any) -> list[Any]:
     """The pinned staging buffers a distributed iterator uploads through (its copier's, by GPU)."""
     staging = iterator._copier._staging  # internal: a check of the library's own upload path
@@ -364,7 +387,6 @@ def _iterate_on_gpu(td: Any, steps: int) -> Any:
 
 
 def stage_ratios() -> None:
-    import numpy as np
 
     import towerdist as td
 
@@ -387,26 +409,10 @@ def stage_ratios() -> None:
     result(ratio <= TARGET_ALL_REDUCE_RATIO, "strategy.run(all_reduce 4 KiB) on one GPU / a bare cupy sum (x.sum())",
            f"{ratio:.2f}x ({reduced['towerdist'] * 1e3:.1f} us vs {reduced['plain'] * 1e3:.1f} us per step, medians "
            f"of {rounds} rounds of {steps * 5}); target <= {TARGET_ALL_REDUCE_RATIO}x")  # fmt: skip
-    device = cp.cuda.Device(0)
+    repeats = 20 if quick() else 200
     for shape in ((256, 64), (4096, 4096)):
-        host = np.random.default_rng(0).random(shape, dtype=np.float32)
-        pinned = np.frombuffer(cp.cuda.alloc_pinned_memory(host.nbytes), np.float32, host.size).reshape(shape)
-        pinned[...] = host
-        with device:
-            stream = cp.cuda.Stream(non_blocking=True)
-            target = cp.empty(shape, cp.float32)
-
-            def pageable() -> None:
-                cp.asarray(host)
-                device.synchronize()
-
-            def from_pinned() -> None:
-                target.set(pinned, stream=stream)
-                stream.synchronize()
-
-            repeats = 20 if quick() else 200
-            page_us, pin_us = median_us(pageable, repeats), median_us(from_pinned, repeats)
-        result(None, f"upload of {host.nbytes / 2**20:.2f} MiB to GPU 0",
+        page_us, pin_us, nbytes = _upload_us(cp, shape, repeats)
+        result(None, f"upload of {nbytes / 2**20:.2f} MiB to GPU 0",
                f"from pageable memory (cupy.asarray) {page_us:.1f} us; from pinned memory (set on a stream) "
                f"{pin_us:.1f} us; pageable / pinned {page_us / pin_us:.1f}x (medians of {repeats})")  # fmt: skip
     buffers = _staging_of(_iterate_on_gpu(td, 5))
