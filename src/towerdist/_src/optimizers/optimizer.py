@@ -602,7 +602,7 @@ class Optimizer:
                         impl.xp, old_value, rows, old_slots, coefficients, buffers
                     )
         else:
-            with impl.on_device(first._device):  # every kernel of the update runs on the variable's GPU
+            with impl.on_array_device(old_value):  # every kernel of the update runs on the variable's GPU
                 if type(grad) is not type(old_value) or grad.device != old_value.device:
                     grad = _on_device(grad, first)  # (a gradient already beside the variable needs no call)
                 if grad.dtype != old_value.dtype:
