@@ -37,8 +37,9 @@ Stages (in order of value per second):
 * ``digits``: the main job (``examples/train_digits.py``) on the GPU against the CPU run:
   test accuracy (>= 0.95 and within 0.02) and every variable and slot on its GPU.
 * ``bench``: ``towerdist bench allreduce --gpus`` (algbw/busbw as nccl-tests) and ``bench run --gpus``.
-* ``test_gpu``: ``tests/backend/test_gpu.py`` and ``tests/input/test_pinned_staging.py`` on the GPU(s), and
-  ``tests/backend/test_gpu_ordering.py`` (simulated GPUs only).
+* ``test_gpu``: ``tests/backend/test_gpu.py``, ``tests/input/test_pinned_staging.py`` and
+  ``tests/backend/test_gpu_host_work.py`` on the GPU(s) (the last two partly on simulated GPUs only),
+  and ``tests/backend/test_gpu_ordering.py`` (simulated GPUs only).
 
 On simulated GPUs every stage runs on numpy: the figures say nothing about GPUs (the
 summary is headed SIMULATED); the run checks that the stages and towerdist's GPU code
@@ -764,14 +765,15 @@ def stage_bench() -> None:
 
 
 def stage_test_gpu() -> None:
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", "tests/backend/test_gpu.py", "tests/backend/test_gpu_ordering.py", "tests/input/test_pinned_staging.py"]
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", "tests/backend/test_gpu.py", "tests/backend/test_gpu_ordering.py",
+            "tests/backend/test_gpu_host_work.py", "tests/input/test_pinned_staging.py"]
     if quick():
         args += ["-x"]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
     print(done.stdout[-20000:], done.stderr[-5000:])
     counts = re.findall(r"\d+ (?:passed|failed|skipped|errors?)", done.stdout)
     failures = [line for line in done.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
-    result(done.returncode == 0, "tests/backend/test_gpu.py, test_gpu_ordering.py and tests/input/test_pinned_staging.py", ", ".join(counts) + ("; " + "; ".join(failures[:10]) if failures else ""))
+    result(done.returncode == 0, "tests/backend/test_gpu.py, test_gpu_ordering.py, test_gpu_host_work.py and tests/input/test_pinned_staging.py", ", ".join(counts) + ("; " + "; ".join(failures[:10]) if failures else ""))
 
 
 def run_stage(name: str, quick_mode: bool) -> int:
