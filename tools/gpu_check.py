@@ -18,6 +18,13 @@ Stages (in order of value per second):
   NCCL's versions and towerdist's NCCL verdict.
 * ``primitives``: what the event design pays and saves: a device synchronisation, a
   kernel launch, a launch plus synchronisation, an event record plus stream wait.
+* ``ratios``: what towerdist costs on one GPU against plain cupy, as ratios of times
+  measured side by side: the digits SGD step in ``MirroredStrategy(["GPU:0"])`` over the same
+  step in plain cupy (target <= 1.05x), a 4 KiB ``all_reduce`` inside ``strategy.run`` over a
+  bare cupy sum (target <= 2x), an upload from pageable against pinned memory, and whether a
+  distributed iterator uploads through pinned staging buffers (the steps are
+  ``benchmarks/gpu_host_work.py``'s). On simulated GPUs: the host work per step (kernel
+  launches, events, Python calls...) counted by the simulator instead of times.
 * ``nccl``: towerdist's NCCL paths on one GPU: ``NcclAllReduce`` over a one-rank clique
   (dtypes, views, host synchronisations per all-reduce) and ``NcclWorkers`` with one worker
   (the unique id as cupy returns it, the in-place sum).
@@ -30,7 +37,9 @@ Stages (in order of value per second):
 * ``digits``: the main job (``examples/train_digits.py``) on the GPU against the CPU run:
   test accuracy (>= 0.95 and within 0.02) and every variable and slot on its GPU.
 * ``bench``: ``towerdist bench allreduce --gpus`` (algbw/busbw as nccl-tests) and ``bench run --gpus``.
-* ``test_gpu``: ``tests/backend/test_gpu.py`` on the GPU(s), and ``tests/backend/test_gpu_ordering.py`` (simulated GPUs only).
+* ``test_gpu``: ``tests/backend/test_gpu.py``, ``tests/input/test_pinned_staging.py`` and
+  ``tests/backend/test_gpu_host_work.py`` on the GPU(s) (the last two partly on simulated GPUs only),
+  and ``tests/backend/test_gpu_ordering.py`` (simulated GPUs only).
 
 On simulated GPUs every stage runs on numpy: the figures say nothing about GPUs (the
 summary is headed SIMULATED); the run checks that the stages and towerdist's GPU code
@@ -57,6 +66,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 STAGES: dict[str, tuple[int, int]] = {
     "versions": (45, 30),
     "primitives": (45, 30),
+    "ratios": (75, 45),
     "nccl": (60, 40),
     "host_syncs": (60, 40),
     "steps": (80, 40),
@@ -298,6 +308,143 @@ def stage_primitives() -> None:
         }
         device.synchronize()
     result(None, "primitives", "; ".join(f"{k} {v:.1f} us" for k, v in costs.items()) + f" (medians of {repeats})")
+
+
+TARGET_DIGITS_RATIO = 1.05  # the digits step in MirroredStrategy(["GPU:0"]) / plain cupy
+TARGET_ALL_REDUCE_RATIO = 2.0  # strategy.run(all_reduce 4 KiB) on one GPU / a bare cupy sum
+
+
+def _gpu_host_work() -> Any:
+    """``benchmarks/gpu_host_work.py``: the one-GPU steps both variants of the ``ratios`` stage run."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_host_work
+
+    return gpu_host_work
+
+
+def _ms_per_step(cp: Any, fn: Callable[[], Any], steps: int) -> float:
+    """Milliseconds per call of ``fn`` on GPU 0, the GPU's work included (synchronised at both ends)."""
+    device = cp.cuda.Device(0)
+    for _ in range(3):
+        fn()
+    device.synchronize()
+    began = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    device.synchronize()
+    return (time.perf_counter() - began) / steps * 1e3
+
+
+def _side_by_side(cp: Any, variants: dict[str, Callable[[], Any]], steps: int, rounds: int) -> dict[str, float]:
+    """The median over ``rounds`` of each variant's ms per step, the variants alternating within each round."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            times[name].append(_ms_per_step(cp, fn, steps))
+    return {name: statistics.median(samples) for name, samples in times.items()}
+
+
+def _upload_us(cp: Any, shape: tuple[int, ...], repeats: int) -> tuple[float, float, int]:
+    """Microseconds to upload a float32 array of ``shape`` to GPU 0 from pageable and from pinned memory; its bytes."""
+    import numpy as np
+
+    host = np.random.default_rng(0).random(shape, dtype=np.float32)
+    pinned = np.frombuffer(cp.cuda.alloc_pinned_memory(host.nbytes), np.float32, host.size).reshape(shape)
+    pinned[...] = host
+    device = cp.cuda.Device(0)
+    with device:
+        stream = cp.cuda.Stream(non_blocking=True)
+        target = cp.empty(shape, cp.float32)
+
+        def pageable() -> None:
+            cp.asarray(host)
+            device.synchronize()
+
+        def from_pinned() -> None:
+            target.set(pinned, stream=stream)
+            stream.synchronize()
+
+        return median_us(pageable, repeats), median_us(from_pinned, repeats), int(host.nbytes)
+
+
+def _staging_of(iterator: Any) -> list[Any]:
+    """The pinned staging buffers a distributed iterator uploads through (its copier's, by GPU)."""
+    staging = iterator._copier._staging  # internal: a check of the library's own upload path
+    return [buffer for each in staging.values() for buffer in each._buffers]
+
+
+def _iterate_on_gpu(td: Any, steps: int) -> Any:
+    """A distributed iterator over digits-sized batches on GPU 0, after ``steps`` batches were taken."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((4096, 64), dtype=np.float32), rng.integers(0, 10, 4096)
+    strategy = td.distribute.MirroredStrategy(["GPU:0"])
+    dataset = td.data.Dataset.from_tensor_slices((x, y)).repeat().batch(256, drop_remainder=True)
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    for _ in range(steps):
+        strategy.run(lambda a, b: a.sum() + b.sum(), args=next(iterator))
+    return iterator
+
+
+def stage_ratios() -> None:
+
+    import towerdist as td
+
+    cp = cupy_module()
+    bench = _gpu_host_work()
+    digits_step, plain_step, difference = bench.digits_steps(cp, td)
+    reduce_step, sum_step = bench.all_reduce_steps(cp, td)
+    if simulated():
+        _simulated_ratios(bench, td, (digits_step, plain_step), (reduce_step, sum_step))
+        return
+    rounds = 3 if quick() else 5
+    steps = 20 if quick() else 200
+    digits = _side_by_side(cp, {"towerdist": digits_step, "plain": plain_step}, steps, rounds)
+    ratio = digits["towerdist"] / digits["plain"]
+    result(ratio <= TARGET_DIGITS_RATIO, "digits SGD step on one GPU, MirroredStrategy(['GPU:0']) / plain cupy",
+           f"{ratio:.2f}x ({digits['towerdist']:.3f} ms vs {digits['plain']:.3f} ms per step, medians of {rounds} "
+           f"rounds of {steps}; the models agree to {difference():.1e}); target <= {TARGET_DIGITS_RATIO}x")  # fmt: skip
+    reduced = _side_by_side(cp, {"towerdist": reduce_step, "plain": sum_step}, steps * 5, rounds)
+    ratio = reduced["towerdist"] / reduced["plain"]
+    result(ratio <= TARGET_ALL_REDUCE_RATIO, "strategy.run(all_reduce 4 KiB) on one GPU / a bare cupy sum (x.sum())",
+           f"{ratio:.2f}x ({reduced['towerdist'] * 1e3:.1f} us vs {reduced['plain'] * 1e3:.1f} us per step, medians "
+           f"of {rounds} rounds of {steps * 5}); target <= {TARGET_ALL_REDUCE_RATIO}x")  # fmt: skip
+    repeats = 20 if quick() else 200
+    for shape in ((256, 64), (4096, 4096)):
+        page_us, pin_us, nbytes = _upload_us(cp, shape, repeats)
+        result(None, f"upload of {nbytes / 2**20:.2f} MiB to GPU 0",
+               f"from pageable memory (cupy.asarray) {page_us:.1f} us; from pinned memory (set on a stream) "
+               f"{pin_us:.1f} us; pageable / pinned {page_us / pin_us:.1f}x (medians of {repeats})")  # fmt: skip
+    buffers = _staging_of(_iterate_on_gpu(td, 5))
+    pinned_ok = bool(buffers) and all(isinstance(b.memory, cp.cuda.PinnedMemoryPointer) for b in buffers)
+    result(pinned_ok, "a distributed iterator uploads to the GPU through pinned staging buffers",
+           f"{len(buffers)} buffer(s) after 5 steps, all cupy.cuda.PinnedMemoryPointer: {pinned_ok}; whether "
+           "next(iterator) waits for the GPU: see the host_syncs stage")  # fmt: skip
+
+
+def _simulated_ratios(bench: Any, td: Any, digits: tuple[Any, Any], reduce: tuple[Any, Any]) -> None:
+    """The ``ratios`` stage on simulated GPUs: the host's work per step, counted (times mean nothing here)."""
+    from towerdist.testing import simulated_gpu_stats
+
+    steps = 5 if quick() else 20
+    work = bench.HostWork(True)
+    try:
+        counted = {name: (work.count(pair[0], steps), work.count(pair[1], steps)) for name, pair in
+                   (("digits SGD step", digits), ("strategy.run(all_reduce 4 KiB)", reduce))}  # fmt: skip
+    finally:
+        work.python.uninstall()
+    keys = ("kernel_launches", "event_records", "event_waits", "device_switches", "host_syncs", "python_calls")
+    for name, (towerdist, plain) in counted.items():
+        result(None, f"{name} on one SIMULATED GPU: host work per step, towerdist vs plain cupy (not GPU times)",
+               "; ".join(f"{k} {towerdist[k]:.0f} vs {plain[k]:.0f}" for k in keys))  # fmt: skip
+    simulated_gpu_stats(reset=True)
+    iterator = _iterate_on_gpu(td, 5)
+    uploads = simulated_gpu_stats()["host_work"]
+    ok = bool(_staging_of(iterator)) and uploads["h2d_async"] > 0 and uploads["h2d"] == 0
+    result(ok, "a distributed iterator uploads to the SIMULATED GPU through pinned staging buffers",
+           f"{uploads['h2d_async']} asynchronous uploads from pinned memory, {uploads['h2d']} from pageable memory, "
+           f"{uploads['pinned_allocs']} pinned allocations in 5 steps")  # fmt: skip
 
 
 class HostWaits:
@@ -618,14 +765,15 @@ def stage_bench() -> None:
 
 
 def stage_test_gpu() -> None:
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", "tests/backend/test_gpu.py", "tests/backend/test_gpu_ordering.py"]
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", "tests/backend/test_gpu.py", "tests/backend/test_gpu_ordering.py",
+            "tests/backend/test_gpu_host_work.py", "tests/input/test_pinned_staging.py"]
     if quick():
         args += ["-x"]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
     print(done.stdout[-20000:], done.stderr[-5000:])
     counts = re.findall(r"\d+ (?:passed|failed|skipped|errors?)", done.stdout)
     failures = [line for line in done.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
-    result(done.returncode == 0, "tests/backend/test_gpu.py and test_gpu_ordering.py", ", ".join(counts) + ("; " + "; ".join(failures[:10]) if failures else ""))
+    result(done.returncode == 0, "tests/backend/test_gpu.py, test_gpu_ordering.py, test_gpu_host_work.py and tests/input/test_pinned_staging.py", ", ".join(counts) + ("; " + "; ".join(failures[:10]) if failures else ""))
 
 
 def run_stage(name: str, quick_mode: bool) -> int:

@@ -99,15 +99,15 @@ def test_reading_a_result_on_the_host_is_where_the_host_waits():
 def test_input_pieces_are_copied_on_a_stream_of_their_own_and_handed_out_ordered():
     from towerdist._src.backend.simulated.cuda import UnorderedAccessError
     from towerdist._src.device import DeviceSpec
-    from towerdist._src.input.device_copies import DeviceCopier, place_on_device
+    from towerdist._src.input.device_copies import DeviceCopier
 
     cp = cupy_backend.xp
     devices = [DeviceSpec(device_type="GPU", device_index=i) for i in range(2)]
     copier = DeviceCopier()
-    placed = copier.place([np.arange(3.0), np.arange(3.0)], devices, place_on_device, object())
+    placed = copier.place([np.arange(3.0), np.arange(3.0)], devices, object())
     with cp.cuda.Device(1), pytest.raises(UnorderedAccessError, match="unordered read"):
         cp.sum(placed.pieces[1])  # copied on the copy stream: not yet ordered before this thread's stream
-    pieces = copier.place([np.arange(3.0), np.arange(3.0)], devices, place_on_device, object()).hand_out()
+    pieces = copier.place([np.arange(3.0), np.arange(3.0)], devices, object()).hand_out()
     with cp.cuda.Device(1):
         assert float(cp.sum(pieces[1])) == 3.0
     assert [p.device.id for p in pieces] == [0, 1]

@@ -18,6 +18,7 @@ import pytest
 
 from towerdist._src.backend import gpu_module
 from towerdist._src.backend.simulated import cupy as simulated_cupy
+from towerdist._src.backend.simulated.stats import WORK_KINDS
 from towerdist.testing import simulated_gpu_stats
 
 JOIN_SECONDS = 10.0
@@ -144,6 +145,8 @@ def test_reset_returns_the_counts_and_zeroes_them(cp):
         "host_syncs_by_call": {},
         "host_sync_sites": {},
         "queries": {0: 0, 1: 0},
+        "host_work": dict.fromkeys(WORK_KINDS, 0),
+        "host_work_sites": {},
     }
 
 
@@ -183,3 +186,54 @@ def test_simulated_gpu_stats_without_the_simulation_raises(monkeypatch):
     monkeypatch.delenv(gpu_module.ENV_VAR, raising=False)
     with pytest.raises(RuntimeError, match=r"simulated_gpu_stats\(\) .* the simulation is off; call .*simulate_gpus"):
         simulated_gpu_stats()
+
+
+# --- the host's other calls into CUDA (host_work) ---------------------------------------------------
+
+
+def test_kernel_launches_are_counted_and_allocations_and_views_are_not(cp):
+    x = cp.arange(6, dtype=np.float32)  # one kernel (cupy.arange fills on the GPU)
+    y = x * 2 + 1  # two
+    y.reshape(2, 3)[0]  # views: no kernel
+    cp.empty(4, np.float32)  # an allocation: no kernel
+    assert stats(cp)["host_work"]["kernel_launches"] == 3
+
+
+def test_events_made_recorded_and_waited_for_are_counted(cp):
+    stream = cp.cuda.Stream(non_blocking=True)
+    event = stream.record()
+    cp.cuda.get_current_stream().wait_event(event)
+    event.record(stream)
+    work = stats(cp)["host_work"]
+    assert (work["events_created"], work["event_records"], work["event_waits"]) == (1, 2, 1)
+
+
+def test_only_a_change_of_device_counts_as_a_device_switch(cp):
+    with cp.cuda.Device(0):  # already current: cupy does not call cudaSetDevice
+        pass
+    with cp.cuda.Device(1):  # to GPU 1 and back
+        with cp.cuda.Device(1):
+            pass
+    assert stats(cp)["host_work"]["device_switches"] == 2
+
+
+def test_copies_are_counted_by_direction(cp):
+    x = cp.asarray(np.ones(3, np.float32))  # up
+    x.get()  # down
+    with cp.cuda.Device(1):
+        x.copy()  # between the GPUs
+    work = stats(cp)["host_work"]
+    assert (work["h2d"], work["d2h"], work["d2d"]) == (1, 1, 1)
+
+
+def test_host_work_is_counted_by_call_site_when_asked(cp):
+    cp.machine.stats.work_sites = True
+    cp.ones(2) + 1
+    sites = stats(cp)["host_work_sites"]
+    assert any(site.startswith("kernel_launches at tests/backend/test_simulated_sync_stats.py:") for site in sites), sites
+
+
+def test_a_reset_zeroes_the_host_work(cp):
+    cp.ones(2) + 1
+    assert cp.machine.stats.snapshot(reset=True)["host_work"]["kernel_launches"] == 2
+    assert set(stats(cp)["host_work"].values()) == {0}

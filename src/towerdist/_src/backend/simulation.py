@@ -91,10 +91,20 @@ def simulated_gpu_stats(reset: bool = False) -> dict[str, Any]:
     Args:
       reset: zero the counters after taking the snapshot.
 
+    Beside the synchronisations, ``host_work`` counts the host's other calls into CUDA, each a
+    few microseconds of host time on a real GPU: ``kernel_launches``, ``h2d`` (uploads from
+    pageable memory), ``h2d_async`` (asynchronous uploads from pinned memory), ``d2h``,
+    ``d2d``, ``events_created``, ``event_records``, ``event_waits``, ``device_switches``
+    (``cudaSetDevice``), ``pinned_allocs`` and ``nccl_calls``; with
+    ``cupy.machine.stats.work_sites = True`` they are also counted by call site
+    (``host_work_sites``).
+
     Returns:
       ``{"host_syncs": {gpu: n}, "host_syncs_by_call": {"Stream.synchronize": n, ...},
-      "host_sync_sites": {"path/file.py:LINE (function)": n}, "queries": {gpu: n}}``; a site is
-      the innermost caller outside the simulator (a line of towerdist or of the caller's code).
+      "host_sync_sites": {"path/file.py:LINE (function)": n}, "queries": {gpu: n},
+      "host_work": {"kernel_launches": n, ...}, "host_work_sites": {"kind at site": n}}``; a
+      site is the innermost caller outside the simulator (a line of towerdist or of the
+      caller's code).
 
     Raises:
       RuntimeError: the simulation is off.

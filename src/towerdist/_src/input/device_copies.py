@@ -5,6 +5,11 @@ the host-to-GPU copies of step k+1 are queued while step k computes. They run on
 non-blocking *copy stream* per GPU, so they do not wait behind the step's kernels, and
 they are ordered by CUDA events (``cupy_streams``), never by a host wait:
 
+* numeric host arrays go up through pinned (page-locked) staging buffers reused across
+  steps (``pinned_staging``): each upload is an asynchronous DMA queued on the copy stream,
+  so the host returns at once and the next step's upload overlaps the current step's
+  kernels; a staging buffer is written again only after the event recorded after its
+  copy has completed;
 * before it allocates, the copy stream waits for the calling thread's stream: every step
   before has finished reading the inputs whose memory cupy's pool may now hand back to
   the copy stream (the caller's stream follows the replicas' at the end of each
@@ -19,13 +24,17 @@ CPU devices need nothing: host memory serves every CPU replica.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from towerdist._src import backend, nest
 from towerdist._src.backend import cupy_backend, cupy_streams
+from towerdist._src.backend.pinned_staging import PinnedStaging
 from towerdist._src.device import DeviceSpec
 
 __all__ = ["DeviceCopier", "Placed", "follow_handed_out", "place_on_device"]
@@ -73,16 +82,16 @@ class DeviceCopier:
 
     def __init__(self) -> None:
         self._streams: dict[int, Any] = {}
+        self._staging: dict[int, PinnedStaging] = {}
         self.handed_out: cupy_streams.Marks | None = None  # the marks of the latest step handed out
         _copiers.add(self)
 
-    def place(
-        self, pieces: Sequence[Any], devices: Sequence[DeviceSpec], place: Callable[[Any, DeviceSpec], Any], skip: Any
-    ) -> Placed:
-        """``place(piece, device)`` for every piece but ``skip``; GPU pieces on the copy streams."""
+    def place(self, pieces: Sequence[Any], devices: Sequence[DeviceSpec], skip: Any) -> Placed:
+        """Every piece but ``skip`` on its device (:func:`place_on_device`); GPU pieces through the
+        staging buffers, on the copy streams."""
         gpus = sorted({d.device_index for p, d in zip(pieces, devices) if d.device_type == "GPU" and p is not skip})
         if not gpus:
-            return Placed([p if p is skip else place(p, d) for p, d in zip(pieces, devices)], None)
+            return Placed([p if p is skip else place_on_device(p, d) for p, d in zip(pieces, devices)], None)
         cuda = cupy_backend._import().cuda
         caller = cupy_streams.mark(gpus)
         placed = list(pieces)
@@ -92,24 +101,42 @@ class DeviceCopier:
                 stream = self._streams.get(index)
                 if stream is None:
                     stream = self._streams[index] = cuda.Stream(non_blocking=True)
+                staging = self._staging.get(index)
+                if staging is None:
+                    staging = self._staging[index] = PinnedStaging(index)
                 with stream:
                     cupy_streams.follow(caller, (index,))  # the copy stream after the caller's (see the module doc)
+                    upload = functools.partial(staging.upload, stream=stream)
                     for k, (piece, device) in enumerate(zip(pieces, devices)):
                         if piece is not skip and device.device_type == "GPU" and device.device_index == index:
-                            placed[k] = place(piece, device)
-                points[index] = (int(stream.ptr), cupy_streams.record(stream, index))
+                            placed[k] = place_on_device(piece, device, upload)
+                ready = cupy_streams.record(stream, index)
+                staging.uploaded(ready)  # the staging buffers are free again once the copies are done
+                points[index] = (int(stream.ptr), ready)
         for k, (piece, device) in enumerate(zip(pieces, devices)):
             if piece is not skip and device.device_type != "GPU":
-                placed[k] = place(piece, device)
+                placed[k] = place_on_device(piece, device)
         return Placed(placed, cupy_streams.Marks(threading.get_ident(), points), self)
 
 
-def place_on_device(piece: Any, device: DeviceSpec) -> Any:
-    """``piece`` (a nest of arrays) with its numeric arrays on ``device``; host memory serves every CPU."""
+def place_on_device(piece: Any, device: DeviceSpec, upload: Callable[[np.ndarray], Any] | None = None) -> Any:
+    """``piece`` (a nest of arrays) with its numeric arrays on ``device``; host memory serves every CPU.
+
+    ``upload``: how a numeric numpy array goes to the GPU (``device_copies`` passes its pinned
+    staging, with ``device`` and the copy stream current); default ``to_device``.
+    """
     if device.device_type != "GPU":
         return piece  # host memory serves every CPU device
     impl = backend.for_device(device)
-    return nest.map_structure(lambda leaf: leaf if _stays_on_host(leaf) else impl.to_device(leaf, device), piece)
+
+    def leaf_on_device(leaf: Any) -> Any:
+        if _stays_on_host(leaf):
+            return leaf
+        if upload is not None and type(leaf) is np.ndarray:
+            return upload(leaf)
+        return impl.to_device(leaf, device)
+
+    return nest.map_structure(leaf_on_device, piece)
 
 
 def _stays_on_host(leaf: Any) -> bool:

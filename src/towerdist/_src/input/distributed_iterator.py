@@ -281,7 +281,7 @@ class DistributedIterator:
     def _place(self, step: list[Any]) -> Placed:
         if not self._to_gpus:
             return Placed(step, None)  # host memory serves every CPU replica
-        return self._copier.place(step, self._source._worker.devices, place_on_device, MISSING)
+        return self._copier.place(step, self._source._worker.devices, MISSING)
 
     def _spec_when_empty(self) -> Any:
         try:

@@ -319,6 +319,7 @@ class Optimizer:
             # the others may hand a copy of them over and go on (barrier.py, "Handing over").
             hand_over = (
                 pairs is self._cache.last_pairs_checked
+                and self._cache.last_gpu_array_type is None  # (then every gradient is a numpy array)
                 and experimental_aggregate_gradients
                 and self._cache.small_host_update(self._cost_per_byte, _PARALLEL_MIN_BYTES)
             )
@@ -370,8 +371,14 @@ class Optimizer:
             return check_pairs(pairs)[0]  # raises
         last = cache.last_variables
         if pairs and len(pairs) == len(last):
+            gpu_array = cache.last_gpu_array_type  # a GPU step's gradients are cupy arrays, checked once as such
             for pair, var in zip(pairs, last):
-                if not (type(pair) is tuple and len(pair) == 2 and pair[1] is var and type(pair[0]) is np.ndarray):
+                if not (
+                    type(pair) is tuple
+                    and len(pair) == 2
+                    and pair[1] is var
+                    and (type(pair[0]) is np.ndarray or type(pair[0]) is gpu_array)
+                ):
                     break
             else:
                 cache.last_pairs_checked = pairs
@@ -381,6 +388,8 @@ class Optimizer:
             warn_skipped(skipped, self._api, stacklevel=3)  # the caller of apply_gradients
         cache.last_variables = tuple(var for _, var in checked)
         cache.last_pairs_checked = None
+        gpu_arrays = {type(grad) for grad, _ in checked if backend.is_array(grad) and type(grad) is not np.ndarray}
+        cache.last_gpu_array_type = gpu_arrays.pop() if len(gpu_arrays) == 1 else None
         return checked
 
     def _apply(
@@ -408,9 +417,9 @@ class Optimizer:
         for k, var in enumerate(variables):
             current = (known[k].components if known is not None else components(var))[0]._array
             column = columns[k]
-            shape, dtype = current.shape, current.dtype
-            for part in column:  # the common case, checked inline: arrays of the variable's shape and dtype
-                if type(part) is not np.ndarray or part.shape != shape or part.dtype != dtype:
+            shape, dtype, kind = current.shape, current.dtype, type(current)
+            for part in column:  # the common case, checked inline: host arrays, or of the variable's GPU kind
+                if (type(part) is not np.ndarray and type(part) is not kind) or part.shape != shape or part.dtype != dtype:
                     break
             else:
                 continue
@@ -626,8 +635,9 @@ class Optimizer:
                         impl.xp, old_value, rows, old_slots, coefficients, buffers
                     )
         else:
-            with impl.on_device(first._device):  # every kernel of the update runs on the variable's GPU
-                grad = _on_device(grad, first)
+            with impl.on_array_device(old_value):  # every kernel of the update runs on the variable's GPU
+                if type(grad) is not type(old_value) or grad.device != old_value.device:
+                    grad = _on_device(grad, first)  # (a gradient already beside the variable needs no call)
                 if grad.dtype != old_value.dtype:
                     grad = grad.astype(old_value.dtype)
                 new_value, new_slots = self._compute(impl.xp, old_value, grad, old_slots, coefficients, buffers)

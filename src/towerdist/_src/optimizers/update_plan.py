@@ -124,17 +124,27 @@ class PlanCache:
     """The optimizer's identity caches: found once, looked up every step.
 
     ``plans`` by ``id(variable)`` (the plan keeps its variable alive, so the id stays its);
-    the variables of the previous call, with its pairs when they took the short way, and
-    its plans; the rule's coefficients by (learning rate, dtype) when they do not depend
+    the variables of the previous call, with its pairs when they took the short way, the
+    class of its gradients when they were GPU arrays (cupy's), and its plans; the rule's coefficients by (learning rate, dtype) when they do not depend
     on the step.
     """
 
-    __slots__ = ("_sized", "_small", "coefficients", "last_pairs_checked", "last_plans", "last_variables", "plans")
+    __slots__ = (
+        "_sized",
+        "_small",
+        "coefficients",
+        "last_gpu_array_type",
+        "last_pairs_checked",
+        "last_plans",
+        "last_variables",
+        "plans",
+    )
 
     def __init__(self) -> None:
         self.plans: dict[int, VariablePlan] = {}
         self.last_variables: tuple[Variable, ...] = ()
         self.last_pairs_checked: Any = None
+        self.last_gpu_array_type: type[Any] | None = None  # the previous call's GPU gradients' array class
         self.last_plans: list[VariablePlan] | None = None
         self.coefficients: dict[tuple[float, np.dtype[Any]], dict[str, Any]] = {}
         self._sized: list[VariablePlan] | None = None  # the plans ``_small`` was found for

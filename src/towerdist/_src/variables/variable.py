@@ -588,7 +588,9 @@ class ResourceVariable(Variable):
     def _store(self, array: Any) -> None:
         """Adopts ``array`` (private) as the new value; one computed on another GPU is moved here first."""
         old = self._array
-        self._array = self._impl.freeze(self._impl.to_device(array, self._device))
+        if type(array) is not type(old) or (type(array) is not np.ndarray and array.device != old.device):
+            array = self._impl.to_device(array, self._device)  # (the common case, already here, needs no call)
+        self._array = self._impl.freeze(array)
         if type(old) is np.ndarray and old.nbytes >= _SPARE_MIN_BYTES:
             if self._buffers is None:
                 self._buffers = UpdateBuffers()

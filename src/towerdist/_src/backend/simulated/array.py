@@ -38,8 +38,8 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from towerdist._src.backend.simulated.cuda import Machine
-from towerdist._src.backend.simulated.memory import Memory, MemoryPointer
+from towerdist._src.backend.simulated.cuda import Machine, SimulatedGPUError, StreamKey, Work
+from towerdist._src.backend.simulated.memory import Memory, MemoryPointer, PinnedMemoryPointer, pinned_base
 
 __all__ = ["Flags", "LaunchMode", "SimulatedArray", "array_type", "function_mode", "launch", "new_array"]
 
@@ -261,6 +261,7 @@ class SimulatedArray:
                 raise TypeError("Only numpy.ndarray can be obtained from cupy.ndarray")
             if out.dtype != self.dtype or out.shape != self.shape:
                 raise ValueError(f"get(out=) needs a {self.dtype} array of shape {self.shape}.")
+        machine.stats.count_work("d2h")
         if blocking:
             machine.stats.count_sync(self._memory.device_id, call)
         machine.wait_for_memory([self._memory], f"{call}()")
@@ -273,7 +274,13 @@ class SimulatedArray:
         return out
 
     def set(self, arr: np.ndarray, stream: Any = None) -> None:
-        """Copies the host array ``arr`` (same dtype and shape) into this array (an upload: not a host synchronisation)."""
+        """Copies the host array ``arr`` (same dtype and shape) into this array (an upload: not a host synchronisation).
+
+        From pinned memory (``cupy.cuda.alloc_pinned_memory``) with a ``stream`` the copy is
+        asynchronous, as ``cudaMemcpyAsync`` from page-locked memory is: it is queued on
+        ``stream`` and reads ``arr`` when it completes (:func:`_pinned_upload`). From pageable
+        memory the bytes are staged before ``set`` returns.
+        """
         if not isinstance(arr, np.ndarray):
             raise TypeError("Only numpy.ndarray can be set to cupy.ndarray")
         if self.dtype != arr.dtype:
@@ -286,6 +293,11 @@ class SimulatedArray:
         key = machine.stream_key(stream, self._memory.device_id)
         machine.check_order(key, [self._memory], "ndarray.set()", writes=[self._memory])
         machine.wait_for_memory([self._memory], "ndarray.set()")
+        pinned = pinned_base(arr) if stream is not None else None
+        if pinned is not None:
+            _pinned_upload(machine, self, arr, pinned, key)
+            return
+        machine.stats.count_work("h2d")
         self._array[...] = arr
         machine.mark_written(key, [self._memory], "ndarray.set()")
 
@@ -343,6 +355,7 @@ class SimulatedArray:
                 f"GPU {self._memory.device_id} has strides {self.strides}; make it contiguous on its own "
                 f"device first, e.g. cupy.ascontiguousarray() under cupy.cuda.Device({self._memory.device_id}).)"
             )
+        machine.stats.count_work("d2d")
         copied = new_array(machine, np.array(source._array, order="K", copy=True), device, what)
         machine.mark_accessed(key, [source._memory], what)
         return copied
@@ -511,6 +524,9 @@ _SHAPE_FUNCTIONS = frozenset(
 )  # fmt: skip
 
 
+_ALLOCATIONS = frozenset({"cupy.empty", "cupy.empty_like"})  # they allocate and launch no kernel
+
+
 def function_mode(name: str) -> LaunchMode:
     """How the numpy function ``name`` uses its operands (views and shape queries launch no kernel)."""
     if name in _VIEW_FUNCTIONS:
@@ -559,6 +575,8 @@ def launch(
     if mode == "kernel":
         _check_devices(operands, device, name)
         machine.check_order(key, memories, name, written)
+        if name not in _ALLOCATIONS:
+            machine.stats.count_work("kernel_launches")
     if mode != "shape":
         machine.wait_for_memory(memories, name)
     with np.errstate(all="ignore"):
@@ -566,10 +584,51 @@ def launch(
     wrapped = _wrap_result(machine, result, operands, device, name, mode)
     if mode == "view" and _has_new_array(wrapped, memories):
         machine.check_order(key, memories, name)  # not a view after all: a copy kernel read the operands
+        machine.stats.count_work("kernel_launches")
         machine.mark_accessed(key, memories, name)
     elif mode == "kernel":
         machine.mark_accessed(key, memories, name, written)
     return wrapped
+
+
+def _pinned_upload(
+    machine: Machine, target: SimulatedArray, source: np.ndarray, pinned: PinnedMemoryPointer, key: StreamKey
+) -> None:
+    """Queues an asynchronous copy of ``source`` (a view of ``pinned``) into ``target`` on the stream ``key``.
+
+    The copy is queued work (``Work``) that completes when something waits for or queries it:
+    an event recorded after it (``done``, ``synchronize``), the stream's ``synchronize``, or
+    a kernel that reads ``target`` (work on a stream runs in order). Only then are the bytes
+    read, as the device reads them some time before the copy completes; if the host wrote
+    them since the copy was issued, real hardware would have copied a mix of old and new
+    bytes: :class:`SimulatedGPUError`. Earlier copies from the same pinned memory are polled
+    first, so reusing a staging buffer before its copy is known to be done is caught at the
+    latest when the buffer is uploaded again.
+    """
+    for earlier in list(pinned.copies):
+        with machine.condition:
+            machine._poll([earlier])  # raises if the host overwrote the bytes of an unfinished copy
+    issued = np.array(source, copy=True)  # what the bytes were when the copy was issued
+    what = f"an asynchronous upload from {pinned!r} to {target._memory!r}"
+
+    def transfer() -> None:
+        pinned.copies.remove(work)
+        machine.complete(work)
+        target._array[...] = source
+        if not np.array_equal(source, issued, equal_nan=source.dtype.kind in "fc"):
+            raise SimulatedGPUError(
+                f"The host wrote into pinned memory while {what} from it was in flight: the device would read a mix "
+                "of old and new bytes. (simulated GPU: an upload from pinned memory with a stream is asynchronous; "
+                "before writing the staging buffer again, wait for an event recorded after the copy "
+                "(event.synchronize(), or event.done returning True) or synchronise the stream.)"
+            )
+
+    work = Work(lambda: what, [target._memory], poll=transfer)
+    pinned.copies.append(work)
+    machine.stats.count_work("h2d_async")
+    with machine.condition:
+        machine.enqueue(key.device, key.ptr, work)
+    machine.mark_written(key, [target._memory], "ndarray.set() (an asynchronous upload from pinned memory)")
 
 
 def new_array(machine: Machine, host: np.ndarray, device: int, what: str = "cupy") -> SimulatedArray:

@@ -200,9 +200,14 @@ class Machine:
         previous = self.current_device()
         self.set_device(device_id)
         stack.append(previous)
+        if previous != device_id:
+            self.stats.count_work("device_switches")  # cupy calls cudaSetDevice only for another device
 
     def pop_device(self) -> None:
+        previous = self.current_device()
         self._local.device = self._thread_list("device_stack").pop()
+        if previous != self._local.device:
+            self.stats.count_work("device_switches")
 
     # --- streams -------------------------------------------------------------------------
 
@@ -623,6 +628,7 @@ class Stream:
         """Orders later work on this stream after ``event`` (work runs eagerly in the simulation)."""
         if not isinstance(event, Event):
             raise TypeError(f"wait_event() needs a cupy.cuda.Event. Got {type(event).__name__}.")
+        self._machine.stats.count_work("event_waits")
         self._machine.stream_waits(self._machine.stream_key(self), event._clock)
 
     def use(self) -> Stream:
@@ -656,6 +662,7 @@ class Event:
     _machine: ClassVar[Machine]
 
     def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False) -> None:
+        self._machine.stats.count_work("events_created")
         self.ptr = self._machine.new_handle()
         self.device_id = self._machine.current_device()
         self._works: list[Work] = []
@@ -669,6 +676,7 @@ class Event:
             (``cudaErrorInvalidResourceHandle``, as ``cudaEventRecord``).
         """
         machine = self._machine
+        machine.stats.count_work("event_records")
         stream = machine.current_stream() if stream is None else stream
         device = stream.device_for_work()
         if device != self.device_id:

@@ -29,6 +29,7 @@ module of the GPU backend; :func:`owns` tells simulated arrays apart.
 
 from __future__ import annotations
 
+import functools
 import threading
 import types
 from collections.abc import Callable
@@ -38,6 +39,7 @@ import numpy as np
 
 from towerdist._src.backend.simulated.array import SimulatedArray, array_type, function_mode, launch, new_array
 from towerdist._src.backend.simulated.cuda import CUDARuntimeError, Machine, SimulatedGPUError, UnorderedAccessError
+from towerdist._src.backend.simulated.memory import PinnedMemoryPointer
 from towerdist._src.backend.simulated.nccl import NCCL_CONSTANTS, Nccl, NcclError
 
 __all__ = ["module", "owns"]
@@ -107,6 +109,8 @@ def module(num_gpus: int, cupy_major: int = 14) -> types.ModuleType:
         runtime=runtime,
         nccl=nccl_module,
         get_current_stream=machine.current_stream,
+        alloc_pinned_memory=functools.partial(_alloc_pinned_memory, machine),
+        PinnedMemoryPointer=PinnedMemoryPointer,
         get_device_id=machine.current_device,
         is_available=lambda: True,
         SimulatedGPUError=SimulatedGPUError,
@@ -121,6 +125,12 @@ def module(num_gpus: int, cupy_major: int = 14) -> types.ModuleType:
         SimulatedGPUError=SimulatedGPUError,
     )
     return cupy
+
+
+def _alloc_pinned_memory(machine: Machine, size: int) -> PinnedMemoryPointer:
+    """Page-locked host memory of ``size`` bytes (``cupy.cuda.alloc_pinned_memory``; counted)."""
+    machine.stats.count_work("pinned_allocs")
+    return PinnedMemoryPointer(int(size))
 
 
 def _namespace(name: str, doc: str, **attributes: Any) -> types.ModuleType:
@@ -175,6 +185,7 @@ class _SimulatedCupy(types.ModuleType):
         if _contains_device_arrays(obj):  # a nested sequence of device arrays: a stacking kernel
             return launch(machine, np.array, (obj,), {"dtype": dtype, "ndmin": ndmin}, "cupy.array")
         host = np.array(obj, dtype=dtype, copy=True, order=order, ndmin=ndmin)  # type: ignore[call-overload]
+        machine.stats.count_work("h2d")
         return new_array(machine, host, machine.current_device(), "cupy.array (an upload)")
 
     def asarray(

@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import collections
 import functools
+import itertools
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -41,7 +42,7 @@ import numpy as np
 if TYPE_CHECKING:
     from towerdist._src.backend.simulated.cuda import StreamKey
 
-__all__ = ["Access", "Allocator", "Memory", "MemoryPointer", "rounded_size"]
+__all__ = ["Access", "Allocator", "Memory", "MemoryPointer", "PinnedMemoryPointer", "pinned_base", "rounded_size"]
 
 ALIGNMENT = 512  # cupy's memory pool rounds allocations up to 512 bytes (ALLOCATION_UNIT_SIZE)
 FREE_BLOCKS_PER_ARENA = 64  # freed blocks remembered per (device, stream); older ones are forgotten
@@ -135,6 +136,50 @@ class Memory:
 
     def __repr__(self) -> str:
         return f"<simulated GPU memory at 0x{self.ptr:x} ({self.size} bytes) on GPU {self.device_id}>"
+
+
+class PinnedMemoryPointer(bytearray):
+    """Page-locked host memory (``cupy.cuda.alloc_pinned_memory``): a buffer numpy can view.
+
+    As with cupy's, ``numpy.frombuffer(mem, dtype, count)`` gives a host array over it, and
+    an upload from such an array with a stream (``ndarray.set(view, stream)``) is
+    *asynchronous*: the device reads the bytes some time before the copy completes, so the
+    host must not write them again until it knows the copy has finished (an event recorded
+    after it is done or synchronised, or the stream synchronised). ``copies`` holds the
+    uploads from this memory not yet known to have finished (the simulation checks, when
+    each completes, that the bytes are still those it was issued with).
+
+    Attributes:
+      ptr: a fake host address.
+      size: the size in bytes.
+    """
+
+    _addresses = itertools.count(0x7F00_0000_0000, 1 << 24)
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.ptr = next(self._addresses)
+        self.size = size
+        self.copies: list[Any] = []  # the machine's Work of each upload in flight
+
+    def __hash__(self) -> int:  # type: ignore[override]  # identity, as cupy's pointers (bytearrays are unhashable)
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __repr__(self) -> str:
+        return f"<simulated pinned host memory at 0x{self.ptr:x} ({self.size} bytes)>"
+
+
+def pinned_base(array: np.ndarray) -> PinnedMemoryPointer | None:
+    """The pinned memory ``array`` views, if it views one (its ``base`` chain reaches it)."""
+    base: Any = array
+    while base is not None:
+        if isinstance(base, PinnedMemoryPointer):
+            return base
+        base = getattr(base, "base", None) if isinstance(base, np.ndarray) else getattr(base, "obj", None)
+    return None
 
 
 class MemoryPointer:

@@ -590,6 +590,7 @@ class NcclCommunicator:
         """Reduces ``count`` elements at device address ``sendbuf`` across the ranks into ``recvbuf``."""
         nccl = self._nccl
         machine = nccl.machine
+        machine.stats.count_work("nccl_calls")
         if self._destroyed or self._aborted:
             state = "destroyed" if self._destroyed else "aborted"
             raise NcclError("NCCL_ERROR_INVALID_USAGE", f"allReduce on a {state} communicator (simulated NCCL)")

@@ -14,6 +14,13 @@ Counted (``count_sync``): ``Device.synchronize()``, ``cupy.cuda.runtime.deviceSy
 do not block (``Stream.done``, ``Event.done``) are counted apart (``count_query``). Uploads
 are not counted: ``cudaMemcpyAsync`` from pageable host memory returns once the data is
 staged, without waiting for the device.
+
+Beside the waits, :meth:`SyncStats.count_work` counts the host's *other* calls into CUDA, each
+of which costs the host a few microseconds on a real GPU however little the device does:
+kernel launches, host-to-device and device-to-host copies (``h2d``, ``h2d_async`` from pinned
+memory, ``d2h``), copies between devices (``d2d``), events made, recorded and waited for,
+device switches (``cudaSetDevice``: entering or leaving ``with Device(i)`` for another device), pinned host allocations, and NCCL calls. A benchmark
+compares these per step with a plain cupy program (``benchmarks/gpu_host_work.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +31,13 @@ import threading
 from collections import Counter
 from typing import Any
 
-__all__ = ["SyncStats", "call_site"]
+__all__ = ["WORK_KINDS", "SyncStats", "call_site"]
+
+WORK_KINDS = (
+    "kernel_launches", "h2d", "h2d_async", "d2h", "d2d", "events_created", "event_records", "event_waits",
+    "device_switches", "pinned_allocs", "nccl_calls",
+)  # fmt: skip
+"""The kinds of host work ``count_work`` counts, in the order a snapshot lists them."""
 
 _TESTING_DIR = os.path.dirname(os.path.abspath(__file__))  # the simulator: never reported as a call site
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(_TESTING_DIR)))  # the folder holding towerdist/
@@ -44,6 +57,9 @@ class SyncStats:
         self._by_call: Counter[str] = Counter()
         self._sites: Counter[str] = Counter()
         self._queries: Counter[int] = Counter()
+        self._work: Counter[str] = Counter()
+        self._work_sites: Counter[str] = Counter()
+        self.work_sites = False  # also count host work by call site (costs a stack walk per call)
 
     def count_sync(self, device_id: int, call: str) -> None:
         """Counts one host-blocking synchronisation of ``device_id`` by ``call`` (e.g. ``"Stream.synchronize"``)."""
@@ -58,6 +74,14 @@ class SyncStats:
         with self._lock:
             self._queries[device_id] += 1
 
+    def count_work(self, kind: str, n: int = 1) -> None:
+        """Counts ``n`` host calls into CUDA of one ``kind`` (see :data:`WORK_KINDS`)."""
+        site = f"{kind} at {call_site()}" if self.work_sites else ""
+        with self._lock:
+            self._work[kind] += n
+            if site:
+                self._work_sites[site] += n
+
     def snapshot(self, reset: bool = False) -> dict[str, Any]:
         """The counts so far (see ``towerdist.testing.simulated_gpu_stats``); ``reset`` zeroes them after."""
         with self._lock:
@@ -67,9 +91,11 @@ class SyncStats:
                 "host_syncs_by_call": dict(self._by_call),
                 "host_sync_sites": dict(self._sites),
                 "queries": {d: self._queries[d] for d in devices},
+                "host_work": {kind: self._work[kind] for kind in WORK_KINDS},
+                "host_work_sites": dict(self._work_sites),
             }
             if reset:
-                for counter in (self._syncs, self._by_call, self._sites, self._queries):
+                for counter in (self._syncs, self._by_call, self._sites, self._queries, self._work, self._work_sites):
                     counter.clear()
         return result
 
