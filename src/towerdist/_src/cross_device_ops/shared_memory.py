@@ -68,12 +68,14 @@ def reduce_host_arrays(
             if out is not None:
                 np.copyto(out, first)
         else:
-            total = np.asarray(np.add(arrays[0], arrays[1], out=out))  # (0-d inputs give a scalar)
+            total = np.add(arrays[0], arrays[1], out=out)
+            if type(total) is not np.ndarray:  # 0-d inputs without ``out`` give a scalar
+                total = np.asarray(total)
         for x in arrays[2:]:
             np.add(total, x, out=total)
         if reduce_op is ReduceOp.MEAN:
             np.true_divide(total, len(arrays), out=total)
-        return np.asarray(total)
+        return total
     flats = [_host.flat(a) for a in arrays]
     target = out.reshape(-1) if out is not None else _host.empty((flats[0].size,), out_dtype)
     _reduce_flat_into(target, flats, reduce_op, chunk_bytes, parallel_threshold_bytes, helpers=helpers)
@@ -228,17 +230,15 @@ class SharedMemoryAllReduce(CrossDeviceOps):
 
         Every replica gets its own read-only view of the one result buffer.
         """
-        inputs: list[list[Any]] = [
-            list(column) if all(type(a) is np.ndarray for a in column) else [_host.to_device(a, None) for a in column]
-            for column in columns
-        ]
+        inputs = [_on_host(column) for column in columns]
         keys = [column[0].dtype for column in inputs]
         results = self._reduce_columns(reduce_op, inputs, keys, options.bytes_per_pack, out, helpers)
         n = len(devices)
         shared = []
         for result in results:
             result.flags.writeable = False  # every replica sees it: nobody may write into it
-            shared.append([result.view() for _ in range(n)])
+            view = result.view
+            shared.append([view() for _ in range(n)])
         return shared
 
     # --- the reductions ----------------------------------------------------------------------------
@@ -343,6 +343,14 @@ class SharedMemoryAllReduce(CrossDeviceOps):
 
     def __repr__(self) -> str:
         return "SharedMemoryAllReduce()"
+
+
+def _on_host(column: Sequence[Any]) -> list[Any]:
+    """The replicas' values of one column as host arrays (the same objects when they are)."""
+    for a in column:
+        if type(a) is not np.ndarray:
+            return [_host.to_device(a, None) for a in column]
+    return list(column)
 
 
 def _host_arrays(value: DistributedValues) -> list[Any]:

@@ -287,8 +287,8 @@ class Optimizer:
         if update_fence.up:  # this replica's previous update may still be being applied
             update_fence.wait()
         try:
-            pairs = self._checked_pairs(grads_and_vars)
-            strategy = self._strategy if pairs is self._cache.last_pairs_checked else None
+            pairs, steady = self._checked_pairs(grads_and_vars)
+            strategy = self._strategy if steady else None
             if strategy is None or (context.has_strategy() and context.get_strategy() is not strategy):
                 strategy = self._bind([var for _, var in pairs])
                 if context.has_strategy() and context.get_strategy() is not strategy:
@@ -318,7 +318,7 @@ class Optimizer:
             # Host arrays summed into a small update need nothing back: a replica arriving before
             # the others may hand a copy of them over and go on (barrier.py, "Handing over").
             hand_over = (
-                pairs is self._cache.last_pairs_checked
+                steady
                 and self._cache.last_gpu_array_type is None  # (then every gradient is a numpy array)
                 and experimental_aggregate_gradients
                 and self._cache.small_host_update(self._cost_per_byte, _PARALLEL_MIN_BYTES)
@@ -350,14 +350,18 @@ class Optimizer:
         copied = HandedOver(pairs)
         for grad, var in pairs:
             plan = plans.get(id(var))
-            buffer = grad.copy() if plan is None else plan.sum_buffers.scratch(name, grad)
-            if plan is not None:
+            buffer = None if plan is None else plan.sum_buffers.scratch(name, grad)
+            if buffer is None:
+                buffer = grad.copy()
+            else:
                 np.copyto(buffer, grad)
             copied.append((buffer, var))
         return copied
 
-    def _checked_pairs(self, grads_and_vars: Iterable[tuple[Any, Variable]]) -> list[tuple[Any, Variable]]:
-        """The checked pairs; the same variables as the previous call take the short way.
+    def _checked_pairs(
+        self, grads_and_vars: Iterable[tuple[Any, Variable]]
+    ) -> tuple[list[tuple[Any, Variable]], bool]:
+        """The checked pairs, and whether they took the short way (the same variables as the previous call).
 
         When every gradient is an array and the variables are those of the previous call,
         in order, every check on them passed before (they are variables, of one strategy,
@@ -368,7 +372,7 @@ class Optimizer:
             pairs = grads_and_vars if type(grads_and_vars) is list else list(grads_and_vars)
         except TypeError:
             pairs = grads_and_vars  # type: ignore[assignment]  # not iterable: check_pairs says so
-            return check_pairs(pairs)[0]  # raises
+            return check_pairs(pairs)[0], False  # raises
         last = cache.last_variables
         if pairs and len(pairs) == len(last):
             gpu_array = cache.last_gpu_array_type  # a GPU step's gradients are cupy arrays, checked once as such
@@ -381,16 +385,14 @@ class Optimizer:
                 ):
                     break
             else:
-                cache.last_pairs_checked = pairs
-                return pairs
+                return pairs, True
         checked, skipped = check_pairs(pairs)
         if skipped:
             warn_skipped(skipped, self._api, stacklevel=3)  # the caller of apply_gradients
         cache.last_variables = tuple(var for _, var in checked)
-        cache.last_pairs_checked = None
         gpu_arrays = {type(grad) for grad, _ in checked if backend.is_array(grad) and type(grad) is not np.ndarray}
         cache.last_gpu_array_type = gpu_arrays.pop() if len(gpu_arrays) == 1 else None
-        return checked
+        return checked, False
 
     def _apply(
         self,

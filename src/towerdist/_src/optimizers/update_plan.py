@@ -124,7 +124,7 @@ class PlanCache:
     """The optimizer's identity caches: found once, looked up every step.
 
     ``plans`` by ``id(variable)`` (the plan keeps its variable alive, so the id stays its);
-    the variables of the previous call, with its pairs when they took the short way, the
+    the variables of the previous call, the
     class of its gradients when they were GPU arrays (cupy's), and its plans; the rule's coefficients by (learning rate, dtype) when they do not depend
     on the step.
     """
@@ -134,7 +134,6 @@ class PlanCache:
         "_small",
         "coefficients",
         "last_gpu_array_type",
-        "last_pairs_checked",
         "last_plans",
         "last_variables",
         "plans",
@@ -143,7 +142,6 @@ class PlanCache:
     def __init__(self) -> None:
         self.plans: dict[int, VariablePlan] = {}
         self.last_variables: tuple[Variable, ...] = ()
-        self.last_pairs_checked: Any = None
         self.last_gpu_array_type: type[Any] | None = None  # the previous call's GPU gradients' array class
         self.last_plans: list[VariablePlan] | None = None
         self.coefficients: dict[tuple[float, np.dtype[Any]], dict[str, Any]] = {}
