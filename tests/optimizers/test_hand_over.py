@@ -224,3 +224,50 @@ def test_many_steps_with_reads_after_the_update_match_one_thread(strategy, seed)
             np.testing.assert_allclose(got, reference[0], rtol=1e-5)
     for var, want in zip(variables, reference):
         np.testing.assert_allclose(var.numpy(), want, rtol=1e-5)
+
+
+def test_variables_the_update_does_not_write_are_not_fenced(strategy):
+    """A metric updated after apply_gradients (as the main job does) goes on before the update."""
+    variables, opt = model(strategy)
+    before = warm_up(strategy, variables, opt)
+    with strategy.scope():
+        seen = td.metrics.Sum("seen")
+    counted = threading.Event()
+
+    def step():
+        if replica_id() == 0:
+            opt.apply_gradients(zip(gradients(0), variables))
+            seen.update_state(np.float32(1.0))  # not written by the update: no wait
+            counted.set()
+            return None
+        assert counted.wait(WAIT), "the metric update waited for the optimizer's update"
+        opt.apply_gradients(zip(gradients(1), variables))
+        seen.update_state(np.float32(1.0))
+        return None
+
+    strategy.run(step)
+    assert float(seen.result()) == 2.0
+    for var, want in zip(variables, expected_after_one_more(before)):
+        np.testing.assert_allclose(var.numpy(), want, rtol=1e-6)
+
+
+def test_the_step_count_and_slots_are_fenced(strategy):
+    with strategy.scope():
+        variables = [td.Variable(np.ones(3, np.float32))]
+        opt = td.optimizers.SGD(RATE, momentum=0.5)
+    for _ in range(2):
+        strategy.run(lambda: opt.apply_gradients(zip([np.ones(3, np.float32)], variables)))
+    handed = threading.Event()
+
+    def step():
+        if replica_id() == 0:
+            opt.apply_gradients(zip([np.ones(3, np.float32)], variables))
+            handed.set()
+            return int(opt.iterations.numpy()), opt.get_slot(variables[0], "momentum").read_value().copy()
+        assert handed.wait(WAIT)
+        opt.apply_gradients(zip([np.ones(3, np.float32)], variables))
+        return 0, np.zeros(3, np.float32)
+
+    count, momentum = strategy.experimental_local_results(strategy.run(step))[0]
+    assert count == 3
+    np.testing.assert_allclose(momentum, opt.get_slot(variables[0], "momentum").numpy())

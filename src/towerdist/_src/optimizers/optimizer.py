@@ -340,14 +340,19 @@ class Optimizer:
         assert self._iterations is not None
         return self._iterations
 
-    def _hand_over_copy(self, pairs: list[tuple[np.ndarray, Variable]], replica: int) -> HandedOver:
-        """A private copy of a replica's gradients, for the replica settling the step (it goes on meanwhile).
+    def _hand_over_copy(
+        self, pairs: list[tuple[np.ndarray, Variable]], replica: int
+    ) -> tuple[HandedOver, frozenset[int]]:
+        """A private copy of a replica's gradients for the replica settling the step (it goes on meanwhile),
+        and the ids of the single-device variables the step writes (its fence: the variables, their
+        slots, ``iterations``).
 
         Into buffers kept per variable and replica, reused every step.
         """
         plans = self._cache.plans
         name = _staging_name(replica)
         copied = HandedOver(pairs)
+        written: list[int] = []
         for grad, var in pairs:
             plan = plans.get(id(var))
             buffer = None if plan is None else plan.sum_buffers.scratch(name, grad)
@@ -356,7 +361,11 @@ class Optimizer:
             else:
                 np.copyto(buffer, grad)
             copied.append((buffer, var))
-        return copied
+            for members in (components(var), *(() if plan is None else plan.slots.values())):
+                written.extend(map(id, members))
+        if self._iterations is not None:
+            written.extend(map(id, components(self._iterations)))
+        return copied, frozenset(written)
 
     def _checked_pairs(
         self, grads_and_vars: Iterable[tuple[Any, Variable]]

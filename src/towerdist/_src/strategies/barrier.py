@@ -29,9 +29,9 @@ a list and returns one part per replica, with no regrouping).
 optimizer step on CPU replicas: the settler updates the variables, every replica's part is
 None). A replica bringing one that is not the last to arrive need not park: it *hands the
 request over*. It copies its payload (``request.snapshot``: its gradients may be written
-once the replica goes on; the settler waits for the copy), raises its fence
-(``update_fence.py``: its next variable access, or its next request, waits until the round
-is settled) and goes on with its function. If it returns before the round completes, its
+once the replica goes on; the settler waits for the copy), raises its fence around the
+variables the request's function writes (``update_fence.py``: its next access to one of
+them, or its next request, waits until the round is settled) and goes on with its function. If it returns before the round completes, its
 return counts in the next round, as if it had arrived after the settle. The settler
 releases nobody for it, and after the round's function marks the hand-over settled,
 resuming the replica if it waits. A failed step stops a replica waiting for a settle like a
@@ -84,7 +84,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from towerdist._src import context, thread_state, update_fence, waiting
@@ -152,13 +152,15 @@ class CollectiveRequest:
         fn: Callable[[Any, list[Any]], list[Any]],
         payload: Any,
         collective: str,
-        snapshot: Callable[[Any, int], Any] | None = None,
+        snapshot: Callable[[Any, int], tuple[Any, Collection[int]]] | None = None,
     ) -> None:
         self.fn = fn
         self.payload = payload
         self.collective = collective
         # ``snapshot(payload, replica)``: a private copy of the payload, taken when the replica
-        # hands the request over instead of parking (see "Handing over"); None: it parks.
+        # hands the request over instead of parking (see "Handing over"), and the ids of the
+        # single-device variables the request's function writes (the replica's fence); None:
+        # the replica parks.
         self.snapshot = snapshot
 
     def describe(self) -> str:
@@ -423,12 +425,12 @@ class Step:
         """
         try:
             assert type(request) is CollectiveRequest and request.snapshot is not None
-            request.payload = request.snapshot(request.payload, i)
+            request.payload, fenced = request.snapshot(request.payload, i)
         finally:
             with self._lock:
                 self._snapshotting[i] = False
                 self._snapshots_taken.notify_all()
-        update_fence.raise_fence(lambda: self.await_settled(i))
+        update_fence.raise_fence(lambda: self.await_settled(i), fenced)
 
     def await_settled(self, i: int) -> None:
         """Blocks replica ``i`` until the request it handed over is settled (at once if it is).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 from towerdist._src import config, context, thread_state
@@ -457,7 +457,7 @@ class _MirroredReplicaContext(ReplicaContext):
         fn: Callable[[Any, list[Any]], list[Any]],
         payload: Any,
         collective: str,
-        snapshot: Callable[[Any, int], Any] | None = None,
+        snapshot: Callable[[Any, int], tuple[Any, Collection[int]]] | None = None,
     ) -> Any:
         step = self._step
         if step is None:

@@ -9,7 +9,7 @@ Every replica must make the same sequence of these calls.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -142,15 +142,16 @@ class ReplicaContext:
         fn: Callable[[Any, list[Any]], list[Any]],
         payload: Any,
         collective: str,
-        snapshot: Callable[[Any, int], Any] | None = None,
+        snapshot: Callable[[Any, int], tuple[Any, Collection[int]]] | None = None,
     ) -> Any:
         """An internal collective: ``fn(strategy, payloads)`` runs once on every replica's payload.
 
         ``payloads`` are in replica order; ``fn`` returns one part per replica and this
         replica gets its part. Unlike ``merge_call``, nothing is regrouped or selected.
-        With ``snapshot`` (``snapshot(payload, replica)`` copies the payload), ``fn`` returns
-        None for every replica and a replica arriving before the others may hand the payload
-        over and go on instead of waiting (``barrier.py``, "Handing over"): its part is None.
+        With ``snapshot`` (``snapshot(payload, replica)`` copies the payload and says which
+        single-device variables ``fn`` writes, by ``id``), ``fn`` returns None for every replica
+        and a replica arriving before the others may hand the payload over and go on instead
+        of waiting (``barrier.py``, "Handing over"): its part is None.
         """
         del snapshot  # one replica: nothing to hand over to
         modes = thread_state.state.modes

@@ -495,15 +495,15 @@ class ResourceVariable(Variable):
     def value(self) -> Any:
         # A new read-only object per read, as each TensorFlow read is a new tensor: reads by
         # different replicas are different objects (so ``run`` regroups them per replica).
-        if update_fence.up:  # this replica may have handed over an update not applied yet
-            update_fence.wait()
+        if update_fence.up:  # this replica may have handed over an update of this variable, not applied yet
+            update_fence.wait(self)
         return self._impl.freeze(self._array)
 
     # --- the write protocol (distributed variables write components through it) ------------
 
     def _write(self, op: WriteOp, value: Any, read_value: bool) -> Any:
         if update_fence.up:
-            update_fence.wait()
+            update_fence.wait(self)
         with self._write_lock:
             self._store(self._prepare(op, value))
         if not read_value:
