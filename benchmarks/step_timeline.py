@@ -9,6 +9,8 @@ logical CPUs with ``td.profiler.experimental`` and prints, per step (medians):
   ``blocked: <what>`` spans), counted by the step in which the thread woke, per kind of wait
   (``the next step``: a replica thread waiting for ``run``; ``barrier``: a replica parked at
   ``apply_gradients``; ``the end of the step``: the caller waiting for the replica threads);
+* hand-overs: replicas that went on from ``apply_gradients`` instead of waiting there (the
+  timeline's ``hand over: ...`` spans), and the copy of their gradients that takes;
 * when each replica starts after ``run`` is called, how long its function runs, how long
   the round's ``merge_fn`` (the sum and the update) takes, and how long after the last
   replica returned ``run`` returns.
@@ -35,6 +37,8 @@ import towerdist as td  # noqa: E402
 import train_scaling  # noqa: E402
 
 from _machine import machine_info  # noqa: E402
+
+TARGET_WAKEUPS = 2.0  # issue 35: wake-ups per 2-replica training step
 
 
 def main() -> None:
@@ -70,6 +74,7 @@ def main() -> None:
 
     wakeups: dict[str, list[int]] = collections.defaultdict(lambda: [0] * len(runs))
     phases: dict[str, list[float]] = collections.defaultdict(list)
+    hand_overs = [0] * len(runs)
     for e in spans:
         end = e["ts"] + e["dur"]
         if e["name"].startswith("blocked: "):
@@ -86,6 +91,9 @@ def main() -> None:
             phases[f"{tracks[e['tid']]}: runs its function"].append(e["dur"])
         elif e["name"].startswith("merge_fn: "):
             phases["merge_fn (sum and update)"].append(e["dur"])
+        elif e["name"].startswith("hand over: "):
+            hand_overs[k] += 1
+            phases["hand over (the gradients' copy)"].append(e["dur"])
     last_return = []
     for k, run in enumerate(runs):
         ends = [e["ts"] + e["dur"] for e in spans if e["name"].startswith("run: ") and step_of(e["ts"]) == k]
@@ -95,7 +103,9 @@ def main() -> None:
     print(f"  step (strategy.run)                            {statistics.median(r['dur'] for r in runs):8.1f} us")
     total = [sum(counts[k] for counts in wakeups.values()) for k in range(len(runs))]
     print(f"  wake-ups per step                              {statistics.mean(total):8.2f} (mean; median "
-          f"{statistics.median(total):g})")
+          f"{statistics.median(total):g}; issue 35's target <= {TARGET_WAKEUPS:g}: "
+          f"{'met' if statistics.mean(total) <= TARGET_WAKEUPS else 'MISSED'})")
+    print(f"  hand-overs per step                            {statistics.mean(hand_overs):8.2f} (mean)")
     for what, counts in sorted(wakeups.items()):
         print(f"    waiting for {what:<34} {statistics.mean(counts):8.2f}")
     for name, values in sorted(phases.items()):

@@ -425,7 +425,11 @@ class Step:
         """
         try:
             assert type(request) is CollectiveRequest and request.snapshot is not None
-            request.payload, fenced = request.snapshot(request.payload, i)
+            if _profiler.active:
+                with _profiler.Span(f"hand over: {request.collective}", {"replica": i}):
+                    request.payload, fenced = request.snapshot(request.payload, i)
+            else:
+                request.payload, fenced = request.snapshot(request.payload, i)
         finally:
             with self._lock:
                 self._snapshotting[i] = False
