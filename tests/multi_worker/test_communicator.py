@@ -40,13 +40,15 @@ class _Recorder:
         self._comm = comm
         self._testall = testall
         self.calls: list[str] = []
+        self.sent: list[int] = []  # the bytes of each Isend
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._comm, name)
 
         def recorded(*args: Any, **kwargs: Any) -> Any:
-            tag = kwargs.get("tag")
-            self.calls.append(name if tag is None else f"{name}:{_TAGS.get(tag, tag)}")
+            if name == "Isend":
+                self.sent.append(int(args[0].nbytes))
+            self.calls.append(name)
             return method(*args, **kwargs)
 
         return recorded
@@ -56,9 +58,6 @@ class _Recorder:
         if done:
             self.calls.append("done")
         return done
-
-
-_TAGS = {communicator_module._TAG_HEADER: "header", communicator_module._TAG_PAYLOAD: "payload"}
 
 
 @pytest.fixture
@@ -89,26 +88,25 @@ def _want(dtype: np.dtype[Any], size: int, ranks: int) -> np.ndarray:
 # --- one message latency ----------------------------------------------------------------------
 
 
-def test_a_small_sum_sends_its_payload_with_the_header_before_any_verdict(workers, recorder):
+def test_a_small_sum_is_one_message_to_each_peer_carrying_header_and_payload(workers, recorder):
     peers = workers.size - 1
     x = np.ones(SMALL, np.float32)
     (result,) = workers.sum([x], "test_communicator", None)
     np.testing.assert_array_equal(result, np.full(SMALL, workers.size, np.float32))
-    calls = recorder.calls
-    assert "Iallreduce" not in calls and "Iallgather" not in calls, calls
-    assert calls.count("Isend:header") == calls.count("Isend:payload") == peers, calls
-    assert calls.count("Irecv:header") == calls.count("Irecv:payload") == peers, calls
-    # The payload leaves before this rank has heard from anyone: the check costs no round trip.
-    assert calls.index("Isend:payload") < calls.index("done") < calls.index("Irecv:payload"), calls
+    # No collective of its own for the check, no message after the verdict: one exchange.
+    assert sorted(recorder.calls) == sorted(["Irecv", "Isend"] * peers + ["done"]), recorder.calls
+    assert recorder.sent == [communicator_module._PAYLOAD_AT + x.nbytes] * peers
 
 
-def test_a_large_sum_moves_its_payload_in_one_allreduce_after_the_check(workers, recorder):
+def test_a_large_sum_moves_its_payload_in_one_allreduce_after_the_header(workers, recorder):
+    peers = workers.size - 1
     x = np.ones(LARGE, np.float32)
     (result,) = workers.sum([x], "test_communicator", None)
     np.testing.assert_array_equal(result, np.full(LARGE, workers.size, np.float32))
     calls = recorder.calls
-    assert calls.count("Iallreduce") == 1 and "Isend:payload" not in calls, calls
-    assert calls.index("Isend:header") < calls.index("Iallreduce"), calls
+    assert calls.count("Iallreduce") == 1 and calls.count("Isend") == peers, calls
+    assert calls.index("done") < calls.index("Iallreduce"), calls
+    assert recorder.sent == [communicator_module._HEADER_BYTES] * peers
 
 
 # --- the check still catches every mismatch ---------------------------------------------------

@@ -40,7 +40,6 @@ thread runs the cross-replica part (the caller or a ``merge_fn``).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
@@ -48,7 +47,7 @@ import logging
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -67,7 +66,6 @@ from towerdist._src.mpi_runtime import World
 
 __all__ = ["Call", "Communicator"]
 
-_count_nonzero = np.count_nonzero
 _LOCAL_BYTES = 4096  # what one rank may contribute to ``local_allgather``
 
 logger = logging.getLogger("towerdist")
@@ -79,8 +77,10 @@ _HEADER = 9
 _MAGIC_VALUE = 0x7D157_0002
 _OK, _FAILED = 0, 3  # _FAILED: the rank failed before it could take part
 _NO_PAYLOAD = -1
+_HEADER_BYTES = _HEADER * 8
+_PAYLOAD_AT = 128  # where a payload starts in a message: after the header, 64-byte aligned
 
-_TAG_HEADER, _TAG_PAYLOAD, _TAG_BYE = 17, 20, 19
+_TAG_MESSAGE, _TAG_BYE = 17, 19
 
 # A sum whose payload, times the peers it goes to, is at most this many bytes travels beside
 # the header (one message latency); a larger one after the check, in one ``Iallreduce``
@@ -162,13 +162,17 @@ class Communicator:
         self._seq = 0
         self._lock = threading.Lock()
         self._broken: str | None = None
-        self._header = np.zeros(_HEADER, np.int64)
-        self._table = np.zeros((self.size, _HEADER), np.int64)
-        self._rows = list(self._table)  # each rank's row, a view
+        # One message per peer and collective: the header, then (small sums) the payload. A
+        # peer's message never exceeds a row of the inbox, so its receive is posted at once.
+        capacity = -(-(_PAYLOAD_AT + _EXCHANGE_BYTES // max(1, self.size - 1)) // 64) * 64
+        self._outbox = np.zeros(capacity, np.uint8)
+        self._header = self._outbox[:_HEADER_BYTES].view(np.int64)
+        self._inbox = np.zeros((self.size, capacity), np.uint8)  # row r: rank r's latest message
+        self._rows = list(self._inbox)
+        self._table = self._inbox[:, :_HEADER_BYTES].view(np.int64)  # a view: every rank's header
+        self._own = self._table[self.rank]
         self._peers = [r for r in range(self.size) if r != self.rank]
-        self._inbox = np.empty((self.size, 0), np.uint8)  # row r: rank r's payload (grown on demand)
         self._notices = self._table[:, _NOTICE]  # a view: every rank's notice in the latest handshake
-        self._statuses = self._table[:, _STATUS]  # a view: every rank's status in the latest handshake
         self.notice = 0
         self.agreed_notice = 0
         self._status = world.MPI.Status()
@@ -268,7 +272,7 @@ class Communicator:
         summed in rank order by numpy); larger ones in one ``Iallreduce`` per buffer after it.
         Integer sums are exact (wrapping as MPI's do) either way.
         """
-        nbytes = sum(int(send.nbytes) for send in sends)
+        nbytes = sends[0].nbytes if len(sends) == 1 else sum(send.nbytes for send in sends)
         if nbytes * (self.size - 1) > _EXCHANGE_BYTES:
             with self._guarded(call, "MPI_Iallreduce", sends):
                 self._handshake(call, timeout, warning)
@@ -278,25 +282,22 @@ class Communicator:
                     request = self._comm.Iallreduce(source, out, op=self._MPI.SUM)
                     self._spin([request], deadline, call)
             return
-        with self._guarded(call, "exchange beside the handshake", sends):
-            if len(sends) == 1:
-                payload = sends[0].view(np.uint8)
-            else:
-                payload = np.concatenate([send.view(np.uint8) for send in sends])
-            self._handshake(call, timeout, warning, payload=payload)
+        with self._guarded(call, "exchange with the handshake", sends):
+            self._handshake(call, timeout, warning, payload=sends)
             self._sum_inbox(sends, outs)
 
     def _sum_inbox(self, sends: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         """Each ``outs[k]``: every rank's ``sends[k]`` (this rank's own, the others' from the inbox), summed in rank order."""
-        offset = 0
+        inbox, rank = self._inbox, self.rank
+        offset = _PAYLOAD_AT
         for send, out in zip(sends, outs):
-            size = int(send.nbytes)
-            own = send.copy() if send is out and self.rank > 1 else send  # out is written before rank 2's turn
-            parts = [own if r == self.rank else self._inbox[r, offset : offset + size].view(send.dtype) for r in range(self.size)]
+            end = offset + send.nbytes
+            own = send.copy() if send is out and rank > 1 else send  # out is written before rank 2's turn
+            parts = [own if r == rank else inbox[r, offset:end].view(send.dtype) for r in range(self.size)]
             np.add(parts[0], parts[1], out=out)
             for part in parts[2:]:
                 np.add(out, part, out=out)
-            offset += size
+            offset = end
 
     def allgatherv(
         self, send: np.ndarray, unit: int, call: Call, timeout: float | None, warning: float | None
@@ -331,12 +332,13 @@ class Communicator:
         timeout: float | None,
         warning: float | None,
         failure: str | None = None,
-        payload: np.ndarray | None = None,
+        payload: Sequence[np.ndarray] | None = None,
     ) -> np.ndarray:
-        """Exchanges the headers (and ``payload``, sent beside them) and checks the table; returns it.
+        """Sends this rank's header (and ``payload`` after it) to every peer, receives theirs, checks; returns the table.
 
-        Every rank's payload lands in ``self._inbox`` (row = rank). Every message sent is
-        received before this returns or raises a mismatch, so the next collective starts clean.
+        Every rank's message lands in its row of ``self._inbox``. The receives are posted
+        before anything is known, with room for any message a peer may send, so whatever a
+        mismatched peer sent is received whole and nothing is left over for the next collective.
         """
         if self._broken is not None:
             raise UnavailableError(
@@ -345,47 +347,41 @@ class Communicator:
                 f"aborted when this process exits."
             )
         seq = self._seq
-        self._seq += 1
+        self._seq = seq + 1
+        outbox = self._outbox
+        end = _HEADER_BYTES
+        nbytes = _NO_PAYLOAD
+        if payload is not None:
+            end = _PAYLOAD_AT
+            for part in payload:
+                start = end
+                end += part.nbytes
+                outbox[start:end] = part.view(np.uint8)
+            nbytes = end - _PAYLOAD_AT
         header = self._header
         header[:] = (
             _MAGIC_VALUE, seq, _code(call.collective), _code(call.op), _code(call.signature), call.extra,
-            _OK if failure is None else _FAILED, self.notice, _NO_PAYLOAD if payload is None else payload.nbytes,
+            _OK if failure is None else _FAILED, self.notice, nbytes,
         )  # fmt: skip
-        table = self._table
-        table[self.rank] = header
-        comm, peers = self._comm, self._peers
-        receives = [comm.Irecv(self._rows[r], source=r, tag=_TAG_HEADER) for r in peers]
-        sends = [comm.Isend(header, dest=r, tag=_TAG_HEADER) for r in peers]
-        if payload is not None:  # sent before any verdict: the peers receive it whatever the table says
-            sends += [comm.Isend(payload, dest=r, tag=_TAG_PAYLOAD) for r in peers]
-        missing = self._poll(receives, peers, call, seq, timeout, warning)
+        self._own[:] = header
+        comm, rows, peers = self._comm, self._rows, self._peers
+        message = outbox[:end]
+        requests = [comm.Irecv(rows[r], source=r, tag=_TAG_MESSAGE) for r in peers]
+        requests += [comm.Isend(message, dest=r, tag=_TAG_MESSAGE) for r in peers]
+        missing = self._poll(requests, peers, call, seq, timeout, warning)
         if missing:
             raise self._timed_out(call, seq, missing, timeout)
-        self._receive_payloads(table, sends, call, timeout)
-        if _count_nonzero(self._statuses):  # a status other than _OK is _FAILED
+        table = self._table
+        headers = table.tolist()
+        if any(row[_STATUS] for row in headers):  # a status other than _OK is _FAILED
             self._failed_elsewhere(table, call, seq, timeout, failure)
             return table  # this rank failed: its caller raises its own error
-        self._check(table, call, seq, timeout)
-        if _count_nonzero(self._notices):  # ~0.2 µs; a notice is rare
-            self.agreed_notice = max(self.agreed_notice, int(self._notices.max()))
+        first = headers[0][:_EXTRA]
+        if any(row[:_EXTRA] != first for row in headers):
+            self._mismatch(call, seq, timeout)
+        if any(row[_NOTICE] for row in headers):  # a notice is rare
+            self.agreed_notice = max(self.agreed_notice, max(row[_NOTICE] for row in headers))
         return table
-
-    def _receive_payloads(self, table: np.ndarray, sends: list[Any], call: Call, timeout: float | None) -> None:
-        """Receives every payload the peers' headers announce (exactly its size), and completes ``sends``."""
-        sizes = table[:, _BYTES]
-        pending = sends
-        if sizes.max() >= 0:
-            need = int(sizes.max())
-            if need > self._inbox.shape[1]:
-                self._inbox = np.empty((self.size, -(-need // 64) * 64), np.uint8)  # rows 64-byte aligned
-            inbox = self._inbox
-            pending = sends + [
-                self._comm.Irecv(inbox[r, : int(sizes[r])], source=r, tag=_TAG_PAYLOAD)
-                for r in self._peers
-                if sizes[r] >= 0
-            ]
-        if pending:
-            self._spin(pending, _deadline(timeout), call)
 
     def _poll(
         self,
@@ -403,6 +399,8 @@ class Communicator:
         that keeps its core while waiting for a slow peer takes that core from other work.
         """
         testall = self._Testall
+        if testall(requests):  # the peers were there first: nothing to set up
+            return []
         start = time.monotonic()
         warned_at = 0.0
         poller = waiting.Poller(self._crowded)
@@ -424,10 +422,7 @@ class Communicator:
             else:
                 time.sleep(_SHORT_SLEEP_SECONDS)
 
-    def _check(self, table: np.ndarray, call: Call, seq: int, timeout: float | None) -> None:
-        keys = table[:, :_EXTRA]
-        if keys.tobytes() == keys[0].tobytes() * self.size:
-            return
+    def _mismatch(self, call: Call, seq: int, timeout: float | None) -> None:
         # Every rank sees the same table, so every rank is here: exchange readable descriptions.
         texts = self._exchange_text(f"{call.describe()} (collective #{seq})", call, timeout)
         lines = "; ".join(f"rank {r} called {text}" for r, text in enumerate(texts))
@@ -540,28 +535,14 @@ class Communicator:
             self._broken = reason
             self._world.mark_broken(reason)
 
-    @contextlib.contextmanager
-    def _guarded(self, call: Call, algorithm: str = "handshake", payload: Sequence[np.ndarray] = ()) -> Iterator[None]:
+    def _guarded(self, call: Call, algorithm: str = "handshake", payload: Sequence[np.ndarray] = ()) -> _Guarded:
         """One collective at a time; an interruption mid-way (Ctrl-C, a warning turned error) breaks it.
 
         The posted requests of an interrupted collective would pair with the next one's
         messages, so the ranks could never agree again. ``algorithm`` and ``payload`` (the
         buffers sent) are for the timeline.
         """
-        with self._lock:
-            begin = _profiler.now() if _profiler.active else 0
-            failed = True
-            try:
-                yield
-                failed = False
-            except OpError:
-                raise  # a mismatch leaves the communicator usable; timeouts have broken it already
-            except BaseException as error:
-                self.mark_broken(f"{call.collective} was interrupted on rank {self.rank} by {type(error).__name__}")
-                raise
-            finally:
-                if begin and _profiler.active:
-                    _record_collective(call, algorithm, payload, begin, failed)
+        return _Guarded(self, call, algorithm, payload)
 
     def _timed_out(self, call: Call, seq: int, missing: list[int], timeout: float | None) -> DeadlineExceededError:
         who = ", ".join(str(r) for r in missing)
@@ -583,6 +564,36 @@ class Communicator:
         )
         logger.warning(message)
         warnings.warn(message, ReplicaStallWarning, stacklevel=2)
+
+
+class _Guarded:
+    """``Communicator._guarded``'s context: a class, as a generator-based one cost ~2 µs per collective."""
+
+    __slots__ = ("_algorithm", "_begin", "_call", "_communicator", "_payload")
+
+    def __init__(self, communicator: Communicator, call: Call, algorithm: str, payload: Sequence[np.ndarray]) -> None:
+        self._communicator = communicator
+        self._call = call
+        self._algorithm = algorithm
+        self._payload = payload
+        self._begin = 0
+
+    def __enter__(self) -> None:
+        self._communicator._lock.acquire()
+        self._begin = _profiler.now() if _profiler.active else 0
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: Any) -> None:
+        communicator, call = self._communicator, self._call
+        try:
+            if error is not None and not isinstance(error, OpError):
+                # A mismatch leaves the communicator usable; timeouts have broken it already.
+                communicator.mark_broken(
+                    f"{call.collective} was interrupted on rank {communicator.rank} by {type(error).__name__}"
+                )
+            if self._begin and _profiler.active:
+                _record_collective(call, self._algorithm, self._payload, self._begin, error is not None)
+        finally:
+            communicator._lock.release()
 
 
 def _record_collective(call: Call, algorithm: str, payload: Sequence[np.ndarray], begin: int, failed: bool) -> None:
