@@ -80,12 +80,12 @@ _NO_PAYLOAD = -1
 _HEADER_BYTES = _HEADER * 8
 _PAYLOAD_AT = 128  # where a payload starts in a message: after the header, 64-byte aligned
 
-_TAG_MESSAGE, _TAG_BYE = 17, 19
+_TAG_MESSAGE, _TAG_BYE, _TAG_HALVES = 17, 19, 21
 
 # A sum whose payload, times the peers it goes to, is at most this many bytes travels beside
-# the header (one message latency); a larger one after the check, in one ``Iallreduce``
-# (bandwidth-optimal). 2 ranks, AMD EPYC VM: the exchange matched a raw ``Allreduce`` at 4 and
-# 64 KiB; above that MPI's reduce-scatter moves and adds half the bytes per rank.
+# the header (one message latency); a larger one after the check, where each rank sends and
+# adds only part of it. 2 ranks, AMD EPYC VM: the exchange matched a raw ``Allreduce`` at 4 and
+# 64 KiB; above that the halves (``_sum_halves``) move and add half the bytes per rank.
 _EXCHANGE_BYTES = 64 << 10
 
 _POLL_SECONDS = 0.0002  # a handshake polls back to back this long (a peer about to arrive), then sleeps between polls
@@ -172,6 +172,7 @@ class Communicator:
         self._table = self._inbox[:, :_HEADER_BYTES].view(np.int64)  # a view: every rank's header
         self._own = self._table[self.rank]
         self._peers = [r for r in range(self.size) if r != self.rank]
+        self._scratch = np.empty(0, np.uint8)  # _sum_halves' receive buffer for an in-place sum
         self._notices = self._table[:, _NOTICE]  # a view: every rank's notice in the latest handshake
         self.notice = 0
         self.agreed_notice = 0
@@ -269,15 +270,20 @@ class Communicator:
 
         ``outs[k]`` may be ``sends[k]`` itself (an in-place sum), but must not overlap it
         otherwise. Small payloads travel beside the handshake's header (one message latency,
-        summed in rank order by numpy); larger ones in one ``Iallreduce`` per buffer after it.
-        Integer sums are exact (wrapping as MPI's do) either way.
+        summed in rank order by numpy). Larger ones move after it: between 2 ranks each
+        sums one half and sends it to the other (``_sum_halves``), else one ``Iallreduce``
+        per buffer. Integer sums are exact (wrapping as MPI's do) on every path.
         """
         nbytes = sends[0].nbytes if len(sends) == 1 else sum(send.nbytes for send in sends)
         if nbytes * (self.size - 1) > _EXCHANGE_BYTES:
-            with self._guarded(call, "MPI_Iallreduce", sends):
+            algorithm = "halves (Isend/Irecv)" if self.size == 2 else "MPI_Iallreduce"
+            with self._guarded(call, algorithm, sends):
                 self._handshake(call, timeout, warning)
                 deadline = _deadline(timeout)
                 for send, out in zip(sends, outs):
+                    if self.size == 2:
+                        self._sum_halves(send, out, call, deadline)
+                        continue
                     source = self._MPI.IN_PLACE if send is out else send
                     request = self._comm.Iallreduce(source, out, op=self._MPI.SUM)
                     self._spin([request], deadline, call)
@@ -285,6 +291,27 @@ class Communicator:
         with self._guarded(call, "exchange with the handshake", sends):
             self._handshake(call, timeout, warning, payload=sends)
             self._sum_inbox(sends, outs)
+
+    def _sum_halves(self, send: np.ndarray, out: np.ndarray, call: Call, deadline: float | None) -> None:
+        """2 ranks: each rank sums one half of the buffer and sends it to the other; nothing is copied first.
+
+        A reduce-scatter then an all-gather, as MPI's large all-reduce, written for two ranks
+        with the result received straight into ``out``: 2 ranks, AMD EPYC VM, 1 MiB in 93 µs
+        and 16 MiB in 1.40 ms against 115 µs and 1.91 ms for MPICH's in-place ``Allreduce``
+        (which would also need the input copied first, 137 µs and 3.0 ms).
+        """
+        comm, peer, half = self._comm, self._peers[0], send.size // 2
+        mine, theirs = (slice(0, half), slice(half, None)) if self.rank == 0 else (slice(half, None), slice(0, half))
+        received = out[mine]
+        if send is out:  # an in-place sum: the peer's half must not land on this rank's own values
+            size = received.nbytes
+            if self._scratch.size < size:
+                self._scratch = np.empty(size, np.uint8)
+            received = self._scratch[:size].view(send.dtype)
+        tag = _TAG_HALVES
+        self._spin([comm.Isend(send[theirs], dest=peer, tag=tag), comm.Irecv(received, source=peer, tag=tag)], deadline, call)
+        np.add(send[mine], received, out=out[mine])  # each half is summed once, on one rank: the same bits everywhere
+        self._spin([comm.Isend(out[mine], dest=peer, tag=tag), comm.Irecv(out[theirs], source=peer, tag=tag)], deadline, call)
 
     def _sum_inbox(self, sends: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         """Each ``outs[k]``: every rank's ``sends[k]`` (this rank's own, the others' from the inbox), summed in rank order."""
