@@ -9,17 +9,17 @@ naming each rank's call (the readable descriptions are exchanged only then), and
 collective works. A rank whose peers' headers do not arrive within the timeout raises
 ``DeadlineExceededError`` naming the missing ranks.
 
-**The payload** of a small sum rides beside the header (``allreduce`` below
-``_EXCHANGE_BYTES``): each rank sends its own buffer to every other rank right after its
-header, without waiting for a verdict, and posts the receive for a peer's buffer once that
-peer's header has said how many bytes it sent. So a receive never truncates, whatever a
-mismatched peer sent, and every message sent is received in the same collective (the ranks
-stay in step even when they raise). Once everything arrived and the table matched, each rank
-sums the buffers in rank order straight into the output (the same sum, bit for bit, on every
-rank): one message latency in all, as a raw ``Allreduce`` of small buffers (which exchanges
-the same way). Larger payloads move only after the check, in one buffer-protocol,
-non-blocking MPI call (``Iallreduce`` writing into the output buffer, ``Iallgatherv``,
-``Ibcast``), polled with the deadline: there the header's message latency is a small part.
+**The payload** of a small sum rides in the same message, after the header (``allreduce``
+up to ``_EXCHANGE_BYTES``): each rank sends it to every other rank at once, without waiting
+for a verdict. Every rank posts its receives first, each with room for any message a peer may
+send (a row of ``_inbox``), so a receive never truncates whatever a mismatched peer sent, and
+every message sent is received in the same collective: the ranks stay in step even when they
+raise. Once every message arrived and the table matched, each rank sums the buffers in rank
+order straight into the output (the same sum, bit for bit, on every rank): one message latency
+in all, as a raw ``Allreduce`` of small buffers between 2 ranks. Larger payloads move only
+after the check: between 2 ranks each sums one half and sends it to the other (``_sum_halves``,
+from the input straight into the output), else one ``Iallreduce``; ``Iallgatherv`` and
+``Ibcast`` for the other collectives. These are non-blocking and polled with the deadline.
 
 Waiting: MPI makes progress only while a rank calls it, so a waiting rank polls
 (``Testall``); between two polls it *yields its core* (``os.sched_yield()``): a rank that
@@ -71,7 +71,7 @@ _LOCAL_BYTES = 4096  # what one rank may contribute to ``local_allgather``
 logger = logging.getLogger("towerdist")
 
 # Header fields (int64), compared up to ``_EXTRA``. ``_NOTICE`` carries ``Communicator.notice``;
-# ``_BYTES`` the size of the payload message sent beside the header (``_NO_PAYLOAD``: none).
+# ``_BYTES`` the size of the payload sent after the header in its message (``_NO_PAYLOAD``: none).
 _MAGIC, _SEQ, _API, _OP, _DIGEST, _EXTRA, _STATUS, _NOTICE, _BYTES = range(9)
 _HEADER = 9
 _MAGIC_VALUE = 0x7D157_0002
@@ -82,7 +82,7 @@ _PAYLOAD_AT = 128  # where a payload starts in a message: after the header, 64-b
 
 _TAG_MESSAGE, _TAG_BYE, _TAG_HALVES = 17, 19, 21
 
-# A sum whose payload, times the peers it goes to, is at most this many bytes travels beside
+# A sum whose payload, times the peers it goes to, is at most this many bytes travels with
 # the header (one message latency); a larger one after the check, where each rank sends and
 # adds only part of it. 2 ranks, AMD EPYC VM: the exchange matched a raw ``Allreduce`` at 4 and
 # 64 KiB; above that the halves (``_sum_halves``) move and add half the bytes per rank.
@@ -269,8 +269,8 @@ class Communicator:
         """Writes the sum over the ranks of each 1-D contiguous ``sends[k]`` into ``outs[k]`` (same dtype and size).
 
         ``outs[k]`` may be ``sends[k]`` itself (an in-place sum), but must not overlap it
-        otherwise. Small payloads travel beside the handshake's header (one message latency,
-        summed in rank order by numpy). Larger ones move after it: between 2 ranks each
+        otherwise. Small payloads travel in the handshake's message, after the header (one
+        message latency; summed in rank order by numpy). Larger ones move after it: between 2 ranks each
         sums one half and sends it to the other (``_sum_halves``), else one ``Iallreduce``
         per buffer. Integer sums are exact (wrapping as MPI's do) on every path.
         """
@@ -419,7 +419,7 @@ class Communicator:
         timeout: float | None,
         warning: float | None,
     ) -> list[int]:
-        """Waits for ``requests`` (``ranks``' headers; a peer may still be computing); returns the ranks missing at the timeout.
+        """Waits for ``requests`` (``ranks``' messages first, then this rank's); returns the ranks missing at the timeout.
 
         For ``_POLL_SECONDS`` it polls paced by ``waiting.Poller`` (a peer that is about to
         arrive is seen at once), then sleeps ``_SHORT_SLEEP_SECONDS`` between polls: a rank
@@ -436,7 +436,10 @@ class Communicator:
                 return []
             waited = time.monotonic() - start
             if timeout is not None and waited > timeout:
-                return [r for r, request in zip(ranks, requests) if not request.Test()]
+                missing = [r for r, request in zip(ranks, requests) if not request.Test()]
+                if not missing:  # every peer is here, only this rank's own sends are still under way
+                    self._spin(requests, _deadline(timeout), call)
+                return missing
             if warning is not None and waited > warning and waited - warned_at > warning:
                 warned_at = waited
                 self._warn_stall(call, seq, waited, [r for r, request in zip(ranks, requests) if not request.Test()])

@@ -5,8 +5,8 @@ combines one host array per worker across the processes. Arrays are numpy arrays
 GPU values are staged through host memory by the strategy.
 
 * ``sum``: packs the arrays by dtype (and ``bytes_per_pack``) into contiguous host buffers
-  and sums each across the workers into an output buffer (small ones beside the handshake,
-  larger ones with one ``Allreduce``); integers stay exact.
+  and sums each across the workers into an output buffer (small ones in the message that
+  carries the collective's check, larger ones after it); integers stay exact.
 * ``gather``: concatenates along an axis; the sizes along it may differ per worker.
 * ``broadcast``: rank 0's arrays everywhere.
 * ``sparse_sum``: ``IndexedSlices`` rows summed, exchanging only the rows (or densely past a size).
