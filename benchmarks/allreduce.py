@@ -34,8 +34,10 @@ Python, else on ``PATH``; ``--ranks``, ``--timeout``) and prints rank 0's table.
 one CPU replica and the same float32 size S per size, and times in rotation:
 
 * ``MWMS``  ``strategy.run(step, args=(x,))`` where ``step`` returns
-  ``get_replica_context().all_reduce("sum", x)`` and ``x`` is a preallocated buffer (the
-  handshake with rank 0, then the in-place ``Iallreduce`` of a packed copy);
+  ``get_replica_context().all_reduce("sum", x)`` and ``x`` is a preallocated buffer (up to
+  64 KiB ``x`` travels in the message that carries the collective's header, one message each
+  way; above it, once the headers matched, each of 2 ranks sums one half of ``x`` and sends
+  it to the other, straight into the result);
 * ``raw``   ``comm.Allreduce(MPI.IN_PLACE, buf)`` of the same bytes on a ``COMM_WORLD.Dup()``
   (the floor: what MPI alone costs). ``buf`` is summed in place call after call, so its
   values double each call (and end at +-inf, which costs the same to add as any normal

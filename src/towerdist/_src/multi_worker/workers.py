@@ -5,7 +5,8 @@ combines one host array per worker across the processes. Arrays are numpy arrays
 GPU values are staged through host memory by the strategy.
 
 * ``sum``: packs the arrays by dtype (and ``bytes_per_pack``) into contiguous host buffers
-  and sums each with one in-place ``Allreduce``; integers stay exact.
+  and sums each across the workers into an output buffer (small ones in the message that
+  carries the collective's check, larger ones after it); integers stay exact.
 * ``gather``: concatenates along an axis; the sizes along it may differ per worker.
 * ``broadcast``: rank 0's arrays everywhere.
 * ``sparse_sum``: ``IndexedSlices`` rows summed, exchanging only the rows (or densely past a size).
@@ -97,9 +98,10 @@ class Workers:
 
         ``out[k]``, when given and of array ``k``'s shape and dtype, is reduced into and
         returned. Otherwise the result is a view of a pooled buffer, reused only once no
-        result (or view of one) refers to it any more. The data is copied once, into the
-        buffer MPI then reduces in place (fresh memory handed to MPI page-faulted on every
-        call, which cost more than the transfer itself).
+        result (or view of one) refers to it any more (fresh memory handed to MPI
+        page-faulted on every call, which cost more than the transfer itself). A pack of one
+        contiguous array of its transfer dtype is sent as it is and its sum written straight
+        into the result; other packs are copied once, into the result buffer, and summed there.
         """
         communicator = self._communicator
         if communicator is None:
@@ -109,13 +111,17 @@ class Workers:
         if len(packs) > 1:
             op = f"{op} in packs of {[len(pack) for _, pack in packs]} arrays"
         call = Call(collective, op, _signature(arrays))
-        buffers = []
+        sends, buffers = [], []
         for dtype, pack in packs:
             target = _own_buffer(out, pack[0], arrays[pack[0]], dtype) if len(pack) == 1 else None
             if target is None:
                 target = self._pool.take(dtype, sum(arrays[k].size for k in pack))
-            buffers.append(_fill(arrays, pack, target))
-        communicator.allreduce(buffers, call, *self.bounds(options))
+            source = _as_sent(arrays[pack[0]], dtype, target) if len(pack) == 1 else None
+            if source is None:  # packed, converted, or written over by its own result: copied into the result
+                source = _fill(arrays, pack, target)
+            sends.append(source)
+            buffers.append(target)
+        communicator.allreduce(sends, buffers, call, *self.bounds(options))
         results: list[np.ndarray] = [np.empty(0)] * len(arrays)
         for (_, pack), buffer in zip(packs, buffers):
             offset = 0
@@ -497,6 +503,13 @@ def _packs(arrays: Sequence[np.ndarray], bytes_per_pack: int) -> list[tuple[np.d
         groups[-1].append(k)
         sizes[dtype] = sizes.get(dtype, 0) + nbytes
     return [(dtype, group) for dtype, groups in by_dtype.items() for group in groups]
+
+
+def _as_sent(array: np.ndarray, dtype: np.dtype[Any], target: np.ndarray) -> np.ndarray | None:
+    """``array`` flattened, to send as it is, if it is contiguous, of ``dtype`` and apart from ``target``."""
+    if array.dtype != dtype or not array.flags.c_contiguous or np.may_share_memory(array, target):
+        return None
+    return array.reshape(-1)
 
 
 def _fill(arrays: Sequence[np.ndarray], pack: list[int], buffer: np.ndarray) -> np.ndarray:

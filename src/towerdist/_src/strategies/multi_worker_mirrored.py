@@ -3,7 +3,7 @@
 Launch one process per worker with ``mpiexec -n N python train.py``. Each process runs its
 local devices as replicas, exactly as ``MirroredStrategy`` does; the collectives combine the
 local replicas first and then the workers (``multi_worker.workers``), checked across the
-workers before any data moves (``multi_worker.communicator``). Started without a launcher,
+workers before any result is used (``multi_worker.communicator``). Started without a launcher,
 the program is one worker and behaves as ``MirroredStrategy`` over its local devices.
 """
 
