@@ -22,6 +22,7 @@ from conftest import cpus
 
 WAIT = 10.0  # seconds a replica waits for an event the test guarantees will come
 RATE = 0.5
+FIRST = 1  # the replica made to arrive first (a replica thread: replica 0 never hands over)
 
 
 def replica_id() -> int:
@@ -61,11 +62,11 @@ def test_the_first_replica_goes_on_and_its_read_waits_for_the_update(strategy):
     handed = threading.Event()
 
     def step():
-        if replica_id() == 0:
+        if replica_id() == FIRST:
             opt.apply_gradients(zip(gradients(0), variables))
             handed.set()  # apply_gradients returned before replica 1 arrived: it was handed over
             return [v.read_value().copy() for v in variables]  # waits at the fence for the update
-        assert handed.wait(WAIT), "replica 0 parked in apply_gradients instead of handing its gradients over"
+        assert handed.wait(WAIT), "replica 1 parked in apply_gradients instead of handing its gradients over"
         opt.apply_gradients(zip(gradients(1), variables))
         return [v.read_value().copy() for v in variables]
 
@@ -84,13 +85,13 @@ def test_writing_into_the_gradients_after_handing_them_over_changes_nothing(stra
 
     def step():
         grads = gradients(replica_id())
-        if replica_id() == 0:
+        if replica_id() == FIRST:
             opt.apply_gradients(zip(grads, variables))
             for g in grads:
                 g[...] = 1e6  # the user's arrays are theirs again: the update uses the copy
             written.set()
             return None
-        assert written.wait(WAIT), "replica 0 parked in apply_gradients instead of handing its gradients over"
+        assert written.wait(WAIT), "replica 1 parked in apply_gradients instead of handing its gradients over"
         opt.apply_gradients(zip(grads, variables))
         return None
 
@@ -105,20 +106,20 @@ def test_a_replica_that_returns_before_the_others_arrive_counts_as_returned(stra
     returned = threading.Event()
     arrive_done = Step._arrive_done
 
-    def arrive_done_and_tell(self, i, result):  # replica 0's return has been counted (in the next round)
+    def arrive_done_and_tell(self, i, result):  # replica 1's return has been counted (in the next round)
         arrive_done(self, i, result)
-        if i == 0:
+        if i == FIRST:
             returned.set()
 
     monkeypatch.setattr(Step, "_arrive_done", arrive_done_and_tell)
 
     def step():
-        if replica_id() == 0:
-            opt.apply_gradients(zip(gradients(0), variables))
-            return "zero"
-        assert returned.wait(WAIT), "replica 0 parked in apply_gradients instead of handing its gradients over"
-        opt.apply_gradients(zip(gradients(1), variables))
-        return "one"
+        if replica_id() == FIRST:
+            opt.apply_gradients(zip(gradients(1), variables))
+            return "one"
+        assert returned.wait(WAIT), "replica 1 parked in apply_gradients instead of handing its gradients over"
+        opt.apply_gradients(zip(gradients(0), variables))
+        return "zero"
 
     assert strategy.experimental_local_results(strategy.run(step)) == ("zero", "one")
     for var, want in zip(variables, expected_after_one_more(before)):
@@ -132,7 +133,7 @@ def test_a_second_collective_after_a_hand_over_sees_the_updated_variables(strate
 
     def step():
         ctx = td.distribute.get_replica_context()
-        if replica_id() == 0:
+        if replica_id() == FIRST:
             opt.apply_gradients(zip(gradients(0), variables))
             handed.set()
         else:
@@ -166,7 +167,7 @@ def test_a_failing_settle_stops_the_replica_waiting_at_its_fence(strategy):
     reached_read: list[bool] = []
 
     def step():
-        if replica_id() == 0:
+        if replica_id() == FIRST:
             opt.apply_gradients(zip(gradients(0), variables))
             handed.set()
             reached_read.append(True)
@@ -191,7 +192,7 @@ def test_a_replica_skipping_apply_gradients_after_a_hand_over_is_a_merge_count_e
     warm_up(strategy, variables, opt)
 
     def step():
-        if replica_id() == 0:
+        if replica_id() == FIRST:
             opt.apply_gradients(zip(gradients(0), variables))
         return None
 
@@ -235,7 +236,7 @@ def test_variables_the_update_does_not_write_are_not_fenced(strategy):
     counted = threading.Event()
 
     def step():
-        if replica_id() == 0:
+        if replica_id() == FIRST:
             opt.apply_gradients(zip(gradients(0), variables))
             seen.update_state(np.float32(1.0))  # not written by the update: no wait
             counted.set()
@@ -260,7 +261,7 @@ def test_the_step_count_and_slots_are_fenced(strategy):
     handed = threading.Event()
 
     def step():
-        if replica_id() == 0:
+        if replica_id() == FIRST:
             opt.apply_gradients(zip([np.ones(3, np.float32)], variables))
             handed.set()
             return int(opt.iterations.numpy()), opt.get_slot(variables[0], "momentum").read_value().copy()
@@ -268,6 +269,41 @@ def test_the_step_count_and_slots_are_fenced(strategy):
         opt.apply_gradients(zip([np.ones(3, np.float32)], variables))
         return 0, np.zeros(3, np.float32)
 
-    count, momentum = strategy.experimental_local_results(strategy.run(step))[0]
+    count, momentum = strategy.experimental_local_results(strategy.run(step))[FIRST]
     assert count == 3
     np.testing.assert_allclose(momentum, opt.get_slot(variables[0], "momentum").numpy())
+
+
+def test_replica_0_never_hands_over(strategy, monkeypatch):
+    """The caller's replica parks: run() waits for the update before returning anyway."""
+    variables, opt = model(strategy)
+    warm_up(strategy, variables, opt)
+    handed: list[int] = []
+    hand_over = Step._hand_over
+
+    def record(self, i, request):
+        handed.append(i)
+        hand_over(self, i, request)
+
+    monkeypatch.setattr(Step, "_hand_over", record)
+    first_arrived = threading.Event()
+
+    def step():
+        if replica_id() == 0:  # replica 0 arrives first: it parks, so replica 1 settles
+            opt.apply_gradients(zip(gradients(0), variables))
+            return None
+        assert first_arrived.wait(WAIT)
+        opt.apply_gradients(zip(gradients(1), variables))
+        return None
+
+    arrive = Step._arrive
+
+    def arrive_and_tell(self, i):
+        outcome = arrive(self, i)
+        if i == 0:
+            first_arrived.set()
+        return outcome
+
+    monkeypatch.setattr(Step, "_arrive", arrive_and_tell)
+    strategy.run(step)
+    assert handed == []
