@@ -236,7 +236,7 @@ class SharedMemoryAllReduce(CrossDeviceOps):
         n = len(devices)
         shared = []
         for result in results:
-            result.flags.writeable = False  # every replica sees it: nobody may write into it
+            result.setflags(write=False)  # every replica sees it: nobody may write into it
             view = result.view
             shared.append([view() for _ in range(n)])
         return shared

@@ -56,7 +56,7 @@ class HostStep:
             if impl is _HOST:  # host copies share one read-only array
                 if host is None:
                     host = np.array(step, np.int64)
-                    host.flags.writeable = False
+                    host.setflags(write=False)
                 array = host
             elif incremented and component._array is every[k]:
                 with impl.on_array_device(every[k]):

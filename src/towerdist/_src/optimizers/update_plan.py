@@ -215,7 +215,7 @@ def publish(members: list[ResourceVariable], array: Any) -> None:
     it); a device component adopts its own array, moved to its device.
     """
     if type(array) is np.ndarray:
-        array.flags.writeable = False
+        array.setflags(write=False)
         adopt_shared(members, array)
         return
     for component in members:

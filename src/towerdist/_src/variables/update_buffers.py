@@ -59,7 +59,7 @@ class UpdateBuffers:
             and spare.shape == like.shape
             and spare.dtype == like.dtype
         ):
-            spare.flags.writeable = True
+            spare.setflags(write=True)
             return spare
         return np.empty_like(like)
 
@@ -72,7 +72,7 @@ class UpdateBuffers:
             buffer = self._scratch[name] = np.empty_like(like)
         elif not buffer.flags.writeable:  # it was handed out read-only (e.g. as a collective's result)
             if sys.getrefcount(buffer) == _ONLY_OURS + 1:  # the dict entry, the local name, the argument
-                buffer.flags.writeable = True
+                buffer.setflags(write=True)
             else:  # a view of it is still alive somewhere
                 buffer = self._scratch[name] = np.empty_like(like)
         return buffer
@@ -83,5 +83,5 @@ class UpdateBuffers:
         Only buffers this object allocated qualify (numpy arrays owning their memory); a
         snapshot may still look at one, which :meth:`out` checks before reusing it.
         """
-        if type(replaced) is np.ndarray and replaced.flags.owndata:
+        if type(replaced) is np.ndarray and replaced.base is None:  # it owns its memory
             self._spares[name] = replaced
