@@ -21,16 +21,33 @@ from conftest import multi_worker
 pytestmark = pytest.mark.multi_worker
 
 SMALL = 1024  # elements: a sum that travels beside the handshake
-LARGE = communicator_module._EXCHANGE_BYTES  # elements: past the exchange, whatever the dtype
+# Elements: past the exchange and past the host window's payload, whatever the dtype.
+LARGE = max(communicator_module._EXCHANGE_BYTES, communicator_module._WINDOW_PAYLOAD_BYTES)
 
 
-@pytest.fixture
-def workers() -> Any:
+def _workers(mode: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The test strategy's ``Workers``, their handshakes travelling as MPI messages or in the host's window."""
     strategy = multi_worker(1)
     workers = strategy.extended._workers
     if workers.communicator is None:
         pytest.skip("one worker has no communicator (run under mpiexec -n 2)")
+    communicator = workers.communicator
+    if mode == "messages":
+        monkeypatch.setattr(communicator, "_window", None)  # every rank alike: the tests run in step
+    elif communicator._window is None:
+        pytest.skip("the ranks do not share one host (or TOWERDIST_HOST_WINDOW=0): no host window")
     return workers
+
+
+@pytest.fixture(params=["messages", "window"])
+def workers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Each test runs on both paths: MPI messages (ranks on several hosts) and the host's shared window."""
+    return _workers(request.param, monkeypatch)
+
+
+@pytest.fixture
+def message_workers(monkeypatch: pytest.MonkeyPatch) -> Any:
+    return _workers("messages", monkeypatch)
 
 
 class _Recorder:
@@ -61,8 +78,8 @@ class _Recorder:
 
 
 @pytest.fixture
-def recorder(workers: Any) -> Iterator[_Recorder]:
-    communicator = workers.communicator
+def recorder(message_workers: Any) -> Iterator[_Recorder]:
+    communicator = message_workers.communicator
     comm, testall = communicator._comm, communicator._Testall
     recorder = _Recorder(comm, testall)
     communicator._comm, communicator._Testall = recorder, recorder.testall
@@ -88,7 +105,8 @@ def _want(dtype: np.dtype[Any], size: int, ranks: int) -> np.ndarray:
 # --- one message latency ----------------------------------------------------------------------
 
 
-def test_a_small_sum_is_one_message_to_each_peer_carrying_header_and_payload(workers, recorder):
+def test_a_small_sum_is_one_message_to_each_peer_carrying_header_and_payload(message_workers, recorder):
+    workers = message_workers
     peers = workers.size - 1
     x = np.ones(SMALL, np.float32)
     (result,) = workers.sum([x], "test_communicator", None)
@@ -98,7 +116,8 @@ def test_a_small_sum_is_one_message_to_each_peer_carrying_header_and_payload(wor
     assert recorder.sent == [communicator_module._PAYLOAD_AT + x.nbytes] * peers
 
 
-def test_a_large_sum_moves_its_payload_after_the_header(workers, recorder):
+def test_a_large_sum_moves_its_payload_after_the_header(message_workers, recorder):
+    workers = message_workers
     peers = workers.size - 1
     x = np.ones(LARGE, np.float32)
     (result,) = workers.sum([x], "test_communicator", None)
@@ -184,3 +203,41 @@ def test_a_sum_into_its_own_input_is_right(workers, size):
     (result,) = workers.sum([x], "test_communicator", None, out=[x])
     assert result is x or np.shares_memory(result, x)
     np.testing.assert_array_equal(x, _want(np.dtype(np.int32), size, workers.size))
+
+
+# --- the host's shared window ---------------------------------------------------------------
+
+
+@pytest.fixture
+def window_workers(monkeypatch: pytest.MonkeyPatch) -> Any:
+    return _workers("window", monkeypatch)
+
+
+def test_a_small_sum_in_the_host_window_makes_no_mpi_call(window_workers, monkeypatch):
+    workers = window_workers
+    communicator = workers.communicator
+    recorder = _Recorder(communicator._comm, communicator._Testall)
+    monkeypatch.setattr(communicator, "_comm", recorder)
+    x = np.ones(SMALL, np.float32) * (workers.rank + 1)
+    (result,) = workers.sum([x], "test_communicator", None)
+    np.testing.assert_array_equal(result, np.full(SMALL, workers.size * (workers.size + 1) / 2, np.float32))
+    assert recorder.calls == []
+
+
+def test_a_rank_waiting_in_the_host_window_blocks_instead_of_polling(window_workers):
+    """Rank 0 arrives ~0.3 s before the others: it waits on its doorbell, using almost no CPU."""
+    import time
+
+    workers = window_workers
+    workers.sum([np.ones(4, np.float32)], "test_communicator", None)  # in step
+    if workers.rank != 0:
+        deadline = time.perf_counter() + 0.3
+        while time.perf_counter() < deadline:  # computing (the wait is rank 0's, not a synchronisation)
+            pass
+    cpu, wall = time.process_time(), time.perf_counter()
+    (result,) = workers.sum([np.ones(4, np.float32)], "test_communicator", None)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    np.testing.assert_array_equal(result, np.full(4, workers.size, np.float32))
+    if workers.rank == 0:
+        assert wall > 0.2, wall  # it did wait for the others
+        assert cpu < 0.25 * wall, (cpu, wall)  # ... blocked, not polling: a polling rank uses its core throughout

@@ -63,6 +63,7 @@ from towerdist._src.errors import (
     UnavailableError,
 )
 from towerdist._src.mpi_runtime import World
+from towerdist._src.multi_worker.host_window import HostWindow, open_window
 
 __all__ = ["Call", "Communicator"]
 
@@ -87,6 +88,11 @@ _TAG_MESSAGE, _TAG_BYE, _TAG_HALVES = 17, 19, 21
 # adds only part of it. 2 ranks, AMD EPYC VM: the exchange matched a raw ``Allreduce`` at 4 and
 # 64 KiB; above that the halves (``_sum_halves``) move and add half the bytes per rank.
 _EXCHANGE_BYTES = 64 << 10
+
+# Ranks of one host meet in a shared window (``host_window.py``): a sum whose payload is at
+# most this many bytes travels in it, with the header; a larger one after the check, as above.
+_WINDOW_PAYLOAD_BYTES = 1 << 20
+_WAIT_SLICE_SECONDS = 0.05  # a rank blocked in the window looks at the clock (timeouts, warnings, leavers) this often
 
 _POLL_SECONDS = 0.0002  # a handshake polls back to back this long (a peer about to arrive), then sleeps between polls
 _SHORT_SLEEP_SECONDS = 0.00005  # between polls after that ...
@@ -185,6 +191,17 @@ class Communicator:
         # More ranks on this host than cores: the ranks take turns on the cores, and a waiting
         # rank must hand its core to a peer at once (waiting.Poller).
         self._crowded = self.local_size > waiting.usable_cores()
+        # Every rank on this host: the handshake and small sums go through shared memory, and a
+        # waiting rank blocks (host_window.py). The same answer on every rank.
+        self._window: HostWindow | None = None
+        if self.size > 1 and self.local_size == self.size:
+            self._window = open_window(
+                world.MPI,
+                self._local,
+                -(-(_PAYLOAD_AT + _WINDOW_PAYLOAD_BYTES) // 64) * 64,
+                lambda value: self.local_allgather(value, timeout, warning),
+            )
+        self._message_rows: list[np.ndarray] = self._rows  # where the latest handshake's messages are
 
     def _duplicate(self, world: World, timeout: float | None, warning: float | None) -> Any:
         comm, request = world.MPI.COMM_WORLD.Idup()
@@ -275,7 +292,11 @@ class Communicator:
         per buffer. Integer sums are exact (wrapping as MPI's do) on every path.
         """
         nbytes = sends[0].nbytes if len(sends) == 1 else sum(send.nbytes for send in sends)
-        if nbytes * (self.size - 1) > _EXCHANGE_BYTES:
+        if self._window is not None:
+            large = nbytes > _WINDOW_PAYLOAD_BYTES
+        else:
+            large = nbytes * (self.size - 1) > _EXCHANGE_BYTES
+        if large:
             algorithm = "halves (Isend/Irecv)" if self.size == 2 else "MPI_Iallreduce"
             with self._guarded(call, algorithm, sends):
                 self._handshake(call, timeout, warning)
@@ -288,7 +309,8 @@ class Communicator:
                     request = self._comm.Iallreduce(source, out, op=self._MPI.SUM)
                     self._spin([request], deadline, call)
             return
-        with self._guarded(call, "exchange with the handshake", sends):
+        algorithm = "in the host's shared window" if self._window is not None else "exchange with the handshake"
+        with self._guarded(call, algorithm, sends):
             self._handshake(call, timeout, warning, payload=sends)
             self._sum_inbox(sends, outs)
 
@@ -315,12 +337,12 @@ class Communicator:
 
     def _sum_inbox(self, sends: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         """Each ``outs[k]``: every rank's ``sends[k]`` (this rank's own, the others' from the inbox), summed in rank order."""
-        inbox, rank = self._inbox, self.rank
+        rows, rank = self._message_rows, self.rank
         offset = _PAYLOAD_AT
         for send, out in zip(sends, outs):
             end = offset + send.nbytes
             own = send.copy() if send is out and rank > 1 else send  # out is written before rank 2's turn
-            parts = [own if r == rank else inbox[r, offset:end].view(send.dtype) for r in range(self.size)]
+            parts = [own if r == rank else rows[r][offset:end].view(send.dtype) for r in range(self.size)]
             np.add(parts[0], parts[1], out=out)
             for part in parts[2:]:
                 np.add(out, part, out=out)
@@ -375,7 +397,8 @@ class Communicator:
             )
         seq = self._seq
         self._seq = seq + 1
-        outbox = self._outbox
+        window = self._window
+        outbox = self._outbox if window is None else window.message(seq)
         end = _HEADER_BYTES
         nbytes = _NO_PAYLOAD
         if payload is not None:
@@ -385,19 +408,29 @@ class Communicator:
                 end += part.nbytes
                 outbox[start:end] = part.view(np.uint8)
             nbytes = end - _PAYLOAD_AT
-        header = self._header
+        header = outbox[:_HEADER_BYTES].view(np.int64)
         header[:] = (
             _MAGIC_VALUE, seq, _code(call.collective), _code(call.op), _code(call.signature), call.extra,
             _OK if failure is None else _FAILED, self.notice, nbytes,
         )  # fmt: skip
         self._own[:] = header
-        comm, rows, peers = self._comm, self._rows, self._peers
-        message = outbox[:end]
-        requests = [comm.Irecv(rows[r], source=r, tag=_TAG_MESSAGE) for r in peers]
-        requests += [comm.Isend(message, dest=r, tag=_TAG_MESSAGE) for r in peers]
-        missing = self._poll(requests, peers, call, seq, timeout, warning)
-        if missing:
-            raise self._timed_out(call, seq, missing, timeout)
+        if window is not None:
+            window.arrive(seq)
+            missing = self._await_window(window, seq, call, timeout, warning)
+            if missing:
+                raise self._timed_out(call, seq, missing, timeout)
+            rows = self._message_rows = [window.row(r, seq) for r in range(self.size)]
+            for r in self._peers:
+                self._table[r] = rows[r][:_HEADER_BYTES].view(np.int64)
+        else:
+            comm, rows, peers = self._comm, self._rows, self._peers
+            self._message_rows = rows
+            message = outbox[:end]
+            requests = [comm.Irecv(rows[r], source=r, tag=_TAG_MESSAGE) for r in peers]
+            requests += [comm.Isend(message, dest=r, tag=_TAG_MESSAGE) for r in peers]
+            missing = self._poll(requests, peers, call, seq, timeout, warning)
+            if missing:
+                raise self._timed_out(call, seq, missing, timeout)
         table = self._table
         headers = table.tolist()
         if any(row[_STATUS] for row in headers):  # a status other than _OK is _FAILED
@@ -451,6 +484,42 @@ class Communicator:
                 time.sleep(_MAX_SLEEP_SECONDS if waited > _SLOW_SECONDS else _SHORT_SLEEP_SECONDS)
             else:
                 time.sleep(_SHORT_SLEEP_SECONDS)
+
+    def _await_window(
+        self, window: HostWindow, seq: int, call: Call, timeout: float | None, warning: float | None
+    ) -> list[int]:
+        """Waits until every peer wrote its message for ``seq`` in the host's window; the ranks missing at the timeout.
+
+        Polls for ``_POLL_SECONDS`` (not when the host has more ranks than cores), then blocks
+        on this rank's doorbell in slices of at most ``_WAIT_SLICE_SECONDS``, looking at the
+        clock (the timeout, stall warnings) and for ranks that ended their program between them.
+        """
+        if not window.missing(seq):
+            return []
+        start = time.monotonic()
+        warned_at = 0.0
+        poller = waiting.Poller(self._crowded)
+        while True:
+            waited = time.monotonic() - start
+            if timeout is not None and waited > timeout:
+                return window.missing(seq)
+            if warning is not None and waited > warning and waited - warned_at > warning:
+                warned_at = waited
+                self._warn_stall(call, seq, waited, window.missing(seq))
+            if waited < _POLL_SECONDS and not self._crowded:
+                poller.pause()
+                if not window.missing(seq):
+                    return []
+                continue
+            if waited > _SPIN_SECONDS:
+                self._check_leavers(call, seq)
+            slice_seconds = _WAIT_SLICE_SECONDS
+            if timeout is not None:
+                slice_seconds = min(slice_seconds, max(timeout - waited, 0.0) + 1e-3)
+            if warning is not None:
+                slice_seconds = min(slice_seconds, max(warning - (waited - warned_at), 0.0) + 1e-3)
+            if window.wait(seq, slice_seconds):
+                return []
 
     def _mismatch(self, call: Call, seq: int, timeout: float | None) -> None:
         # Every rank sees the same table, so every rank is here: exchange readable descriptions.
@@ -524,6 +593,8 @@ class Communicator:
             return  # the job is aborted at exit anyway
         with self._lock:
             sends = [self._comm.Isend(self._bye, dest=r, tag=_TAG_BYE) for r in range(self.size) if r != self.rank]
+            if self._window is not None:
+                self._window.ring_all()  # a peer blocked in the window looks for the notice at once
             barrier = self._comm.Ibarrier()
             start = time.monotonic()
             warned_at = 0.0
