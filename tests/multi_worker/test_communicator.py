@@ -241,3 +241,20 @@ def test_a_rank_waiting_in_the_host_window_blocks_instead_of_polling(window_work
     if workers.rank == 0:
         assert wall > 0.2, wall  # it did wait for the others
         assert cpu < 0.25 * wall, (cpu, wall)  # ... blocked, not polling: a polling rank uses its core throughout
+
+
+def test_turning_the_host_window_off_on_one_rank_turns_it_off_for_all(window_workers, monkeypatch):
+    from towerdist._src.multi_worker import host_window
+
+    communicator = window_workers.communicator
+
+    def allgather(value: Any) -> list[Any]:
+        return communicator.local_allgather(value, 60.0, None)
+
+    if window_workers.rank == window_workers.size - 1:
+        monkeypatch.setenv("TOWERDIST_HOST_WINDOW", "0")
+    assert host_window.open_window(communicator._MPI, communicator._local, 4096, allgather) is None
+    monkeypatch.delenv("TOWERDIST_HOST_WINDOW", raising=False)
+    window = host_window.open_window(communicator._MPI, communicator._local, 4096, allgather)
+    assert window is not None
+    window.close()

@@ -21,7 +21,13 @@ after the check: between 2 ranks each sums one half and sends it to the other (`
 from the input straight into the output), else one ``Iallreduce``; ``Iallgatherv`` and
 ``Ibcast`` for the other collectives. These are non-blocking and polled with the deadline.
 
-Waiting: MPI makes progress only while a rank calls it, so a waiting rank polls
+**Ranks of one host** meet in the host's shared window instead (``host_window.py``): each
+rank writes its message (header, then a sum's payload up to ``_WINDOW_PAYLOAD_BYTES``) into
+its own segment and says it arrived; the others read it in place, and a rank waiting for its
+peers blocks on its doorbell after a short poll. Only larger payloads, gathers and broadcasts
+then move as MPI messages.
+
+Waiting for MPI: MPI makes progress only while a rank calls it, so a waiting rank polls
 (``Testall``); between two polls it *yields its core* (``os.sched_yield()``): a rank that
 polled without yielding kept its core while the peer it waited for, or another program,
 needed it (4 ranks on 2 cores trained at 0.09x the speed of 2 ranks, and one competing

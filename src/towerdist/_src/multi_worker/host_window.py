@@ -25,7 +25,7 @@ earlier wait) only makes a wait look once more.
 
 Only where the ranks share one host, a POSIX system (named pipes) and an MPI with shared
 windows; :func:`open_window` returns None elsewhere and the communicator uses MPI messages.
-``TOWERDIST_HOST_WINDOW=0`` turns it off.
+``TOWERDIST_HOST_WINDOW=0`` turns it off (on one rank: for all of them).
 """
 
 from __future__ import annotations
@@ -138,11 +138,15 @@ def open_window(
     (``TOWERDIST_HOST_WINDOW=0``), without named pipes, or when MPI has no shared windows;
     every rank gets the same answer.
     """
-    if os.environ.get(_ENV, "1").strip() == "0" or not hasattr(os, "mkfifo"):
-        return None
+    wanted = os.environ.get(_ENV, "1").strip() != "0" and hasattr(os, "mkfifo")
     rank, size = local.Get_rank(), local.Get_size()
-    directory = tempfile.mkdtemp(prefix="towerdist-doorbells-") if rank == 0 else None
-    directory = allgather(directory)[0]
+    directory = tempfile.mkdtemp(prefix="towerdist-doorbells-") if rank == 0 and wanted else None
+    answers = allgather([wanted, directory])  # one rank turning it off turns it off for all
+    if not all(answer[0] for answer in answers):
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+        return None
+    directory = answers[0][1]
     reads, rings, ok = -1, [-1] * size, True
     try:
         path = os.path.join(directory, str(rank))
