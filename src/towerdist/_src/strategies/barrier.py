@@ -184,6 +184,17 @@ class _NoTurns:
 _NO_TURNS: Any = _NoTurns()
 
 
+_NOTHING_HANDED: dict[int, Any] = {}
+
+
+def _nothing_handed(n: int) -> Any:
+    """A read-only row of ``n`` Nones: the hand-over state of a step in which nobody hands over."""
+    row = _NOTHING_HANDED.get(n)
+    if row is None:
+        row = _NOTHING_HANDED[n] = (None,) * n
+    return row
+
+
 class Step:
     """The state of one ``strategy.run`` call shared by the caller and the replica threads.
 
@@ -264,11 +275,16 @@ class Step:
         # function before that round completed (its return counts in the next round); whether
         # it is parked, waiting for the settle.
         self._may_hand_over = n > 1 and not sequential and not self.on_gpus
-        self._handed: list[int | None] = [None] * n
-        self._snapshotting = [False] * n
-        self._returned_early = [False] * n
-        self._awaiting_settle = [False] * n
-        self._snapshots_taken = threading.Condition(self._lock)
+        self._handed: list[int | None]
+        self._snapshotting: list[bool]
+        self._returned_early: list[bool]
+        self._awaiting_settle: list[bool]
+        if self._may_hand_over:
+            self._handed, self._snapshotting = [None] * n, [False] * n
+            self._returned_early, self._awaiting_settle = [False] * n, [False] * n
+        else:  # nobody hands over: one shared row of Nones (never written) answers every question
+            self._handed = self._snapshotting = self._returned_early = self._awaiting_settle = _nothing_handed(n)
+        self._snapshots_taken: threading.Condition | None = None  # made by a settler that must wait for a copy
         # Sequential steps: the replica whose turn it is.
         self._turn = 0
         self._turn_changed = threading.Condition(self._lock) if sequential else _NO_TURNS
@@ -354,7 +370,8 @@ class Step:
         else:
             self._arrive_done(i, result)
         finally:
-            update_fence.lower()  # a hand-over still being settled is the step's: run returns after it
+            if update_fence.up:
+                update_fence.lower()  # a hand-over still being settled is the step's: run returns after it
             state.restore(saved)
             if self.orders_streams:  # whatever this replica launched, before the caller reads it
                 try:
@@ -435,7 +452,8 @@ class Step:
         finally:
             with self._lock:
                 self._snapshotting[i] = False
-                self._snapshots_taken.notify_all()
+                if self._snapshots_taken is not None:
+                    self._snapshots_taken.notify_all()
         update_fence.raise_fence(lambda: self.await_settled(i), fenced)
 
     def await_settled(self, i: int) -> None:
@@ -466,8 +484,10 @@ class Step:
         while True in self._snapshotting and time.perf_counter() - start < _SNAPSHOT_SPIN_SECONDS:
             os.sched_yield()
         with self._lock:
-            while True in self._snapshotting:
-                self._snapshots_taken.wait(self.watch.poll_seconds())
+            if True in self._snapshotting:
+                taken = self._snapshots_taken = self._snapshots_taken or threading.Condition(self._lock)
+                while True in self._snapshotting:
+                    taken.wait(self.watch.poll_seconds())
 
     def _arrive_done(self, i: int, result: Any) -> None:
         self.results[i] = result
