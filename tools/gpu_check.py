@@ -693,20 +693,10 @@ def stage_steps() -> None:
         def mirrored_step() -> None:
             strategy.run(lambda: optimizer.apply_gradients(zip(gradients(model), model.parameters)))
 
-        def timed(fn: Callable[[], None]) -> float:
-            for _ in range(3):
-                fn()
-            device.synchronize()
-            began = time.perf_counter()
-            for _ in range(steps):
-                fn()
-            device.synchronize()
-            return (time.perf_counter() - began) / steps * 1e3
-
         rounds: dict[str, list[float]] = {"plain": [], "mirrored": []}
         for _ in range(3):
-            rounds["plain"].append(timed(plain_step))
-            rounds["mirrored"].append(timed(mirrored_step))
+            rounds["plain"].append(_ms_per_step(cp, plain_step, steps))
+            rounds["mirrored"].append(_ms_per_step(cp, mirrored_step, steps))
         p, m = statistics.median(rounds["plain"]), statistics.median(rounds["mirrored"])
         result(None, f"step, {name}", f"plain cupy {p:.3f} ms; MirroredStrategy(['GPU:0']) {m:.3f} ms; "
                f"ratio {m / p:.2f}x (medians of 3 rounds of {steps} steps)")  # fmt: skip
