@@ -281,6 +281,39 @@ class Communicator:
         with self._guarded(call):
             self._handshake(call, timeout, warning, failure=description)
 
+    def window_fits(self, nbytes: int) -> bool:
+        """Whether a sum of ``nbytes`` travels in the host's shared window: its parts may then be
+        given apart (:meth:`allreduce_parts`), without being packed into one buffer first."""
+        return self._window is not None and nbytes <= _WINDOW_PAYLOAD_BYTES
+
+    def allreduce_parts(
+        self,
+        parts: Sequence[Sequence[np.ndarray]],
+        outs: Sequence[np.ndarray],
+        call: Call,
+        timeout: float | None,
+        warning: float | None,
+    ) -> None:
+        """:meth:`allreduce` of ``outs[k]``-sized sends given as parts: ``parts[k]`` (1-D, contiguous, of
+        ``outs[k]``'s dtype) one after another. Only where :meth:`window_fits` the total.
+
+        The parts are written into this rank's segment of the host's window as they are, and
+        the segments summed in rank order into ``outs`` (which may overlap the parts).
+        """
+        window = self._window
+        assert window is not None
+        flat = [part for group in parts for part in group]
+        with self._guarded(call, "in the host's shared window", flat):
+            self._handshake(call, timeout, warning, payload=flat)
+            rows, offset = self._message_rows, _PAYLOAD_AT
+            for out in outs:
+                end = offset + out.nbytes
+                summed = [rows[r][offset:end].view(out.dtype) for r in range(self.size)]
+                np.add(summed[0], summed[1], out=out)
+                for part in summed[2:]:
+                    np.add(out, part, out=out)
+                offset = end
+
     def allreduce(
         self,
         sends: Sequence[np.ndarray],

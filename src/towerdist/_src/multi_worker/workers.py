@@ -111,6 +111,14 @@ class Workers:
         if len(packs) > 1:
             op = f"{op} in packs of {[len(pack) for _, pack in packs]} arrays"
         call = Call(collective, op, _signature(arrays))
+        parts = _parts(arrays, packs, communicator)
+        if parts is not None:  # in the host's window: the arrays are written there as they are, no pack first
+            outs = []
+            for dtype, pack in packs:
+                target = _own_buffer(out, pack[0], arrays[pack[0]], dtype) if len(pack) == 1 else None
+                outs.append(self._pool.take(dtype, sum(arrays[k].size for k in pack)) if target is None else target)
+            communicator.allreduce_parts(parts, outs, call, *self.bounds(options))
+            return _unpacked(arrays, packs, outs)
         sends, buffers = [], []
         for dtype, pack in packs:
             target = _own_buffer(out, pack[0], arrays[pack[0]], dtype) if len(pack) == 1 else None
@@ -122,15 +130,7 @@ class Workers:
             sends.append(source)
             buffers.append(target)
         communicator.allreduce(sends, buffers, call, *self.bounds(options))
-        results: list[np.ndarray] = [np.empty(0)] * len(arrays)
-        for (_, pack), buffer in zip(packs, buffers):
-            offset = 0
-            for k in pack:
-                size = arrays[k].size
-                part = buffer[offset : offset + size].reshape(arrays[k].shape)
-                results[k] = part if part.dtype == arrays[k].dtype else part.astype(arrays[k].dtype)
-                offset += size
-        return results
+        return _unpacked(arrays, packs, buffers)
 
     def gather(self, array: np.ndarray, axis: int, collective: str, options: CommunicationOptions | None) -> np.ndarray:
         """Every worker's ``array`` concatenated along ``axis``, in rank order (any dtype but object)."""
@@ -503,6 +503,39 @@ def _packs(arrays: Sequence[np.ndarray], bytes_per_pack: int) -> list[tuple[np.d
         groups[-1].append(k)
         sizes[dtype] = sizes.get(dtype, 0) + nbytes
     return [(dtype, group) for dtype, groups in by_dtype.items() for group in groups]
+
+
+def _parts(
+    arrays: Sequence[np.ndarray], packs: list[tuple[np.dtype[Any], list[int]]], communicator: Communicator
+) -> list[list[np.ndarray]] | None:
+    """Each pack's arrays flattened, to be written into the host's window apart, or None.
+
+    When the sum fits the window and every array is contiguous and of its transfer dtype;
+    otherwise the packs are filled first (and converted) as MPI messages need.
+    """
+    nbytes = 0
+    for array in arrays:
+        if not array.flags.c_contiguous or array.dtype in _TRANSFER:
+            return None
+        nbytes += array.nbytes
+    if not communicator.window_fits(nbytes):
+        return None
+    return [[arrays[k].reshape(-1) for k in pack] for _, pack in packs]
+
+
+def _unpacked(
+    arrays: Sequence[np.ndarray], packs: list[tuple[np.dtype[Any], list[int]]], buffers: Sequence[np.ndarray]
+) -> list[np.ndarray]:
+    """Each array's sum: its place in its pack's buffer, in its shape (and dtype)."""
+    results: list[np.ndarray] = [np.empty(0)] * len(arrays)
+    for (_, pack), buffer in zip(packs, buffers):
+        offset = 0
+        for k in pack:
+            size = arrays[k].size
+            part = buffer[offset : offset + size].reshape(arrays[k].shape)
+            results[k] = part if part.dtype == arrays[k].dtype else part.astype(arrays[k].dtype)
+            offset += size
+    return results
 
 
 def _as_sent(array: np.ndarray, dtype: np.dtype[Any], target: np.ndarray) -> np.ndarray | None:
