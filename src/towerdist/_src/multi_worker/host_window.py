@@ -23,8 +23,8 @@ memory barrier (``Win.Sync``) between their store and their load of the other's 
 one of them always sees the other: no ring is lost. A stale ring (a byte left from an
 earlier wait) only makes a wait look once more.
 
-Only where the ranks share one host, a POSIX system (named pipes) and an MPI with shared
-windows; :func:`open_window` returns None elsewhere and the communicator uses MPI messages.
+Only where the ranks share one host, a POSIX system (named pipes, ``poll``) and an MPI with
+shared windows; :func:`open_window` returns None elsewhere and the communicator uses MPI messages.
 ``TOWERDIST_HOST_WINDOW=0`` turns it off (on one rank: for all of them).
 """
 
@@ -68,8 +68,10 @@ class HostWindow:
         self._own = self._controls[rank]
         self._peers = [r for r in range(len(segments)) if r != rank]
         self._read = reads  # this rank's doorbell (non-blocking read end)
-        self._rings = rings  # the peers' doorbells (write ends), by rank (-1: this rank)
+        self._rings = rings  # every rank's doorbell (write ends), by rank; this rank's own is never rung
         self._sync: Callable[[], None] = win.Sync
+        self._doorbell = select.poll()  # (not select.select: a process may hold more than 1024 files)
+        self._doorbell.register(reads, select.POLLIN)
 
     def message(self, seq: int) -> np.ndarray:
         """The bytes this rank writes collective ``seq``'s message into."""
@@ -113,7 +115,7 @@ class HostWindow:
             sync()  # the sleeping flag before the arrivals are read again
             if not self.missing(seq):
                 return True
-            select.select([self._read], [], [], seconds)
+            self._doorbell.poll(max(1, int(seconds * 1000)))
             with contextlib.suppress(BlockingIOError):
                 os.read(self._read, 4096)  # this ring, and any stale one
         finally:
@@ -138,7 +140,7 @@ def open_window(
     (``TOWERDIST_HOST_WINDOW=0``), without named pipes, or when MPI has no shared windows;
     every rank gets the same answer.
     """
-    wanted = os.environ.get(_ENV, "1").strip() != "0" and hasattr(os, "mkfifo")
+    wanted = os.environ.get(_ENV, "1").strip() != "0" and hasattr(os, "mkfifo") and hasattr(select, "poll")
     rank, size = local.Get_rank(), local.Get_size()
     directory = tempfile.mkdtemp(prefix="towerdist-doorbells-") if rank == 0 and wanted else None
     answers = allgather([wanted, directory])  # one rank turning it off turns it off for all
@@ -159,9 +161,8 @@ def open_window(
         _remove(directory, rank)
         return None
     try:
-        for r in range(size):
-            if r != rank:
-                rings[r] = os.open(os.path.join(directory, str(r)), os.O_WRONLY | os.O_NONBLOCK)
+        for r in range(size):  # this rank's own write end too: a doorbell never reads end-of-file when peers exit
+            rings[r] = os.open(os.path.join(directory, str(r)), os.O_WRONLY | os.O_NONBLOCK)
     except OSError:
         ok = False
     ok = all(allgather(ok))
