@@ -134,6 +134,8 @@ class MultiWorkerExtended(MirroredExtended):
         gpus = self._this_workers_gpus()  # collective over this host's workers: called whatever `devices` is
         super().__init__(container_strategy, gpus if devices is None else devices, None)
         self._mw_init_args = (devices, cluster_resolver, communication_options)
+        # One CPU replica (the common worker without GPUs): a host result is its own placement.
+        self._one_cpu = len(self._devices) == 1 and self._devices[0].device_type == "CPU"
         self._nccl: NcclWorkers | None = None
         self._compared = threading.local()  # the user's op when a reduce is computed as a SUM (see _comparing)
         if self._workers.size > 1:
@@ -494,6 +496,8 @@ class MultiWorkerExtended(MirroredExtended):
 
     def _place_everywhere(self, array: np.ndarray) -> list[Any]:
         """``array`` on every local replica device (shared read-only on the host)."""
+        if self._one_cpu and type(array) is np.ndarray:  # one CPU replica: the array itself (every training step)
+            return [array]
         placed = mirror([array] * len(self._devices), self._devices)
         return list(placed._values) if isinstance(placed, DistributedValues) else [placed]
 
@@ -569,6 +573,8 @@ class _MultiWorkerReplicaContext(_MirroredReplicaContext):
 
 def _to_host(array: Any) -> np.ndarray:
     """``array`` as a numpy array (GPU arrays are copied to the host)."""
+    if type(array) is np.ndarray:
+        return array
     host: np.ndarray = np.asarray(array) if backend.for_array(array) is backend.host() else np.asarray(array.get())
     return host
 
