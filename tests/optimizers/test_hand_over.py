@@ -307,3 +307,55 @@ def test_replica_0_never_hands_over(strategy, monkeypatch):
     monkeypatch.setattr(Step, "_arrive", arrive_and_tell)
     strategy.run(step)
     assert handed == []
+
+
+def test_an_interrupt_in_the_settling_caller_still_releases_the_replica_awaiting_the_update(
+    strategy, monkeypatch, replica_timeouts
+):
+    """Replica 0 (the caller's thread) settles a round whose hand-over replica 1 awaits; an
+    interrupt landing just after the settle was marked (before replica 1 is resumed) must still
+    stop replica 1, not leave it parked until the threads are given up."""
+    variables, opt = model(strategy)
+    warm_up(strategy, variables, opt)
+    replica_timeouts(None, 5.0)  # a lost replica 1 is given up after 5 s (the bug), not at once
+    awaiting = threading.Event()
+    park = Step._park
+
+    def park_and_tell(self, i):
+        if i == FIRST:
+            awaiting.set()  # replica 1 waits for the update it handed over
+        return park(self, i)
+
+    settled = Step._settled_hand_overs
+
+    def settled_then_interrupted(self):
+        found = settled(self)
+        if self.on_caller_thread() and found:
+            raise KeyboardInterrupt  # as a SIGINT landing between the bookkeeping and the wake-ups
+        return found
+
+    monkeypatch.setattr(Step, "_park", park_and_tell)
+    monkeypatch.setattr(Step, "_settled_hand_overs", settled_then_interrupted)
+    steps: list[Step] = []
+    execute = Step.execute
+
+    def record(self, i):
+        if i == 0:
+            steps.append(self)
+        execute(self, i)
+
+    monkeypatch.setattr(Step, "execute", record)
+
+    def step():
+        if replica_id() == FIRST:
+            opt.apply_gradients(zip(gradients(1), variables))
+            return variables[0].read_value()  # the fence: parks until the update is settled
+        assert awaiting.wait(WAIT)
+        opt.apply_gradients(zip(gradients(0), variables))
+        return None
+
+    with pytest.raises(KeyboardInterrupt):
+        strategy.run(step)
+    assert not steps[-1].abandoned, "replica 1 was never woken: the caller gave up on it"
+    monkeypatch.undo()
+    warm_up(strategy, variables, opt)
