@@ -359,3 +359,48 @@ def test_an_interrupt_in_the_settling_caller_still_releases_the_replica_awaiting
     assert not steps[-1].abandoned, "replica 1 was never woken: the caller gave up on it"
     monkeypatch.undo()
     warm_up(strategy, variables, opt)
+
+
+def test_printing_a_variable_after_a_hand_over_shows_the_update(strategy):
+    """repr()/str() read the value too: in the replica that handed over they wait for the update
+    (as TensorFlow prints the updated variable), never show the value from before it."""
+    variables, opt = model(strategy)
+    before = warm_up(strategy, variables, opt)
+    handed = threading.Event()
+
+    def step():
+        if replica_id() == FIRST:
+            opt.apply_gradients(zip(gradients(0), variables))
+            handed.set()
+            return repr(variables[1].values[FIRST]), str(variables[1])
+        assert handed.wait(WAIT)
+        opt.apply_gradients(zip(gradients(1), variables))
+        return "", ""
+
+    printed, shown = strategy.experimental_local_results(strategy.run(step))[FIRST]
+    want = repr(expected_after_one_more(before)[1])
+    assert want in printed
+    assert want in shown
+
+
+def test_copying_a_variable_after_a_hand_over_copies_the_updated_value(strategy):
+    """copy.deepcopy reads the value: in the replica that handed over it waits for the update."""
+    import copy
+
+    variables, opt = model(strategy)
+    before = warm_up(strategy, variables, opt)
+    handed = threading.Event()
+
+    def step():
+        if replica_id() == FIRST:
+            opt.apply_gradients(zip(gradients(0), variables))
+            handed.set()
+            return copy.deepcopy(variables[1].values[FIRST]).numpy(), copy.deepcopy(variables[0]).values[0].numpy()
+        assert handed.wait(WAIT)
+        opt.apply_gradients(zip(gradients(1), variables))
+        return np.zeros(4, np.float32), np.zeros((2, 3), np.float32)
+
+    component, distributed = strategy.experimental_local_results(strategy.run(step))[FIRST]
+    want = expected_after_one_more(before)
+    np.testing.assert_allclose(component, want[1], rtol=1e-6)
+    np.testing.assert_allclose(distributed, want[0], rtol=1e-6)
