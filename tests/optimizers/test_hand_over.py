@@ -404,3 +404,51 @@ def test_copying_a_variable_after_a_hand_over_copies_the_updated_value(strategy)
     want = expected_after_one_more(before)
     np.testing.assert_allclose(component, want[1], rtol=1e-6)
     np.testing.assert_allclose(distributed, want[0], rtol=1e-6)
+
+
+def test_three_replicas_two_hand_over_one_returns_early_one_reads(monkeypatch):
+    """Replicas 1 and 2 both hand over in one round; replica 1 returns before the round completes
+    (counted in the next one) while replica 2 waits at its fence; replica 0 settles."""
+    strategy = td.distribute.MirroredStrategy(cpus(3))
+    with strategy.scope():
+        var = td.Variable(np.ones(4, np.float32))
+        opt = td.optimizers.SGD(RATE)
+
+    def grad(r: int) -> np.ndarray:
+        return np.full(4, r + 1.0, np.float32)
+
+    for _ in range(2):
+        strategy.run(lambda: opt.apply_gradients([(grad(replica_id()), var)]))
+    before = var.numpy()
+    want = before - np.float32(RATE) * (grad(0) + grad(1) + grad(2))
+    first, second = threading.Event(), threading.Event()
+    handed: list[int] = []
+    hand_over = Step._hand_over
+
+    def step():
+        r = replica_id()
+        if r == 1:
+            opt.apply_gradients([(grad(1), var)])
+            first.set()
+            return None
+        if r == 2:
+            assert first.wait(WAIT)
+            opt.apply_gradients([(grad(2), var)])
+            second.set()
+            return var.read_value().copy()  # waits for replica 0's settle
+        assert second.wait(WAIT)
+        opt.apply_gradients([(grad(0), var)])
+        return var.read_value().copy()
+
+    def record(self, i, request):
+        handed.append(i)
+        hand_over(self, i, request)
+
+    monkeypatch.setattr(Step, "_hand_over", record)
+    results = strategy.experimental_local_results(strategy.run(step))
+    assert sorted(handed) == [1, 2]
+    assert results[1] is None
+    np.testing.assert_allclose(results[0], want, rtol=1e-6)
+    np.testing.assert_allclose(results[2], want, rtol=1e-6)
+    np.testing.assert_allclose(var.numpy(), want, rtol=1e-6)
+    assert update_fence.up == 0
