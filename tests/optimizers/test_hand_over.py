@@ -452,3 +452,33 @@ def test_three_replicas_two_hand_over_one_returns_early_one_reads(monkeypatch):
     np.testing.assert_allclose(results[2], want, rtol=1e-6)
     np.testing.assert_allclose(var.numpy(), want, rtol=1e-6)
     assert update_fence.up == 0
+
+
+def test_a_learning_rate_set_after_a_hand_over_is_for_the_next_step(strategy, monkeypatch):
+    """The update handed over uses the rate of its own apply_gradients call, as when the replica
+    waited there: setting ``learning_rate`` afterwards waits for that update."""
+    variables, opt = model(strategy)
+    before = warm_up(strategy, variables, opt)
+    go = threading.Event()  # replica 1 is waiting for the update, or has set the rate without waiting
+    await_settled = Step.await_settled
+
+    def tell_then_await(self, i):
+        go.set()
+        await_settled(self, i)
+
+    monkeypatch.setattr(Step, "await_settled", tell_then_await)
+
+    def step():
+        if replica_id() == FIRST:
+            opt.apply_gradients(zip(gradients(0), variables))
+            opt.learning_rate = 0.0  # for the steps after this one
+            go.set()
+            return None
+        assert go.wait(WAIT)
+        opt.apply_gradients(zip(gradients(1), variables))
+        return None
+
+    strategy.run(step)
+    for var, want in zip(variables, expected_after_one_more(before)):
+        np.testing.assert_allclose(var.numpy(), want, rtol=1e-6)
+    assert opt.learning_rate == 0.0
