@@ -307,3 +307,178 @@ def test_replica_0_never_hands_over(strategy, monkeypatch):
     monkeypatch.setattr(Step, "_arrive", arrive_and_tell)
     strategy.run(step)
     assert handed == []
+
+
+def test_an_interrupt_in_the_settling_caller_still_releases_the_replica_awaiting_the_update(
+    strategy, monkeypatch, replica_timeouts
+):
+    """Replica 0 (the caller's thread) settles a round whose hand-over replica 1 awaits; an
+    interrupt landing just after the settle was marked (before replica 1 is resumed) must still
+    stop replica 1, not leave it parked until the threads are given up."""
+    variables, opt = model(strategy)
+    warm_up(strategy, variables, opt)
+    replica_timeouts(None, 5.0)  # a lost replica 1 is given up after 5 s (the bug), not at once
+    awaiting = threading.Event()
+    park = Step._park
+
+    def park_and_tell(self, i):
+        if i == FIRST:
+            awaiting.set()  # replica 1 waits for the update it handed over
+        return park(self, i)
+
+    settled = Step._settled_hand_overs
+
+    def settled_then_interrupted(self):
+        found = settled(self)
+        if self.on_caller_thread() and found:
+            raise KeyboardInterrupt  # as a SIGINT landing between the bookkeeping and the wake-ups
+        return found
+
+    monkeypatch.setattr(Step, "_park", park_and_tell)
+    monkeypatch.setattr(Step, "_settled_hand_overs", settled_then_interrupted)
+    steps: list[Step] = []
+    execute = Step.execute
+
+    def record(self, i):
+        if i == 0:
+            steps.append(self)
+        execute(self, i)
+
+    monkeypatch.setattr(Step, "execute", record)
+
+    def step():
+        if replica_id() == FIRST:
+            opt.apply_gradients(zip(gradients(1), variables))
+            return variables[0].read_value()  # the fence: parks until the update is settled
+        assert awaiting.wait(WAIT)
+        opt.apply_gradients(zip(gradients(0), variables))
+        return None
+
+    with pytest.raises(KeyboardInterrupt):
+        strategy.run(step)
+    assert not steps[-1].abandoned, "replica 1 was never woken: the caller gave up on it"
+    monkeypatch.undo()
+    warm_up(strategy, variables, opt)
+
+
+def test_printing_a_variable_after_a_hand_over_shows_the_update(strategy):
+    """repr()/str() read the value too: in the replica that handed over they wait for the update
+    (as TensorFlow prints the updated variable), never show the value from before it."""
+    variables, opt = model(strategy)
+    before = warm_up(strategy, variables, opt)
+    handed = threading.Event()
+
+    def step():
+        if replica_id() == FIRST:
+            opt.apply_gradients(zip(gradients(0), variables))
+            handed.set()
+            return repr(variables[1].values[FIRST]), str(variables[1])
+        assert handed.wait(WAIT)
+        opt.apply_gradients(zip(gradients(1), variables))
+        return "", ""
+
+    printed, shown = strategy.experimental_local_results(strategy.run(step))[FIRST]
+    want = repr(expected_after_one_more(before)[1])
+    assert want in printed
+    assert want in shown
+
+
+def test_copying_a_variable_after_a_hand_over_copies_the_updated_value(strategy):
+    """copy.deepcopy reads the value: in the replica that handed over it waits for the update."""
+    import copy
+
+    variables, opt = model(strategy)
+    before = warm_up(strategy, variables, opt)
+    handed = threading.Event()
+
+    def step():
+        if replica_id() == FIRST:
+            opt.apply_gradients(zip(gradients(0), variables))
+            handed.set()
+            return copy.deepcopy(variables[1].values[FIRST]).numpy(), copy.deepcopy(variables[0]).values[0].numpy()
+        assert handed.wait(WAIT)
+        opt.apply_gradients(zip(gradients(1), variables))
+        return np.zeros(4, np.float32), np.zeros((2, 3), np.float32)
+
+    component, distributed = strategy.experimental_local_results(strategy.run(step))[FIRST]
+    want = expected_after_one_more(before)
+    np.testing.assert_allclose(component, want[1], rtol=1e-6)
+    np.testing.assert_allclose(distributed, want[0], rtol=1e-6)
+
+
+def test_three_replicas_two_hand_over_one_returns_early_one_reads(monkeypatch):
+    """Replicas 1 and 2 both hand over in one round; replica 1 returns before the round completes
+    (counted in the next one) while replica 2 waits at its fence; replica 0 settles."""
+    strategy = td.distribute.MirroredStrategy(cpus(3))
+    with strategy.scope():
+        var = td.Variable(np.ones(4, np.float32))
+        opt = td.optimizers.SGD(RATE)
+
+    def grad(r: int) -> np.ndarray:
+        return np.full(4, r + 1.0, np.float32)
+
+    for _ in range(2):
+        strategy.run(lambda: opt.apply_gradients([(grad(replica_id()), var)]))
+    before = var.numpy()
+    want = before - np.float32(RATE) * (grad(0) + grad(1) + grad(2))
+    first, second = threading.Event(), threading.Event()
+    handed: list[int] = []
+    hand_over = Step._hand_over
+
+    def step():
+        r = replica_id()
+        if r == 1:
+            opt.apply_gradients([(grad(1), var)])
+            first.set()
+            return None
+        if r == 2:
+            assert first.wait(WAIT)
+            opt.apply_gradients([(grad(2), var)])
+            second.set()
+            return var.read_value().copy()  # waits for replica 0's settle
+        assert second.wait(WAIT)
+        opt.apply_gradients([(grad(0), var)])
+        return var.read_value().copy()
+
+    def record(self, i, request):
+        handed.append(i)
+        hand_over(self, i, request)
+
+    monkeypatch.setattr(Step, "_hand_over", record)
+    results = strategy.experimental_local_results(strategy.run(step))
+    assert sorted(handed) == [1, 2]
+    assert results[1] is None
+    np.testing.assert_allclose(results[0], want, rtol=1e-6)
+    np.testing.assert_allclose(results[2], want, rtol=1e-6)
+    np.testing.assert_allclose(var.numpy(), want, rtol=1e-6)
+    assert update_fence.up == 0
+
+
+def test_a_learning_rate_set_after_a_hand_over_is_for_the_next_step(strategy, monkeypatch):
+    """The update handed over uses the rate of its own apply_gradients call, as when the replica
+    waited there: setting ``learning_rate`` afterwards waits for that update."""
+    variables, opt = model(strategy)
+    before = warm_up(strategy, variables, opt)
+    go = threading.Event()  # replica 1 is waiting for the update, or has set the rate without waiting
+    await_settled = Step.await_settled
+
+    def tell_then_await(self, i):
+        go.set()
+        await_settled(self, i)
+
+    monkeypatch.setattr(Step, "await_settled", tell_then_await)
+
+    def step():
+        if replica_id() == FIRST:
+            opt.apply_gradients(zip(gradients(0), variables))
+            opt.learning_rate = 0.0  # for the steps after this one
+            go.set()
+            return None
+        assert go.wait(WAIT)
+        opt.apply_gradients(zip(gradients(1), variables))
+        return None
+
+    strategy.run(step)
+    for var, want in zip(variables, expected_after_one_more(before)):
+        np.testing.assert_allclose(var.numpy(), want, rtol=1e-6)
+    assert opt.learning_rate == 0.0

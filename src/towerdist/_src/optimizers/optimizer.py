@@ -142,7 +142,10 @@ class Optimizer:
 
     @learning_rate.setter
     def learning_rate(self, value: LearningRate) -> None:
-        self._learning_rate = _check_learning_rate(value)
+        checked = _check_learning_rate(value)
+        if update_fence.up:  # an update this replica handed over still applies the rate of its own call
+            update_fence.wait()
+        self._learning_rate = checked
 
     @property
     def variables(self) -> list[Variable]:

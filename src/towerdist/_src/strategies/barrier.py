@@ -268,6 +268,9 @@ class Step:
         self._merge_counts = [0] * n
         # Replicas parked in a completed round that its settler has not released yet.
         self._unreleased: list[int] = []
+        # Replicas awaiting the settle of a hand-over that the settler marked settled and has not
+        # resumed yet (like ``_unreleased``: only the settler posts to them, stopped on a failure).
+        self._resuming: list[int] = []
         self._settler: int | None = None  # the thread that completed the latest round
         # Handing over (see the module's docstring): per replica, the round it handed a request
         # over in and whose settle it has not seen finish (None: nothing pending); whether the
@@ -641,13 +644,16 @@ class Step:
                 self._turn = 0
                 self._turn_started = time.monotonic()
                 self._turn_changed.notify_all()
-            awaiting = self._settled_hand_overs() if not failed else []
+            if not failed:
+                self._settled_hand_overs()
         if failed:
             self._release_unreleased()
             raise StopReplica
         mailboxes = self._mailboxes
-        for r in awaiting:
-            mailboxes[r].put((RESUME, None))
+        resuming = self._resuming
+        while resuming:
+            mailboxes[resuming[0]].put((RESUME, None))
+            del resuming[0]
         while others:
             r = others[0]
             mailboxes[r].put((RESUME, parts[r]))
@@ -655,8 +661,12 @@ class Step:
         return parts[i]
 
     def _settled_hand_overs(self) -> list[int]:
-        """Marks the hand-overs of completed rounds settled (lock held); returns who waits for that."""
-        awaiting = []
+        """Marks the hand-overs of completed rounds settled (lock held); who waits for that goes to ``_resuming``.
+
+        Kept on the step, not in a local, so that an interrupt landing before they are resumed
+        still stops them (``_release_unreleased``).
+        """
+        awaiting = self._resuming
         for r, handed in enumerate(self._handed):
             if handed is not None and handed < self._round:
                 self._handed[r] = None
@@ -670,6 +680,9 @@ class Step:
         others = self._unreleased
         while others:
             self._mailboxes[others.pop()].put((STOP,))
+        resuming = self._resuming
+        while resuming:
+            self._mailboxes[resuming.pop()].put((STOP,))
 
     def _exit(self, i: int) -> None:
         with self._lock:
@@ -736,7 +749,7 @@ class Step:
             self._caller_interrupted(error)
         except StopReplica:  # the second one: the threads are given up
             pass
-        if self._unreleased and self._settler == threading.get_ident():
+        if (self._unreleased or self._resuming) and self._settler == threading.get_ident():
             self._release_unreleased()
 
     # --- turns (sequential steps) ---------------------------------------------------------
@@ -796,7 +809,7 @@ class Step:
             self._turn_changed.notify_all()
         for r in stop:
             self._mailboxes[r].put((STOP,))
-        if self._unreleased and self._settler == threading.get_ident():
+        if (self._unreleased or self._resuming) and self._settler == threading.get_ident():
             self._release_unreleased()
 
     def raise_failure(self) -> None:

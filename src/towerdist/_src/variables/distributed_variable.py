@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from towerdist._src import backend, context, thread_state
+from towerdist._src import backend, context, thread_state, update_fence
 from towerdist._src.failures import name_api
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
@@ -222,6 +222,8 @@ class DistributedVariable(DistributedValues, Variable):
         copies: dict[int, Any] = {}
         components = []
         for component in self._components:
+            if update_fence.up:  # copied by the replica that handed its update over: the value after it
+                update_fence.wait(component)
             array = component._array
             if id(array) not in copies:
                 copies[id(array)] = component._impl.copy(array, component._device)

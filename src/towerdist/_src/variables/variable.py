@@ -657,6 +657,8 @@ class ResourceVariable(Variable):
         The strategy, name, aggregation, synchronization and shape are kept; writes to the
         copy never change the original.
         """
+        if update_fence.up:  # copied by the replica that handed its update over: the value after it
+            update_fence.wait(self)
         copied = self._copy_with(self._impl.copy(self._array, self._device))
         memo[id(self)] = copied
         return copied
@@ -676,6 +678,8 @@ class ResourceVariable(Variable):
         )
 
     def __repr__(self) -> str:
+        if update_fence.up:  # printed by the replica that handed its update over: the value after it
+            update_fence.wait(self)
         return format_variable(self.name, self._array)
 
 
@@ -748,6 +752,8 @@ class UnreadVariable(Variable):
         return copy.deepcopy(self._target, memo)
 
     def __repr__(self) -> str:
+        if update_fence.up:
+            update_fence.wait(self._target)
         array = getattr(self._target, "_array", None)  # a distributed variable has none: its value then
         return format_variable(self.name, self._target.value() if array is None else array)
 
