@@ -458,6 +458,7 @@ class Communicator:
             missing = self._await_window(window, seq, call, timeout, warning)
             if missing:
                 raise self._timed_out(call, seq, missing, timeout)
+            window.acquire()  # the peers' messages are read after their arrivals were seen
             rows = self._message_rows = [window.row(r, seq) for r in range(self.size)]
             for r in self._peers:
                 self._table[r] = rows[r][:_HEADER_BYTES].view(np.int64)

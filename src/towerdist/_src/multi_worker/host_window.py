@@ -91,6 +91,11 @@ class HostWindow:
             if self._controls[r][_SLEEPING]:
                 self.ring(r)
 
+    def acquire(self) -> None:
+        """A memory barrier after seeing every peer's arrival, before reading their messages
+        (needed on processors that reorder loads; free of cost on x86)."""
+        self._sync()
+
     def ring(self, rank: int) -> None:
         """Wakes rank ``rank`` if it waits on its doorbell (a full pipe already rings)."""
         with contextlib.suppress(BlockingIOError, BrokenPipeError):  # a gone peer is found by the timeout
