@@ -482,3 +482,43 @@ def test_a_learning_rate_set_after_a_hand_over_is_for_the_next_step(strategy, mo
     for var, want in zip(variables, expected_after_one_more(before)):
         np.testing.assert_allclose(var.numpy(), want, rtol=1e-6)
     assert opt.learning_rate == 0.0
+
+
+def test_a_replica_that_handed_over_and_left_still_warns_of_a_stall(strategy, replica_timeouts):
+    """Replica 0 (your thread) does not come: replica 1, gone idle after handing over, still warns.
+
+    The warning is read from the ``towerdist`` logger (which it reaches first, on replica 1's
+    thread); the ``ReplicaStallWarning`` raised beside it is silenced here.
+    """
+    import logging
+    import warnings
+
+    variables, opt = model(strategy)
+    warm_up(strategy, variables, opt)
+    replica_timeouts(warning_seconds=0.05, timeout_seconds=None)
+    warned = threading.Event()
+    messages: list[str] = []
+
+    class _Stalls(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "did not reach the barrier" in record.getMessage():
+                messages.append(record.getMessage())
+                warned.set()
+
+    def step():
+        if replica_id() == 0:
+            assert warned.wait(WAIT), "nobody warned that replica 0 had not reached apply_gradients"
+        opt.apply_gradients(zip(gradients(replica_id()), variables))
+        return None
+
+    handler = _Stalls(logging.WARNING)
+    logging.getLogger("towerdist").addHandler(handler)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", td.errors.ReplicaStallWarning)
+            strategy.run(step)
+    finally:
+        logging.getLogger("towerdist").removeHandler(handler)
+    message = messages[0]
+    assert message.startswith("replica 0 of MirroredStrategy"), message
+    assert "replica 1 handed" in message and "over and went on" in message, message

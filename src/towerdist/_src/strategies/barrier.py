@@ -35,7 +35,9 @@ variables the request's function writes (``update_fence.py``: its next access to
 them, or its next request, waits until the round is settled) and goes on with its function. If it returns before the round completes, its
 return counts in the next round, as if it had arrived after the settle. The settler
 releases nobody for it, and after the round's function marks the hand-over settled,
-resuming the replica if it waits. A failed step stops a replica waiting for a settle like a
+resuming the replica if it waits. A replica thread that left the step with its request not
+settled yet goes on watching the step from its idle loop (``watch_after_exit``): the other
+replicas may all be busy in your code, and the stall warnings and timeouts must not stop. A failed step stops a replica waiting for a settle like a
 parked one. A step whose replica threads arrive first thus ends without waking them (on a
 2-core VM a wake-up costs 0.05-0.15 ms). Sequential steps and steps on GPUs never hand over.
 
@@ -320,7 +322,24 @@ class Step:
                 tuple(self._merge_counts),
                 None if first is None else first.describe(),
                 tuple(self._exited),
+                tuple(handed == self._round for handed in self._handed),
             )
+
+    def hand_over_pending(self, i: int) -> bool:
+        """Whether replica ``i`` handed a request over that is not settled yet (in a step not failed)."""
+        return self._handed[i] is not None and self._failure is None and not self.abandoned
+
+    def watch_after_exit(self, i: int) -> bool:
+        """Watches the step once more from replica thread ``i``, which left it after handing a request over.
+
+        Nobody else may be waiting in the step then (replica 0 computing, or stuck, in your
+        code): the idle thread keeps the stall warnings and timeouts going until the request
+        is settled. Returns whether to go on watching (False once settled or failed).
+        """
+        if not self.hand_over_pending(i):
+            return False
+        self._watch()
+        return self.hand_over_pending(i)
 
     def detach_contexts(self) -> None:
         """Cuts the contexts' link to this step once it is over.

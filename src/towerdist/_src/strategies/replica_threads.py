@@ -138,13 +138,25 @@ def _thread_main(mailbox: queue.SimpleQueue[Any], index: int, participants: int)
     # Holds no reference to the pool or strategy between messages, so that both can be
     # garbage-collected (which posts SHUTDOWN).
     site = waiting.Site("the next step")
+    watched: Any = None  # a step this thread left after handing a request over, not settled yet
     while True:
-        message = waiting.get(mailbox, site.budget(participants), None, site)
+        if watched is None:
+            message = waiting.get(mailbox, site.budget(participants), None, site)
+        else:  # keep the step's stall warnings and timeouts going: its other replicas may all be busy
+            try:
+                message = waiting.get(mailbox, site.budget(participants), watched.watch.poll_seconds(), site)
+            except queue.Empty:
+                if not watched.watch_after_exit(index):
+                    watched = None
+                continue
+            watched = None
         kind = message[0]
         if kind is RUN:
             step = message[1]
             message = None
             step.execute(index)
+            if step.hand_over_pending(index):
+                watched = step
             step = None
         elif kind is TASK:
             job, part = message[1], message[2]

@@ -76,6 +76,7 @@ class Status(NamedTuple):
     merge_counts: tuple[int, ...]
     waiting_in: str | None  # what the parked replicas wait in, e.g. "merge_call() (merge_fn=f)"
     exited: tuple[bool, ...]
+    handed: tuple[bool, ...] = ()  # replicas that handed their request of this round over and went on
 
 
 class Watch:
@@ -237,8 +238,10 @@ def wait_for(step: Step) -> None:
 
 def _describe_stall(step: Step, status: Status, waited: float) -> str:
     kinds = status.kinds
+    handed = status.handed or (False,) * len(kinds)
     missing = [r for r, kind in enumerate(kinds) if kind is None]
-    waiting = [r for r, kind in enumerate(kinds) if kind == "merge"]
+    waiting = [r for r, kind in enumerate(kinds) if kind == "merge" and not handed[r]]
+    went_on = [r for r, kind in enumerate(kinds) if kind == "merge" and handed[r]]
     finished = [r for r, kind in enumerate(kinds) if kind == "done"]
     parts = [f"{_replicas(missing)} of {step.strategy!r} did not reach the barrier for {waited:.1f} s"]
     if waiting:
@@ -249,6 +252,9 @@ def _describe_stall(step: Step, status: Status, waited: float) -> str:
         else:
             what = f"{what} (merge_call() number {number})"
         parts.append(f"{_replicas(waiting)} {'is' if len(waiting) == 1 else 'are'} waiting in {what}")
+    if went_on:
+        what = status.waiting_in or "apply_gradients()"
+        parts.append(f"{_replicas(went_on)} handed {what} over and went on (it is applied when every replica is there)")
     if finished:
         parts.append(f"{_replicas(finished)} returned from {name_of(step.fn)}")
     return "; ".join(parts) + "."
