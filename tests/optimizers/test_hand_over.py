@@ -56,21 +56,32 @@ def expected_after_one_more(before: list[np.ndarray]) -> list[np.ndarray]:
     return [b - np.float32(RATE) * g for b, g in zip(before, total)]
 
 
-def test_the_first_replica_goes_on_and_its_read_waits_for_the_update(strategy):
-    variables, opt = model(strategy)
-    before = warm_up(strategy, variables, opt)
+def handing_over(variables, opt, after_first, after_second=lambda: None):
+    """A step function: replica ``FIRST`` applies its gradients first and returns ``after_first()``
+    (its fence makes what that reads wait for the update); the other replica applies once
+    ``FIRST`` has gone on (so it could not have parked) and returns ``after_second()``."""
     handed = threading.Event()
 
     def step():
         if replica_id() == FIRST:
             opt.apply_gradients(zip(gradients(0), variables))
-            handed.set()  # apply_gradients returned before replica 1 arrived: it was handed over
-            return [v.read_value().copy() for v in variables]  # waits at the fence for the update
+            handed.set()  # apply_gradients returned before the other replica arrived: it was handed over
+            return after_first()
         assert handed.wait(WAIT), "replica 1 parked in apply_gradients instead of handing its gradients over"
         opt.apply_gradients(zip(gradients(1), variables))
-        return [v.read_value().copy() for v in variables]
+        return after_second()
 
-    results = strategy.experimental_local_results(strategy.run(step))
+    return step
+
+
+def test_the_first_replica_goes_on_and_its_read_waits_for_the_update(strategy):
+    variables, opt = model(strategy)
+    before = warm_up(strategy, variables, opt)
+
+    def read():
+        return [v.read_value().copy() for v in variables]  # (replica FIRST: waits at the fence for the update)
+
+    results = strategy.experimental_local_results(strategy.run(handing_over(variables, opt, read, read)))
     for seen in results:
         for got, want in zip(seen, expected_after_one_more(before)):
             np.testing.assert_allclose(got, want, rtol=1e-6)
@@ -366,17 +377,9 @@ def test_printing_a_variable_after_a_hand_over_shows_the_update(strategy):
     (as TensorFlow prints the updated variable), never show the value from before it."""
     variables, opt = model(strategy)
     before = warm_up(strategy, variables, opt)
-    handed = threading.Event()
-
-    def step():
-        if replica_id() == FIRST:
-            opt.apply_gradients(zip(gradients(0), variables))
-            handed.set()
-            return repr(variables[1].values[FIRST]), str(variables[1])
-        assert handed.wait(WAIT)
-        opt.apply_gradients(zip(gradients(1), variables))
-        return "", ""
-
+    step = handing_over(
+        variables, opt, lambda: (repr(variables[1].values[FIRST]), str(variables[1])), lambda: ("", "")
+    )
     printed, shown = strategy.experimental_local_results(strategy.run(step))[FIRST]
     want = repr(expected_after_one_more(before)[1])
     assert want in printed
@@ -389,17 +392,11 @@ def test_copying_a_variable_after_a_hand_over_copies_the_updated_value(strategy)
 
     variables, opt = model(strategy)
     before = warm_up(strategy, variables, opt)
-    handed = threading.Event()
 
-    def step():
-        if replica_id() == FIRST:
-            opt.apply_gradients(zip(gradients(0), variables))
-            handed.set()
-            return copy.deepcopy(variables[1].values[FIRST]).numpy(), copy.deepcopy(variables[0]).values[0].numpy()
-        assert handed.wait(WAIT)
-        opt.apply_gradients(zip(gradients(1), variables))
-        return np.zeros(4, np.float32), np.zeros((2, 3), np.float32)
+    def copies():
+        return copy.deepcopy(variables[1].values[FIRST]).numpy(), copy.deepcopy(variables[0]).values[0].numpy()
 
+    step = handing_over(variables, opt, copies, lambda: (np.zeros(4, np.float32), np.zeros((2, 3), np.float32)))
     component, distributed = strategy.experimental_local_results(strategy.run(step))[FIRST]
     want = expected_after_one_more(before)
     np.testing.assert_allclose(component, want[1], rtol=1e-6)
