@@ -305,14 +305,7 @@ class Communicator:
         flat = [part for group in parts for part in group]
         with self._guarded(call, "in the host's shared window", flat):
             self._handshake(call, timeout, warning, payload=flat)
-            rows, offset = self._message_rows, _PAYLOAD_AT
-            for out in outs:
-                end = offset + out.nbytes
-                summed = [rows[r][offset:end].view(out.dtype) for r in range(self.size)]
-                np.add(summed[0], summed[1], out=out)
-                for part in summed[2:]:
-                    np.add(out, part, out=out)
-                offset = end
+            self._sum_inbox(outs)  # this rank's parts too from its segment, where the handshake wrote them
 
     def allreduce(
         self,
@@ -351,7 +344,7 @@ class Communicator:
         algorithm = "in the host's shared window" if self._window is not None else "exchange with the handshake"
         with self._guarded(call, algorithm, sends):
             self._handshake(call, timeout, warning, payload=sends)
-            self._sum_inbox(sends, outs)
+            self._sum_inbox(outs, sends)
 
     def _sum_halves(self, send: np.ndarray, out: np.ndarray, call: Call, deadline: float | None) -> None:
         """2 ranks: each rank sums one half of the buffer and sends it to the other; nothing is copied first.
@@ -374,14 +367,20 @@ class Communicator:
         np.add(send[mine], received, out=out[mine])  # each half is summed once, on one rank: the same bits everywhere
         self._spin([comm.Isend(out[mine], dest=peer, tag=tag), comm.Irecv(out[theirs], source=peer, tag=tag)], deadline, call)
 
-    def _sum_inbox(self, sends: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
-        """Each ``outs[k]``: every rank's ``sends[k]`` (this rank's own, the others' from the inbox), summed in rank order."""
+    def _sum_inbox(self, outs: Sequence[np.ndarray], sends: Sequence[np.ndarray] | None = None) -> None:
+        """Each ``outs[k]``: every rank's part ``k`` of the latest messages, summed in rank order.
+
+        With ``sends``, this rank's own part is ``sends[k]`` (its message went to the others
+        only); without, it is read from this rank's message too (the host's window).
+        """
         rows, rank = self._message_rows, self.rank
         offset = _PAYLOAD_AT
-        for send, out in zip(sends, outs):
-            end = offset + send.nbytes
-            own = send.copy() if send is out and rank > 1 else send  # out is written before rank 2's turn
-            parts = [own if r == rank else rows[r][offset:end].view(send.dtype) for r in range(self.size)]
+        for k, out in enumerate(outs):
+            end = offset + out.nbytes
+            parts = [rows[r][offset:end].view(out.dtype) for r in range(self.size)]
+            if sends is not None:
+                send = sends[k]
+                parts[rank] = send.copy() if send is out and rank > 1 else send  # out is written before rank 2's turn
             np.add(parts[0], parts[1], out=out)
             for part in parts[2:]:
                 np.add(out, part, out=out)

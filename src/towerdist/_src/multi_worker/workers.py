@@ -111,26 +111,22 @@ class Workers:
         if len(packs) > 1:
             op = f"{op} in packs of {[len(pack) for _, pack in packs]} arrays"
         call = Call(collective, op, _signature(arrays))
-        parts = _parts(arrays, packs, communicator)
-        if parts is not None:  # in the host's window: the arrays are written there as they are, no pack first
-            outs = []
-            for dtype, pack in packs:
-                target = _own_buffer(out, pack[0], arrays[pack[0]], dtype) if len(pack) == 1 else None
-                outs.append(self._pool.take(dtype, sum(arrays[k].size for k in pack)) if target is None else target)
-            communicator.allreduce_parts(parts, outs, call, *self.bounds(options))
-            return _unpacked(arrays, packs, outs)
-        sends, buffers = [], []
+        targets = []  # each pack's result: the caller's own ``out`` where it fits, else a pooled buffer
         for dtype, pack in packs:
             target = _own_buffer(out, pack[0], arrays[pack[0]], dtype) if len(pack) == 1 else None
-            if target is None:
-                target = self._pool.take(dtype, sum(arrays[k].size for k in pack))
+            targets.append(self._pool.take(dtype, sum(arrays[k].size for k in pack)) if target is None else target)
+        parts = _parts(arrays, packs, communicator)
+        if parts is not None:  # in the host's window: the arrays are written there as they are, no pack first
+            communicator.allreduce_parts(parts, targets, call, *self.bounds(options))
+            return _unpacked(arrays, packs, targets)
+        sends = []
+        for (dtype, pack), target in zip(packs, targets):
             source = _as_sent(arrays[pack[0]], dtype, target) if len(pack) == 1 else None
             if source is None:  # packed, converted, or written over by its own result: copied into the result
                 source = _fill(arrays, pack, target)
             sends.append(source)
-            buffers.append(target)
-        communicator.allreduce(sends, buffers, call, *self.bounds(options))
-        return _unpacked(arrays, packs, buffers)
+        communicator.allreduce(sends, targets, call, *self.bounds(options))
+        return _unpacked(arrays, packs, targets)
 
     def gather(self, array: np.ndarray, axis: int, collective: str, options: CommunicationOptions | None) -> np.ndarray:
         """Every worker's ``array`` concatenated along ``axis``, in rank order (any dtype but object)."""
