@@ -223,6 +223,70 @@ def test_splitting_the_update_over_parked_replicas_gives_the_same_values(
             np.testing.assert_array_equal(ca.numpy(), cb.numpy())
 
 
+# --- the sum of host gradients, added on the merging thread ---------------------------------
+
+
+@pytest.mark.replicas(4)
+@pytest.mark.parametrize("make_optimizer", [lambda: td.optimizers.SGD(0.1), lambda: td.optimizers.Adam(0.1)],
+                         ids=["sgd", "adam"])
+def test_sums_added_on_the_merging_thread_equal_the_all_reduce(mirrored_strategy, monkeypatch, make_optimizer):
+    shapes = ((8, 8), (8,), (16, 2))
+    rng = np.random.default_rng(7)
+    grads = [[[(rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 3, size=shape)).astype(np.float32)
+               for shape in shapes] for _ in range(4)] for _ in range(5)]  # sums that depend on their order
+
+    extended = type(mirrored_strategy.extended)
+    real_all_reduce = extended._all_reduce
+    calls = [0]
+
+    def counting(self, *args, **kwargs):
+        calls[0] += 1
+        return real_all_reduce(self, *args, **kwargs)
+
+    def train(name: str):
+        variables = model(mirrored_strategy, shapes, name)
+        with mirrored_strategy.scope():
+            opt = make_optimizer()
+        per_step = []
+        for step in range(5):
+            before = calls[0]
+            mirrored_strategy.run(lambda g=grads[step]: opt.apply_gradients(zip(g[rid()], variables)))
+            per_step.append(calls[0] - before)
+        return [v.values[0].numpy() for v in variables], per_step
+
+    monkeypatch.setattr(extended, "_all_reduce", counting)
+    assert mirrored_strategy.extended._sums_host_arrays_in_order()
+    added, per_step = train("added")
+    assert per_step == [0] * 5  # the merging thread added the gradients itself
+    monkeypatch.setattr(extended, "_sums_host_arrays_in_order", lambda self: False)
+    reduced, per_step = train("reduced")
+    assert per_step == [1] * 5
+    for a, b in zip(added, reduced):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_users_cross_device_ops_does_every_steps_sum(monkeypatch):
+    class Summing(td.distribute.CrossDeviceOps):
+        calls = 0
+
+        def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
+            Summing.calls += 1
+            total = np.sum([np.asarray(c) for c in per_replica_value.values], axis=0)
+            return td.distribute.Mirrored([total.copy() for _ in destinations], destinations)
+
+    strategy = td.distribute.MirroredStrategy(["CPU:0", "CPU:1"], cross_device_ops=Summing())
+    assert not strategy.extended._sums_host_arrays_in_order()
+    variables = model(strategy)
+    with strategy.scope():
+        opt = td.optimizers.SGD(0.1)
+    for step in range(4):
+        before = Summing.calls
+        step_all(strategy, opt, variables, step)
+        assert Summing.calls > before  # the steady steps too
+    expected = 1.0 - 0.1 * sum(2 * 0.25 * (step + 1) + 1 for step in range(4))
+    np.testing.assert_allclose(variables[0].values[1].numpy(), np.full((4, 3), expected, np.float32), rtol=1e-6)
+
+
 # --- one replica runs on the caller's thread -------------------------------------------------
 
 

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from towerdist._src import backend, context, parallel, update_fence
+from towerdist._src.cross_device_ops.shared_memory import reduce_host_arrays
 from towerdist._src.errors import ValidationError
 from towerdist._src.failures import name_api, unworded, worded_at
 from towerdist._src.indexed_slices import IndexedSlices, check_reducible, densify
@@ -428,6 +429,7 @@ class Optimizer:
         variables = [var for _, var in pairs]
         known = self._cache.plans_of(variables) if self._iterations is not None else None
         sparse = _NOTHING_SPARSE
+        plain = True  # every gradient an array of its variable's kind, shape and dtype
         for k, var in enumerate(variables):
             current = (known[k].components if known is not None else components(var))[0]._array
             column = columns[k]
@@ -437,6 +439,7 @@ class Optimizer:
                     break
             else:
                 continue
+            plain = False
             if any(type(part) is IndexedSlices for part in column):
                 columns[k], is_sparse = self._prepared_sparse(column, var, current, from_replicas)
                 if is_sparse:
@@ -461,7 +464,17 @@ class Optimizer:
         # Several workers: one share, so that every worker issues its collectives in one order.
         shares = self._shares(plans) if workers == 1 else [list(range(len(plans)))]
         if len(shares) == 1:
-            self._sum_and_update(strategy, shares[0], columns, summed, plans, coefficients, sparse, deferred)
+            # A small update of host variables from host arrays, where the all-reduce is their sum
+            # in replica order: the sums are added here, into the plans' buffers (the same values).
+            add_here = (
+                plain
+                and plans is self._cache.last_plans
+                and self._cache.small_host_update(self._cost_per_byte, _PARALLEL_MIN_BYTES)
+                and strategy.extended._sums_host_arrays_in_order()
+            )
+            self._sum_and_update(
+                strategy, shares[0], columns, summed, plans, coefficients, sparse, deferred, add_here=add_here
+            )
         else:
 
             def run_share(part: int) -> None:
@@ -509,12 +522,17 @@ class Optimizer:
         coefficients: list[dict[str, Any]],
         sparse: frozenset[int],
         deferred: dict[int, list[Group]] | None = None,
+        *,
+        add_here: bool = False,
     ) -> None:
         """Sums the gradients of the variables ``indices`` (one collective call), then updates them.
 
         The gradients of the variables ``sparse`` (prepared ``IndexedSlices``) are summed with
         the sparse collective, in one call, and reach the rule as :class:`SparseRows`. The
         updates of copies on a GPU of ``deferred`` are collected there instead (see ``_apply``).
+        ``add_here``: the gradients are host arrays whose all-reduce is their sum in replica
+        order (``StrategyExtended._sums_host_arrays_in_order``): each is added on this thread,
+        into its plan's buffer, with no collective call.
         """
         summing = [k for k in indices if to_sum[k]] if to_sum is not NOTHING_TO_SUM else []
         summed: dict[int, list[Any]] = {}
@@ -525,10 +543,14 @@ class Optimizer:
             summing = [k for k in summing if k not in sparse]
         if summing:
             out = [plans[k].sum_buffers.scratch("sum", columns[k][0]) for k in summing]
-            reduced = strategy.extended._all_reduce(
-                ReduceOp.SUM, [columns[k] for k in summing], None, out, collective=self._api
-            )
-            summed.update(zip(summing, reduced))
+            if add_here:
+                for k, buffer in zip(summing, out):
+                    summed[k] = [reduce_host_arrays(ReduceOp.SUM, columns[k], out=buffer)]
+            else:
+                reduced = strategy.extended._all_reduce(
+                    ReduceOp.SUM, [columns[k] for k in summing], None, out, collective=self._api
+                )
+                summed.update(zip(summing, reduced))
         for k in indices:
             plan = plans[k]
             column = summed.get(k)

@@ -18,6 +18,7 @@ from towerdist._src.cross_device_ops.placement import (
     validate_components,
 )
 from towerdist._src.cross_device_ops.select import select_cross_device_ops
+from towerdist._src.cross_device_ops.shared_memory import SharedMemoryAllReduce
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
 from towerdist._src.failures import API, name_api, unworded
@@ -134,6 +135,9 @@ class MirroredExtended(StrategyExtended):
         self._cross_device_ops = cross_device_ops or select_cross_device_ops(self._devices)
         # Every reduction goes through this (a user's subclass wrapped once, here).
         self._collectives: Collectives = collectives_for(self._cross_device_ops)
+        self._plain_host_sum = (
+            type(self._collectives) is SharedMemoryAllReduce and type(self)._all_reduce is MirroredExtended._all_reduce
+        )
         self._batch_api = f"{type(self._cross_device_ops).__name__}.batch_reduce()"  # names its checks, as before
         self._scheduler = ReplicaScheduler(container_strategy, self._devices)
         self._scheduler.local_workers = self._workers_on_this_host()
@@ -314,6 +318,9 @@ class MirroredExtended(StrategyExtended):
         return self._with_helpers(
             self._collectives._all_reduce, reduce_op, columns, self._devices, options or DEFAULT_OPTIONS, out
         )
+
+    def _sums_host_arrays_in_order(self) -> bool:
+        return self._plain_host_sum and len(self._devices) > 1
 
     def _all_reduce_sparse(
         self,

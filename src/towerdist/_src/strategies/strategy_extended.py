@@ -477,6 +477,16 @@ class StrategyExtended:
         del reduce_op, options, out, collective
         return [list(column) for column in columns]
 
+    def _sums_host_arrays_in_order(self) -> bool:
+        """Whether ``_all_reduce(SUM, ...)`` of small host arrays is their element-wise sum in replica order.
+
+        True when that sum is all the collective does: computed on the calling thread, with no
+        other process to agree with and no user's ``CrossDeviceOps`` to call. A caller with
+        private output buffers may then add the arrays itself (the optimizer's update of host
+        variables does, every step), and gets the very values ``_all_reduce`` would give.
+        """
+        return False
+
     def _all_reduce_sparse(
         self,
         reduce_op: ReduceOp,
