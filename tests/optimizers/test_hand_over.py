@@ -1,4 +1,4 @@
-"""Handing an optimizer step over (barrier.py, "Handing over"; update_fence.py).
+"""Handing an optimizer step over (replica_step.py, "Handing over"; update_fence.py).
 
 A replica reaching ``apply_gradients`` before the others copies its gradients, goes on with
 its function and lets the last replica apply the update; its next variable access waits for
@@ -16,7 +16,7 @@ import pytest
 
 import towerdist as td
 from towerdist._src import update_fence
-from towerdist._src.strategies.barrier import Step
+from towerdist._src.strategies.replica_step import Step
 
 from conftest import cpus
 

@@ -25,7 +25,7 @@ import pytest
 import towerdist as td
 from towerdist._src import device as device_lib
 from towerdist._src import parallel, waiting
-from towerdist._src.strategies.barrier import Step
+from towerdist._src.strategies.replica_step import Step
 
 from conftest import TEST_REPLICA_TIMEOUT_SECONDS, TEST_REPLICA_WARNING_SECONDS, cpus
 

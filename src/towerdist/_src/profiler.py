@@ -3,7 +3,7 @@
 ``start(logdir)`` turns recording on, ``stop()`` writes what was recorded to
 ``<logdir>/<host>_<pid>[.rank<r>].trace.json`` (the Chrome trace-event format, which
 Perfetto and ``chrome://tracing`` open) and turns it off. In between, the instrumented
-places of towerdist (``barrier.py``, ``replica_threads.py``, ``communicator.py``,
+places of towerdist (``replica_step.py``, ``replica_threads.py``, ``communicator.py``,
 ``distributed_dataset.py``) add *complete* events (phase ``"X"``, ``ts``/``dur`` in µs)
 on the track (``tid``) of the thread they happen on; ``stop`` adds the metadata events
 (phase ``"M"``) naming the process and each track.

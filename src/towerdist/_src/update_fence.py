@@ -3,7 +3,7 @@
 Inside ``strategy.run``, a replica that reaches ``apply_gradients`` before the others need
 not wait there: it hands its gradients over (a private copy of them) and goes on with its
 function, and the last replica to arrive sums every replica's gradients and updates the
-variables (``strategies/barrier.py``, "Handing over"). Until that update is done the
+variables (``strategies/replica_step.py``, "Handing over"). Until that update is done the
 variables are half old, half new, so the replica that went on raises its *fence* around the
 variables the update writes: its next read or write of one of them (and its next collective)
 first waits for the update. Other variables (metrics updated after ``apply_gradients``) and a

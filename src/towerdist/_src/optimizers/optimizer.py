@@ -320,7 +320,7 @@ class Optimizer:
                 return [deferred[device.device_index] for device in _replica_devices(merge_strategy)]
 
             # Host arrays summed into a small update need nothing back: a replica arriving before
-            # the others may hand a copy of them over and go on (barrier.py, "Handing over").
+            # the others may hand a copy of them over and go on (replica_step.py, "Handing over").
             hand_over = (
                 steady
                 and self._cache.last_gpu_array_type is None  # (then every gradient is a numpy array)

@@ -4,7 +4,7 @@ The caller of ``strategy.run`` runs replica 0 and, at a barrier, parks in its ma
 runs a signal's handler between any two bytecodes, so an exception it raises
 (``KeyboardInterrupt``, a test runner's timeout) could land just after a message was taken
 out of the mailbox and lose it. While parked, the handlers only record the signal and post
-``INTERRUPTED``; the park loop runs them between two messages (``strategies/barrier.py``).
+``INTERRUPTED``; the park loop runs them between two messages (``strategies/replica_step.py``).
 """
 
 from __future__ import annotations

@@ -25,9 +25,10 @@ from towerdist._src.failures import API, name_api, unworded
 from towerdist._src.indexed_slices import IndexedSlices, summed
 from towerdist._src.options import CommunicationOptions, ValueContext
 from towerdist._src.reduce_op import ReduceOp
-from towerdist._src.strategies.barrier import CollectiveRequest, MergeRequest, StopReplica
 from towerdist._src.strategies.replica_context import ReplicaContext
+from towerdist._src.strategies.replica_step import StopReplica
 from towerdist._src.strategies.replica_threads import ReplicaScheduler
+from towerdist._src.strategies.round_requests import CollectiveRequest, MergeRequest
 from towerdist._src.strategies.strategy import Strategy
 from towerdist._src.strategies.strategy_extended import StrategyExtended, update_regroup
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica

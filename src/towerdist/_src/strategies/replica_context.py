@@ -151,7 +151,7 @@ class ReplicaContext:
         With ``snapshot`` (``snapshot(payload, replica)`` copies the payload and says which
         single-device variables ``fn`` writes, by ``id``), ``fn`` returns None for every replica
         and a replica arriving before the others may hand the payload over and go on instead
-        of waiting (``barrier.py``, "Handing over"): its part is None.
+        of waiting (``replica_step.py``, "Handing over"): its part is None.
         """
         del snapshot  # one replica: nothing to hand over to
         modes = thread_state.state.modes

@@ -5,14 +5,14 @@ daemon thread for each replica but the first (``towerdist-replica-<i>``, i >= 1)
 lives as long as the strategy; the threads wait on their mailboxes for the messages of
 ``mailbox.py``.
 
-**A step.** The caller builds a :class:`~towerdist._src.strategies.barrier.Step`, posts
+**A step.** The caller builds a :class:`~towerdist._src.strategies.replica_step.Step`, posts
 ``(RUN, step)`` to the replica threads and then runs **replica 0 itself**, on its own
 thread, in replica 0's context (its replica context and id, device scope, the timeline
 track of the caller): a step of N replicas wakes N - 1 threads, not N. Replicas run
 concurrently (numpy and cupy release the GIL in their kernels), or, for a sequential step
 (TF 1.x's ``run_concurrently=False``), one at a time. Replicas meet at the barrier of the
 step for ``merge_call`` and the internal collectives; the protocol (the last replica to
-arrive settles the round) is documented in ``barrier.py``. When replica 0 has returned,
+arrive settles the round) is documented in ``replica_step.py``. When replica 0 has returned,
 the caller waits (``watchdog.wait_for``) only for replica threads still running, then
 re-raises a failure (with a note naming the replica) or returns the results in replica
 order. Every wait spins briefly when that pays on this machine (``waiting.py``).
@@ -38,7 +38,7 @@ each get their own pool of threads; consecutive calls reuse the first pool.
 **Sequential replicas.** ``td.config.run_replicas_sequentially(True)`` (or the
 environment variable ``TOWERDIST_RUN_REPLICAS_SEQUENTIALLY=1``) makes every step of a
 multi-replica strategy sequential, as TensorFlow's eager replicas run: replica 0 until
-its first barrier or its return, then replica 1, ... (see "Turns" in ``barrier.py``).
+its first barrier or its return, then replica 1, ... (see "Turns" in ``replica_step.py``).
 It is for porting and debugging code that keeps per-replica state on shared Python
 objects; it gives up the replicas' parallelism.
 """
@@ -59,7 +59,7 @@ from towerdist._src.device import DeviceSpec
 from towerdist._src.input import device_copies
 from towerdist._src.mailbox import RUN, SHUTDOWN, TASK
 from towerdist._src.strategies import watchdog
-from towerdist._src.strategies.barrier import Step, StopReplica
+from towerdist._src.strategies.replica_step import Step, StopReplica
 from towerdist._src.strategies.watchdog import name_of
 
 __all__ = [

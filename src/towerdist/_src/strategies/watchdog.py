@@ -46,7 +46,7 @@ from towerdist._src import replica_timeouts, waiting
 from towerdist._src.errors import DeadlineExceededError, ReplicaStallWarning
 
 if TYPE_CHECKING:
-    from towerdist._src.strategies.barrier import Step
+    from towerdist._src.strategies.replica_step import Step
 
 __all__ = ["Status", "Watch", "name_of", "wait_for"]
 

@@ -19,9 +19,9 @@ its own thread, without waking anyone first:
 
 Parked replicas wait on their mailbox (``waiting.get``: a short calibrated spin, then a
 blocking wait that wakes up now and then to watch the step, ``watchdog.py``); they run
-``TASK`` messages meanwhile. Requests come in two kinds: a *merge* request
-(``merge_call``: the arguments are regrouped into distributed values and the result is
-split with ``select_replica``) and a *collective* request (towerdist's own
+``TASK`` messages meanwhile. Requests come in two kinds (``round_requests.py``): a *merge*
+request (``merge_call``: the arguments are regrouped into distributed values and the result
+is split with ``select_replica``) and a *collective* request (towerdist's own
 ``all_reduce``/``all_gather``/optimizer steps: the function gets the replicas' payloads as
 a list and returns one part per replica, with no regrouping).
 
@@ -87,7 +87,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from towerdist._src import context, thread_state, update_fence, waiting
@@ -99,11 +99,12 @@ from towerdist._src.errors import MergeCallCountError
 from towerdist._src.failures import name_api
 from towerdist._src.mailbox import INTERRUPTED, RESUME, SHUTDOWN, STOP, TASK
 from towerdist._src.strategies import held_signals
+from towerdist._src.strategies.error_notes import add_note, describe_error
+from towerdist._src.strategies.round_requests import CollectiveRequest, MergeRequest
 from towerdist._src.strategies.watchdog import Status, Watch, name_of
 from towerdist._src.thread_state import Mode
-from towerdist._src.values.regroup import regroup, select_replica
 
-__all__ = ["CollectiveRequest", "MergeRequest", "Step", "StopReplica", "add_note", "describe_error", "name_of"]
+__all__ = ["Step", "StopReplica"]
 
 _MERGE = "merge"  # a replica's kind in the current round: parked with a request
 _DONE = "done"  # returned from the replica function
@@ -114,66 +115,6 @@ _SNAPSHOT_SPIN_SECONDS = 0.002
 
 class StopReplica(BaseException):
     """Unwinds a replica function whose step failed elsewhere (never seen by users)."""
-
-
-class MergeRequest:
-    """A replica's ``merge_call(merge_fn, args, kwargs)``."""
-
-    __slots__ = ("args", "collective", "kwargs", "merge_fn")
-
-    snapshot = None  # a merge_fn's result goes back to every replica: nobody hands one over
-
-    def __init__(
-        self, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], collective: str
-    ) -> None:
-        self.merge_fn = merge_fn
-        self.args = args
-        self.kwargs = kwargs
-        self.collective = collective
-
-    def describe(self) -> str:
-        return f"merge_call() (merge_fn={name_of(self.merge_fn)})"
-
-    @staticmethod
-    def settle(step: Step, requests: list[Any]) -> list[Any]:
-        """Runs replica 0's ``merge_fn`` on the regrouped arguments; one part per replica."""
-        first = requests[0]
-        devices = step.devices
-        args = regroup([r.args for r in requests], devices, what="merge_call() arguments")
-        kwargs = regroup([r.kwargs for r in requests], devices, what="merge_call() keyword arguments")
-        result = first.merge_fn(step.strategy, *args, **kwargs)
-        return [select_replica(r, result) for r in range(step.num_replicas)]
-
-
-class CollectiveRequest:
-    """A replica's part of an internal collective: ``fn(strategy, payloads)`` gives the parts."""
-
-    __slots__ = ("collective", "fn", "payload", "snapshot")
-
-    def __init__(
-        self,
-        fn: Callable[[Any, list[Any]], list[Any]],
-        payload: Any,
-        collective: str,
-        snapshot: Callable[[Any, int], tuple[Any, Collection[int]]] | None = None,
-    ) -> None:
-        self.fn = fn
-        self.payload = payload
-        self.collective = collective
-        # ``snapshot(payload, replica)``: a private copy of the payload, taken when the replica
-        # hands the request over instead of parking (see "Handing over"), and the ids of the
-        # single-device variables the request's function writes (the replica's fence); None:
-        # the replica parks.
-        self.snapshot = snapshot
-
-    def describe(self) -> str:
-        return self.collective
-
-    @staticmethod
-    def settle(step: Step, requests: list[Any]) -> list[Any]:
-        """Runs replica 0's function once on every replica's payload, in replica order."""
-        parts: list[Any] = requests[0].fn(step.strategy, [r.payload for r in requests])
-        return parts
 
 
 class _NoTurns:
@@ -911,26 +852,6 @@ def _add_call_site(error: Exception) -> None:
 
 
 _EXECUTE_CODE = Step.execute.__code__
-
-
-def describe_error(error: BaseException) -> str:
-    """``Type(message)`` of an exception, even when its ``__str__`` raises."""
-    try:
-        text = str(error)
-    except Exception:  # a user exception whose __str__ is broken must not replace the original error
-        text = f"<{type(error).__name__}.__str__ raised>"
-    return f"{type(error).__name__}({text})"
-
-
-def add_note(error: BaseException, note: str) -> None:
-    """Adds ``note`` to ``error`` (PEP 678); an exception refusing notes is left as it is."""
-    try:
-        if hasattr(error, "add_note"):
-            error.add_note(note)
-        else:  # Python 3.10: keep the note where 3.11+ tooling looks for it
-            error.__notes__ = [*getattr(error, "__notes__", []), note]
-    except Exception:  # noqa: S110 - the original error matters more than its note
-        pass
 
 
 _ = SHUTDOWN  # the thread loop's message, handed back by _park
