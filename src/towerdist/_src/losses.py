@@ -48,7 +48,7 @@ def compute_average_loss(per_example_loss: Any, sample_weight: Any = None, globa
 
     Example:
       >>> td.nn.compute_average_loss(np.array([1.0, 2.0, 3.0]), global_batch_size=6)
-      1.0
+      array(1.)
     """
     losses = _as_array(per_example_loss)
     impl = backend.for_array(losses)

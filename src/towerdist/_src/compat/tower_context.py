@@ -37,8 +37,10 @@ class TowerContext:
     tower. Its methods must be called from the tower it belongs to.
 
     Example:
+      >>> import towerdist.compat.v1 as tf
+      >>> strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
       >>> def fn(three):
-      ...     ctx = tf.get_tower_context()       # import towerdist.compat.v1 as tf
+      ...     ctx = tf.get_tower_context()
       ...     return three + ctx.tower_id
       >>> strategy.unwrap(strategy.call_for_each_tower(fn, 3))
       [3, 4]

@@ -112,6 +112,21 @@ class ReplicaContext:
 
         May only be called from the replica function this context belongs to.
 
+        Example:
+          >>> strategy = td.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+          >>> def merge_fn(strategy, value):  # runs once, in cross-replica context
+          ...     print(value)
+          ...     return strategy.reduce("sum", value, axis=None)
+          >>> def step():
+          ...     ctx = td.distribute.get_replica_context()
+          ...     return ctx.merge_call(merge_fn, args=(ctx.replica_id_in_sync_group + 1,))
+          >>> strategy.run(step)
+          PerReplica:{
+            0: 1,
+            1: 2
+          }
+          array(3, dtype=int32)
+
         Raises:
           ContextError: called outside this replica's function.
         """
@@ -204,6 +219,17 @@ class ReplicaContext:
             shapes and dtypes in every replica.
           options: ``CommunicationOptions`` (e.g. ``bytes_per_pack``).
 
+        Example:
+          >>> strategy = td.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+          >>> def step():
+          ...     ctx = td.distribute.get_replica_context()
+          ...     return ctx.all_reduce("sum", ctx.replica_id_in_sync_group + 1)
+          >>> strategy.run(step)  # 1 + 2 on every replica
+          PerReplica:{
+            0: array(3, dtype=int32),
+            1: array(3, dtype=int32)
+          }
+
         Raises:
           InvalidArgumentError: the replicas' structures, shapes or dtypes differ (the
             message names the key path and the replicas).
@@ -233,6 +259,17 @@ class ReplicaContext:
 
         Replica order is kept; sizes along ``axis`` may differ between replicas, every
         other dimension must agree. Scalars cannot be gathered.
+
+        Example:
+          >>> strategy = td.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+          >>> def step():
+          ...     ctx = td.distribute.get_replica_context()
+          ...     return ctx.all_gather(np.full(2, ctx.replica_id_in_sync_group), axis=0)
+          >>> strategy.run(step)
+          PerReplica:{
+            0: array([0, 0, 1, 1], dtype=int32),
+            1: array([0, 0, 1, 1], dtype=int32)
+          }
 
         Raises:
           InvalidArgumentError: the replicas' structures differ, scalars, a bad ``axis``, or

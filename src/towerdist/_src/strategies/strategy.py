@@ -106,9 +106,14 @@ class Strategy:
         return its elements unsplit.
 
         Example:
-          >>> dist = strategy.experimental_distribute_dataset(td.data.Dataset.range(4).batch(2))
-          >>> [strategy.experimental_local_results(x) for x in dist]
-          [(array([0]), array([1])), (array([2]), array([3]))]
+          Each global batch of 4 gives each of the 2 replicas 2 rows:
+
+          >>> strategy = td.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+          >>> dataset = td.data.Dataset.from_tensor_slices(np.arange(8)).batch(4)
+          >>> for x in strategy.experimental_distribute_dataset(dataset):
+          ...     print(strategy.experimental_local_results(x))
+          (array([0, 1]), array([2, 3]))
+          (array([4, 5]), array([6, 7]))
 
         Raises:
           ValueError: the elements are scalars (call ``batch`` first).
@@ -169,6 +174,16 @@ class Strategy:
 
         Call it in cross-replica context or outside any scope (also from a ``merge_fn``).
 
+        Example:
+          >>> strategy = td.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+          >>> def step(x):
+          ...     return x + td.distribute.get_replica_context().replica_id_in_sync_group
+          >>> strategy.run(step, args=(td.constant(10),))
+          PerReplica:{
+            0: np.int32(10),
+            1: np.int32(11)
+          }
+
         Args:
           fn: the replica function.
           args: a list or tuple of positional arguments.
@@ -212,6 +227,15 @@ class Strategy:
         returns it; SUM raises on more than one replica (the sum would be ambiguous).
         Call it in cross-replica context or outside any scope.
 
+        Example:
+          >>> strategy = td.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+          >>> dist = strategy.experimental_distribute_dataset(td.data.Dataset.range(4).batch(4))
+          >>> x = next(iter(dist))  # replica 0 has [0, 1], replica 1 has [2, 3]
+          >>> strategy.reduce("sum", x, axis=None)  # across replicas, element-wise
+          array([2, 4])
+          >>> strategy.reduce("sum", x, axis=0)  # across replicas and along axis 0
+          array(6)
+
         Raises:
           ValueError: an unknown reduce op, or SUM of a non-distributed value.
           TypeError: ``reduce_op`` is not a ReduceOp or string, or ``axis`` is not an int.
@@ -233,6 +257,13 @@ class Strategy:
         Sizes along ``axis`` may differ between replicas. A non-distributed value is
         returned as it is. Call it in cross-replica context (in a replica, use
         ``ReplicaContext.all_gather``).
+
+        Example:
+          >>> strategy = td.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+          >>> def step():  # replica 0 returns [0], replica 1 [0, 1]
+          ...     return np.arange(td.distribute.get_replica_context().replica_id_in_sync_group + 1)
+          >>> strategy.gather(strategy.run(step), axis=0)
+          array([0, 0, 1])
         """
         context.require_cross_replica_or_default(
             self, "Strategy.gather()", fix="use get_replica_context().all_gather() in a replica instead"
