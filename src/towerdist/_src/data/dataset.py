@@ -768,6 +768,7 @@ class Dataset(Node):
           >>> ds = td.data.Dataset.from_tensor_slices([0, 0, 0, 1]).repeat(100)
           >>> balanced = ds.rejection_resample(lambda x: x, target_dist=[0.5, 0.5], seed=1)
           >>> next(iter(balanced))  # (class, element)
+          (np.int32(0), np.int32(0))
 
         Raises:
           InvalidArgumentError: a distribution that is not a non-empty vector of non-negative

@@ -32,7 +32,7 @@ class Adagrad(Optimizer):
     Example:
       >>> w = td.Variable([1.0, 2.0])
       >>> opt = td.optimizers.Adagrad(learning_rate=0.1)
-      >>> opt.apply_gradients([(np.array([1.0, 1.0], np.float32), w)])
+      >>> _ = opt.apply_gradients([(np.array([1.0, 1.0], np.float32), w)])  # returns iterations
       >>> w.numpy()
       array([0.9046537, 1.9046538], dtype=float32)
     """

@@ -42,7 +42,7 @@ class RMSprop(Optimizer):
     Example:
       >>> w = td.Variable([1.0, 2.0])
       >>> opt = td.optimizers.RMSprop(learning_rate=0.1)
-      >>> opt.apply_gradients([(np.array([1.0, 1.0], np.float32), w)])
+      >>> _ = opt.apply_gradients([(np.array([1.0, 1.0], np.float32), w)])  # returns iterations
       >>> w.numpy()
       array([0.6837724, 1.6837723], dtype=float32)
     """

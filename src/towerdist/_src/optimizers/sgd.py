@@ -34,7 +34,7 @@ class SGD(Optimizer):
       >>> with strategy.scope():
       ...     w = td.Variable([1.0, 2.0])
       ...     opt = td.optimizers.SGD(learning_rate=0.1)
-      >>> opt.apply_gradients([(np.array([1.0, 1.0], np.float32), w)])
+      >>> _ = opt.apply_gradients([(np.array([1.0, 1.0], np.float32), w)])  # returns iterations
       >>> w.numpy()
       array([0.9, 1.9], dtype=float32)
     """
