@@ -20,6 +20,7 @@ import pytest
 
 import towerdist as td
 from towerdist._src import nest
+from towerdist._src.atomic_file import is_temporary
 from towerdist._src.data import persistence
 from towerdist._src.data.interleave import default_cycle_length
 
@@ -453,7 +454,7 @@ def test_the_manifest_is_put_in_place_with_os_replace(tmp_path, monkeypatch):
 
     monkeypatch.setattr(persistence.os, "replace", spy)
     D.range(3).save(str(tmp_path / "m"))
-    assert len(calls) == 1 and calls[0][1] == persistence.MANIFEST and calls[0][0].endswith(".tmp")
+    assert len(calls) == 1 and calls[0][1] == persistence.MANIFEST and is_temporary(calls[0][0])
 
 
 def test_experimental_save_and_load(tmp_path):

@@ -44,6 +44,7 @@ from types import TracebackType
 from typing import Any
 
 from towerdist._src import mpi_runtime
+from towerdist._src.atomic_file import AtomicFile
 from towerdist._src.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
@@ -181,15 +182,12 @@ def _write(
     """
     rank = _rank()
     path = trace_path(logdir, rank)
-    partial = f"{path}.partial"
     try:
         os.makedirs(logdir, exist_ok=True)
-        with open(partial, "w", encoding="utf-8") as file:
+        # A reader never sees half a trace; not durable: a trace is not worth an fsync's wait.
+        with AtomicFile(path, text=True, durable=False) as file:
             json.dump(_document(events, names, replicas, rank), file, allow_nan=False)
-        os.replace(partial, path)  # a reader never sees half a trace
     except OSError as error:
-        if os.path.isfile(partial):
-            os.remove(partial)
         kind: type[OpError] = UnknownError
         if error.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
             kind = ResourceExhaustedError

@@ -29,7 +29,7 @@ without that field (:func:`index_digest`).
 **Writing, and why a crash leaves the old checkpoint or the new one.** The index is the
 commit point: a checkpoint exists exactly when its index does. Every file is first
 written to a temporary name in the same directory, flushed and ``fsync``-ed, then
-renamed (the directory ``fsync``-ed after the renames that matter). Because the data
+renamed, and the directory ``fsync``-ed (an ``AtomicFile``). Because the data
 file's name is fixed, rewriting a prefix cannot write the new data beside the old under
 its final name; a write therefore goes:
 
@@ -65,12 +65,13 @@ import re
 import time
 import zipfile
 from collections.abc import Iterable, Mapping
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
+from towerdist._src.atomic_file import AtomicFile, fsync_directory
 from towerdist._src.checkpoint import durable
-from towerdist._src.checkpoint.durable import STALE_SECONDS, atomic_write, sweep_temporaries
+from towerdist._src.checkpoint.durable import STALE_SECONDS, sweep_temporaries
 from towerdist._src.errors import DataLossError, NotFoundError
 from towerdist._src.failures import unworded
 from towerdist._src.version import __version__
@@ -84,7 +85,6 @@ __all__ = [
     "KIND_VARIABLE",
     "STALE_SECONDS",
     "as_path",
-    "atomic_write",
     "checkpoint_exists",
     "data_files",
     "data_path",
@@ -246,18 +246,13 @@ def write_checkpoint(prefix: str, arrays: Mapping[str, np.ndarray], entries: Map
         retired = None  # an unreadable index's data is left to the age rule
     members = {key: f"a{k}" for k, key in enumerate(sorted(arrays))}
     digest = hashlib.sha256()
-    size = 0
-
-    def write_data(stream: IO[bytes]) -> None:
-        nonlocal size
+    data = AtomicFile(data_path(prefix))
+    with data as stream:
         hashing = durable.HashingWriter(stream, digest)
         np.savez(hashing, **{members[key]: np.asarray(arrays[key], order="C") for key in sorted(arrays)})  # type: ignore[arg-type]
         size = hashing.size
-
-    temporary = durable.write_temporary(directory, write_data)
-    sha256 = digest.hexdigest()
-    pending = _pending_path(prefix, sha256)
-    os.replace(temporary, pending)
+        sha256 = digest.hexdigest()
+        data.path = pending = _pending_path(prefix, sha256)  # put in place under the name its hash gives
     index: dict[str, Any] = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -268,10 +263,11 @@ def write_checkpoint(prefix: str, arrays: Mapping[str, np.ndarray], entries: Map
         "entries": {key: {"member": members[key], **entries[key]} for key in sorted(arrays)},
     }
     index["index_sha256"] = index_digest(index)
-    atomic_write(index_path(prefix), lambda f: f.write(_format_index(index).encode()))  # the commit point
+    with AtomicFile(index_path(prefix)) as stream:  # the commit point
+        stream.write(_format_index(index).encode())
     with contextlib.suppress(FileNotFoundError):  # (gone only if another writer of this prefix moved it)
         os.replace(pending, data_path(prefix))
-    durable.fsync_directory(directory)
+    fsync_directory(directory)
     _remove_version_2(prefix)
     sweep_orphans(prefix, retired=retired)
     sweep_temporaries(directory)

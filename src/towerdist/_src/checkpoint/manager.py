@@ -30,6 +30,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from towerdist._src.atomic_file import AtomicFile
 from towerdist._src.checkpoint import files, graph, restoring
 from towerdist._src.checkpoint.checkpoint import Checkpoint, require_outside_run, write_files
 from towerdist._src.failures import worded_at
@@ -390,7 +391,8 @@ def _write_state(
     }
     if last_preserved is not None:
         state["last_preserved_timestamp"] = last_preserved
-    files.atomic_write(os.path.join(directory, STATE_FILE), lambda f: f.write(json.dumps(state, indent=1).encode()))
+    with AtomicFile(os.path.join(directory, STATE_FILE)) as stream:
+        stream.write(json.dumps(state, indent=1).encode())
 
 
 def _read_state(path: str) -> tuple[dict[str, Any] | None, str | None]:

@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from towerdist._src import nest
+from towerdist._src.atomic_file import AtomicFile
 from towerdist._src.data import options as options_lib
 from towerdist._src.data import state_codec
 from towerdist._src.data.cursor import Saved, State
@@ -318,7 +319,7 @@ def save(
             "cardinality": sum(s["elements"] for s in shards),
             "shards": shards,
         }
-        _write_manifest(directory, manifest, run)
+        _write_manifest(directory, manifest)
     except BaseException:
         for writer in writers.values():
             writer.abandon()
@@ -372,29 +373,9 @@ def _plain_name(name: Any) -> bool:
     return isinstance(name, str) and name not in ("", ".", "..") and os.path.basename(name) == name and "/" not in name
 
 
-def _write_manifest(directory: str, manifest: dict[str, Any], run: str) -> None:
-    target = os.path.join(directory, MANIFEST)
-    temporary = os.path.join(directory, f".{MANIFEST}.{run}.tmp")
-    try:
-        with open(temporary, "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-    try:  # make the rename itself durable
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+def _write_manifest(directory: str, manifest: dict[str, Any]) -> None:
+    with AtomicFile(os.path.join(directory, MANIFEST), text=True) as f:  # durable: the save's commit point
+        json.dump(manifest, f, indent=1)
 
 
 # --- load --------------------------------------------------------------------------------------

@@ -68,10 +68,6 @@ def read_only_element(element: Any) -> Any:
     return nest.map_structure(read_only, element)
 
 
-def _is_list(value: Any) -> bool:
-    return isinstance(value, list)
-
-
 def to_component(value: Any) -> Any:
     """One component as an array (strings as ``bytes`` in object arrays)."""
     if backend.is_array(value):

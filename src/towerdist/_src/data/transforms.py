@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import os
 import pickle
-import tempfile
 import threading
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from towerdist._src import backend, nest
+from towerdist._src.atomic_file import AtomicFile
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.continuing import Raise, continuing
 from towerdist._src.data.cursor import Saved, State
@@ -700,7 +700,7 @@ class CacheDataset(Dataset):
                 self._memory = [read_only_element(element) for element in _read_cache_file(self._filename)]
             return self._memory
 
-    def _reserve(self) -> tuple[int, str]:
+    def _reserve(self) -> AtomicFile[bytes]:
         """A temporary file beside the cache file, made when a pass starts (TensorFlow makes its lockfile then).
 
         A directory that is missing or not writable thus fails at the first element, not after
@@ -708,7 +708,7 @@ class CacheDataset(Dataset):
         """
         directory = os.path.dirname(os.path.abspath(self._filename))
         try:
-            return tempfile.mkstemp(dir=directory, prefix=".td-cache-")
+            return AtomicFile(self._filename)
         except FileNotFoundError:
             raise NotFoundError(
                 f"Dataset.cache() cannot write its file {self._filename!r}: the directory {directory!r} does not "
@@ -726,7 +726,7 @@ class CacheDataset(Dataset):
                 path=self._filename,
             ) from None
 
-    def _store(self, elements: list[Any], reserved: tuple[int, str] | None) -> None:
+    def _store(self, elements: list[Any], reserved: AtomicFile[bytes] | None) -> None:
         """Keeps the elements of a complete pass and writes them to the file (taking over ``reserved``)."""
         with self._lock:
             first = self._memory is None
@@ -734,20 +734,11 @@ class CacheDataset(Dataset):
                 self._memory = elements
             if reserved is None:
                 return
-            fd, tmp = reserved
             if not first:  # another pass completed first and wrote the file
-                _discard(fd, tmp)
+                reserved.discard()
                 return
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    pickle.dump(elements, f, protocol=pickle.HIGHEST_PROTOCOL)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self._filename)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
+            with reserved as f:
+                pickle.dump(elements, f, protocol=pickle.HIGHEST_PROTOCOL)
 
     def _iterate(self, state: State) -> Iterator[Any]:
         # A restored reading pass finds its cache now, as it is restored: a cache file that is
@@ -786,7 +777,7 @@ class CacheDataset(Dataset):
         finally:
             source.close()
             if reserved is not None:  # an abandoned or failed pass
-                _discard(*reserved)
+                reserved.discard()
 
     def _save_state(self, state: State) -> Saved:
         # A pass reading an in-memory cache saves the cache too: restored in another process,
@@ -835,12 +826,3 @@ def _read_cache_file(filename: str) -> list[Any]:
             path=filename,
         )
     return elements
-
-
-def _discard(fd: int, tmp: str) -> None:
-    """Closes and removes a temporary cache file of a pass that did not complete."""
-    os.close(fd)
-    try:
-        os.unlink(tmp)
-    except OSError:
-        pass  # already replaced or removed

@@ -139,7 +139,9 @@ class MirroredExtended(StrategyExtended):
         self._plain_host_sum = (
             type(self._collectives) is SharedMemoryAllReduce and type(self)._all_reduce is MirroredExtended._all_reduce
         )
-        self._batch_api = f"{type(self._cross_device_ops).__name__}.batch_reduce()"  # names its checks, as before
+        # The API that batch_reduce_to()'s pair checks name: the cross-device ops' batch_reduce(),
+        # which is where TensorFlow checks the (value, destinations) pairs.
+        self._batch_api = f"{type(self._cross_device_ops).__name__}.batch_reduce()"
         self._scheduler = ReplicaScheduler(container_strategy, self._devices)
         self._scheduler.local_workers = self._workers_on_this_host()
         self._init_args = (devices, cross_device_ops)
@@ -299,7 +301,7 @@ class MirroredExtended(StrategyExtended):
             return [Mirrored(result, devices) for result in reduced]
         try:
             checked = check_pairs(resolved)
-        except BaseException as error:  # named after the cross-device ops' batch_reduce, as before
+        except BaseException as error:  # worded as the cross-device ops' batch_reduce() (see _batch_api)
             name_api(error, self._batch_api)
             raise
         return self._with_helpers(collectives._batch_reduce_to, reduce_op, checked, options or DEFAULT_OPTIONS)

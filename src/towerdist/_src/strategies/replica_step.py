@@ -28,7 +28,7 @@ a list and returns one part per replica, with no regrouping).
 **Handing over.** A collective request may say it needs nothing back from the round (an
 optimizer step on CPU replicas: the settler updates the variables, every replica's part is
 None). A replica thread bringing one that is not the last to arrive need not park: it *hands
-the request over* (replica 0 parks as before: the caller must wait for the update before
+the request over* (replica 0 always parks: the caller must wait for the update before
 ``run`` returns anyway, and parked it wakes no later than it would at the end of the step). It copies its payload (``request.snapshot``: its gradients may be written
 once the replica goes on; the settler waits for the copy), raises its fence around the
 variables the request's function writes (``update_fence.py``: its next access to one of

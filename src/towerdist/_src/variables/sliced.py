@@ -1,7 +1,7 @@
 """Slice assignment: ``v[key].assign(value)`` writes part of a variable (TensorFlow's sliced assign).
 
-Indexing a variable reads it, as before: ``v[1:]`` is the array the key selects from the
-current value (a snapshot). On host memory that array is a :class:`VariableSlice`, a numpy
+Indexing a variable reads it: ``v[1:]`` is the array the key selects from the current
+value (a snapshot). On host memory that array is a :class:`VariableSlice`, a numpy
 array that also remembers the variable and the key, so that ``v[1:].assign([5.0, 6.0])``
 writes those elements. Only the result of indexing a variable can be assigned; arrays
 derived from it (``v[0][1]``, ``v[1:] + 1``, ``v[1:].copy()``) cannot, as in TensorFlow,

@@ -29,7 +29,6 @@ to read. This module only moves bytes; the rules (and their errors) are ``nccl``
 from __future__ import annotations
 
 import atexit
-import itertools
 import json
 import os
 import shutil
@@ -37,6 +36,8 @@ import socket
 import tempfile
 import threading
 from typing import Any, NamedTuple
+
+from towerdist._src.atomic_file import AtomicFile
 
 __all__ = ["DIR_ENV_VAR", "Member", "Rendezvous", "Transport", "clique_directory", "host_name"]
 
@@ -66,23 +67,16 @@ class Member(NamedTuple):
 
 def _write(path: str, data: bytes, exclusive: bool = False) -> bool:
     """Writes ``path`` atomically; with ``exclusive``, returns False (and writes nothing) if it exists."""
-    directory, name = os.path.split(path)
-    os.makedirs(directory, exist_ok=True)
-    temporary = os.path.join(directory, f".tmp-{name}-{os.getpid()}-{threading.get_ident()}-{next(_names)}")
-    with open(temporary, "wb") as file:
-        file.write(data)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     try:
+        # Not durable: the files live as long as the clique, and nothing reads them after a crash.
+        with AtomicFile(path, durable=False, exclusive=exclusive) as file:
+            file.write(data)
+    except FileExistsError:
         if not exclusive:
-            os.replace(temporary, path)
-            return True
-        try:
-            os.link(temporary, path)
-        except FileExistsError:
-            return False
-        return True
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+            raise
+        return False
+    return True
 
 
 def _remove(path: str) -> None:
@@ -90,9 +84,6 @@ def _remove(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
-
-
-_names = itertools.count()
 
 
 class _Cleanup:
