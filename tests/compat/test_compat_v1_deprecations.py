@@ -245,7 +245,7 @@ def test_every_tower_method_warns_once_when_called_and_then_works(alias):
     strategy = tower(2)
     call, check = _TOWER_CALLS[alias.name]
     method = getattr(strategy, alias.name)
-    assert method.__func__ is alias.resolve() and method.__self__ is strategy
+    assert method.__func__ is alias.target and method.__self__ is strategy
     with recorded() as caught:
         result = call(strategy)
     # The warning points at the caller's line: the sample call in _TOWER_CALLS.
@@ -263,7 +263,7 @@ def test_every_tower_method_warns_once_when_called_and_then_works(alias):
 )
 def test_every_alias_resolves_and_warns_once_naming_its_replacement(alias):
     owner = _owner_object(alias)
-    target = alias.resolve()
+    target = alias.target
     with recorded() as caught:
         value = getattr(owner, alias.name); line = here()
     assert_one_warning_at(caught, line, alias.old, alias.new)

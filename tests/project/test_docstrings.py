@@ -83,9 +83,9 @@ def _undocumented() -> list[str]:
             elif callable(obj) and not (inspect.getdoc(obj) or "").strip():
                 missing.append(qualname)
     for alias in aliases.all_aliases():
-        target = alias.resolve()
+        target = alias.target
         if alias.kind != "value" and not (inspect.getdoc(target) or "").strip():
-            missing.append(f"{alias.old} -> {alias.target}")
+            missing.append(f"{alias.old} -> {target!r}")
     return sorted(set(missing))
 
 

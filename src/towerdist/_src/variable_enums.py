@@ -35,5 +35,16 @@ class VariableAggregation(enum.Enum):
     __str__ = __repr__
 
 
-# TF 1.11-1.15 called ONLY_FIRST_REPLICA "ONLY_FIRST_TOWER"; the alias table serves the old name.
-aliases.install(VariableAggregation, aliases.AGGREGATION)
+# TF 1.11-1.15 called ONLY_FIRST_REPLICA "ONLY_FIRST_TOWER"; the alias registry serves the old name.
+aliases.install(
+    VariableAggregation,
+    [
+        aliases.Alias(
+            f"{aliases.AGGREGATION}.ONLY_FIRST_TOWER",
+            "VariableAggregation.ONLY_FIRST_REPLICA",
+            VariableAggregation.ONLY_FIRST_REPLICA,
+            "1.12",
+            "value",
+        )
+    ],
+)

@@ -3,7 +3,7 @@
 A "tower" is TF 1.x's word for a replica. :class:`TowerContext` is a view of the current
 :class:`ReplicaContext` with the old member names (``tower_id``, ``num_towers``,
 ``merge_call(fn, *args, **kwargs)``); it adds no state of its own. The module functions
-are served under their old names by the alias table (``towerdist._src.aliases``).
+are served under their old names by the table of ``towerdist._src.compat.old_names``.
 """
 
 from __future__ import annotations

@@ -129,7 +129,18 @@ def reset_states(self: Metric) -> None:
     self.reset_state()
 
 
-aliases.install(Metric, aliases.METRIC)
+aliases.install(
+    Metric,
+    [
+        aliases.Alias(
+            f"{aliases.METRIC}.reset_states",
+            "Metric.reset_state()",
+            reset_states,
+            "2.5 (removed in 2.16 with Keras 3)",
+            "method",
+        )
+    ],
+)
 
 
 class Sum(Metric):

@@ -1,9 +1,9 @@
 """Old ``tf.distribute.Strategy`` members (TF 2.0-2.3 names and TF 1.x leftovers).
 
-Each function here is the implementation of one entry of the alias table
-(``towerdist._src.aliases``), which installs it on :class:`Strategy` under its old name
-with a one-time ``DeprecationWarning``. They take the strategy as ``self`` and forward to
-the modern API, so subclasses' overrides apply.
+Each function here is the implementation of one old name, listed in :data:`STRATEGY_OLD_NAMES`
+(or :data:`EXTENDED_OLD_NAMES`), which ``strategy.py`` installs on :class:`Strategy` through
+the alias registry (``towerdist._src.aliases``) with a one-time ``DeprecationWarning``. They
+take the strategy as ``self`` and forward to the modern API, so subclasses' overrides apply.
 """
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from towerdist._src import context
+from towerdist._src import aliases, context
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.input.input_context import InputContext, InputOptions, InputReplicationMode
 from towerdist._src.input.legacy_iterators import input_iterator
 
 __all__ = [
+    "EXTENDED_OLD_NAMES",
+    "STRATEGY_OLD_NAMES",
     "colocate_vars_with",
     "configure",
     "experimental_distribute_datasets_from_function",
@@ -140,3 +142,27 @@ def experimental_run(self: Any, fn: Callable[..., Any], input_iterator: Any = No
         get_next = getattr(input_iterator, "get_next", None)
         args = (get_next() if get_next is not None else next(input_iterator),)
     return self.run(fn, args=args)
+
+
+def _member(fn: Callable[..., Any], new: str, since: str, owner: str = aliases.STRATEGY) -> aliases.Alias:
+    return aliases.Alias(f"{owner}.{fn.__name__}", new, fn, since, "method")
+
+
+# The TF 2.0-2.3 names and TF 1.x leftovers on tf.distribute.Strategy.
+STRATEGY_OLD_NAMES = (
+    _member(experimental_run_v2, "Strategy.run()", "2.2"),
+    _member(experimental_distribute_datasets_from_function, "Strategy.distribute_datasets_from_function()", "2.4"),
+    _member(experimental_make_numpy_dataset, "td.data.Dataset.from_tensor_slices()", "2.2"),
+    _member(unwrap, "Strategy.experimental_local_results()", "2.0"),
+    _member(colocate_vars_with, "Strategy.extended.colocate_vars_with()", "2.0"),
+    _member(configure, "Strategy.update_config_proto()", "2.0"),
+    _member(update_config_proto, "nothing (towerdist has no sessions)", "2.0"),
+    _member(make_dataset_iterator, "iter(Strategy.experimental_distribute_dataset(dataset))", "2.0"),
+    _member(make_input_fn_iterator, "iter(Strategy.distribute_datasets_from_function(dataset_fn))", "2.0"),
+    _member(experimental_run, "Strategy.run(fn, args=(next(iterator),))", "2.0"),
+)
+
+# TF 2.2's StrategyExtended.experimental_make_numpy_dataset.
+EXTENDED_OLD_NAMES = (
+    _member(experimental_make_numpy_dataset, "td.data.Dataset.from_tensor_slices()", "2.2", aliases.EXTENDED),
+)

@@ -20,6 +20,7 @@ from towerdist._src.indexed_slices import refuse_in_gather
 from towerdist._src.input.input_context import InputContext, InputOptions
 from towerdist._src.options import ValueContext
 from towerdist._src.reduce_op import ReduceOp, parse_reduce_op
+from towerdist._src.strategies import legacy_names
 from towerdist._src.strategies.arguments import check_input_options, element_count, reduce_axes
 from towerdist._src.strategies.strategy_extended import StrategyExtended
 from towerdist._src.type_aliases import AxisLike, Nest, ReduceOpLike, ReplicaFn
@@ -355,4 +356,4 @@ def _refuse_mappings(value: Any, axis: Any) -> None:
             _refuse_mappings(item, axis)
 
 
-aliases.install(Strategy, aliases.STRATEGY)
+aliases.install(Strategy, legacy_names.STRATEGY_OLD_NAMES)

@@ -22,6 +22,7 @@ from towerdist._src.input.distributed_dataset import DistributedDataset, Distrib
 from towerdist._src.input.input_context import InputContext, InputOptions, InputReplicationMode
 from towerdist._src.options import CommunicationOptions, ValueContext
 from towerdist._src.reduce_op import ReduceOp, parse_reduce_op
+from towerdist._src.strategies import legacy_names
 from towerdist._src.strategies.arguments import (
     check_call_arguments,
     check_destinations,
@@ -612,4 +613,4 @@ def update_regroup(results: list[Any], devices: Sequence[DeviceSpec], group: boo
     return nest.map_structure(lambda x: x._values if isinstance(x, DistributedValues) else (x,), merged)
 
 
-aliases.install(StrategyExtended, aliases.EXTENDED)
+aliases.install(StrategyExtended, legacy_names.EXTENDED_OLD_NAMES)

@@ -5,7 +5,7 @@ It holds everything of ``towerdist`` (arrays, dtypes, ``Variable``, ``device``, 
 ``MirroredStrategy`` speaks the tower-era API of TF 1.x's ``tf.contrib.distribute``.
 The TF 1.x module functions ``get_tower_context``, ``get_cross_tower_context``,
 ``get_distribution_strategy`` and ``has_distribution_strategy`` work here too; each warns
-once that it is deprecated (the table is ``towerdist._src.aliases``).
+once that it is deprecated (the table is ``towerdist._src.compat.old_names``).
 
 Example:
   >>> import towerdist.compat.v1 as tf
@@ -38,6 +38,7 @@ from towerdist._src.array_ops import range as range  # noqa: A004
 from towerdist._src.array_ops import reduce_mean as reduce_mean
 from towerdist._src.array_ops import reduce_sum as reduce_sum
 from towerdist._src.array_ops import zeros as zeros
+from towerdist._src.compat import old_names as _old_names
 from towerdist._src.data.spec import TensorSpec as TensorSpec
 from towerdist._src.device import device as device
 from towerdist._src.dtypes import bool as bool  # noqa: A004
@@ -115,5 +116,5 @@ __all__ = [
     "zeros",
 ]
 
-__getattr__ = _aliases.module_getattr(__name__)
+__getattr__ = _aliases.module_getattr(__name__, _old_names.COMPAT_V1)
 __dir__ = _aliases.module_dir(__name__, __all__)

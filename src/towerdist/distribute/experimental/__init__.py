@@ -5,6 +5,7 @@ table with a one-time ``DeprecationWarning``.
 """
 
 from towerdist._src import aliases as _aliases
+from towerdist._src.compat import old_names as _old_names
 from towerdist._src.options import CommunicationImplementation as CommunicationImplementation
 from towerdist._src.options import CommunicationOptions as CommunicationOptions
 from towerdist._src.options import ValueContext as ValueContext
@@ -27,5 +28,5 @@ __all__ = [
     "ValueContext",
 ]
 
-__getattr__ = _aliases.module_getattr(__name__)
+__getattr__ = _aliases.module_getattr(__name__, _old_names.DISTRIBUTE_EXPERIMENTAL)
 __dir__ = _aliases.module_dir(__name__, __all__)

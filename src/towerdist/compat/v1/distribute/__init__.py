@@ -9,6 +9,7 @@ are served by the alias table with a one-time ``DeprecationWarning``.
 """
 
 from towerdist._src import aliases as _aliases
+from towerdist._src.compat import old_names as _old_names
 from towerdist._src.compat.tower_context import get_loss_reduction as get_loss_reduction
 from towerdist._src.compat.tower_strategy import MirroredStrategy as MirroredStrategy
 from towerdist.distribute import CrossDeviceOps as CrossDeviceOps
@@ -55,5 +56,5 @@ __all__ = [
     "in_cross_replica_context",
 ]
 
-__getattr__ = _aliases.module_getattr(__name__)
+__getattr__ = _aliases.module_getattr(__name__, _old_names.COMPAT_V1_DISTRIBUTE)
 __dir__ = _aliases.module_dir(__name__, __all__)
