@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     from towerdist._src.backend import cupy_backend
 
     simulated = towerdist.testing.simulated_gpus_enabled()
-    cp = cupy_backend.xp if simulated else cupy_backend._import()
+    cp = cupy_backend.xp if simulated else cupy_backend.cupy_module()
     print(machine_info())
     if simulated:
         print(f"SIMULATED GPUs ({cp.machine.num_gpus}, numpy on the CPU): host work only, not GPU verification")

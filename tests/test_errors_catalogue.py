@@ -416,4 +416,4 @@ def test_cupy_import_error_is_a_missing_dependency_error():
     else:
         pytest.skip("cupy is installed")
     with pytest.raises(td.errors.MissingDependencyError, match=r"GPU devices need cupy.*towerdist\[cuda12\]"):
-        cupy_backend._import()
+        cupy_backend.cupy_module()

@@ -25,7 +25,7 @@ def gpus(n: int) -> list[str]:
 
 @pytest.mark.gpus(1)
 def test_cupy_backend_places_arrays_on_the_device():
-    cupy = cupy_backend._import()
+    cupy = cupy_backend.cupy_module()
     array = cupy_backend.asarray(np.arange(4, dtype=np.float32), device=device_lib.parse("GPU:0"))
     assert isinstance(array, cupy.ndarray) and array.device.id == 0
     np.testing.assert_array_equal(cupy.asnumpy(cupy_backend.add_n([array, array])), np.arange(4) * 2)
@@ -108,7 +108,7 @@ def test_mirrored_variable_on_two_gpus():
 @pytest.mark.gpus(1)
 @pytest.mark.parametrize("fetch", [True, False])
 def test_distributed_dataset_places_pieces_on_the_gpu_unless_told_not_to(fetch):
-    cupy = cupy_backend._import()
+    cupy = cupy_backend.cupy_module()
     strategy = td.distribute.MirroredStrategy(gpus(1))
     options = td.distribute.InputOptions(experimental_fetch_to_device=fetch)
     batches = list(strategy.experimental_distribute_dataset(td.data.Dataset.range(6).batch(4), options))
@@ -118,7 +118,7 @@ def test_distributed_dataset_places_pieces_on_the_gpu_unless_told_not_to(fetch):
 
 @pytest.mark.gpus(2)
 def test_distributed_dataset_pieces_live_on_their_replicas_gpus():
-    cupy = cupy_backend._import()
+    cupy = cupy_backend.cupy_module()
     strategy = td.distribute.MirroredStrategy(gpus(2))
     batch = next(iter(strategy.experimental_distribute_dataset(td.data.Dataset.range(3).batch(3))))
     pieces = strategy.experimental_local_results(batch)
@@ -193,7 +193,7 @@ def test_checkpoint_of_gpu_variables_restores_on_the_cpu(tmp_path):
 @pytest.mark.gpus(2)
 def test_each_replica_computes_on_its_own_gpu():
     # Defect 1: cupy launches on the thread's current device; a replica thread must make its GPU current.
-    cupy = cupy_backend._import()
+    cupy = cupy_backend.cupy_module()
     strategy = td.distribute.MirroredStrategy(gpus(2))
 
     def step():
@@ -307,7 +307,7 @@ def test_views_on_another_gpu_are_copied_contiguously(ops):
 @pytest.mark.gpus(2)
 def test_constants_and_casts_follow_the_device_scope():
     # Defect 5: the backend was chosen by the input, not by the scope.
-    cupy = cupy_backend._import()
+    cupy = cupy_backend.cupy_module()
     with td.device("GPU:1"):
         scalar = td.cast(np.int32(2), td.float32)
         constant = td.constant(np.ones(3))
@@ -324,7 +324,7 @@ def test_constants_and_casts_follow_the_device_scope():
 @pytest.mark.gpus(2)
 def test_convert_to_tensor_and_identity_follow_the_device_scope():
     # convert_to_tensor and identity ignored the device scope (constant and cast followed it).
-    cupy = cupy_backend._import()
+    cupy = cupy_backend.cupy_module()
     with td.device("GPU:1"):
         converted = td.convert_to_tensor(np.arange(3.0))
         from_python = td.convert_to_tensor([1.0, 2.0])
@@ -364,7 +364,7 @@ def test_the_multi_worker_mean_divides_on_the_totals_gpu_whichever_gpu_is_curren
     # GPU of whichever replica arrived last, not necessarily the total's.
     from towerdist._src.strategies.multi_worker_mirrored import _mean
 
-    cupy = cupy_backend._import()
+    cupy = cupy_backend.cupy_module()
     with cupy.cuda.Device(1):
         total = cupy.asarray(np.array([4, 8], dtype))
     with cupy.cuda.Device(0):
@@ -400,7 +400,7 @@ def test_identity_of_strings_in_a_gpu_scope_stays_on_the_host():
 @pytest.mark.gpus(1)
 def test_string_features_stay_on_the_host():
     # Defect 6: cupy holds numbers only; TF keeps string features on the host.
-    cupy = cupy_backend._import()
+    cupy = cupy_backend.cupy_module()
     strategy = td.distribute.MirroredStrategy(gpus(1))
     dataset = td.data.Dataset.from_tensor_slices((np.arange(4.0), np.array(["a", "b", "c", "d"]))).batch(2)
     numbers, words = next(iter(strategy.experimental_distribute_dataset(dataset)))

@@ -154,7 +154,7 @@ class StandInCupy:
 @pytest.fixture
 def cupy(monkeypatch):
     module = StandInCupy()
-    monkeypatch.setattr(pinned_staging.cupy_backend, "_import", lambda: module)
+    monkeypatch.setattr(pinned_staging.cupy_backend, "cupy_module", lambda: module)
     return module
 
 

@@ -57,7 +57,7 @@ _CLASS_OF_ERRNO: dict[int, type[errors.OpError]] = {
 }
 
 
-def _as_path(path: Any) -> str:
+def as_path(path: Any) -> str:
     try:
         return os.fsdecode(os.fspath(path))
     except TypeError:
@@ -66,7 +66,7 @@ def _as_path(path: Any) -> str:
         ) from None
 
 
-def _op_error(error: OSError, what: str, path: str) -> errors.OpError:
+def op_error(error: OSError, what: str, path: str) -> errors.OpError:
     cls = _CLASS_OF_ERRNO.get(error.errno or 0, errors.UnknownError)
     return cls(f"{what} {path}: {error.strerror or error}", path=path)
 
@@ -77,12 +77,12 @@ def exists(path: Any) -> bool:
     Args:
       path: a ``str``, ``bytes`` or ``os.PathLike``.
     """
-    return os.path.exists(_as_path(path))
+    return os.path.exists(as_path(path))
 
 
 def isdir(path: Any) -> bool:
     """True if ``path`` is a directory."""
-    return os.path.isdir(_as_path(path))
+    return os.path.isdir(as_path(path))
 
 
 def listdir(path: Any) -> list[str]:
@@ -92,7 +92,7 @@ def listdir(path: Any) -> list[str]:
       NotFoundError: ``path`` does not exist or is not a directory (TensorFlow 2.21: "Could not
         find directory" for both).
     """
-    where = _as_path(path)
+    where = as_path(path)
     try:
         return os.listdir(where)
     except NotADirectoryError as error:
@@ -101,12 +101,12 @@ def listdir(path: Any) -> list[str]:
             path=where,
         ) from error
     except OSError as error:
-        raise _op_error(error, "td.io.gfile.listdir() could not list", where) from error
+        raise op_error(error, "td.io.gfile.listdir() could not list", where) from error
 
 
 def glob(pattern: Any) -> list[str]:
     """The paths that match ``pattern`` (``*``, ``?`` and ``[...]`` as in ``fnmatch``), sorted; [] if none."""
-    return sorted(glob_lib.glob(_as_path(pattern)))
+    return sorted(glob_lib.glob(as_path(pattern)))
 
 
 def makedirs(path: Any) -> None:
@@ -116,11 +116,11 @@ def makedirs(path: Any) -> None:
       AlreadyExistsError: ``path`` (or a parent) exists and is not a directory.
       PermissionDeniedError: a directory may not be created there.
     """
-    where = _as_path(path)
+    where = as_path(path)
     try:
         os.makedirs(where, exist_ok=True)
     except OSError as error:
-        raise _op_error(error, "td.io.gfile.makedirs() could not create", where) from error
+        raise op_error(error, "td.io.gfile.makedirs() could not create", where) from error
 
 
 def remove(path: Any) -> None:
@@ -130,13 +130,13 @@ def remove(path: Any) -> None:
       NotFoundError: ``path`` does not exist.
       FailedPreconditionError: ``path`` is a directory (use :func:`rmtree`).
     """
-    where = _as_path(path)
+    where = as_path(path)
     try:
         if os.path.isdir(where) and not os.path.islink(where):
             raise IsADirectoryError(errno.EISDIR, "Is a directory; use td.io.gfile.rmtree() for directories")
         os.remove(where)
     except OSError as error:
-        raise _op_error(error, "td.io.gfile.remove() could not delete", where) from error
+        raise op_error(error, "td.io.gfile.remove() could not delete", where) from error
 
 
 def rmtree(path: Any) -> None:
@@ -146,7 +146,7 @@ def rmtree(path: Any) -> None:
       NotFoundError: ``path`` does not exist.
       FailedPreconditionError: ``path`` is not a directory (use :func:`remove`).
     """
-    where = _as_path(path)
+    where = as_path(path)
     try:
         if not os.path.lexists(where):
             raise FileNotFoundError(errno.ENOENT, "No such file or directory")
@@ -154,7 +154,7 @@ def rmtree(path: Any) -> None:
             raise NotADirectoryError(errno.ENOTDIR, "Not a directory; use td.io.gfile.remove() for files")
         shutil.rmtree(where)
     except OSError as error:
-        raise _op_error(error, "td.io.gfile.rmtree() could not delete", where) from error
+        raise op_error(error, "td.io.gfile.rmtree() could not delete", where) from error
 
 
 def mkdir(path: Any) -> None:
@@ -164,12 +164,12 @@ def mkdir(path: Any) -> None:
       NotFoundError: the parent does not exist (use :func:`makedirs`).
       AlreadyExistsError: ``path`` is a file.
     """
-    where = _as_path(path)
+    where = as_path(path)
     try:
         if not os.path.isdir(where):
             os.mkdir(where)
     except OSError as error:
-        raise _op_error(error, "td.io.gfile.mkdir() could not create", where) from error
+        raise op_error(error, "td.io.gfile.mkdir() could not create", where) from error
 
 
 def rename(oldname: Any, newname: Any, overwrite: bool = False) -> None:
@@ -179,12 +179,12 @@ def rename(oldname: Any, newname: Any, overwrite: bool = False) -> None:
       AlreadyExistsError: ``newname`` exists and ``overwrite`` is False.
       NotFoundError: ``oldname`` does not exist.
     """
-    old, new = _as_path(oldname), _as_path(newname)
+    old, new = as_path(oldname), as_path(newname)
     _refuse_existing(new, overwrite, "rename")
     try:
         os.replace(old, new)
     except OSError as error:
-        raise _op_error(error, f"td.io.gfile.rename() could not rename {old} to", new) from error
+        raise op_error(error, f"td.io.gfile.rename() could not rename {old} to", new) from error
 
 
 def copy(oldpath: Any, newpath: Any, overwrite: bool = False) -> None:
@@ -195,7 +195,7 @@ def copy(oldpath: Any, newpath: Any, overwrite: bool = False) -> None:
       NotFoundError: ``oldpath`` does not exist.
       InvalidArgumentError: ``oldpath`` is a directory.
     """
-    old, new = _as_path(oldpath), _as_path(newpath)
+    old, new = as_path(oldpath), as_path(newpath)
     _refuse_existing(new, overwrite, "copy")
     if os.path.isdir(old):
         raise errors.InvalidArgumentError(
@@ -206,7 +206,7 @@ def copy(oldpath: Any, newpath: Any, overwrite: bool = False) -> None:
     try:
         shutil.copyfile(old, new)
     except OSError as error:
-        raise _op_error(error, f"td.io.gfile.copy() could not copy {old} to", new) from error
+        raise op_error(error, f"td.io.gfile.copy() could not copy {old} to", new) from error
 
 
 def _refuse_existing(path: str, overwrite: bool, api: str) -> None:
@@ -219,7 +219,7 @@ def _refuse_existing(path: str, overwrite: bool, api: str) -> None:
 
 def join(path: Any, *paths: Any) -> str:
     """``path`` and ``paths`` joined with ``/`` (``os.path.join``)."""
-    return os.path.join(_as_path(path), *(_as_path(p) for p in paths))
+    return os.path.join(as_path(path), *(as_path(p) for p in paths))
 
 
 class FileStatistics(NamedTuple):
@@ -236,11 +236,11 @@ def stat(path: Any) -> FileStatistics:
     Raises:
       NotFoundError: ``path`` does not exist.
     """
-    where = _as_path(path)
+    where = as_path(path)
     try:
         found = os.stat(where)
     except OSError as error:
-        raise _op_error(error, "td.io.gfile.stat() could not read", where) from error
+        raise op_error(error, "td.io.gfile.stat() could not read", where) from error
     return FileStatistics(found.st_size, found.st_mtime_ns, os.path.isdir(where))
 
 
@@ -254,7 +254,7 @@ def walk(
       topdown: yield a directory before (True) or after (False) those below it.
       onerror: called with the error when a directory cannot be listed; it is then skipped.
     """
-    where = _as_path(top)
+    where = as_path(top)
     try:
         names = listdir(where)
     except errors.OpError as error:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from towerdist._src import errors
-from towerdist._src.gfile import _as_path, _op_error
+from towerdist._src.gfile import as_path, op_error
 
 __all__ = ["GFile"]
 
@@ -39,7 +39,7 @@ class GFile:
     """
 
     def __init__(self, name: Any, mode: str = "r") -> None:
-        path = _as_path(name)
+        path = as_path(name)
         if not isinstance(mode, str) or mode.replace("b", "", 1) not in _MODES:
             raise errors.InvalidArgumentError(
                 f"mode is not 'r' or 'w' or 'a' or 'r+' or 'w+' or 'a+': td.io.gfile.GFile() got mode={mode!r} "
@@ -122,7 +122,7 @@ class GFile:
         try:
             return os.stat(self._name).st_size
         except OSError as error:
-            raise _op_error(error, "td.io.gfile.GFile.size() could not read the size of", self._name) from error
+            raise op_error(error, "td.io.gfile.GFile.size() could not read the size of", self._name) from error
 
     def seekable(self) -> bool:
         """True: a local file can seek."""
@@ -181,5 +181,5 @@ class GFile:
             try:
                 self._file = open(self._name, self._mode.replace("b", "", 1) + "b")  # noqa: SIM115  (closed by close())
             except OSError as error:
-                raise _op_error(error, "td.io.gfile.GFile could not open", self._name) from error
+                raise op_error(error, "td.io.gfile.GFile could not open", self._name) from error
         return self._file

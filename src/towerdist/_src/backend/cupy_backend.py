@@ -16,7 +16,7 @@ from towerdist._src.errors import InvalidArgumentError, MissingDependencyError
 name = "cupy"
 
 
-def _import() -> Any:
+def cupy_module() -> Any:
     """The array module GPUs use: cupy, or the simulated GPUs' (``gpu_module``, the seam, chooses).
 
     Raises:
@@ -27,7 +27,7 @@ def _import() -> Any:
 
 def __getattr__(attr: str) -> Any:
     if attr == "xp":
-        return _import()
+        return cupy_module()
     raise AttributeError(attr)
 
 
@@ -44,7 +44,7 @@ def device_count() -> int:
         must not quietly mean "no GPU").
     """
     try:
-        module = _import()
+        module = cupy_module()
     except MissingDependencyError:
         return 0
     counted = _counted
@@ -89,7 +89,7 @@ def nccl_unavailable_reason() -> str | None:
     """None if cupy's NCCL bindings load and a GPU is visible; otherwise why not."""
     global _nccl_checked
     try:
-        module = _import()
+        module = cupy_module()
     except MissingDependencyError:
         return f"cupy is not installed ({_INSTALL})"
     checked = _nccl_checked
@@ -112,12 +112,12 @@ def nccl_unavailable_reason() -> str | None:
 def _device_id(device: Any) -> int:
     """The GPU index of ``device`` (the current GPU for None); refuses CPU devices and missing GPUs."""
     if device is None:
-        return int(_import().cuda.runtime.getDevice())
+        return int(cupy_module().cuda.runtime.getDevice())
     if getattr(device, "device_type", "GPU") != "GPU":
         raise ValueError(f"The GPU backend was asked to place an array on {device.short_name}, which is not a GPU.")
     index = int(device.device_index)
     if index >= device_count():
-        _import()  # a missing cupy is the clearer error
+        cupy_module()  # a missing cupy is the clearer error
         visible = device_count()
         raise InvalidArgumentError(
             f"GPU:{index} does not exist: {visible} GPU(s) are visible"
@@ -128,14 +128,14 @@ def _device_id(device: Any) -> int:
 
 
 def asarray(value: Any, dtype: Any = None, device: Any = None) -> Any:
-    cupy = _import()
+    cupy = cupy_module()
     with cupy.cuda.Device(_device_id(device)):
         return cupy.asarray(value, dtype=dtype)
 
 
 def to_device(array: Any, device: Any) -> Any:
     """Returns ``array`` on ``device``: itself if it is already there, else a copy."""
-    cupy = _import()
+    cupy = cupy_module()
     target = _device_id(device)
     if owns(array):
         if array.device.id == target:
@@ -150,13 +150,13 @@ def to_device_of(value: Any, array: Any) -> Any:
     target = _Index(int(array.device.id))
     if owns(value):
         return to_device(value, target)
-    with _import().cuda.Device(target.device_index):
-        return _import().asarray(value)
+    with cupy_module().cuda.Device(target.device_index):
+        return cupy_module().asarray(value)
 
 
 def copy(array: Any, device: Any = None) -> Any:
     """A new array with ``array``'s values on ``device`` (default: ``array``'s own GPU, else the current one)."""
-    cupy = _import()
+    cupy = cupy_module()
     if device is not None:
         target = _device_id(device)
     else:
@@ -175,7 +175,7 @@ def _copy_between(array: Any, target: int) -> Any:
     source stream (an event, no host wait), and the source stays referenced until the copy
     has run (its memory belongs to its own stream's pool).
     """
-    cupy = _import()
+    cupy = cupy_module()
     cuda = cupy.cuda
     source = int(array.device.id)
     with cuda.Device(source):
@@ -194,7 +194,7 @@ def _contiguous(array: Any) -> Any:
     """``array`` as a C-contiguous array on its own GPU (itself if it already is)."""
     if array.flags.c_contiguous:
         return array
-    cupy = _import()
+    cupy = cupy_module()
     with cupy.cuda.Device(array.device.id):
         return cupy.ascontiguousarray(array)
 
@@ -220,25 +220,25 @@ def share(arrays: Sequence[Any]) -> list[Any]:
 
 
 def empty(shape: Sequence[int], dtype: Any, device: Any = None) -> Any:
-    cupy = _import()
+    cupy = cupy_module()
     with cupy.cuda.Device(_device_id(device)):
         return cupy.empty(shape, dtype=dtype)
 
 
 def zeros(shape: Sequence[int], dtype: Any, device: Any = None) -> Any:
-    cupy = _import()
+    cupy = cupy_module()
     with cupy.cuda.Device(_device_id(device)):
         return cupy.zeros(shape, dtype=dtype)
 
 
 def flat(array: Any) -> Any:
     """``array`` as a contiguous 1-D array, on its own GPU."""
-    with _import().cuda.Device(array.device.id):
+    with cupy_module().cuda.Device(array.device.id):
         return _contiguous(array).reshape(-1)
 
 
 def accumulate_into(out: Any, inputs: Sequence[Any], start: int, stop: int) -> None:
-    cupy = _import()
+    cupy = cupy_module()
     target = out[start:stop]
     with cupy.cuda.Device(out.device.id):
         partial = inputs[0][start:stop].astype(inputs[0].dtype, copy=True)
@@ -249,12 +249,12 @@ def accumulate_into(out: Any, inputs: Sequence[Any], start: int, stop: int) -> N
 
 def divide_into(out: Any, divisor: int, start: int, stop: int) -> None:
     target = out[start:stop]
-    with _import().cuda.Device(out.device.id):
+    with cupy_module().cuda.Device(out.device.id):
         target /= divisor
 
 
 def add_n(arrays: Sequence[Any]) -> Any:
-    cupy = _import()
+    cupy = cupy_module()
     with cupy.cuda.Device(arrays[0].device.id):
         total = arrays[0].copy()
         for x in arrays[1:]:
@@ -264,7 +264,7 @@ def add_n(arrays: Sequence[Any]) -> Any:
 
 def add(array: Any, other: Any, subtract: bool = False) -> Any:
     """A new array ``array + other`` (or ``-``) with ``array``'s dtype, on ``array``'s GPU."""
-    cupy = _import()
+    cupy = cupy_module()
     with cupy.cuda.Device(array.device.id):
         combine = cupy.subtract if subtract else cupy.add
         return combine(array, cupy.asarray(other), dtype=array.dtype)
@@ -272,7 +272,7 @@ def add(array: Any, other: Any, subtract: bool = False) -> Any:
 
 def true_divide(array: Any, divisor: Any) -> Any:
     """``array / divisor`` on ``array``'s GPU."""
-    cupy = _import()
+    cupy = cupy_module()
     with cupy.cuda.Device(array.device.id):
         return cupy.true_divide(array, divisor)
 
@@ -282,7 +282,7 @@ def unique_rows_sum(indices: Any, values: Any) -> tuple[Any, Any]:
 
     The sizes of the result and the number of passes are read back: host synchronisations.
     """
-    cupy = _import()
+    cupy = cupy_module()
     with cupy.cuda.Device(values.device.id):
         count = indices.shape[0]
         if count == 0:
@@ -309,7 +309,7 @@ def unique_rows_sum(indices: Any, values: Any) -> tuple[Any, Any]:
 
 def concat(arrays: Sequence[Any], axis: int, device: Any = None) -> Any:
     """The arrays joined along ``axis`` on ``device`` (default: the first array's GPU)."""
-    cupy = _import()
+    cupy = cupy_module()
     target = _device_id(device) if device is not None else arrays[0].device.id
     with cupy.cuda.Device(target):
         return cupy.concatenate([to_device(a, _Index(target)) for a in arrays], axis=axis)
@@ -317,7 +317,7 @@ def concat(arrays: Sequence[Any], axis: int, device: Any = None) -> Any:
 
 def split(array: Any, sizes: Sequence[int], axis: int = 0) -> list[Any]:
     """Views of ``array`` cut along ``axis`` into pieces of ``sizes``."""
-    cupy = _import()
+    cupy = cupy_module()
     boundaries = list(_cumsum(sizes))[:-1]
     with cupy.cuda.Device(array.device.id):
         return list(cupy.split(array, boundaries, axis=axis))
@@ -325,7 +325,7 @@ def split(array: Any, sizes: Sequence[int], axis: int = 0) -> list[Any]:
 
 def synchronize(device: Any = None) -> None:
     """Waits until everything queued on ``device`` (every stream of that GPU) has finished."""
-    cupy = _import()
+    cupy = cupy_module()
     cupy.cuda.Device(_device_id(device)).synchronize()
 
 
@@ -348,13 +348,13 @@ def _cumsum(sizes: Sequence[int]) -> list[int]:
 
 def on_device(device: Any) -> Any:
     """A context in which cupy allocates and launches on ``device`` (a GPU DeviceSpec)."""
-    cupy = _import()
+    cupy = cupy_module()
     return cupy.cuda.Device(_device_id(device))
 
 
 def on_array_device(array: Any) -> Any:
     """A context in which cupy launches on ``array``'s GPU (for kernels reading an array of any GPU)."""
-    return _import().cuda.Device(array.device.id)
+    return cupy_module().cuda.Device(array.device.id)
 
 
 def finish(devices: Sequence[Any]) -> None:
@@ -366,6 +366,6 @@ def finish(devices: Sequence[Any]) -> None:
     """
     gpus = {int(d.device_index) for d in devices if d.device_type == "GPU"}
     if gpus:
-        cupy = _import()
+        cupy = cupy_module()
         for index in sorted(gpus):
             cupy.cuda.Device(index).synchronize()

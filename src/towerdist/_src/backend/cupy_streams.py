@@ -70,7 +70,7 @@ def mark(device_ids: Iterable[int], own: int | None = None) -> Marks:
     on ``own`` (a replica's GPU), where a mark is recorded without asking: a thread has
     work there almost always, and the query would cost as much as the event.
     """
-    cupy = cupy_backend._import()
+    cupy = cupy_backend.cupy_module()
     cuda = cupy.cuda
     points: dict[int, tuple[int, Any]] = {}
     for device_id in device_ids:
@@ -96,7 +96,7 @@ def follow(marks: Marks | None, device_ids: Iterable[int] | None = None) -> None
     """
     if marks is None:
         return
-    cuda = cupy_backend._import().cuda
+    cuda = cupy_backend.cupy_module().cuda
     same_thread = marks.thread == threading.get_ident()
     points = marks.points
     for device_id in points if device_ids is None else device_ids:
@@ -120,7 +120,7 @@ def follow(marks: Marks | None, device_ids: Iterable[int] | None = None) -> None
 
 def record(stream: Any, device_id: int) -> Any:
     """A new event recorded on ``stream`` (a stream of GPU ``device_id``) after the work queued so far."""
-    cuda = cupy_backend._import().cuda
+    cuda = cupy_backend.cupy_module().cuda
     with cuda.Device(device_id):
         event = cuda.Event(disable_timing=True)
         event.record(stream)
@@ -136,7 +136,7 @@ def wait_for_stream(consumer: Any, consumer_device: int, producer: Any, producer
     if consumer_device == producer_device and int(consumer.ptr) == int(producer.ptr):
         return None  # one stream (seen from the calling thread, a per-thread stream is its own)
     event = record(producer, producer_device)
-    with cupy_backend._import().cuda.Device(consumer_device):  # a default stream means the current GPU's
+    with cupy_backend.cupy_module().cuda.Device(consumer_device):  # a default stream means the current GPU's
         consumer.wait_event(event)
     return event
 

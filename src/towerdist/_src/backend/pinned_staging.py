@@ -75,7 +75,7 @@ class PinnedStaging:
 
         Call it with the target GPU current and ``stream`` (a stream of that GPU) current.
         """
-        cupy = cupy_backend._import()
+        cupy = cupy_backend.cupy_module()
         nbytes = int(host.nbytes)
         target = cupy.empty(host.shape, dtype=host.dtype)
         if nbytes == 0:
@@ -118,6 +118,6 @@ class PinnedStaging:
             if spare[0].event is not None:
                 spare[0].event.synchronize()
             self._buffers.remove(spare[0])
-        buffer = _Buffer(cupy_backend._import().cuda.alloc_pinned_memory(size), size)
+        buffer = _Buffer(cupy_backend.cupy_module().cuda.alloc_pinned_memory(size), size)
         self._buffers.append(buffer)
         return buffer

@@ -124,7 +124,7 @@ def _saved_value(variable: Variable, key: str) -> np.ndarray:
             )
         value = variable._read_cross_replica()
     elif isinstance(variable, DistributedVariable):
-        value = variable._values[0].value()
+        value = variable.values[0].value()
     elif isinstance(variable, AggregatingVariable):
         value = variable.get().value()
     else:

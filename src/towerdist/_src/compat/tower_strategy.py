@@ -171,7 +171,7 @@ class MirroredStrategy(_ModernMirroredStrategy):
         if _is_map_result(value):
             return self.extended.broadcast_to(_reduce_map_outputs(aggregation, value), targets)
         if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
-            first = value._values[0] if isinstance(value, DistributedValues) else value
+            first = value.values[0] if isinstance(value, DistributedValues) else value
             return self.extended.broadcast_to(_read(first), targets)
         op = ReduceOp.from_variable_aggregation(aggregation)
         if not isinstance(value, DistributedValues) and (op is ReduceOp.MEAN or self.num_replicas_in_sync == 1):
@@ -277,7 +277,7 @@ class MirroredStrategy(_ModernMirroredStrategy):
         components in tower order.
         """
         if isinstance(value, DistributedValues):
-            return list(value._values)
+            return list(value.values)
         return [value]
 
     @aliases.old_name("Strategy.extended.read_var() or Strategy.reduce()", since="1.10")
@@ -304,7 +304,7 @@ class MirroredStrategy(_ModernMirroredStrategy):
         elif isinstance(val, DistributedValues):
             index = val._devices.index(target) if val._devices and target in val._devices else 0
             source = val._devices[index] if val._devices else None
-            value = _read(val._values[index])
+            value = _read(val.values[index])
         else:
             value, source = _read(val), None
         with device_lib.device(source) if source is not None else contextlib.nullcontext():
@@ -448,11 +448,11 @@ class MapOutput(list):  # type: ignore[type-arg]
 def _is_map_result(value: Any) -> bool:
     if isinstance(value, MapOutput):
         return True
-    return isinstance(value, PerReplica) and all(isinstance(v, MapOutput) for v in value._values)
+    return isinstance(value, PerReplica) and all(isinstance(v, MapOutput) for v in value.values)
 
 
 def _reduce_map_outputs(aggregation: VariableAggregation, value: Any) -> Any:
-    outputs = [x for part in (value._values if isinstance(value, PerReplica) else [value]) for x in part]
+    outputs = [x for part in (value.values if isinstance(value, PerReplica) else [value]) for x in part]
     if not outputs:
         raise unworded(ValueError("got the result of map() over no elements; there is nothing to reduce."))
     if aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
@@ -515,7 +515,7 @@ def _require_mirrored_args(args: Any, kwargs: Any, api: str) -> None:
 
 
 def _select(tower: int, structure: Any) -> Any:
-    return nest.map_structure(lambda x: x._values[tower] if isinstance(x, Mirrored) else x, structure)
+    return nest.map_structure(lambda x: x.values[tower] if isinstance(x, Mirrored) else x, structure)
 
 
 def _read(value: Any) -> Any:

@@ -49,7 +49,7 @@ class AllReduceCrossDeviceOps(CrossDeviceOps):
         # As in TensorFlow, a plain reduce all-reduces only between the value's own
         # non-CPU devices; anything else (e.g. onto the host) reduces on one device.
         if per_replica_value._devices == destinations and all(d.device_type != "CPU" for d in destinations):
-            return mirror(self._batch_all_reduce(reduce_op, [per_replica_value._values], destinations)[0], destinations)
+            return mirror(self._batch_all_reduce(reduce_op, [per_replica_value.values], destinations)[0], destinations)
         return self._fallback.reduce_implementation(reduce_op, per_replica_value, destinations, options)
 
     def batch_reduce_implementation(
@@ -73,7 +73,7 @@ class AllReduceCrossDeviceOps(CrossDeviceOps):
             value._devices == first_devices and destinations == first_devices
             for value, destinations in value_destination_pairs
         ):
-            columns = [value._values for value, _ in value_destination_pairs]
+            columns = [value.values for value, _ in value_destination_pairs]
             return [
                 mirror(result, first_devices) for result in self._batch_all_reduce(reduce_op, columns, first_devices)
             ]
@@ -90,7 +90,7 @@ class AllReduceCrossDeviceOps(CrossDeviceOps):
     ) -> list[list[Any]]:
         del options, out, helpers
         # mirror() hands host buffers shared by several replicas out as read-only views.
-        return [list(mirror(result, devices)._values) for result in self._batch_all_reduce(reduce_op, columns, devices)]
+        return [list(mirror(result, devices).values) for result in self._batch_all_reduce(reduce_op, columns, devices)]
 
     def _batch_all_reduce(
         self, reduce_op: ReduceOp, columns: Sequence[Sequence[Any]], devices: tuple[DeviceSpec, ...]

@@ -186,7 +186,7 @@ class CrossDeviceOps:
         del out, helpers
         pairs = [(PerReplica(column, devices), devices) for column in columns]
         reduced = self.batch_reduce_implementation(reduce_op, pairs, options)
-        return [list(r._values) if isinstance(r, DistributedValues) else [r] for r in reduced]
+        return [list(r.values) if isinstance(r, DistributedValues) else [r] for r in reduced]
 
     def _all_reduce_sparse(
         self,
@@ -207,7 +207,7 @@ class CrossDeviceOps:
             return sparse.all_reduce_sparse(reduce_op, columns, devices)
         pairs = [(PerReplica(column, devices), devices) for column in columns]
         reduced = self.batch_reduce_implementation(reduce_op, pairs, options)
-        return [list(r._values) if isinstance(r, DistributedValues) else [r] for r in reduced]
+        return [list(r.values) if isinstance(r, DistributedValues) else [r] for r in reduced]
 
     def _broadcast_to(self, tensor: Any, destinations: tuple[DeviceSpec, ...]) -> Any:
         """``broadcast`` onto resolved destinations."""
@@ -297,11 +297,11 @@ def copy_in_place(value: DistributedValues, devices: tuple[DeviceSpec, ...]) -> 
     if not _already_in_place(value, devices):
         return None
     if sparse.is_sparse(value):
-        return sparse.mirror_slices(sparse.copied(value._values[0], canonical=True), devices)  # a reduction's form
-    component = array_ops.as_array(value._values[0])
+        return sparse.mirror_slices(sparse.copied(value.values[0], canonical=True), devices)  # a reduction's form
+    component = array_ops.as_array(value.values[0])
     return mirror([backend.for_array(component).copy(component)], devices)
 
 
 def _already_in_place(value: DistributedValues, devices: tuple[DeviceSpec, ...]) -> bool:
     """One component whose device (if recorded) is the only destination."""
-    return len(value._values) == 1 and len(devices) == 1 and value._devices in (None, devices)
+    return len(value.values) == 1 and len(devices) == 1 and value._devices in (None, devices)

@@ -89,10 +89,10 @@ def collectives_for(ops: CrossDeviceOps) -> Collectives:
     """``ops`` itself if it is one of the library's own classes, else ``ops`` wrapped (once)."""
     if type(ops)._library_algorithm:
         return ops
-    return _UserOps(ops)
+    return UserOps(ops)
 
 
-class _UserOps:
+class UserOps:
     """A user's ``CrossDeviceOps`` subclass as ``Collectives``, with TensorFlow's semantics.
 
     A public ``reduce``/``batch_reduce``/``broadcast`` the subclass overrides is what is

@@ -44,7 +44,7 @@ def gather_to(value: DistributedValues, destinations: Sequence[DeviceSpec], axis
     Raises (:func:`unworded`: the caller's API goes in front):
       InvalidArgumentError: scalar components, a bad axis, or mismatched shapes/dtypes.
     """
-    arrays = [array_ops.as_array(c) for c in value._values]
+    arrays = [array_ops.as_array(c) for c in value.values]
     first = arrays[0]
     if first.ndim == 0:
         raise unworded(

@@ -120,7 +120,7 @@ class NcclAllReduce(AllReduceCrossDeviceOps):
         the next call makes new ones.
         """
         self.check_devices(devices)
-        cupy = cupy_backend._import()
+        cupy = cupy_backend.cupy_module()
         cuda = cupy.cuda
         nccl = cupy_backend.nccl()
 

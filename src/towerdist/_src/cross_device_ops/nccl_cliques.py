@@ -68,7 +68,7 @@ class Clique:
     """
 
     def __init__(self, device_ids: Sequence[int], comms: Sequence[Any], what: str) -> None:
-        cuda = cupy_backend._import().cuda
+        cuda = cupy_backend.cupy_module().cuda
         self.device_ids = tuple(device_ids)
         self.comms = list(comms)
         self.what = what
@@ -113,7 +113,7 @@ class Clique:
 
     def finished(self, device_ids: Sequence[int] | None = None) -> None:
         """Records a "done" event on each stream, and makes the caller's current streams wait for it."""
-        cuda = cupy_backend._import().cuda
+        cuda = cupy_backend.cupy_module().cuda
         for j, device_id in enumerate(self.device_ids):
             if device_ids is not None and device_id not in device_ids:
                 continue
@@ -138,7 +138,7 @@ def create_local(device_ids: Sequence[int], what: str) -> Clique:
     Raises:
       UnavailableError: NCCL could not create them (the message names the GPUs).
     """
-    cupy = cupy_backend._import()
+    cupy = cupy_backend.cupy_module()
     nccl = cupy_backend.nccl()
     unique_id = nccl.get_unique_id()  # passed on as cupy returns it (bytes since cupy 14, a tuple before)
     comms: list[Any] = []

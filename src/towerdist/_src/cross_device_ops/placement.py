@@ -106,7 +106,7 @@ def validate_components(value: DistributedValues, which: str = "") -> list[Any]:
       InvalidArgumentError: components differ in shape or dtype; the message names the
         replicas and their shapes/dtypes.
     """
-    components = value._values
+    components = value.values
     if not components:
         raise unworded(ValueError(f"{API}{which}: `per_replica_value` must be non-empty."))
     if any(isinstance(c, IndexedSlices) for c in components):

@@ -51,7 +51,7 @@ class ReductionToOneDevice(CrossDeviceOps):
             return sparse.reduce_sparse(reduce_op, per_replica_value, destinations, on=self._target)
         target = self._target or destinations[0]
         impl = backend.for_device(target)
-        arrays = [impl.to_device(array_ops.as_array(c), target) for c in per_replica_value._values]
+        arrays = [impl.to_device(array_ops.as_array(c), target) for c in per_replica_value.values]
         if self.accumulation_fn is None:
             reduced = impl.add_n(arrays)
         else:

@@ -354,4 +354,4 @@ def _on_host(column: Sequence[Any]) -> list[Any]:
 
 
 def _host_arrays(value: DistributedValues) -> list[Any]:
-    return [_host.to_device(array_ops.as_array(c), None) for c in value._values]
+    return [_host.to_device(array_ops.as_array(c), None) for c in value.values]

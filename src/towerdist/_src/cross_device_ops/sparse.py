@@ -59,7 +59,7 @@ DENSE_FRACTION = 2.0
 def is_sparse(value: Any) -> bool:
     """Whether ``value`` (a distributed value or a component) holds ``IndexedSlices``."""
     if isinstance(value, DistributedValues):
-        return bool(value._values) and isinstance(value._values[0], IndexedSlices)
+        return bool(value.values) and isinstance(value.values[0], IndexedSlices)
     return isinstance(value, IndexedSlices)
 
 
@@ -165,7 +165,7 @@ def reduce_sparse(
     Reduced once, on ``on`` (by default the first destination), then placed on every
     destination (:func:`mirror_slices`). MEAN divides by the number of components.
     """
-    parts = list(value._values)  # summed in one pass over every replica's rows: faster than each replica first
+    parts = list(value.values)  # summed in one pass over every replica's rows: faster than each replica first
     reduced = combine(reduce_op, parts, len(parts), on or destinations[0])
     return mirror_slices(reduced, destinations)
 
@@ -192,7 +192,7 @@ def all_reduce_sparse(
 def all_reduce_placed(slices: IndexedSlices, devices: Sequence[DeviceSpec]) -> list[IndexedSlices]:
     """``slices`` (a reduction's result) for each of ``devices``: shared read-only on the host, copied to GPUs."""
     placed = mirror_slices(slices, devices)
-    return list(placed._values) if isinstance(placed, DistributedValues) else [placed]
+    return list(placed.values) if isinstance(placed, DistributedValues) else [placed]
 
 
 def mirror_slices(slices: IndexedSlices, destinations: Sequence[DeviceSpec]) -> Any:

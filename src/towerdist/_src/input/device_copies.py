@@ -92,7 +92,7 @@ class DeviceCopier:
         gpus = sorted({d.device_index for p, d in zip(pieces, devices) if d.device_type == "GPU" and p is not skip})
         if not gpus:
             return Placed([p if p is skip else place_on_device(p, d) for p, d in zip(pieces, devices)], None)
-        cuda = cupy_backend._import().cuda
+        cuda = cupy_backend.cupy_module().cuda
         caller = cupy_streams.mark(gpus)
         placed = list(pieces)
         points: dict[int, tuple[int, Any]] = {}

@@ -81,7 +81,7 @@ class NcclWorkers:
         self._nccl = nccl
         collective = "MultiWorkerMirroredStrategy (NCCL communicator set-up)"
         unique_id = shared_unique_id(workers, nccl, collective)
-        cuda = cupy_backend._import().cuda
+        cuda = cupy_backend.cupy_module().cuda
         what = f"MultiWorkerMirroredStrategy's workers (worker {workers.rank} of {workers.size}, GPU:{device_index})"
         try:
             with cuda.Device(device_index):
@@ -122,7 +122,7 @@ class NcclWorkers:
             self._check(collective)
         signature = ", ".join(f"{b.dtype}[{b.size}]" for b in buffers)
         communicator.agree(Call(collective, f"{op} over NCCL", signature), timeout, warning)
-        cuda = cupy_backend._import().cuda
+        cuda = cupy_backend.cupy_module().cuda
         with nccl_cliques.gpus_locked([index]):
             self._check(collective)  # (an asynchronous error found meanwhile)
             stream = clique.streams[0]

@@ -140,7 +140,7 @@ def columns_of(grad: Any) -> list[Any]:
     """A gradient given in cross-replica context as a column: a ``PerReplica``'s components,
     else the one value (it stands for every replica)."""
     if isinstance(grad, PerReplica):
-        return list(grad._values)
+        return list(grad.values)
     return [grad]
 
 

@@ -128,5 +128,5 @@ class CentralStorageExtended(MirroredExtended):
 def _primary(structure: Any) -> Any:
     """``structure`` with each distributed value replaced by its first component."""
     return nest.map_structure(
-        lambda x: x._values[0] if isinstance(x, DistributedValues) and not isinstance(x, Variable) else x, structure
+        lambda x: x.values[0] if isinstance(x, DistributedValues) and not isinstance(x, Variable) else x, structure
     )

@@ -29,7 +29,7 @@ class _DefaultDistributionStrategy(Strategy):
         return context.DefaultStrategyScope(self)
 
 
-class _DefaultExtended(StrategyExtended):
+class DefaultExtended(StrategyExtended):
     def __init__(self, container_strategy: Strategy) -> None:
         super().__init__(container_strategy)
         self._default_replica_context = DefaultReplicaContext(container_strategy, 0)
@@ -100,7 +100,7 @@ class _DefaultExtended(StrategyExtended):
 
 def _make_default_strategy() -> _DefaultDistributionStrategy:
     strategy = _DefaultDistributionStrategy.__new__(_DefaultDistributionStrategy)
-    Strategy.__init__(strategy, _DefaultExtended(strategy))
+    Strategy.__init__(strategy, DefaultExtended(strategy))
     return strategy
 
 

@@ -191,7 +191,7 @@ class MirroredExtended(StrategyExtended):
     def _destinations(self, destinations: Any) -> tuple[DeviceSpec, ...]:
         # A PerReplica built by hand records no devices: it lives on this strategy's.
         if isinstance(destinations, DistributedValues) and destinations._devices is None:
-            if len(destinations._values) == len(self._devices):
+            if len(destinations.values) == len(self._devices):
                 return self._devices
         return resolve_destinations(destinations)
 
@@ -201,8 +201,8 @@ class MirroredExtended(StrategyExtended):
         ``which`` tells the value apart in a batch (``" (value 3)"``), after the API's name.
         """
         if value._is_distributed_variable:
-            value = PerReplica([c.value() for c in value._values], value._devices)
-        count = len(value._values)
+            value = PerReplica([c.value() for c in value.values], value._devices)
+        count = len(value.values)
         if count != len(self._devices):
             raise unworded(
                 ValueError(
@@ -211,7 +211,7 @@ class MirroredExtended(StrategyExtended):
                 )
             )
         if value._devices is None:
-            return type(value)(value._values, self._devices)
+            return type(value)(value.values, self._devices)
         return value
 
     def _reduce_to(
@@ -406,7 +406,7 @@ class MirroredExtended(StrategyExtended):
     def _update(
         self, var: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool
     ) -> Any:
-        components = var._values
+        components = var.values
         n = len(components)
         args_per = split_for_replicas(args, n, "args")
         kwargs_per = split_for_replicas(kwargs, n, "kwargs")

@@ -499,7 +499,7 @@ class MultiWorkerExtended(MirroredExtended):
         if self._one_cpu and type(array) is np.ndarray:  # one CPU replica: the array itself (every training step)
             return [array]
         placed = mirror([array] * len(self._devices), self._devices)
-        return list(placed._values) if isinstance(placed, DistributedValues) else [placed]
+        return list(placed.values) if isinstance(placed, DistributedValues) else [placed]
 
     def _gather_to(self, value: Any, destinations: Any, axis: Any, *, collective: str) -> Any:
         if self._workers.size == 1:

@@ -342,7 +342,7 @@ def _unflatten(spec: Any, leaves: list[Any]) -> Any:
 
 
 def _component(value: Any, replica: int) -> Any:
-    return value._values[replica] if isinstance(value, DistributedValues) else value
+    return value.values[replica] if isinstance(value, DistributedValues) else value
 
 
 def _fresh(results: list[Any], given: list[Any]) -> list[Any]:

@@ -610,7 +610,7 @@ def update_regroup(results: list[Any], devices: Sequence[DeviceSpec], group: boo
     if group:
         return regroup([read_unread(result) for result in results], devices, wrap_class=Mirrored)
     merged = regroup(results, devices, wrap_class=Mirrored)
-    return nest.map_structure(lambda x: x._values if isinstance(x, DistributedValues) else (x,), merged)
+    return nest.map_structure(lambda x: x.values if isinstance(x, DistributedValues) else (x,), merged)
 
 
 aliases.install(StrategyExtended, legacy_names.EXTENDED_OLD_NAMES)

@@ -98,7 +98,7 @@ class AggregatingVariable(Variable):
 
     def _write_cross_replica(self, op: WriteOp, value: Any, read_value: bool) -> Any:
         if isinstance(value, DistributedValues) and not isinstance(value, Variable):
-            value = value._values[0]  # TensorFlow's select_single_value: the primary component
+            value = value.values[0]  # TensorFlow's select_single_value: the primary component
         return self._v._write(op, value, read_value)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> AggregatingVariable:
