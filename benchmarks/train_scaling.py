@@ -328,7 +328,7 @@ def with_fresh_buffers(step: Step) -> Step:
 def torch_ddp_rates(optimizer: str, batch: int, processes: int, seconds: float, repeats: int) -> list[float] | None:
     """examples/s samples of DDP over gloo with ``processes`` ranks, or None without torch.
 
-    A launch is tried twice: gloo's rendezvous occasionally aborts a rank on this VM.
+    A launch is tried three times: gloo's rendezvous occasionally aborts a rank on this VM.
     """
     try:
         import torch  # noqa: F401
@@ -339,7 +339,7 @@ def torch_ddp_rates(optimizer: str, batch: int, processes: int, seconds: float, 
     import tempfile
 
     script = Path(__file__).resolve().parent / "_torch_ddp_worker.py"
-    for attempt in (1, 2):
+    for attempt in (1, 2, 3):
         with socket.socket() as probe:  # a free port for the rendezvous
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
