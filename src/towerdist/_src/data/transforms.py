@@ -446,6 +446,12 @@ class ShuffleDataset(Seeded, _Transparent):
         try:
             if not state.draining:
                 try:
+                    # The elements that only fill the buffer are read in one call (an input error
+                    # keeps those read before it, as the loop would).
+                    if capacity is None:
+                        buffer.extend(source)
+                    elif len(buffer) + 1 < capacity:
+                        buffer.extend(itertools.islice(source, capacity - 1 - len(buffer)))
                     for element in source:
                         # The buffer holds ``buffer_size - 1`` elements between two outputs: the
                         # element read makes it full, and one of the ``buffer_size`` is taken out.
@@ -468,11 +474,13 @@ class ShuffleDataset(Seeded, _Transparent):
                 state.draining = True
                 if failure is not None and state._may_continue:
                     yield Raise(failure)
-            while buffer:
+            n = len(buffer)
+            while n:
                 if not uniforms:
                     uniforms.extend(rng.random(1024).tolist())
-                j = int(uniforms.pop() * len(buffer))
-                buffer[j], buffer[-1] = buffer[-1], buffer[j]
+                j = int(uniforms.pop() * n)
+                n -= 1
+                buffer[j], buffer[n] = buffer[n], buffer[j]
                 yield buffer.pop()
             saved = getattr(state, "error", None)
             if saved is not None:
