@@ -46,6 +46,7 @@ from towerdist._src.data.seeds import Seeded
 from towerdist._src.data.spec import TensorSpec
 from towerdist._src.data.structure import call_with_element, sample_element
 from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.data.spec import ElementSpec
 
 __all__ = ["RejectionResampleDataset", "experimental_rejection_resample"]
 
@@ -271,7 +272,7 @@ class RejectionResampleDataset(Seeded, Dataset):
         estimate["left"] -= 1
         return estimate["value"]
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         if not probe:
             return None
         inner = self._inputs[0]._spec(probe)

@@ -36,6 +36,7 @@ from towerdist._src.data.structure import call_with_element
 from towerdist._src.data.transforms import stack_elements
 from towerdist._src.errors import InternalError, InvalidArgumentError
 from towerdist._src.failures import name_api, unworded, worded_at
+from towerdist._src.data.spec import ElementSpec
 
 __all__ = [
     "BucketBySequenceLengthDataset",
@@ -72,7 +73,7 @@ class ElementsDataset(Dataset):
         state.position = len(self._elements) - operator.length_hint(state._rest)
         return super()._save_state(state)
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         return self._element_spec
 
     def _cardinality(self) -> int:
@@ -169,7 +170,7 @@ class WindowDataset(Dataset):
         specs, treespec = nest.flatten(spec)
         return treespec.unflatten([ElementsDataset(list(column), s) for column, s in zip(columns, specs, strict=True)])
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         spec = self._inputs[0]._spec(probe)
         if spec is None:
             return None
@@ -374,7 +375,7 @@ class GroupByWindowDataset(_Grouping):
     def _state_params(self) -> dict[str, Any]:
         return {} if self._window_size is None else {"window_size": self._window_size}
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         spec = self._inputs[0]._spec(probe=False)
         if spec is not None:
             # TensorFlow learns the result spec by tracing reduce_func on a symbolic window;
@@ -524,7 +525,7 @@ class BucketBySequenceLengthDataset(_Grouping):
             filled.append([filler if d is None or d == -1 else d for d in entry])
         return treespec.unflatten(filled)
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         static = self._inputs[0]._spec(probe=False)
         spec = static if static is not None else self._inputs[0]._spec(probe)
         if spec is None:
@@ -586,5 +587,5 @@ def experimental_bucket_by_sequence_length(
 class _ArgumentCheck(Dataset):
     """A stand-in input of unknown spec, to check a transformation's arguments before it is applied."""
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         return None
