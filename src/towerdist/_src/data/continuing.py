@@ -20,13 +20,11 @@ way up, as ``shuffle`` and ``batch`` do with an error of theirs (``docs/input.md
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from towerdist._src.data.cursor import State
 from towerdist._src.data.saved_errors import restore_error, save_error
 from towerdist._src.type_aliases import Nest
-
-if TYPE_CHECKING:  # cursor.py imports this module
-    from towerdist._src.data.cursor import State
 
 __all__ = ["Continuing", "Deferring", "Raise", "continuing"]
 

@@ -17,7 +17,7 @@ from towerdist._src.data import options as options_lib
 from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.sources import TensorSliceDataset
-from towerdist._src.data.spec import TensorSpec
+from towerdist._src.data.spec import ElementSpec, TensorSpec
 from towerdist._src.errors import (
     DataLossError,
     FailedPreconditionError,
@@ -25,7 +25,6 @@ from towerdist._src.errors import (
     NotFoundError,
     PermissionDeniedError,
 )
-from towerdist._src.data.spec import ElementSpec
 
 __all__ = ["FileNames", "TextLineDataset", "list_files"]
 

@@ -61,12 +61,11 @@ from towerdist._src.data.cursor import Cursor, Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import ErrorHandler, tolerant
 from towerdist._src.data.saved_errors import restore_error, save_error
-from towerdist._src.data.spec import FirstElementCheck
+from towerdist._src.data.spec import ElementSpec, FirstElementCheck
 from towerdist._src.data.structure import call_with_element, close_iterator, sample_element
 from towerdist._src.data.workers import DaemonPool, wait_or_warn
 from towerdist._src.errors import DataLossError, InvalidArgumentError
 from towerdist._src.failures import unworded
-from towerdist._src.data.spec import ElementSpec
 from towerdist._src.type_aliases import Nest
 
 __all__ = ["FlatMapDataset", "InterleaveDataset", "default_cycle_length"]

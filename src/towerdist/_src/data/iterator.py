@@ -22,10 +22,10 @@ from towerdist._src.data.cursor import (
     restore_random_state,
 )
 from towerdist._src.data.optional import Optional
+from towerdist._src.data.spec import ElementSpec
 from towerdist._src.errors import FailedPreconditionError, OutOfRangeError, UnimplementedError
 from towerdist._src.failures import unworded
 from towerdist._src.type_aliases import Nest
-from towerdist._src.data.spec import ElementSpec
 
 if TYPE_CHECKING:
     from towerdist._src.data.dataset import Dataset

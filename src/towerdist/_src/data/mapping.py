@@ -16,10 +16,9 @@ from towerdist._src.data.cursor import Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import ErrorHandler
 from towerdist._src.data.saved_errors import raise_saved_error, restore_error, save_error
-from towerdist._src.data.spec import EmptyDatasetError, relax_batch, structure_of
+from towerdist._src.data.spec import ElementSpec, EmptyDatasetError, relax_batch, structure_of
 from towerdist._src.data.structure import call_with_element, close_iterator, normalize_output, placeholder_element
 from towerdist._src.data.workers import DaemonPool, wait_or_warn
-from towerdist._src.data.spec import ElementSpec
 from towerdist._src.type_aliases import Nest
 
 __all__ = ["FilterDataset", "MapDataset"]

@@ -34,8 +34,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 import numpy as np
 
 from towerdist._src.data.cursor import Cursor, Saved, State, saved_state
-from towerdist._src.data.spec import EmptyDatasetError, structure_of
-from towerdist._src.data.spec import ElementSpec
+from towerdist._src.data.spec import ElementSpec, EmptyDatasetError, structure_of
 
 if TYPE_CHECKING:
     from towerdist._src.data.dataset import Dataset

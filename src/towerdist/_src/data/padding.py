@@ -23,12 +23,11 @@ from towerdist._src import backend, nest
 from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.saved_errors import raise_saved_error, save_error
-from towerdist._src.data.spec import TensorSpec, dtype_name
+from towerdist._src.data.spec import ElementSpec, TensorSpec, dtype_name
 from towerdist._src.data.structure import to_component
 from towerdist._src.data.transforms import batched_cardinality, read_chunk
 from towerdist._src.errors import DataLossError, InvalidArgumentError
 from towerdist._src.failures import name_api, unworded, worded_at
-from towerdist._src.data.spec import ElementSpec
 from towerdist._src.type_aliases import Nest, TensorLike
 
 __all__ = [

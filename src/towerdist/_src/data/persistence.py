@@ -67,12 +67,11 @@ from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.interleave import default_cycle_length
 from towerdist._src.data.padding import refuse_unrepresentable
 from towerdist._src.data.records import ShardPosition, ShardWriter, encode, read_shard
-from towerdist._src.data.spec import DatasetSpec, TensorSpec, dtype_name, shapes_compatible
+from towerdist._src.data.spec import DatasetSpec, ElementSpec, TensorSpec, dtype_name, shapes_compatible
 from towerdist._src.data.structure import call_with_element, close_iterator
 from towerdist._src.data.windowing import ElementsDataset
 from towerdist._src.errors import DataLossError, InvalidArgumentError, NotFoundError, UnimplementedError
 from towerdist._src.failures import unworded, worded_at
-from towerdist._src.data.spec import ElementSpec
 
 __all__ = ["FORMAT", "MANIFEST", "VERSION", "LoadDataset", "ShardFileDataset", "load", "save"]
 
@@ -335,7 +334,7 @@ def save(
             pass  # a file of the previous save that is already gone or locked: the new manifest does not list it
 
 
-def _probed_spec(dataset: Dataset) -> Any:
+def _probed_spec(dataset: Dataset) -> ElementSpec:
     """The spec of an empty dataset whose spec is known only by running it (as ``element_spec`` finds it).
 
     TensorFlow saves such a dataset with its traced spec (observed in TensorFlow 2.21:

@@ -36,11 +36,10 @@ from towerdist._src.data import options as options_lib
 from towerdist._src.data.cursor import Cursor, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.seeds import Seeded
-from towerdist._src.data.spec import FirstElementCheck, TensorSpec, common_spec, dtype_name, structure_of
+from towerdist._src.data.spec import ElementSpec, FirstElementCheck, TensorSpec, common_spec, dtype_name, structure_of
 from towerdist._src.data.structure import close_iterator
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.failures import name_api, unworded, worded_at
-from towerdist._src.data.spec import ElementSpec
 from towerdist._src.type_aliases import TensorLike
 
 __all__ = ["ChooseFromDatasets", "SampleFromDatasets", "choose_from_datasets", "sample_from_datasets"]
@@ -202,7 +201,9 @@ class SampleFromDatasets(Seeded, _DirectedInterleave):
     def __init__(
         self,
         datasets: list[Dataset],
-        weights: np.ndarray | Dataset,
+        # Any: a float vector or a dataset of them. sample_from_datasets converts a list and drops None
+        # first, in branches its one call expression cannot show a checker (np.ndarray | Dataset is exact).
+        weights: Any,
         seed: int | None,
         stop_on_empty_dataset: bool,
         rerandomize_each_iteration: bool,
@@ -432,7 +433,9 @@ def choose_from_datasets(
 
 
 def experimental_sample_from_datasets(
-    datasets: Sequence[Dataset], weights: Weights | None = None, seed: int | None = None,
+    datasets: Sequence[Dataset],
+    weights: Weights | None = None,
+    seed: int | None = None,
     stop_on_empty_dataset: bool = False,
 ) -> Dataset:
     """``tf.data.experimental.sample_from_datasets``: the same as ``Dataset.sample_from_datasets``."""

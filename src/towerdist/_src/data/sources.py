@@ -16,7 +16,7 @@ from towerdist._src.data.cursor import Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import GatherPlan
 from towerdist._src.data.seeds import Seeded
-from towerdist._src.data.spec import TensorSpec, dtype_name, shapes_compatible, structure_of
+from towerdist._src.data.spec import ElementSpec, TensorSpec, dtype_name, shapes_compatible, structure_of
 from towerdist._src.data.structure import read_only, read_only_element, to_component, to_element
 from towerdist._src.errors import (
     InvalidArgumentError,
@@ -27,7 +27,6 @@ from towerdist._src.errors import (
 )
 from towerdist._src.failures import unworded, worded_at
 from towerdist._src.type_aliases import DTypeLike, Nest, TensorLike
-from towerdist._src.data.spec import ElementSpec
 
 __all__ = [
     "CounterDataset",
