@@ -28,7 +28,7 @@ def _elements(n: int) -> str:
 class AssertCardinalityDataset(Dataset):
     """The input's elements, checked to be ``expected`` in number (``INFINITE``: never ending)."""
 
-    def __init__(self, input_dataset: Dataset, expected: Any) -> None:
+    def __init__(self, input_dataset: Dataset, expected: int) -> None:
         if isinstance(expected, bool) or not isinstance(expected, (int, np.integer)):
             raise TypeError(
                 f"assert_cardinality() takes an integer number of elements (or td.data.INFINITE_CARDINALITY). "
@@ -68,7 +68,7 @@ class AssertCardinalityDataset(Dataset):
         return self._expected
 
 
-def experimental_assert_cardinality(expected_cardinality: Any) -> Callable[[Dataset], Dataset]:
+def experimental_assert_cardinality(expected_cardinality: int) -> Callable[[Dataset], Dataset]:
     """``td.data.experimental.assert_cardinality``: for ``apply``, a dataset that reports and checks
     ``expected_cardinality`` elements (see the module docstring).
 

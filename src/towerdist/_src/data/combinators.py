@@ -29,6 +29,7 @@ from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import ErrorHandler, tolerant
 from towerdist._src.data.spec import (
+    ElementSpec,
     FirstElementCheck,
     common_spec,
     dtype_name,
@@ -44,6 +45,7 @@ from towerdist._src.data.structure import (
 )
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.failures import unworded, worded_at
+from towerdist._src.type_aliases import Nest
 
 __all__ = [
     "ConcatenateDataset",
@@ -65,13 +67,13 @@ INFINITE, UNKNOWN = options_lib.INFINITE, options_lib.UNKNOWN
 logger = logging.getLogger("towerdist")
 
 
-def _check_dataset(value: Any, name: str) -> Dataset:
+def _check_dataset(value: object, name: str) -> Dataset:
     if not isinstance(value, Dataset):
         raise unworded(TypeError(f"takes a td.data.Dataset as {name}. Got {name}={_preview(value)} ({type(value)})."))
     return value
 
 
-def _preview(value: Any) -> str:
+def _preview(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
@@ -79,7 +81,7 @@ def _preview(value: Any) -> str:
 # --- concatenate -------------------------------------------------------------------------------
 
 
-def _concatenated_spec(first: Any, second: Any) -> Any:
+def _concatenated_spec(first: ElementSpec, second: ElementSpec) -> ElementSpec:
     """The element spec of ``first`` followed by ``second``; TypeError where they cannot mix."""
     mismatch = mixing_mismatch(first, second)
     if mismatch:
@@ -93,7 +95,7 @@ def _concatenated_spec(first: Any, second: Any) -> Any:
 _NOTHING = object()
 
 
-def _concatenate_mismatch(a: int, spec_a: Any, b: int, spec_b: Any, where: str) -> str:
+def _concatenate_mismatch(a: int, spec_a: ElementSpec, b: int, spec_b: ElementSpec, where: str) -> str:
     names = ("the dataset", "the dataset passed to concatenate()")
     return (
         f"Dataset.concatenate() needs elements of the same structure and dtypes. Incompatible dataset elements "
@@ -103,7 +105,7 @@ def _concatenate_mismatch(a: int, spec_a: Any, b: int, spec_b: Any, where: str) 
 
 
 class ConcatenateDataset(Dataset):
-    def __init__(self, input_dataset: Dataset, dataset: Any) -> None:
+    def __init__(self, input_dataset: Dataset, dataset: object) -> None:
         other = _check_dataset(dataset, "dataset")
         self._inputs = (input_dataset, other)
         first, second = input_dataset._spec(probe=False), other._spec(probe=False)
@@ -142,7 +144,7 @@ class ConcatenateDataset(Dataset):
             state.drop(str(key))  # that input's pass is over: nothing of it is saved any more
             state.current, state.checked = key + 1, False
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         first, second = (node._spec(probe) for node in self._inputs)
         if first is None or second is None:
             return None
@@ -157,6 +159,7 @@ class ConcatenateDataset(Dataset):
         return sum(counts)
 
     def _batch_size(self) -> int | None:
+
         sizes = {node._batch_size() for node in self._inputs}
         return sizes.pop() if len(sizes) == 1 else None
 
@@ -167,7 +170,7 @@ class ConcatenateDataset(Dataset):
 class ScanDataset(Dataset):
     _op = "scan"
 
-    def __init__(self, input_dataset: Dataset, initial_state: Any, scan_func: Callable[..., Any]) -> None:
+    def __init__(self, input_dataset: Dataset, initial_state: Nest, scan_func: Callable[..., Any]) -> None:
         if not callable(scan_func):
             raise TypeError(f"Dataset.scan() takes a callable scan_func. Got scan_func={scan_func!r}.")
         self._inputs = (input_dataset,)
@@ -176,7 +179,7 @@ class ScanDataset(Dataset):
         self._fn = scan_func
         self._on_error: ErrorHandler | None = None
 
-    def _step(self, state: Any, element: Any, index: int) -> tuple[Any, Any]:
+    def _step(self, state: Nest, element: Nest, index: int) -> tuple[Nest, Nest]:
         try:
             result = self._fn(state, element)  # a tuple element is ONE argument here, as in TensorFlow
         except Exception as error:
@@ -226,7 +229,7 @@ class ScanDataset(Dataset):
         finally:
             source.close()
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         if not probe:
             return None
         element = sample_element(self._inputs[0], "scan")
@@ -256,7 +259,7 @@ class ScanDataset(Dataset):
 _UNIQUE_DTYPES = (np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.object_))
 
 
-def _check_unique_spec(spec: Any) -> None:
+def _check_unique_spec(spec: ElementSpec) -> None:
     leaves, _ = nest.flatten(spec)
     if len(leaves) != 1:
         raise InvalidArgumentError(
@@ -270,7 +273,7 @@ def _check_unique_spec(spec: Any) -> None:
         )
 
 
-def _key(element: Any) -> Any:
+def _key(element: Nest) -> bytes | tuple[tuple[int, ...], tuple[object, ...] | bytes]:
     leaves, _ = nest.flatten(element)
     value = leaves[0]
     if isinstance(value, bytes):
@@ -315,7 +318,7 @@ class UniqueDataset(Dataset):
 # --- take_while --------------------------------------------------------------------------------
 
 
-def _is_bool_scalar(value: Any) -> bool:
+def _is_bool_scalar(value: object) -> bool:
     if isinstance(value, (bool, np.bool_)):
         return True
     return getattr(value, "dtype", None) == np.bool_ and getattr(value, "ndim", None) == 0
@@ -331,7 +334,7 @@ class TakeWhileDataset(Dataset):
         self._predicate = predicate
         self._on_error: ErrorHandler | None = None
 
-    def _keep(self, element: Any, index: int) -> bool:
+    def _keep(self, element: Nest, index: int) -> bool:
         try:
             keep = call_with_element(self._predicate, element)
         except Exception as error:
@@ -451,7 +454,7 @@ class IgnoreErrorsDataset(Dataset):
 # --- whole-dataset helpers and td.data.experimental ------------------------------------------
 
 
-def get_single_element(dataset: Dataset) -> Any:
+def get_single_element(dataset: Dataset) -> Nest:
     """The only element of ``dataset``; InvalidArgumentError for none or more than one."""
     iterator = dataset._cursor()
     try:
@@ -487,7 +490,7 @@ def apply(dataset: Dataset, transformation_func: Callable[[Dataset], Any]) -> Da
 Transformation = Callable[[Dataset], Dataset]
 
 
-def experimental_scan(initial_state: Any, scan_func: Callable[..., Any]) -> Transformation:
+def experimental_scan(initial_state: Nest, scan_func: Callable[..., Any]) -> Transformation:
     """A transformation for ``Dataset.apply`` that runs ``dataset.scan(initial_state, scan_func)``.
 
     (``tf.data.experimental.scan``; the method ``Dataset.scan`` is the same.)
@@ -517,7 +520,7 @@ def experimental_ignore_errors(log_warning: bool = False) -> Transformation:
     return lambda dataset: dataset.ignore_errors(log_warning)
 
 
-def experimental_get_single_element(dataset: Any) -> Any:
+def experimental_get_single_element(dataset: object) -> Nest:
     """The only element of ``dataset`` (``tf.data.experimental.get_single_element``).
 
     Raises:

@@ -22,7 +22,9 @@ from __future__ import annotations
 from collections.abc import Generator, Iterator
 from typing import Any
 
+from towerdist._src.data.cursor import State
 from towerdist._src.data.saved_errors import restore_error, save_error
+from towerdist._src.type_aliases import Nest
 
 __all__ = ["Continuing", "Deferring", "Raise", "continuing"]
 
@@ -47,7 +49,7 @@ class Continuing:
     def __iter__(self) -> Iterator[Any]:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> Nest:
         value = next(self._generator)
         if type(value) is Raise:
             raise value.error
@@ -70,7 +72,7 @@ class Deferring:
 
     __slots__ = ("_error", "_generator", "_state")
 
-    def __init__(self, generator: Generator[Any, None, None], state: Any) -> None:
+    def __init__(self, generator: Generator[Any, None, None], state: State) -> None:
         self._generator = generator
         self._state = state
         self._error: BaseException | None = None  # the error itself (a restored pass has only its record)
@@ -78,7 +80,7 @@ class Deferring:
     def __iter__(self) -> Iterator[Any]:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> Nest:
         while True:
             value = next(self._generator, _END)
             if value is _END:
@@ -97,7 +99,7 @@ class Deferring:
         self._generator.close()
 
 
-def continuing(generator: Generator[Any, None, None], state: Any) -> Continuing | Deferring:
+def continuing(generator: Generator[Any, None, None], state: State) -> Continuing | Deferring:
     """``generator``'s elements, for the pass ``state``: a yielded ``Raise(error)`` raises ``error``
     and the pass goes on where an iterator reads the pass itself; elsewhere the error is deferred
     to the end of the pass (see the module docstring)."""

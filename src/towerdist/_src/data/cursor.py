@@ -46,6 +46,7 @@ import numpy as np
 
 from towerdist._src.errors import NotFoundError
 from towerdist._src.failures import unworded
+from towerdist._src.type_aliases import Nest
 
 if TYPE_CHECKING:
     from towerdist._src.data.dataset import Dataset
@@ -209,7 +210,7 @@ class Cursor:
     def __iter__(self) -> Iterator[Any]:
         return self._elements
 
-    def __next__(self) -> Any:
+    def __next__(self) -> Nest:
         return next(self._elements)
 
     def save(self) -> Saved:
@@ -326,7 +327,7 @@ def _describe(params: Mapping[str, Any]) -> str:
     return ", ".join(f"{name}={value!r}" for name, value in params.items()) or "no such arguments"
 
 
-def copy_position(value: Any) -> Any:
+def copy_position(value: object) -> object:
     """``value`` with its containers copied (arrays and elements are shared: they are never written).
 
     A numpy random ``Generator`` is copied too (its bit generator's state moves on).

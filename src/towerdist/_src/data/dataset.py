@@ -10,18 +10,22 @@ The hooks a node implements are described in :mod:`~towerdist._src.data.node`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
 from towerdist._src.data import options as options_lib
 from towerdist._src.data.iterator import DatasetIterator
 from towerdist._src.data.node import Node
+from towerdist._src.data.spec import ElementSpec
 from towerdist._src.errors import UnimplementedError
 from towerdist._src.failures import worded_at
+from towerdist._src.type_aliases import DTypeLike, Nest, TensorLike
 
 __all__ = ["Dataset"]
+
+_S = TypeVar("_S")  # the state ``reduce`` folds the elements into
 
 
 class Dataset(Node):
@@ -40,7 +44,7 @@ class Dataset(Node):
     # --- sources ----------------------------------------------------------------------------
 
     @staticmethod
-    def from_tensor_slices(tensors: Any, name: str | None = None) -> Dataset:
+    def from_tensor_slices(tensors: Nest, name: str | None = None) -> Dataset:
         """One element per row of ``tensors`` (sliced along dimension 0 of every component).
 
         ``tensors`` is copied, so later changes to it do not show; the elements are read-only
@@ -53,22 +57,22 @@ class Dataset(Node):
         return sources.TensorSliceDataset(tensors)
 
     @staticmethod
-    def from_tensors(tensors: Any, name: str | None = None) -> Dataset:
+    def from_tensors(tensors: Nest, name: str | None = None) -> Dataset:
         """A dataset of exactly one element, ``tensors`` (copied; its arrays are read-only)."""
         return sources.TensorDataset(tensors)
 
     @staticmethod
-    def range(*args: int, output_type: Any = np.int64, name: str | None = None) -> Dataset:
+    def range(*args: int, output_type: DTypeLike = np.int64, name: str | None = None) -> Dataset:
         """``start, start + step, ...`` below ``stop``, like Python's ``range`` (int64 by default)."""
         return sources.RangeDataset(*args, output_type=output_type)
 
     @staticmethod
     def from_generator(
         generator: Callable[..., Any],
-        output_types: Any = None,
-        output_shapes: Any = None,
+        output_types: Nest = None,
+        output_shapes: Nest = None,
         args: tuple[Any, ...] | None = None,
-        output_signature: Any = None,
+        output_signature: ElementSpec = None,
         name: str | None = None,
     ) -> Dataset:
         """Elements yielded by ``generator(*args)``, called anew for every pass.
@@ -82,7 +86,7 @@ class Dataset(Node):
         return sources.GeneratorDataset(generator, output_types, output_shapes, args, output_signature)
 
     @staticmethod
-    def zip(*args: Any, datasets: Any = None, name: str | None = None) -> Dataset:
+    def zip(*args: Nest, datasets: Nest = None, name: str | None = None) -> Dataset:
         """Elements of several datasets side by side: ``zip(a, b)`` or ``zip((a, b))`` or ``zip({"x": a})``.
 
         Stops at the end of the shortest input.
@@ -91,7 +95,7 @@ class Dataset(Node):
 
     @staticmethod
     def list_files(
-        file_pattern: Any, shuffle: bool | None = None, seed: int | None = None, name: str | None = None
+        file_pattern: files.FileNames, shuffle: bool | None = None, seed: int | None = None, name: str | None = None
     ) -> Dataset:
         """The file names (``bytes``) matching a glob pattern or a list of patterns.
 
@@ -128,8 +132,8 @@ class Dataset(Node):
     def padded_batch(
         self,
         batch_size: int,
-        padded_shapes: Any = None,
-        padding_values: Any = None,
+        padded_shapes: Nest = None,
+        padding_values: Nest = None,
         drop_remainder: bool = False,
         name: str | None = None,
     ) -> Dataset:
@@ -184,8 +188,8 @@ class Dataset(Node):
     @staticmethod
     @worded_at("Dataset.sample_from_datasets()")
     def sample_from_datasets(
-        datasets: Any,
-        weights: Any = None,
+        datasets: Sequence[Dataset],
+        weights: sampling.Weights | None = None,
         seed: int | None = None,
         stop_on_empty_dataset: bool = False,
         rerandomize_each_iteration: bool | None = None,
@@ -211,7 +215,9 @@ class Dataset(Node):
 
     @staticmethod
     @worded_at("Dataset.choose_from_datasets()")
-    def choose_from_datasets(datasets: Any, choice_dataset: Dataset, stop_on_empty_dataset: bool = True) -> Dataset:
+    def choose_from_datasets(
+        datasets: Sequence[Dataset], choice_dataset: Dataset, stop_on_empty_dataset: bool = True
+    ) -> Dataset:
         """Takes every element from ``datasets[i]`` for the next ``i`` of ``choice_dataset`` (int64 scalars).
 
         When a chosen dataset has run out, ``stop_on_empty_dataset=True`` (the default)
@@ -264,8 +270,8 @@ class Dataset(Node):
         element_length_func: Callable[..., Any],
         bucket_boundaries: list[int],
         bucket_batch_sizes: list[int],
-        padded_shapes: Any = None,
-        padding_values: Any = None,
+        padded_shapes: Nest = None,
+        padding_values: Nest = None,
         pad_to_bucket_boundary: bool = False,
         no_padding: bool = False,
         drop_remainder: bool = False,
@@ -305,7 +311,7 @@ class Dataset(Node):
         path: str,
         compression: str | None = None,
         shard_func: Callable[..., Any] | None = None,
-        checkpoint_args: Any = None,
+        checkpoint_args: object = None,
     ) -> None:
         """Writes the elements to the directory ``path`` in towerdist's versioned format (no pickle).
 
@@ -326,7 +332,7 @@ class Dataset(Node):
     @worded_at("Dataset.load()")
     def load(
         path: str,
-        element_spec: Any = None,
+        element_spec: ElementSpec = None,
         compression: str | None = None,
         reader_func: Callable[[Dataset], Dataset] | None = None,
         wait: bool = False,
@@ -353,7 +359,9 @@ class Dataset(Node):
         return transforms.UnbatchDataset(self)
 
     @worded_at("rebatch()")
-    def rebatch(self, batch_size: Any, drop_remainder: bool = False, name: str | None = None) -> Dataset:
+    def rebatch(
+        self, batch_size: int | Sequence[int], drop_remainder: bool = False, name: str | None = None
+    ) -> Dataset:
         """Re-cuts the rows of the elements into batches of ``batch_size`` (an int or a list of sizes, cycled)."""
         return transforms.RebatchDataset(self, batch_size, drop_remainder)
 
@@ -554,7 +562,7 @@ class Dataset(Node):
         """
         return combinators.apply(self, transformation_func)
 
-    def scan(self, initial_state: Any, scan_func: Callable[[Any, Any], Any], name: str | None = None) -> Dataset:
+    def scan(self, initial_state: Nest, scan_func: Callable[[Any, Any], Any], name: str | None = None) -> Dataset:
         """Maps elements with a running state: ``state, output = scan_func(state, element)``.
 
         Unlike ``map``, a tuple element is passed as ONE argument: ``scan_func(state, (x, y))``.
@@ -589,7 +597,7 @@ class Dataset(Node):
         """
         return combinators.TakeWhileDataset(self, predicate)
 
-    def get_single_element(self, name: str | None = None) -> Any:
+    def get_single_element(self, name: str | None = None) -> Nest:
         """The only element of this dataset.
 
         Raises:
@@ -614,7 +622,9 @@ class Dataset(Node):
 
     @staticmethod
     @worded_at("Dataset.counter()")
-    def counter(start: Any = 0, step: Any = 1, dtype: Any = np.int64, name: str | None = None) -> Dataset:
+    def counter(
+        start: sources.Number = 0, step: sources.Number = 1, dtype: DTypeLike = np.int64, name: str | None = None
+    ) -> Dataset:
         """``start, start + step, start + 2 * step, ...`` forever, as scalars of ``dtype``.
 
         Integer counts wrap around at the end of the dtype's range, as in TensorFlow.
@@ -643,7 +653,7 @@ class Dataset(Node):
     # --- inspecting ------------------------------------------------------------------------
 
     @property
-    def element_spec(self) -> Any:
+    def element_spec(self) -> ElementSpec:
         """The structure of ``td.TensorSpec`` of the elements (``None`` dimensions are unknown)."""
         return self._spec(probe=True)
 
@@ -701,7 +711,7 @@ class Dataset(Node):
         """An iterator of the elements (they already are numpy arrays; strings are ``bytes``)."""
         return DatasetIterator(self)
 
-    def reduce(self, initial_state: Any, reduce_func: Callable[[Any, Any], Any], name: str | None = None) -> Any:
+    def reduce(self, initial_state: _S, reduce_func: Callable[[_S, Nest], _S], name: str | None = None) -> _S:
         """Folds the elements: ``state = reduce_func(state, element)`` from ``initial_state``."""
         state = initial_state
         for element in self:
@@ -712,7 +722,7 @@ class Dataset(Node):
         self,
         batch_size: int,
         drop_remainder: bool = False,
-        row_splits_dtype: Any = np.int64,
+        row_splits_dtype: DTypeLike = np.int64,
         name: str | None = None,
     ) -> Dataset:
         """Refused: TensorFlow's ``ragged_batch`` makes ``tf.RaggedTensor`` batches, which numpy cannot hold.
@@ -729,7 +739,7 @@ class Dataset(Node):
             "shape and use batch()."
         )
 
-    def sparse_batch(self, batch_size: int, row_shape: Any, name: str | None = None) -> Dataset:
+    def sparse_batch(self, batch_size: int, row_shape: object, name: str | None = None) -> Dataset:
         """Refused: TensorFlow's ``sparse_batch`` makes ``tf.sparse.SparseTensor`` batches, which numpy cannot hold.
 
         Use ``padded_batch(batch_size, padded_shapes=row_shape)`` for dense batches padded
@@ -746,8 +756,8 @@ class Dataset(Node):
     def rejection_resample(
         self,
         class_func: Callable[..., Any],
-        target_dist: Any,
-        initial_dist: Any = None,
+        target_dist: TensorLike,
+        initial_dist: TensorLike | None = None,
         seed: int | None = None,
         name: str | None = None,
     ) -> Dataset:

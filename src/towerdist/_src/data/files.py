@@ -8,8 +8,8 @@ import gzip
 import io
 import os
 import zlib
-from collections.abc import Iterator
-from typing import Any, BinaryIO
+from collections.abc import Iterator, Sequence
+from typing import Any, BinaryIO, TypeAlias
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from towerdist._src.data import options as options_lib
 from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.sources import TensorSliceDataset
-from towerdist._src.data.spec import TensorSpec
+from towerdist._src.data.spec import ElementSpec, TensorSpec
 from towerdist._src.errors import (
     DataLossError,
     FailedPreconditionError,
@@ -26,10 +26,15 @@ from towerdist._src.errors import (
     PermissionDeniedError,
 )
 
-__all__ = ["TextLineDataset", "list_files"]
+__all__ = ["FileNames", "TextLineDataset", "list_files"]
+
+# One file name or pattern, or several (a list, tuple or numpy array of them): what ``list_files``
+# and ``TextLineDataset`` take (checked at run time). ``bytes`` and path objects are decoded.
+FileName: TypeAlias = "str | bytes | os.PathLike[str] | os.PathLike[bytes]"
+FileNames: TypeAlias = "FileName | Sequence[FileName] | np.ndarray[Any, Any]"
 
 
-def _names(value: Any, what: str) -> list[str]:
+def _names(value: FileNames, what: str) -> list[str]:
     if isinstance(value, (str, bytes, os.PathLike)):
         value = [value]
     if isinstance(value, np.ndarray):
@@ -45,7 +50,7 @@ def _names(value: Any, what: str) -> list[str]:
     return out
 
 
-def list_files(file_pattern: Any, shuffle: bool | None, seed: int | None) -> Dataset:
+def list_files(file_pattern: FileNames, shuffle: bool | None, seed: int | None) -> Dataset:
     patterns = _names(file_pattern, "list_files()")
     matched = sorted({name for pattern in patterns for name in glob.glob(pattern)})
     if not matched:
@@ -75,7 +80,7 @@ class TextLineDataset(Dataset):
 
     def __init__(
         self,
-        filenames: Any,
+        filenames: FileNames | Dataset,
         compression_type: str | None = None,
         buffer_size: int | None = None,
         num_parallel_reads: int | None = None,
@@ -141,7 +146,7 @@ class TextLineDataset(Dataset):
                 raise
         return f
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         return TensorSpec((), np.object_)
 
     def _cardinality(self) -> int:

@@ -61,11 +61,12 @@ from towerdist._src.data.cursor import Cursor, Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import ErrorHandler, tolerant
 from towerdist._src.data.saved_errors import restore_error, save_error
-from towerdist._src.data.spec import FirstElementCheck
+from towerdist._src.data.spec import ElementSpec, FirstElementCheck
 from towerdist._src.data.structure import call_with_element, close_iterator, sample_element
 from towerdist._src.data.workers import DaemonPool, wait_or_warn
 from towerdist._src.errors import DataLossError, InvalidArgumentError
 from towerdist._src.failures import unworded
+from towerdist._src.type_aliases import Nest
 
 __all__ = ["FlatMapDataset", "InterleaveDataset", "default_cycle_length"]
 
@@ -101,7 +102,7 @@ def default_parallel_cycle_length(num_parallel_calls: int) -> int:
     return max(1, min(num_parallel_calls, cores))
 
 
-def _positive(value: Any, name: str) -> int:
+def _positive(value: int, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise unworded(TypeError(f"takes an integer {name}. Got {name}={value!r}."))
     return int(value)
@@ -116,9 +117,9 @@ class InterleaveDataset(Dataset):
         self,
         input_dataset: Dataset,
         map_func: Callable[..., Any],
-        cycle_length: Any = None,
-        block_length: Any = None,
-        num_parallel_calls: Any = None,
+        cycle_length: int | None = None,
+        block_length: int | None = None,
+        num_parallel_calls: int | None = None,
         deterministic: bool | None = None,
     ) -> None:
         if not callable(map_func):
@@ -178,7 +179,7 @@ class InterleaveDataset(Dataset):
 
     # --- opening inputs --------------------------------------------------------------------
 
-    def _open(self, element: Any, index: int) -> Dataset:
+    def _open(self, element: Nest, index: int) -> Dataset:
         """The dataset ``map_func`` makes of input element ``index``."""
         try:
             made = call_with_element(self._fn, element)
@@ -195,7 +196,7 @@ class InterleaveDataset(Dataset):
             made = tolerant(made, self._on_error)
         return made
 
-    def _open_checked(self, element: Any, index: int, check: FirstElementCheck) -> tuple[Dataset, bool]:
+    def _open_checked(self, element: Nest, index: int, check: FirstElementCheck) -> tuple[Dataset, bool]:
         """The dataset made of input element ``index``, its static spec checked by ``check``; and whether
         its first element must be checked instead (its spec is known only by running it)."""
         made = self._open(element, index)
@@ -204,7 +205,7 @@ class InterleaveDataset(Dataset):
             check.spec(index, spec)
         return made, spec is None
 
-    def _mismatch(self, a: int, spec_a: Any, b: int, spec_b: Any, where: str) -> str:
+    def _mismatch(self, a: int, spec_a: ElementSpec, b: int, spec_b: ElementSpec, where: str) -> str:
         return (
             f"Dataset.{self._api}(): map_func must return datasets of one structure and dtypes, but they differ "
             f"{where}: the dataset made of input element {a} has element_spec={spec_a!r}, the one made of element "
@@ -453,7 +454,7 @@ class InterleaveDataset(Dataset):
 
     # --- hooks -----------------------------------------------------------------------------
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         if not probe:
             return None
         return self._open(sample_element(self._inputs[0], self._api), 0).element_spec
@@ -611,7 +612,7 @@ class _Slot:
     def ready(self) -> bool:
         return bool(self.buffer) or self.future is None or self.future.done()
 
-    def take(self) -> Any:
+    def take(self) -> Nest:
         """The next element, ``_EXHAUSTED`` at the end; raises the input's error in its place."""
         if self.future is not None and (not self.buffer or self.future.done()):
             self.future.result()  # waits for the running task; it stores its outcome and never raises

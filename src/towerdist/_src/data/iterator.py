@@ -7,7 +7,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from towerdist._src import steps
 from towerdist._src.data import options as options_lib
@@ -22,8 +22,10 @@ from towerdist._src.data.cursor import (
     restore_random_state,
 )
 from towerdist._src.data.optional import Optional
+from towerdist._src.data.spec import ElementSpec
 from towerdist._src.errors import FailedPreconditionError, OutOfRangeError, UnimplementedError
 from towerdist._src.failures import unworded
+from towerdist._src.type_aliases import Nest
 
 if TYPE_CHECKING:
     from towerdist._src.data.dataset import Dataset
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EXIT_LOCK_SECONDS",
     "UNSAVABLE_HINT",
+    "ClosesAtExit",
     "DatasetIterator",
     "close_at_exit",
     "external_state_check",
@@ -93,14 +96,14 @@ class DatasetIterator:
         close_at_exit(self)
 
     @property
-    def element_spec(self) -> Any:
+    def element_spec(self) -> ElementSpec:
         """The structure of ``td.TensorSpec`` of the elements this iterator yields."""
         return self._dataset.element_spec
 
     def __iter__(self) -> DatasetIterator:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> Nest:
         lock = self._lock
         lock.acquire()  # (measured: acquire/try/finally costs about half of a ``with`` block here)
         try:
@@ -129,7 +132,7 @@ class DatasetIterator:
         finally:
             lock.release()
 
-    def _hold(self, element: Any) -> None:
+    def _hold(self, element: Nest) -> None:
         """Keeps an element handed out until a step begins, for a preemption handler's save (see ``steps``).
 
         An element read while a step is under way (inside its function) is that step's: not kept.
@@ -145,7 +148,7 @@ class DatasetIterator:
             self._held.pop(0)
             self._dropped += 1
 
-    def get_next(self) -> Any:
+    def get_next(self) -> Nest:
         """The next element; raises ``td.errors.OutOfRangeError`` at the end."""
         try:
             return next(self)
@@ -302,11 +305,18 @@ class DatasetIterator:
         return self._restorer(tree["position"])
 
 
-_open_iterators: weakref.WeakSet[Any] = weakref.WeakSet()
+class ClosesAtExit(Protocol):
+    """An iterator that :func:`close_at_exit` closes: a dataset's, or a distributed dataset's (``input/``)."""
+
+    def _close_at_exit(self) -> None:
+        """Closes the iterator's pipeline, waiting a bounded time for a ``next()`` in another thread."""
+
+
+_open_iterators: weakref.WeakSet[ClosesAtExit] = weakref.WeakSet()
 EXIT_LOCK_SECONDS = 1.0  # how long closing an iterator at exit waits for a next() in another thread
 
 
-def close_at_exit(iterator: Any) -> None:
+def close_at_exit(iterator: ClosesAtExit) -> None:
     """Closes ``iterator`` (its ``_close_at_exit()``) when the interpreter exits, if it is still alive then.
 
     A pipeline left open by a program that exits (a ``sys.exit(42)`` out of a preemption

@@ -16,16 +16,17 @@ from towerdist._src.data.cursor import Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import ErrorHandler
 from towerdist._src.data.saved_errors import raise_saved_error, restore_error, save_error
-from towerdist._src.data.spec import EmptyDatasetError, relax_batch, structure_of
+from towerdist._src.data.spec import ElementSpec, EmptyDatasetError, relax_batch, structure_of
 from towerdist._src.data.structure import call_with_element, close_iterator, normalize_output, placeholder_element
 from towerdist._src.data.workers import DaemonPool, wait_or_warn
+from towerdist._src.type_aliases import Nest
 
 __all__ = ["FilterDataset", "MapDataset"]
 
 _STOP_SECONDS = 10.0  # how long closing waits for map_func calls running in user code
 
 
-def _workers(num_parallel_calls: Any) -> int:
+def _workers(num_parallel_calls: int | None) -> int:
     if num_parallel_calls is None:
         return 0
     if isinstance(num_parallel_calls, bool) or not isinstance(num_parallel_calls, (int, np.integer)):
@@ -43,7 +44,11 @@ class MapDataset(Dataset):
     _op = "map"
 
     def __init__(
-        self, input_dataset: Dataset, map_func: Callable[..., Any], num_parallel_calls: Any, synchronous: Any = None
+        self,
+        input_dataset: Dataset,
+        map_func: Callable[..., Any],
+        num_parallel_calls: int | None,
+        synchronous: bool | None = None,
     ) -> None:
         if synchronous and num_parallel_calls is not None:
             raise ValueError(
@@ -56,7 +61,7 @@ class MapDataset(Dataset):
         self._fn = map_func
         self._workers = _workers(num_parallel_calls)
 
-    def _apply(self, element: Any, index: int) -> Any:
+    def _apply(self, element: Nest, index: int) -> Nest:
         try:
             return normalize_output(call_with_element(self._fn, element))
         except Exception as error:
@@ -149,7 +154,7 @@ class MapDataset(Dataset):
             state.pending = [call for call in calls if call is not None]
         return super()._save_state(state)
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         if not probe:
             return None
         input_spec = self._inputs[0]._spec(probe)
@@ -170,7 +175,7 @@ class _TolerantMap(MapDataset):
 
     _on_error: ErrorHandler
 
-    def _apply(self, element: Any, index: int) -> Any:
+    def _apply(self, element: Nest, index: int) -> Nest:
         try:
             return super()._apply(element, index)
         except Exception as error:
@@ -194,7 +199,7 @@ _DROPPED = object()  # what a tolerant map yields for an element it dropped
 _RESULT, _INPUT = "result", "input"  # the kinds of a parallel map's pending calls in a saved position
 
 
-def _pending(future: Future[Any], element: Any, index: int) -> list[Any] | None:
+def _pending(future: Future[Any], element: Nest, index: int) -> list[Any] | None:
     """A parallel map's call as saved: its result if it completed, else its input (mapped again
     when restored); None for an element a tolerant map dropped."""
     if future.done() and not future.cancelled() and future.exception() is None:
@@ -203,7 +208,7 @@ def _pending(future: Future[Any], element: Any, index: int) -> list[Any] | None:
     return [_INPUT, element, index]
 
 
-def _done(result: Any) -> Future[Any]:
+def _done(result: Nest) -> Future[Any]:
     future: Future[Any] = Future()
     future.set_result(result)
     return future
@@ -255,7 +260,7 @@ class FilterDataset(Dataset):
         return self._inputs[0]._batch_size()
 
 
-def _is_bool_scalar(value: Any) -> bool:
+def _is_bool_scalar(value: object) -> bool:
     if isinstance(value, (bool, np.bool_)):
         return True
     return getattr(value, "dtype", None) == np.bool_ and getattr(value, "ndim", None) == 0

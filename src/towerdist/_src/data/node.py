@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 import numpy as np
 
 from towerdist._src.data.cursor import Cursor, Saved, State, saved_state
-from towerdist._src.data.spec import EmptyDatasetError, structure_of
+from towerdist._src.data.spec import ElementSpec, EmptyDatasetError, structure_of
 
 if TYPE_CHECKING:
     from towerdist._src.data.dataset import Dataset
@@ -107,7 +107,7 @@ class Node:
     def _restore_random_state(self, saved: dict[str, Any]) -> None:
         """Adopts the ``_random_state`` of the saved run's node (only called if it had one)."""
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         return self._inputs[0]._spec(probe)
 
     def _cardinality(self) -> int:
@@ -154,7 +154,7 @@ class Node:
         """Notes on ``error``, raised by the user function on input element ``index``, where it was raised."""
         error.add_note(f"td.data.Dataset.{self._op}(): raised by the user function on element {index} of its input.")
 
-    def _probe_spec(self) -> Any:
+    def _probe_spec(self) -> ElementSpec:
         """The exact spec of the first element (runs the pipeline up to it)."""
         iterator = self._cursor()
         try:

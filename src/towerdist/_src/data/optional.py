@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
-from towerdist._src.data.spec import structure_of
+from towerdist._src.data.spec import ElementSpec, structure_of
 from towerdist._src.data.structure import to_element
 from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.type_aliases import Nest
 
 __all__ = ["Optional"]
 
@@ -30,7 +30,7 @@ class _Deferred:
 
     __slots__ = ("make",)
 
-    def __init__(self, make: Callable[[], Any]) -> None:
+    def __init__(self, make: Callable[[], ElementSpec]) -> None:
         self.make = make
 
 
@@ -49,12 +49,12 @@ class Optional:
 
     __slots__ = ("_element_spec", "_value")
 
-    def __init__(self, value: Any, element_spec: Any) -> None:
+    def __init__(self, value: Nest, element_spec: ElementSpec | _Deferred) -> None:
         self._value = value
         self._element_spec = element_spec
 
     @staticmethod
-    def from_value(value: Any) -> Optional:
+    def from_value(value: Nest) -> Optional:
         """An Optional holding ``value`` (its ``element_spec`` is that of ``value``, when it is arrays)."""
         try:
             spec = structure_of(to_element(value))
@@ -63,12 +63,12 @@ class Optional:
         return Optional(value, spec)
 
     @staticmethod
-    def empty(element_spec: Any) -> Optional:
+    def empty(element_spec: ElementSpec) -> Optional:
         """An empty Optional for values described by ``element_spec``."""
         return Optional(_EMPTY, element_spec)
 
     @staticmethod
-    def _deferred(value: Any, make_spec: Callable[[], Any]) -> Optional:
+    def _deferred(value: Nest, make_spec: Callable[[], ElementSpec]) -> Optional:
         """An Optional holding ``value`` whose spec ``make_spec()`` gives when first read.
 
         Iterators hand out an Optional per step, and most callers never read its spec.
@@ -76,7 +76,7 @@ class Optional:
         return Optional(value, _Deferred(make_spec))
 
     @staticmethod
-    def _deferred_empty(make_spec: Callable[[], Any]) -> Optional:
+    def _deferred_empty(make_spec: Callable[[], ElementSpec]) -> Optional:
         """An empty Optional whose spec ``make_spec()`` gives when first read (it may need a pass of the pipeline)."""
         return Optional(_EMPTY, _Deferred(make_spec))
 
@@ -91,7 +91,7 @@ class Optional:
         """
         return _HAS_VALUE if self._value is not _EMPTY else _NO_VALUE
 
-    def get_value(self) -> Any:
+    def get_value(self) -> Nest:
         """The value.
 
         Raises:
@@ -104,7 +104,7 @@ class Optional:
         return self._value
 
     @property
-    def element_spec(self) -> Any:
+    def element_spec(self) -> ElementSpec:
         """The structure of ``td.TensorSpec`` of the value this optional may hold."""
         spec = self._element_spec
         if isinstance(spec, _Deferred):

@@ -22,7 +22,7 @@ import difflib
 import enum
 import logging
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, Self, TypeVar, overload
 
 __all__ = [
     "AUTOTUNE",
@@ -115,6 +115,8 @@ class AutotuneAlgorithm(enum.Enum):
 
 # --- the option machinery --------------------------------------------------------------------
 
+_OptionsT = TypeVar("_OptionsT", bound="OptionsBase")
+
 
 def _type_name(ty: type) -> str:
     return ty.__name__
@@ -140,7 +142,7 @@ class _Option(Generic[T]):
     def __get__(self, obj: None, objtype: type | None = None) -> _Option[T]: ...
     @overload
     def __get__(self, obj: OptionsBase, objtype: type | None = None) -> T: ...
-    def __get__(self, obj: OptionsBase | None, objtype: type | None = None) -> Any:
+    def __get__(self, obj: OptionsBase | None, objtype: type | None = None) -> _Option[T] | T:
         if obj is None:
             return self
         values = obj._options
@@ -149,7 +151,8 @@ class _Option(Generic[T]):
             if isinstance(made, OptionsBase) and not obj._mutable:
                 made._set_mutable(False)
             values[self.name] = made
-        return values[self.name]
+        value: T = values[self.name]
+        return value
 
     def __set__(self, obj: OptionsBase, value: T) -> None:
         obj._require_mutable()
@@ -161,7 +164,7 @@ class _Option(Generic[T]):
         obj._options[self.name] = value
 
 
-def _fix(ty: type, value: Any) -> str:
+def _fix(ty: type, value: object) -> str:
     """How to give a value of type ``ty`` instead of ``value``, for the message of a bad one."""
     if value is None:
         return "; an option is unset until given a value: leave it, or use a new td.data.Options()"
@@ -180,12 +183,13 @@ class _Alias:
         self.target = target
         self.__doc__ = f"DEPRECATED: the same option as ``{target}``."
 
+    # Any: the value of the option this alias names, whose type depends on that name.
     def __get__(self, obj: OptionsBase | None, objtype: type | None = None) -> Any:
         if obj is None:
             return self
         return getattr(obj, self.target)
 
-    def __set__(self, obj: OptionsBase, value: Any) -> None:
+    def __set__(self, obj: OptionsBase, value: object) -> None:
         setattr(obj, self.target, value)
 
 
@@ -205,7 +209,7 @@ class OptionsBase:
             name for klass in cls.__mro__ for name, value in vars(klass).items() if isinstance(value, _Option)
         )
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         self._require_mutable()
         if not isinstance(getattr(type(self), name, None), (_Option, _Alias)):
             names = self._option_names()
@@ -230,7 +234,7 @@ class OptionsBase:
             if isinstance(value, OptionsBase):
                 value._set_mutable(mutable)
 
-    def _copy(self) -> Any:
+    def _copy(self) -> Self:
         """A deep, mutable copy."""
         made = copy.deepcopy(self)
         made._set_mutable(True)
@@ -258,7 +262,7 @@ class OptionsBase:
         return f"{type(self).__name__}({', '.join(shown)})"
 
 
-def merge_options(*options_list: Any) -> Any:
+def merge_options(*options_list: _OptionsT) -> _OptionsT:
     """New options: ``options_list`` merged in order (TensorFlow's ``merge_options``).
 
     An option at its default value in a later object leaves the value so far; otherwise the

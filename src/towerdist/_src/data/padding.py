@@ -23,11 +23,12 @@ from towerdist._src import backend, nest
 from towerdist._src.data.cursor import State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.saved_errors import raise_saved_error, save_error
-from towerdist._src.data.spec import TensorSpec, dtype_name
+from towerdist._src.data.spec import ElementSpec, TensorSpec, dtype_name
 from towerdist._src.data.structure import to_component
 from towerdist._src.data.transforms import batched_cardinality, read_chunk
 from towerdist._src.errors import DataLossError, InvalidArgumentError
 from towerdist._src.failures import name_api, unworded, worded_at
+from towerdist._src.type_aliases import Nest, TensorLike
 
 __all__ = [
     "ComponentPlan",
@@ -47,10 +48,10 @@ class ComponentPlan(NamedTuple):
     """How one component is padded: its padded shape (``None``: the batch's largest) and value."""
 
     shape: Shape
-    value: Any
+    value: TensorLike  # a scalar of the component's dtype (``bytes`` for strings)
 
 
-def int_argument(value: Any, name: str) -> int:
+def int_argument(value: object, name: str) -> int:
     """``value`` as a Python int; an unworded ``TypeError`` naming ``name`` for anything else."""
     if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu":
         return int(value)
@@ -59,7 +60,7 @@ def int_argument(value: Any, name: str) -> int:
     return int(value)
 
 
-def up_to(treespec: Any, value: Any, name: str) -> list[Any]:
+def up_to(treespec: nest.PyTreeSpec, value: Nest, name: str) -> list[Any]:
     """The parts of ``value`` at the leaves of the element structure ``treespec``.
 
     As in ``tf.data``, a list is a leaf (a shape, a value), not a structure.
@@ -81,6 +82,7 @@ def up_to(treespec: Any, value: Any, name: str) -> list[Any]:
 
 def _padded_shape(value: Any, index: int) -> Shape:
     """One component's ``padded_shapes`` entry as a shape (an int means a vector of that size)."""
+    # Any: the entry as the user wrote it (a list, a TensorShape, an int, or anything else, refused here).
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         value = [value]
     if hasattr(value, "as_list") and callable(value.as_list):  # a TensorShape-like object
@@ -122,7 +124,7 @@ def _padded_shape(value: Any, index: int) -> Shape:
     return tuple(dims)
 
 
-def _padding_value(value: Any, spec: TensorSpec, index: int) -> Any:
+def _padding_value(value: object, spec: TensorSpec, index: int) -> TensorLike:
     """One component's padding value, converted as TensorFlow converts it and checked against ``spec``."""
     if value is None:
         return b"" if spec.dtype == np.object_ else spec.dtype.type(0)
@@ -152,8 +154,8 @@ def _padding_value(value: Any, spec: TensorSpec, index: int) -> Any:
 
 
 def plan_padding(
-    spec: Any, padded_shapes: Any, padding_values: Any, *, rank_only: bool = False
-) -> tuple[list[ComponentPlan], Any]:
+    spec: ElementSpec, padded_shapes: Nest, padding_values: Nest, *, rank_only: bool = False
+) -> tuple[list[ComponentPlan], nest.PyTreeSpec]:
     """The padding plan of every component of elements of ``spec``, and their structure.
 
     ``rank_only`` says that ``spec`` was learnt from one element: its sizes are not static,
@@ -205,7 +207,7 @@ def _fits(padded: Shape, known: Shape | None) -> bool:
     )
 
 
-def refuse_spec(component: Any, index: int) -> None:
+def refuse_spec(component: object, index: int) -> None:
     """Refuses a component that is not a dense array (a dataset, ...) by its spec."""
     if not isinstance(component, TensorSpec):
         raise unworded(
@@ -216,7 +218,7 @@ def refuse_spec(component: Any, index: int) -> None:
         )
 
 
-def refuse_unrepresentable(leaf: Any, index: int) -> Any:
+def refuse_unrepresentable(leaf: TensorLike, index: int) -> TensorLike:
     """``leaf`` as an array, or a ``TypeError`` for values numpy cannot hold densely.
 
     TensorFlow's ragged and sparse tensors have no numpy representation; their stand-ins
@@ -248,7 +250,7 @@ def refuse_unrepresentable(leaf: Any, index: int) -> Any:
     )
 
 
-def pad_batch(elements: Sequence[Any], plans: Sequence[ComponentPlan], treespec: Any) -> Any:
+def pad_batch(elements: Sequence[Nest], plans: Sequence[ComponentPlan], treespec: nest.PyTreeSpec) -> Nest:
     """Pads the components of ``elements`` to their plans' shapes and stacks them.
 
     Raises:
@@ -271,7 +273,7 @@ def pad_batch(elements: Sequence[Any], plans: Sequence[ComponentPlan], treespec:
     )
 
 
-def _pad_component(column: list[Any], plan: ComponentPlan, index: int) -> Any:
+def _pad_component(column: list[TensorLike], plan: ComponentPlan, index: int) -> TensorLike:
     rank = len(plan.shape)
     for position, array in enumerate(column):
         if isinstance(plan.value, bytes) and array.dtype != np.object_:
@@ -324,7 +326,7 @@ def padded_spec(
 
 class PaddedBatchDataset(Dataset):
     def __init__(
-        self, input_dataset: Dataset, batch_size: Any, padded_shapes: Any, padding_values: Any, drop_remainder: bool
+        self, input_dataset: Dataset, batch_size: int, padded_shapes: Nest, padding_values: Nest, drop_remainder: bool
     ) -> None:
         self._inputs = (input_dataset,)
         self._api = "Dataset.padded_batch()"
@@ -339,7 +341,7 @@ class PaddedBatchDataset(Dataset):
         spec = input_dataset._spec(probe=False)
         self._static_plan = None if spec is None else plan_padding(spec, padded_shapes, padding_values)
 
-    def _learnt_spec(self, element: Any) -> Any:
+    def _learnt_spec(self, element: Nest) -> ElementSpec:
         """The spec the padding of a pass is planned from when the input's is not static: ``element``'s."""
         leaves, treespec = nest.flatten(element)
         specs = []
@@ -382,7 +384,7 @@ class PaddedBatchDataset(Dataset):
         finally:
             source.close()
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         static = self._inputs[0]._spec(probe=False)
         if static is not None:
             spec, rank_only = static, False

@@ -67,7 +67,7 @@ from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.interleave import default_cycle_length
 from towerdist._src.data.padding import refuse_unrepresentable
 from towerdist._src.data.records import ShardPosition, ShardWriter, encode, read_shard
-from towerdist._src.data.spec import DatasetSpec, TensorSpec, dtype_name, shapes_compatible
+from towerdist._src.data.spec import DatasetSpec, ElementSpec, TensorSpec, dtype_name, shapes_compatible
 from towerdist._src.data.structure import call_with_element, close_iterator
 from towerdist._src.data.windowing import ElementsDataset
 from towerdist._src.errors import DataLossError, InvalidArgumentError, NotFoundError, UnimplementedError
@@ -95,7 +95,7 @@ _SHARD_FILE = re.compile(r"shard-[0-9a-f]{12}-(0|-?[1-9][0-9]*)\.tdrec(\.gz)?")
 # --- arguments ---------------------------------------------------------------------------------
 
 
-def _compression(value: Any) -> str | None:
+def _compression(value: str | None) -> str | None:
     if value is None or value == "":
         return None
     if isinstance(value, str) and value.upper() == "GZIP":
@@ -110,7 +110,7 @@ def _savable_dtype(dtype: np.dtype[Any]) -> bool:
 # --- element specs as JSON -----------------------------------------------------------------------
 
 
-def _spec_to_json(spec: Any) -> Any:
+def _spec_to_json(spec: ElementSpec) -> dict[str, Any]:
     if isinstance(spec, TensorSpec):
         if not _savable_dtype(spec.dtype):
             raise unworded(
@@ -140,7 +140,7 @@ def _spec_to_json(spec: Any) -> Any:
     raise unworded(TypeError(f"cannot save an element component described by {spec!r}."))
 
 
-def _spec_from_json(value: Any) -> Any:
+def _spec_from_json(value: object) -> ElementSpec:
     """The element spec of a manifest (``ValueError``/``TypeError``/``KeyError`` if malformed)."""
     if not isinstance(value, dict) or len(value) != 1:
         raise ValueError(f"not a spec: {value!r}")
@@ -176,7 +176,7 @@ def _spec_from_json(value: Any) -> Any:
 _namedtuple_types: dict[tuple[str, tuple[str, ...]], type] = {}
 
 
-def _namedtuple_type(name: Any, fields: Any) -> Any:
+def _namedtuple_type(name: object, fields: object) -> type[Any]:
     if not isinstance(name, str) or not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
         raise ValueError(f"bad namedtuple {name!r} with fields {fields!r}")
     key = (name, tuple(fields))
@@ -186,7 +186,7 @@ def _namedtuple_type(name: Any, fields: Any) -> Any:
     return cls
 
 
-def _dimension(value: Any) -> bool:
+def _dimension(value: object) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _INT64_MAX)
 
 
@@ -201,7 +201,7 @@ class _SpecTracker:
         self.dtypes: list[np.dtype[Any]] = []
         self.shapes: list[list[int | None]] = []
 
-    def add(self, leaves: list[Any], treespec: Any, position: int) -> None:
+    def add(self, leaves: list[Any], treespec: nest.PyTreeSpec, position: int) -> None:
         if self.treespec is None:
             self.treespec = treespec
             self.dtypes = [leaf.dtype for leaf in leaves]
@@ -228,13 +228,13 @@ class _SpecTracker:
                 if known[dim] != size:
                     known[dim] = None
 
-    def spec(self) -> Any:
+    def spec(self) -> ElementSpec:
         return self.treespec.unflatten(
             [TensorSpec(shape, dtype) for shape, dtype in zip(self.shapes, self.dtypes, strict=True)]
         )
 
 
-def _shard_index(value: Any, position: int) -> int:
+def _shard_index(value: object, position: int) -> int:
     array = np.asarray(value) if isinstance(value, (np.ndarray, np.generic)) else None
     if array is None or array.dtype != np.int64 or array.ndim != 0:
         raise unworded(
@@ -248,10 +248,10 @@ def _shard_index(value: Any, position: int) -> int:
 
 def save(
     dataset: Dataset,
-    path: Any,
-    compression: Any = None,
+    path: str | os.PathLike[str],
+    compression: str | None = None,
     shard_func: Callable[..., Any] | None = None,
-    checkpoint_args: Any = None,
+    checkpoint_args: object = None,
 ) -> None:
     """See ``Dataset.save``."""
     if not isinstance(dataset, Dataset):
@@ -334,7 +334,7 @@ def save(
             pass  # a file of the previous save that is already gone or locked: the new manifest does not list it
 
 
-def _probed_spec(dataset: Dataset) -> Any:
+def _probed_spec(dataset: Dataset) -> ElementSpec:
     """The spec of an empty dataset whose spec is known only by running it (as ``element_spec`` finds it).
 
     TensorFlow saves such a dataset with its traced spec (observed in TensorFlow 2.21:
@@ -365,11 +365,11 @@ def _previous_files(directory: str) -> set[str]:
         return set()
 
 
-def _is_shard_file(name: Any) -> bool:
+def _is_shard_file(name: object) -> bool:
     return isinstance(name, str) and _SHARD_FILE.fullmatch(name) is not None
 
 
-def _plain_name(name: Any) -> bool:
+def _plain_name(name: object) -> bool:
     return isinstance(name, str) and name not in ("", ".", "..") and os.path.basename(name) == name and "/" not in name
 
 
@@ -442,7 +442,7 @@ def _read_manifest(directory: str) -> dict[str, Any]:
     return manifest
 
 
-def _check_spec_matches(given: Any, saved: Any, directory: str) -> None:
+def _check_spec_matches(given: ElementSpec, saved: ElementSpec, directory: str) -> None:
     mismatch = _spec_mismatch(given, saved, ())
     if mismatch:
         raise InvalidArgumentError(
@@ -451,7 +451,7 @@ def _check_spec_matches(given: Any, saved: Any, directory: str) -> None:
         )
 
 
-def _spec_mismatch(given: Any, saved: Any, path: tuple[Any, ...]) -> str:
+def _spec_mismatch(given: ElementSpec, saved: ElementSpec, path: tuple[Any, ...]) -> str:
     """Where ``given`` cannot describe the elements of spec ``saved`` ("" if it can).
 
     A namedtuple matches one of the same type name and fields: the manifest keeps only those,
@@ -495,7 +495,7 @@ class ShardFileDataset(Dataset):
     the ``interleave`` that reads the shards is.
     """
 
-    def __init__(self, directory: str, manifest: dict[str, Any], spec: Any, shard: dict[str, Any]) -> None:
+    def __init__(self, directory: str, manifest: dict[str, Any], spec: ElementSpec, shard: dict[str, Any]) -> None:
         self._directory = directory
         self._manifest = manifest
         self._element_spec = spec
@@ -522,7 +522,7 @@ class ShardFileDataset(Dataset):
     def _state_params(self) -> dict[str, Any]:
         return {"file": self._shard["file"]}
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         return self._element_spec
 
     def _cardinality(self) -> int:
@@ -557,7 +557,7 @@ class LoadDataset(Dataset):
     shards its elements). A pass's position is the reading pipeline's (the child ``"reader"``).
     """
 
-    def __init__(self, reader: Dataset, spec: Any, cardinality: int) -> None:
+    def __init__(self, reader: Dataset, spec: ElementSpec, cardinality: int) -> None:
         self._reader = reader
         self._element_spec = spec
         self._count = cardinality
@@ -568,7 +568,7 @@ class LoadDataset(Dataset):
     def _restored_input(self, key: str, state: State) -> Dataset:
         return self._reader
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         return self._element_spec
 
     def _cardinality(self) -> int:
@@ -585,7 +585,12 @@ def _tensorflow_shard_order(index: int) -> str:
     return f"{index % 2**64:08d}"
 
 
-def load(path: Any, element_spec: Any = None, compression: Any = None, reader_func: Any = None) -> Dataset:
+def load(
+    path: str | os.PathLike[str],
+    element_spec: ElementSpec = None,
+    compression: str | None = None,
+    reader_func: Callable[[Dataset], object] | None = None,
+) -> Dataset:
     """See ``Dataset.load``."""
     directory = os.fspath(path)
     codec = _compression(compression)
@@ -637,17 +642,22 @@ def load(path: Any, element_spec: Any = None, compression: Any = None, reader_fu
 
 def experimental_save(
     dataset: Dataset,
-    path: Any,
-    compression: Any = None,
+    path: str | os.PathLike[str],
+    compression: str | None = None,
     shard_func: Callable[..., Any] | None = None,
-    checkpoint_args: Any = None,
+    checkpoint_args: object = None,
 ) -> None:
     """``tf.data.experimental.save``: ``dataset.save(path, ...)``."""
     with worded_at("Dataset.save()"):
         save(dataset, path, compression, shard_func, checkpoint_args)
 
 
-def experimental_load(path: Any, element_spec: Any = None, compression: Any = None, reader_func: Any = None) -> Dataset:
+def experimental_load(
+    path: str | os.PathLike[str],
+    element_spec: ElementSpec = None,
+    compression: str | None = None,
+    reader_func: Callable[[Dataset], object] | None = None,
+) -> Dataset:
     """``tf.data.experimental.load``: ``Dataset.load(path, ...)``."""
     with worded_at("Dataset.load()"):
         return load(path, element_spec, compression, reader_func)

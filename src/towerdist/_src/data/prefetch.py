@@ -39,7 +39,7 @@ _DONE = object()
 
 
 class PrefetchDataset(_Transparent):
-    def __init__(self, input_dataset: Dataset, buffer_size: Any) -> None:
+    def __init__(self, input_dataset: Dataset, buffer_size: int) -> None:
         self._inputs = (input_dataset,)
         size = _int_arg(buffer_size, "buffer_size")
         if size < 0 and size != options_lib.AUTOTUNE:

@@ -8,13 +8,14 @@ import os
 import struct
 import zlib
 from collections.abc import Iterator
-from typing import IO, Any, cast
+from typing import IO, Any, Protocol, cast
 
 import numpy as np
 
 from towerdist._src import nest
-from towerdist._src.data.spec import TensorSpec, shapes_compatible
+from towerdist._src.data.spec import ElementSpec, TensorSpec, shapes_compatible
 from towerdist._src.errors import DataLossError
+from towerdist._src.type_aliases import TensorLike
 
 __all__ = ["ShardPosition", "ShardWriter", "encode", "read_shard"]
 
@@ -59,7 +60,7 @@ class _Payload:
         self._offset = end
         return view
 
-    def component(self, spec: TensorSpec) -> Any:
+    def component(self, spec: TensorSpec) -> TensorLike:
         (ndim,) = _U32.unpack(self.take(4))
         if ndim > 64 or (spec.shape is not None and ndim != len(spec.shape)):
             raise DataLossError(f"{self._where}: a component has rank {ndim}, its spec {spec!r}.", path=self._where)
@@ -120,7 +121,13 @@ class _CrcReader:
         self._raw.close()
 
 
-def _read_exact(stream: Any, count: int, where: str) -> bytes:
+class _Readable(Protocol):
+    """A binary stream read by size: a shard file (through its checksum) or its gzip stream."""
+
+    def read(self, size: int, /) -> bytes: ...
+
+
+def _read_exact(stream: _Readable, count: int, where: str) -> bytes:
     try:
         data: bytes = stream.read(count)
     except (EOFError, OSError, zlib.error) as error:  # gzip reports truncated or corrupt data so
@@ -149,7 +156,7 @@ _SKIP_CHUNK = 1 << 20
 def read_shard(
     file: str,
     shard: dict[str, Any],
-    saved: Any,
+    saved: ElementSpec,
     compression: str | None,
     structure: nest.PyTreeSpec,
     position: ShardPosition | None = None,

@@ -43,9 +43,10 @@ from towerdist._src.data import options as options_lib
 from towerdist._src.data.cursor import Cursor, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.seeds import Seeded
-from towerdist._src.data.spec import TensorSpec
+from towerdist._src.data.spec import ElementSpec, TensorSpec
 from towerdist._src.data.structure import call_with_element, sample_element
 from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.type_aliases import Nest, TensorLike
 
 __all__ = ["RejectionResampleDataset", "experimental_rejection_resample"]
 
@@ -53,7 +54,7 @@ _API = "Dataset.rejection_resample()"
 _END = object()
 
 
-def _distribution(value: Any, name: str) -> np.ndarray:
+def _distribution(value: TensorLike, name: str) -> np.ndarray:
     """``value`` as a 1-D float64 vector of non-negative, finite weights with a positive sum."""
     try:
         dist = np.asarray(value, dtype=np.float64)
@@ -113,8 +114,8 @@ class RejectionResampleDataset(Seeded, Dataset):
         self,
         input_dataset: Dataset,
         class_func: Callable[..., Any],
-        target_dist: Any,
-        initial_dist: Any,
+        target_dist: TensorLike,
+        initial_dist: TensorLike | None,
         seed: int | None,
     ) -> None:
         if not callable(class_func):
@@ -132,7 +133,7 @@ class RejectionResampleDataset(Seeded, Dataset):
             )
         self._init_seed(None if seed is None else int(seed))
 
-    def _class_of(self, element: Any, index: int) -> tuple[int, Any]:
+    def _class_of(self, element: Nest, index: int) -> tuple[int, Any]:
         """``element``'s class as an int and as the scalar ``class_func`` returned (its dtype kept)."""
         try:
             value = np.asarray(call_with_element(self._class_func, element))
@@ -271,7 +272,7 @@ class RejectionResampleDataset(Seeded, Dataset):
         estimate["left"] -= 1
         return estimate["value"]
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         if not probe:
             return None
         inner = self._inputs[0]._spec(probe)
@@ -288,7 +289,10 @@ class RejectionResampleDataset(Seeded, Dataset):
 
 
 def experimental_rejection_resample(
-    class_func: Callable[..., Any], target_dist: Any, initial_dist: Any = None, seed: int | None = None
+    class_func: Callable[..., Any],
+    target_dist: TensorLike,
+    initial_dist: TensorLike | None = None,
+    seed: int | None = None,
 ) -> Callable[[Dataset], Dataset]:
     """``td.data.experimental.rejection_resample``: ``Dataset.rejection_resample`` for ``apply``."""
     return lambda dataset: dataset.rejection_resample(class_func, target_dist, initial_dist, seed)

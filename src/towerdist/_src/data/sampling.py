@@ -26,8 +26,8 @@ Cardinality, as in TensorFlow: infinite when any input is infinite (even with
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -36,18 +36,23 @@ from towerdist._src.data import options as options_lib
 from towerdist._src.data.cursor import Cursor, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.seeds import Seeded
-from towerdist._src.data.spec import FirstElementCheck, TensorSpec, common_spec, dtype_name, structure_of
+from towerdist._src.data.spec import ElementSpec, FirstElementCheck, TensorSpec, common_spec, dtype_name, structure_of
 from towerdist._src.data.structure import close_iterator
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.failures import name_api, unworded, worded_at
+from towerdist._src.type_aliases import TensorLike
 
 __all__ = ["ChooseFromDatasets", "SampleFromDatasets", "choose_from_datasets", "sample_from_datasets"]
 
 INFINITE, UNKNOWN = options_lib.INFINITE, options_lib.UNKNOWN
 _END = object()
 
+# What ``sample_from_datasets`` draws by: one float weight per dataset (a list, tuple or vector),
+# or a dataset of such vectors, one per draw.
+Weights: TypeAlias = "Sequence[float] | np.ndarray | Dataset"
 
-def _mixed_spec(specs: Sequence[Any], name: str = "datasets") -> Any:
+
+def _mixed_spec(specs: Sequence[ElementSpec], name: str = "datasets") -> ElementSpec:
     """The spec of elements drawn from datasets of ``specs`` (:func:`spec.common_spec`).
 
     Raises:
@@ -69,7 +74,7 @@ def _mixed_spec(specs: Sequence[Any], name: str = "datasets") -> Any:
     return common_spec(specs)
 
 
-def _check_datasets(datasets: Any) -> list[Dataset]:
+def _check_datasets(datasets: Sequence[Dataset]) -> list[Dataset]:
     if isinstance(datasets, Dataset) or not isinstance(datasets, (list, tuple)):
         raise unworded(TypeError(f"takes a list of td.data.Dataset. Got datasets={datasets!r}."))
     if not datasets:
@@ -88,7 +93,7 @@ def _check_datasets(datasets: Any) -> list[Dataset]:
     return list(datasets)
 
 
-def _seed(seed: Any) -> int | None:
+def _seed(seed: int | None) -> int | None:
     if seed is None:
         return None  # drawn for this process (see seeds)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -103,7 +108,7 @@ class _DirectedInterleave(Dataset):
     _num: int  # how many data inputs
     _stop: bool
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         specs = [d._spec(probe) for d in self._inputs[: self._num]]
         if any(spec is None for spec in specs):
             return None
@@ -125,7 +130,7 @@ class _DirectedInterleave(Dataset):
     def _start_picks(self, state: State) -> None:
         """Sets up the selector's position for a new pass (the random ones draw their epoch now)."""
 
-    def _mismatch(self, a: int, spec_a: Any, b: int, spec_b: Any, where: str) -> str:
+    def _mismatch(self, a: int, spec_a: ElementSpec, b: int, spec_b: ElementSpec, where: str) -> str:
         return (
             f"{self._api} datasets must have compatible element specs (the same structure and dtypes), but their "
             f"elements differ {where}: dataset {a} element_spec={spec_a!r}; dataset {b} element_spec={spec_b!r}."
@@ -196,6 +201,8 @@ class SampleFromDatasets(Seeded, _DirectedInterleave):
     def __init__(
         self,
         datasets: list[Dataset],
+        # Any: a float vector or a dataset of them. sample_from_datasets converts a list and drops None
+        # first, in branches its one call expression cannot show a checker (np.ndarray | Dataset is exact).
         weights: Any,
         seed: int | None,
         stop_on_empty_dataset: bool,
@@ -237,7 +244,7 @@ class SampleFromDatasets(Seeded, _DirectedInterleave):
         finally:
             source.close()
 
-    def _constant_picks(self, weights: np.ndarray, alive: list[bool], uniform: Any) -> Iterator[int]:
+    def _constant_picks(self, weights: np.ndarray, alive: list[bool], uniform: Callable[[], float]) -> Iterator[int]:
         # Drawing among the inputs left is the distribution of TensorFlow's "draw among all,
         # drop picks of ended inputs", without the wasted draws.
         live = weights.copy()
@@ -252,7 +259,7 @@ class SampleFromDatasets(Seeded, _DirectedInterleave):
                 return
             yield _draw(live, uniform())
 
-    def _weight_vector(self, vector: Any, position: int) -> np.ndarray:
+    def _weight_vector(self, vector: TensorLike, position: int) -> np.ndarray:
         array = np.asarray(vector)
         if array.dtype not in (np.float32, np.float64):
             raise unworded(
@@ -298,9 +305,9 @@ def _draw(weights: np.ndarray, u: float) -> int:
 
 
 def sample_from_datasets(
-    datasets: Any,
-    weights: Any = None,
-    seed: Any = None,
+    datasets: Sequence[Dataset],
+    weights: Weights | None = None,
+    seed: int | None = None,
     stop_on_empty_dataset: bool = False,
     rerandomize_each_iteration: bool | None = None,
 ) -> Dataset:
@@ -344,7 +351,7 @@ def sample_from_datasets(
     )
 
 
-def _constant_weights(weights: Any, count: int) -> np.ndarray:
+def _constant_weights(weights: Sequence[float] | np.ndarray, count: int) -> np.ndarray:
     values = list(weights) if isinstance(weights, (list, tuple)) else weights
     array = np.asarray(values)
     if isinstance(weights, (list, tuple)) and all(isinstance(w, float) for w in weights):
@@ -410,7 +417,9 @@ class ChooseFromDatasets(_DirectedInterleave):
             source.close()
 
 
-def choose_from_datasets(datasets: Any, choice_dataset: Any, stop_on_empty_dataset: bool = True) -> Dataset:
+def choose_from_datasets(
+    datasets: Sequence[Dataset], choice_dataset: Dataset, stop_on_empty_dataset: bool = True
+) -> Dataset:
     """See ``Dataset.choose_from_datasets``."""
     inputs = _check_datasets(datasets)
     if not isinstance(choice_dataset, Dataset):
@@ -424,7 +433,10 @@ def choose_from_datasets(datasets: Any, choice_dataset: Any, stop_on_empty_datas
 
 
 def experimental_sample_from_datasets(
-    datasets: Any, weights: Any = None, seed: Any = None, stop_on_empty_dataset: bool = False
+    datasets: Sequence[Dataset],
+    weights: Weights | None = None,
+    seed: int | None = None,
+    stop_on_empty_dataset: bool = False,
 ) -> Dataset:
     """``tf.data.experimental.sample_from_datasets``: the same as ``Dataset.sample_from_datasets``."""
     with worded_at("Dataset.sample_from_datasets()"):
@@ -432,7 +444,7 @@ def experimental_sample_from_datasets(
 
 
 def experimental_choose_from_datasets(
-    datasets: Any, choice_dataset: Any, stop_on_empty_dataset: bool = False
+    datasets: Sequence[Dataset], choice_dataset: Dataset, stop_on_empty_dataset: bool = False
 ) -> Dataset:
     """``tf.data.experimental.choose_from_datasets``: ``Dataset.choose_from_datasets``, but as in
     TensorFlow, ``stop_on_empty_dataset`` defaults to False here (choices of an ended dataset are skipped)."""

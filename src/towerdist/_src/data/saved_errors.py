@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from towerdist._src.data import state_codec
+from towerdist._src.data.cursor import State
 from towerdist._src.errors import UnknownError
 
 __all__ = ["raise_saved_error", "restore_error", "save_error"]
@@ -46,7 +47,7 @@ def restore_error(saved: dict[str, Any]) -> BaseException:
     return error
 
 
-def raise_saved_error(state: Any) -> None:
+def raise_saved_error(state: State) -> None:
     """Raises the error a pass saved in ``state.error`` (if any): a pass that delivered the elements
     it read before an input error, then was saved before raising it, raises it when restored."""
     saved = getattr(state, "error", None)

@@ -6,7 +6,7 @@ import copy
 import itertools
 import operator
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -16,7 +16,7 @@ from towerdist._src.data.cursor import Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import GatherPlan
 from towerdist._src.data.seeds import Seeded
-from towerdist._src.data.spec import TensorSpec, dtype_name, shapes_compatible, structure_of
+from towerdist._src.data.spec import ElementSpec, TensorSpec, dtype_name, shapes_compatible, structure_of
 from towerdist._src.data.structure import read_only, read_only_element, to_component, to_element
 from towerdist._src.errors import (
     InvalidArgumentError,
@@ -26,6 +26,7 @@ from towerdist._src.errors import (
     UnknownError,
 )
 from towerdist._src.failures import unworded, worded_at
+from towerdist._src.type_aliases import DTypeLike, Nest, TensorLike
 
 __all__ = [
     "CounterDataset",
@@ -40,8 +41,11 @@ __all__ = [
     "experimental_counter",
 ]
 
+# A number where ``counter`` takes its start and step (checked, and converted to its dtype, at run time).
+Number: TypeAlias = "float | np.integer[Any] | np.floating[Any]"
 
-def _frozen(component: Any) -> Any:
+
+def _frozen(component: TensorLike) -> TensorLike:
     """A private read-only copy, so elements can be views that nobody can change."""
     if isinstance(component, np.ndarray):
         if component.flags.writeable or component.base is not None:
@@ -51,7 +55,7 @@ def _frozen(component: Any) -> Any:
 
 
 class TensorSliceDataset(Dataset):
-    def __init__(self, tensors: Any) -> None:
+    def __init__(self, tensors: Nest) -> None:
         element = to_element(tensors)
         leaves, self._treespec = nest.flatten(element)
         if not leaves:
@@ -91,7 +95,7 @@ class TensorSliceDataset(Dataset):
         _note_position(state)
         return super()._save_state(state)
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         specs = [TensorSpec(np.shape(leaf)[1:], leaf.dtype) for leaf in self._leaves]
         return self._treespec.unflatten(specs)
 
@@ -107,7 +111,7 @@ class TensorSliceDataset(Dataset):
 
 
 class TensorDataset(Dataset):
-    def __init__(self, tensors: Any) -> None:
+    def __init__(self, tensors: Nest) -> None:
         self._element = nest.map_structure(_frozen, to_element(tensors))
 
     def _iterate(self, state: State) -> Iterator[Any]:
@@ -117,7 +121,7 @@ class TensorDataset(Dataset):
             state.done = True
             yield self._element
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         return structure_of(self._element)
 
     def _cardinality(self) -> int:
@@ -130,7 +134,7 @@ class TensorDataset(Dataset):
 
 
 class RangeDataset(Dataset):
-    def __init__(self, *args: int, output_type: Any = np.int64) -> None:
+    def __init__(self, *args: int, output_type: DTypeLike = np.int64) -> None:
         if not 1 <= len(args) <= 3:
             raise TypeError(f"range() takes 1 to 3 arguments (start, stop, step). Got {len(args)}.")
         bounds = [int(a) for a in args]
@@ -146,7 +150,7 @@ class RangeDataset(Dataset):
         _note_position(state)
         return super()._save_state(state)
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         return TensorSpec((), self._dtype)
 
     def _cardinality(self) -> int:
@@ -170,7 +174,7 @@ class IndexDataset(Dataset):
         _note_position(state)
         return super()._save_state(state)
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         return TensorSpec((), np.int64)
 
     def _cardinality(self) -> int:
@@ -234,10 +238,10 @@ class GeneratorDataset(ExternalSource):
     def __init__(
         self,
         generator: Callable[..., Any],
-        output_types: Any,
-        output_shapes: Any,
+        output_types: Nest,
+        output_shapes: Nest,
         args: tuple[Any, ...] | None,
-        output_signature: Any,
+        output_signature: ElementSpec,
     ) -> None:
         if not callable(generator):
             raise TypeError(
@@ -300,7 +304,7 @@ class GeneratorDataset(ExternalSource):
         )
         return wrapped
 
-    def _convert(self, value: Any, index: int) -> Any:
+    def _convert(self, value: Nest, index: int) -> Nest:
         # The generator's arrays may be its own (yielded again next epoch): hand out read-only views.
         if self._signature is None:
             return read_only_element(to_element(value if not isinstance(value, list) else tuple(value)))
@@ -337,7 +341,7 @@ class GeneratorDataset(ExternalSource):
             converted.append(read_only(array))
         return self._treespec.unflatten(converted)
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         if self._signature is not None:
             return self._signature
         if not probe:
@@ -364,16 +368,16 @@ def _shape_text(shape: tuple[int | None, ...] | None) -> str:
     return "<unknown>" if shape is None else str(tuple(shape))
 
 
-def _callable_name(fn: Any) -> str:
+def _callable_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
-def _preview(value: Any) -> str:
+def _preview(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _signature(output_types: Any, output_shapes: Any, output_signature: Any) -> Any:
+def _signature(output_types: Nest, output_shapes: Nest, output_signature: ElementSpec) -> ElementSpec:
     if output_signature is not None:
         if output_types is not None or output_shapes is not None:
             raise TypeError("from_generator() takes either output_signature or output_types/output_shapes, not both.")
@@ -394,7 +398,7 @@ def _signature(output_types: Any, output_shapes: Any, output_signature: Any) -> 
     return treespec.unflatten(specs)
 
 
-def _contains_list(structure: Any) -> bool:
+def _contains_list(structure: object) -> bool:
     if isinstance(structure, list):
         return True
     if isinstance(structure, tuple):
@@ -405,7 +409,7 @@ def _contains_list(structure: Any) -> bool:
 
 
 class ZipDataset(Dataset):
-    def __init__(self, structure: Any) -> None:
+    def __init__(self, structure: Nest) -> None:
         if _contains_list(structure):
             raise TypeError(
                 "Invalid input to `zip`. Inputs are expected to be (nested) structures of `td.data.Dataset` "
@@ -434,7 +438,7 @@ class ZipDataset(Dataset):
             for it in iterators:
                 it.close()
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         specs = [node._spec(probe) for node in self._inputs]
         if any(s is None for s in specs):
             return None
@@ -456,7 +460,7 @@ class ZipDataset(Dataset):
 # --- counter and random ------------------------------------------------------------------------
 
 
-def _scalar_of(value: Any, dtype: np.dtype[Any], name: str) -> Any:
+def _scalar_of(value: Number, dtype: np.dtype[Any], name: str) -> np.generic:
     """``value`` as a numpy scalar of ``dtype``; TypeError where it does not convert exactly."""
     problem = None
     if dtype == np.object_ or dtype.kind not in "iuf":
@@ -469,11 +473,12 @@ def _scalar_of(value: Any, dtype: np.dtype[Any], name: str) -> Any:
         problem = f"{name} does not fit in {dtype_name(dtype)}"
     if problem is not None:
         raise unworded(TypeError(f"cannot convert {name}={value!r} to dtype {dtype_name(dtype)}: {problem}."))
-    return dtype.type(int(value) if dtype.kind in "iu" else value)
+    scalar: np.generic = dtype.type(int(value) if dtype.kind in "iu" else value)
+    return scalar
 
 
 class CounterDataset(Dataset):
-    def __init__(self, start: Any, step: Any, dtype: Any) -> None:
+    def __init__(self, start: Number, step: Number, dtype: DTypeLike) -> None:
         self._dtype = np.dtype(dtype)
         self._start = _scalar_of(start, self._dtype, "start")
         self._step = _scalar_of(step, self._dtype, "step")
@@ -499,7 +504,7 @@ class CounterDataset(Dataset):
                     state.value = self._dtype.type(value + self._step)
                     yield value
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         return TensorSpec((), self._dtype)
 
     def _cardinality(self) -> int:
@@ -511,7 +516,7 @@ class RandomDataset(Seeded, Dataset):
 
     _CHUNK = 1024
 
-    def __init__(self, seed: Any, rerandomize_each_iteration: bool | None) -> None:
+    def __init__(self, seed: int | None, rerandomize_each_iteration: bool | None) -> None:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
             raise TypeError(f"Dataset.random() takes an integer seed or None. Got seed={seed!r}.")
         self._init_seed(None if seed is None else int(seed) & (2**64 - 1))
@@ -534,20 +539,20 @@ class RandomDataset(Seeded, Dataset):
             state.taken += 1
             yield value
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         return TensorSpec((), np.int64)
 
     def _cardinality(self) -> int:
         return options_lib.INFINITE
 
 
-def experimental_counter(start: Any = 0, step: Any = 1, dtype: Any = np.int64) -> Dataset:
+def experimental_counter(start: Number = 0, step: Number = 1, dtype: DTypeLike = np.int64) -> Dataset:
     """``start, start + step, ...`` forever (``tf.data.experimental.Counter``; see ``Dataset.counter``)."""
     with worded_at("Dataset.counter()"):
         return CounterDataset(start, step, dtype)
 
 
-def zip_datasets(args: tuple[Any, ...], datasets: Any) -> Dataset:
+def zip_datasets(args: tuple[Nest, ...], datasets: Nest) -> Dataset:
     """``Dataset.zip(*args, datasets=datasets)``: ``zip(a, b)``, ``zip((a, b))`` or ``zip(datasets={"x": a})``."""
     if datasets is not None:
         if args:

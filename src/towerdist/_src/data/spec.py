@@ -8,15 +8,18 @@ printed element specs read the same as in TensorFlow.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
 
 import numpy as np
 
 from towerdist._src import nest
+from towerdist._src.type_aliases import DTypeLike, Nest, TensorLike
 
 __all__ = [
+    "ComponentSpec",
     "DatasetSpec",
+    "ElementSpec",
     "EmptyDatasetError",
     "FirstElementCheck",
     "TensorSpec",
@@ -32,10 +35,18 @@ __all__ = [
 ]
 
 
-def dtype_name(dtype: Any) -> str:
+def dtype_name(dtype: DTypeLike) -> str:
     """TensorFlow's name of a numpy dtype: ``float32``, ``int64``, ``string`` (object), ..."""
     dtype = np.dtype(dtype)
     return "string" if dtype == np.object_ else dtype.name
+
+
+# The spec of one component of an element, and of a whole element. An element spec is a nest
+# (tuples, namedtuples, dicts; see ``type_aliases.Nest``) of ``ComponentSpec`` leaves, or None
+# where a node cannot tell it without running user code (``_spec(probe=False)``). It is ``Nest``,
+# so ``Any``, for the reason ``Nest`` is: no checker spells a structure's type leaf by leaf.
+ComponentSpec: TypeAlias = "TensorSpec | DatasetSpec"
+ElementSpec: TypeAlias = Nest
 
 
 class TensorSpec:
@@ -48,13 +59,15 @@ class TensorSpec:
 
     __slots__ = ("_dtype", "_name", "_shape")
 
-    def __init__(self, shape: Sequence[int | None] | None, dtype: Any = np.float32, name: str | None = None) -> None:
+    def __init__(
+        self, shape: Sequence[int | None] | None, dtype: DTypeLike = np.float32, name: str | None = None
+    ) -> None:
         self._shape = None if shape is None else tuple(None if d is None else int(d) for d in shape)
         self._dtype = np.dtype(dtype)
         self._name = name
 
     @classmethod
-    def from_tensor(cls, tensor: Any, name: str | None = None) -> TensorSpec:
+    def from_tensor(cls, tensor: TensorLike, name: str | None = None) -> TensorSpec:
         """The spec of an array (exact shape and dtype)."""
         return cls(np.shape(tensor), _dtype_of(tensor), name)
 
@@ -79,7 +92,7 @@ class TensorSpec:
         """The number of dimensions, or None when the shape is unknown."""
         return None if self._shape is None else len(self._shape)
 
-    def is_compatible_with(self, spec_or_value: Any) -> bool:
+    def is_compatible_with(self, spec_or_value: TensorSpec | TensorLike) -> bool:
         """True if ``spec_or_value`` (a spec or an array) has this dtype and a fitting shape."""
         other = spec_or_value if isinstance(spec_or_value, TensorSpec) else TensorSpec.from_tensor(spec_or_value)
         if other.dtype != self._dtype:
@@ -106,24 +119,24 @@ def shapes_compatible(a: tuple[int | None, ...] | None, b: tuple[int | None, ...
     return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b, strict=True))
 
 
-def is_fully_defined(structure: Any) -> bool:
+def is_fully_defined(structure: ElementSpec) -> bool:
     """True if every spec in ``structure`` has a known rank and no unknown dimension."""
     leaves, _ = nest.flatten(structure)
     return all(spec.shape is not None and None not in spec.shape for spec in leaves)
 
 
-def _dtype_of(value: Any) -> Any:
+def _dtype_of(value: TensorLike) -> DTypeLike:
     if isinstance(value, (bytes, str)):
         return np.object_
     return getattr(value, "dtype", None) or np.asarray(value).dtype
 
 
-def spec_of(value: Any) -> TensorSpec:
+def spec_of(value: TensorLike) -> TensorSpec:
     """The exact spec of one component."""
     return TensorSpec.from_tensor(value)
 
 
-def structure_of(element: Any) -> Any:
+def structure_of(element: Nest) -> ElementSpec:
     """The structure of specs of a dataset element (exact shapes)."""
     return nest.map_structure(spec_of, element)
 
@@ -138,11 +151,11 @@ class DatasetSpec:
 
     __slots__ = ("_element_spec",)
 
-    def __init__(self, element_spec: Any) -> None:
+    def __init__(self, element_spec: ElementSpec) -> None:
         self._element_spec = element_spec
 
     @property
-    def element_spec(self) -> Any:
+    def element_spec(self) -> ElementSpec:
         """The element spec of the datasets described."""
         return self._element_spec
 
@@ -151,7 +164,7 @@ class DatasetSpec:
         """A dataset is one value: its shape is that of a scalar."""
         return ()
 
-    def is_compatible_with(self, other: Any) -> bool:
+    def is_compatible_with(self, other: object) -> bool:
         """True for a ``DatasetSpec`` or dataset with the same element structure and dtypes."""
         other_spec = getattr(other, "element_spec", None) if _is_dataset_or_spec(other) else None
         if other_spec is None:
@@ -173,13 +186,13 @@ class DatasetSpec:
         return f"DatasetSpec({self._element_spec!r}, TensorShape([]))"
 
 
-def _is_dataset_or_spec(value: Any) -> bool:
+def _is_dataset_or_spec(value: object) -> bool:
     from towerdist._src.data.dataset import Dataset  # noqa: PLC0415  (dataset.py imports this module)
 
     return isinstance(value, (DatasetSpec, Dataset))
 
 
-def mixing_mismatch(first: Any, second: Any) -> str:
+def mixing_mismatch(first: ElementSpec, second: ElementSpec) -> str:
     """Where elements of specs ``first`` and ``second`` cannot go in one dataset ("" where they can).
 
     Such elements need the same structure and dtypes; shapes may differ (the mixed spec
@@ -208,7 +221,7 @@ def _relaxed(a: TensorSpec, b: TensorSpec) -> TensorSpec:
     return TensorSpec(tuple(x if x == y else None for x, y in zip(a.shape, b.shape, strict=True)), a.dtype)
 
 
-def common_spec(specs: Sequence[Any]) -> Any:
+def common_spec(specs: Sequence[ElementSpec]) -> ElementSpec:
     """The most specific spec that every one of ``specs`` fits: sizes (or ranks) that differ become ``None``.
 
     The specs have one structure (check with :func:`mixing_mismatch` first). Where their
@@ -225,17 +238,17 @@ def common_spec(specs: Sequence[Any]) -> Any:
     return treespec.unflatten(leaves)
 
 
-def unknown_sizes(spec: Any) -> Any:
+def unknown_sizes(spec: ElementSpec) -> ElementSpec:
     """``spec`` with every dimension unknown (for specs learnt from one element)."""
     return nest.map_structure(lambda s: TensorSpec(None if s.shape is None else (None,) * len(s.shape), s.dtype), spec)
 
 
-def spec_with_batch(spec: Any, batch: int | None) -> Any:
+def spec_with_batch(spec: ElementSpec, batch: int | None) -> ElementSpec:
     """``spec`` with a leading batch dimension added to every component."""
     return nest.map_structure(lambda s: TensorSpec(None if s.shape is None else (batch, *s.shape), s.dtype), spec)
 
 
-def relax_batch(exact: Any, input_spec: Any) -> Any:
+def relax_batch(exact: ElementSpec, input_spec: ElementSpec) -> ElementSpec:
     """A probed spec with the batch dimension unknown where the input's batch dimension is.
 
     ``map`` is learnt by calling the function on the first element; a leading dimension
@@ -262,21 +275,21 @@ class FirstElementCheck:
     and ``b`` naming the inputs. Inputs of known spec were checked when the dataset was made.
     """
 
-    def __init__(self, describe: Any) -> None:
+    def __init__(self, describe: Callable[[int, ElementSpec, int, ElementSpec, str], str]) -> None:
         self._describe = describe
-        self._reference: tuple[Any, Any] | None = None  # (input, spec)
+        self._reference: tuple[int, ElementSpec] | None = None  # (input, spec)
         self._lock = threading.Lock()  # the inputs of a parallel interleave are checked on its threads
 
-    def known(self, key: Any, spec: Any) -> None:
+    def known(self, key: int, spec: ElementSpec) -> None:
         """Records input ``key``'s static spec as the reference, if there is none yet."""
         if spec is not None and self._reference is None:
             self._reference = (key, spec)
 
-    def first(self, key: Any, element: Any) -> None:
+    def first(self, key: int, element: Nest) -> None:
         """Checks the first element of input ``key``; raises ``TypeError`` where it cannot mix."""
         self.spec(key, structure_of(element))
 
-    def spec(self, key: Any, spec: Any) -> None:
+    def spec(self, key: int, spec: ElementSpec) -> None:
         """Checks input ``key`` of static spec ``spec``; raises ``TypeError`` where it cannot mix."""
         with self._lock:
             if self._reference is None:

@@ -24,7 +24,7 @@ import io
 import json
 import zipfile
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from towerdist._src import backend, nest
 from towerdist._src.backend import gpu_module
 from towerdist._src.data.spec import DatasetSpec, TensorSpec
 from towerdist._src.errors import DataLossError
+from towerdist._src.type_aliases import Nest, TensorLike
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "decode", "encode", "import_type", "register", "type_name"]
 
@@ -40,6 +41,11 @@ FORMAT_VERSION = 1
 _TAG = "~"
 _STACK_AT_LEAST = 4  # lists shorter than this are stored item by item
 _STORABLE_KINDS = "biufcSUMm"  # what a .npy member holds without pickling
+
+# A JSON value, the stored form of a position (its arrays aside): None, a bool, int, float or str,
+# or a list or str-keyed dict of them. ``object``, not the recursive union: lists and dicts are
+# invariant, so the union would reject the ``list[int]`` and ``dict[str, list[...]]`` built here.
+Json: TypeAlias = object
 
 # Dataset values a position may hold (a window is a small dataset): tag -> (class, to tree, from tree).
 _values: dict[str, tuple[type, Callable[[Any], Any], Callable[[Any], Any]]] = {}
@@ -61,7 +67,7 @@ class _Writer:
         self.arrays.append(value)
         return len(self.arrays) - 1
 
-    def encode(self, value: Any) -> Any:
+    def encode(self, value: object) -> Json:
         if value is None or isinstance(value, (bool, str)):
             return value
         if isinstance(value, (int, float)) and type(value) in (int, float):
@@ -105,14 +111,14 @@ class _Writer:
             return {_TAG: "gpu_array", "i": self.array(host)}
         raise TypeError(f"a value of type {type_name(type(value))} ({_preview(value)}) cannot be saved")
 
-    def _ndarray(self, value: np.ndarray) -> Any:
+    def _ndarray(self, value: np.ndarray) -> Json:
         if value.dtype.kind in _STORABLE_KINDS:
             return {_TAG: "array", "i": self.array(value)}
         if value.dtype.kind == "O":  # strings: bytes objects in an object array
             return {_TAG: "object_array", "shape": list(value.shape), "v": [self.encode(v) for v in value.reshape(-1)]}
         raise TypeError(f"an array of dtype {value.dtype} cannot be saved")
 
-    def _dict(self, value: dict[Any, Any]) -> Any:
+    def _dict(self, value: dict[Any, Any]) -> Json:
         if type(value) is dict and _TAG not in value and all(type(k) is str for k in value):
             return {k: self.encode(v) for k, v in value.items()}
         items = [[self.encode(k), self.encode(v)] for k, v in value.items()]
@@ -122,13 +128,13 @@ class _Writer:
             return {_TAG: "ordered_dict", "items": items}
         raise TypeError(f"a mapping of type {type_name(type(value))} cannot be saved")
 
-    def _list(self, value: list[Any]) -> Any:
+    def _list(self, value: list[Any]) -> Json:
         stacked = self._stacked(value) if len(value) >= _STACK_AT_LEAST else None
         if stacked is not None:
             return stacked
         return [self.encode(v) for v in value]
 
-    def _stacked(self, items: list[Any]) -> Any:
+    def _stacked(self, items: list[Any]) -> Json:
         """``items`` column-wise, if they are elements of one structure, shapes and dtypes; else None."""
         first = items[0]
         if not _is_element(first):
@@ -168,15 +174,15 @@ class _Leaf:
         self.k = k
 
 
-def _is_element(value: Any) -> bool:
+def _is_element(value: object) -> bool:
     return isinstance(value, (np.ndarray, np.generic, tuple)) or type(value) in (dict, collections.OrderedDict)
 
 
-def _stackable(leaf: Any) -> bool:
+def _stackable(leaf: object) -> bool:
     return isinstance(leaf, (np.ndarray, np.generic)) and leaf.dtype.kind in _STORABLE_KINDS
 
 
-def encode(tree: Any) -> bytes:
+def encode(tree: object) -> bytes:
     """``tree`` as bytes (see the module docstring).
 
     Raises:
@@ -211,7 +217,7 @@ class _Reader:
             self._arrays[k] = array
         return self._arrays[k]
 
-    def decode(self, value: Any) -> Any:
+    def decode(self, value: Json) -> Any:  # Any: the value the position held, of whatever type it was
         if isinstance(value, list):
             return [self.decode(v) for v in value]
         if not isinstance(value, dict):
@@ -226,62 +232,62 @@ class _Reader:
             return _values[tag][2](self.decode(value["v"]))
         raise ValueError(f"unknown value tag {tag!r}")
 
-    def _array(self, value: dict[str, Any]) -> Any:
+    def _array(self, value: dict[str, Any]) -> np.ndarray:
         return self.array(value["i"])
 
-    def _scalar(self, value: dict[str, Any]) -> Any:
+    def _scalar(self, value: dict[str, Any]) -> object:  # a numpy scalar
         return self.array(value["i"])[()]
 
-    def _object_scalar(self, value: dict[str, Any]) -> Any:
+    def _object_scalar(self, value: dict[str, Any]) -> object:  # a numpy object scalar
         return np.array(self.decode(value["v"]), dtype=object)[()]
 
-    def _gpu_array(self, value: dict[str, Any]) -> Any:
+    def _gpu_array(self, value: dict[str, Any]) -> TensorLike:
         return gpu_module.array_module().asarray(self.array(value["i"]))
 
-    def _bytes(self, value: dict[str, Any]) -> Any:
+    def _bytes(self, value: dict[str, Any]) -> bytes:
         return base64.b64decode(value["b64"])
 
-    def _tuple(self, value: dict[str, Any]) -> Any:
+    def _tuple(self, value: dict[str, Any]) -> tuple[object, ...]:
         return tuple(self.decode(v) for v in value["v"])
 
-    def _namedtuple(self, value: dict[str, Any]) -> Any:
+    def _namedtuple(self, value: dict[str, Any]) -> object:  # a namedtuple of the saved type
         cls = _import_namedtuple(value["type"])
         return cls(*(self.decode(v) for v in value["v"]))
 
-    def _dict(self, value: dict[str, Any]) -> Any:
+    def _dict(self, value: dict[str, Any]) -> dict[object, object]:
         return {self._key(k): self.decode(v) for k, v in value["items"]}
 
-    def _ordered_dict(self, value: dict[str, Any]) -> Any:
+    def _ordered_dict(self, value: dict[str, Any]) -> collections.OrderedDict[object, object]:
         return collections.OrderedDict((self._key(k), self.decode(v)) for k, v in value["items"])
 
-    def _key(self, key: Any) -> Any:
+    def _key(self, key: Json) -> object:
         decoded = self.decode(key)
         return tuple(decoded) if isinstance(decoded, list) else decoded
 
-    def _deque(self, value: dict[str, Any]) -> Any:
+    def _deque(self, value: dict[str, Any]) -> collections.deque[object]:
         return collections.deque(self.decode(value["v"]))
 
-    def _set(self, value: dict[str, Any]) -> Any:
+    def _set(self, value: dict[str, Any]) -> set[object]:
         return {self._key(v) for v in value["v"]}
 
-    def _rng(self, value: dict[str, Any]) -> Any:
+    def _rng(self, value: dict[str, Any]) -> np.random.Generator:
         bit_generator = getattr(np.random, value["bit_generator"])()
         bit_generator.state = self.decode(value["state"])
         return np.random.Generator(bit_generator)
 
-    def _tensor_spec(self, value: dict[str, Any]) -> Any:
+    def _tensor_spec(self, value: dict[str, Any]) -> TensorSpec:
         return TensorSpec(value["shape"], np.dtype(value["dtype"]), value["name"])
 
-    def _dataset_spec(self, value: dict[str, Any]) -> Any:
+    def _dataset_spec(self, value: dict[str, Any]) -> DatasetSpec:
         return DatasetSpec(self.decode(value["v"]))
 
-    def _object_array(self, value: dict[str, Any]) -> Any:
+    def _object_array(self, value: dict[str, Any]) -> np.ndarray:
         items = [self.decode(v) for v in value["v"]]
         out = np.empty(len(items), dtype=object)
         out[:] = items
         return out.reshape(value["shape"])
 
-    def _stacked(self, value: dict[str, Any]) -> Any:
+    def _stacked(self, value: dict[str, Any]) -> list[Nest]:
         columns = [self.array(k) for k in value["columns"]]
         template = self.decode(value["template"])
         leaves, treespec = nest.flatten(template)
@@ -295,11 +301,11 @@ class _Reader:
             rows.append(treespec.unflatten(picked))
         return rows
 
-    def _leaf(self, value: dict[str, Any]) -> Any:
+    def _leaf(self, value: dict[str, Any]) -> _Leaf:
         return _Leaf(value["k"])
 
 
-def decode(data: bytes) -> Any:
+def decode(data: bytes) -> Any:  # Any: the tree encode() was given, whose shape its writer knows
     """The tree :func:`encode` wrote.
 
     Raises:
@@ -324,7 +330,7 @@ def type_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def import_type(name: str) -> Any:
+def import_type(name: str) -> object:
     """The object a :func:`type_name` names, imported; None where it cannot be imported here."""
     module_name, _, qualname = name.partition(":")
     try:
@@ -348,6 +354,6 @@ def _import_namedtuple(name: str) -> type:
     return value
 
 
-def _preview(value: Any) -> str:
+def _preview(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -10,14 +10,15 @@ Python ints int32 (int64 when they do not fit), strings ``bytes`` in object arra
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from towerdist._src import backend, nest
-from towerdist._src.data.spec import TensorSpec
+from towerdist._src.data.spec import ElementSpec, TensorSpec
 from towerdist._src.dtypes import python_dtype
 from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.type_aliases import DTypeLike, Nest, TensorLike
 
 if TYPE_CHECKING:
     from towerdist._src.data.dataset import Dataset
@@ -37,7 +38,10 @@ __all__ = [
 ]
 
 
-def call_with_element(fn: Callable[..., Any], element: Any) -> Any:
+_R = TypeVar("_R")
+
+
+def call_with_element(fn: Callable[..., _R], element: Nest) -> _R:
     """Calls a user function as ``tf.data`` does: a plain tuple element as separate arguments.
 
     A namedtuple, dict or single array is passed as one argument.
@@ -45,7 +49,7 @@ def call_with_element(fn: Callable[..., Any], element: Any) -> Any:
     return fn(*element) if type(element) is tuple else fn(element)
 
 
-def read_only(component: Any) -> Any:
+def read_only(component: TensorLike) -> TensorLike:
     """``component`` as a read-only view when it is a writable numpy array, else itself.
 
     TensorFlow's tensors are immutable. Elements a dataset hands out more than once (those
@@ -61,14 +65,14 @@ def read_only(component: Any) -> Any:
     return component
 
 
-def read_only_element(element: Any) -> Any:
+def read_only_element(element: Nest) -> Nest:
     """``element`` with every array in it made a read-only view (see :func:`read_only`)."""
     if isinstance(element, np.ndarray):
         return read_only(element)  # the common single-array element, without a tree walk
     return nest.map_structure(read_only, element)
 
 
-def to_component(value: Any) -> Any:
+def to_component(value: TensorLike) -> TensorLike:
     """One component as an array (strings as ``bytes`` in object arrays)."""
     if backend.is_array(value):
         if isinstance(value, np.ndarray) and value.dtype.kind in "US":
@@ -101,17 +105,17 @@ def _bytes_array(array: np.ndarray) -> np.ndarray:
     return out
 
 
-def _preview(value: Any) -> str:
+def _preview(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def to_element(structure: Any) -> Any:
+def to_element(structure: Nest) -> Nest:
     """Converts every component of ``structure`` (lists are components, not structures)."""
     return nest.map_structure(to_component, _lists_as_leaves(structure))
 
 
-def _lists_as_leaves(structure: Any) -> Any:
+def _lists_as_leaves(structure: Nest) -> Nest:
     # optree treats lists as structures; wrap them so that they convert as one component.
     if isinstance(structure, list):
         return _ListLeaf(structure)
@@ -132,7 +136,7 @@ class _ListLeaf:
     def __init__(self, items: list[Any]) -> None:
         self.items = items
 
-    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+    def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         del copy
         raw = np.asarray([to_component(i) if isinstance(i, (str, bytes)) else i for i in self.items])
         if dtype is not None:
@@ -144,14 +148,14 @@ class _ListLeaf:
         return raw.astype(python_dtype(raw), copy=False)
 
 
-def normalize_output(value: Any) -> Any:
+def normalize_output(value: Nest) -> Nest:
     """A user function's result as an element: a top-level list becomes a tuple (as ``tf.data``)."""
     if isinstance(value, list):
         value = tuple(value)
     return to_element(value)
 
 
-def stack(components: Sequence[Any], index: int, what: str) -> Any:
+def stack(components: Sequence[TensorLike], index: int, what: str) -> TensorLike:
     """Stacks one component of several elements into a batch.
 
     Raises:
@@ -187,14 +191,14 @@ def unstack_count(element_leaves: Sequence[Any], what: str) -> int:
     return sizes[0] if sizes else 0
 
 
-def close_iterator(iterator: Any) -> None:
+def close_iterator(iterator: object) -> None:
     """Closes a generator early, so that nodes upstream release threads and files."""
     close = getattr(iterator, "close", None)
     if close is not None:
         close()
 
 
-def sample_element(dataset: Dataset, operation: str) -> Any:
+def sample_element(dataset: Dataset, operation: str) -> Nest:
     """What a user function is traced with: ``dataset``'s first element, else zeros of its spec.
 
     TensorFlow learns a function's output structure by tracing it symbolically; towerdist
@@ -210,7 +214,7 @@ def sample_element(dataset: Dataset, operation: str) -> Any:
         close_iterator(source)
 
 
-def placeholder_element(spec: Any, operation: str) -> Any:
+def placeholder_element(spec: ElementSpec, operation: str) -> Nest:
     """A zero-valued element of ``spec``: what ``map_func`` is traced with when the input is empty."""
     if spec is None:
         raise ValueError(
@@ -218,7 +222,7 @@ def placeholder_element(spec: Any, operation: str) -> Any:
             f"decided by user code. Give from_generator an output_signature."
         )
 
-    def zeros(s: TensorSpec) -> Any:
+    def zeros(s: TensorSpec) -> TensorLike:
         if s.shape is None:
             raise ValueError(
                 f"Cannot determine the element_spec of Dataset.{operation}(): its input is empty and has a "

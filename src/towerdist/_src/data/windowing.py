@@ -31,11 +31,12 @@ from towerdist._src.data.cursor import Cursor, Saved, State
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.padding import int_argument, pad_batch, padded_spec, plan_padding, up_to
 from towerdist._src.data.saved_errors import restore_error, save_error
-from towerdist._src.data.spec import DatasetSpec, TensorSpec, dtype_name, structure_of, unknown_sizes
+from towerdist._src.data.spec import DatasetSpec, ElementSpec, TensorSpec, dtype_name, structure_of, unknown_sizes
 from towerdist._src.data.structure import call_with_element
 from towerdist._src.data.transforms import stack_elements
 from towerdist._src.errors import InternalError, InvalidArgumentError
 from towerdist._src.failures import name_api, unworded, worded_at
+from towerdist._src.type_aliases import Nest
 
 __all__ = [
     "BucketBySequenceLengthDataset",
@@ -56,7 +57,7 @@ class ElementsDataset(Dataset):
     elements and spec.
     """
 
-    def __init__(self, elements: Sequence[Any], spec: Any) -> None:
+    def __init__(self, elements: Sequence[Nest], spec: ElementSpec) -> None:
         self._elements = list(elements)
         self._element_spec = spec
 
@@ -72,7 +73,7 @@ class ElementsDataset(Dataset):
         state.position = len(self._elements) - operator.length_hint(state._rest)
         return super()._save_state(state)
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         return self._element_spec
 
     def _cardinality(self) -> int:
@@ -91,7 +92,7 @@ state_codec.register(
 
 
 class WindowDataset(Dataset):
-    def __init__(self, input_dataset: Dataset, size: Any, shift: Any, stride: Any, drop_remainder: bool) -> None:
+    def __init__(self, input_dataset: Dataset, size: int, shift: int | None, stride: int, drop_remainder: bool) -> None:
         self._inputs = (input_dataset,)
         self._size = int_argument(size, "size")
         self._shift = self._size if shift is None else int_argument(shift, "shift")
@@ -160,7 +161,7 @@ class WindowDataset(Dataset):
     def _state_params(self) -> dict[str, Any]:
         return {"size": self._size, "shift": self._shift, "stride": self._stride}
 
-    def _window(self, elements: list[Any], static: Any) -> Any:
+    def _window(self, elements: list[Nest], static: ElementSpec) -> Nest:
         spec = static if static is not None else unknown_sizes(structure_of(elements[0]))
         first = elements[0]
         if not nest.is_nested(first):
@@ -169,7 +170,7 @@ class WindowDataset(Dataset):
         specs, treespec = nest.flatten(spec)
         return treespec.unflatten([ElementsDataset(list(column), s) for column, s in zip(columns, specs, strict=True)])
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         spec = self._inputs[0]._spec(probe)
         if spec is None:
             return None
@@ -189,7 +190,7 @@ class WindowDataset(Dataset):
 # --- group_by_window -------------------------------------------------------------------------
 
 
-def _int64_scalar(value: Any, what: str) -> int:
+def _int64_scalar(value: object, what: str) -> int:
     """An int64 scalar result of a user function (a Python int converts, as in TensorFlow)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -214,13 +215,13 @@ class _Grouping(Dataset):
 
     _api: str
 
-    def _key(self, element: Any) -> int:
+    def _key(self, element: Nest) -> int:
         raise NotImplementedError
 
     def _size_for(self, key: int) -> int:
         raise NotImplementedError
 
-    def _reduce(self, state: State, key: int, elements: list[Any], spec: Any) -> Iterator[Any]:
+    def _reduce(self, state: State, key: int, elements: list[Nest], spec: ElementSpec) -> Iterator[Any]:
         """What the window ``elements`` of ``key`` becomes (a reduction that outlives one element
         keeps its position in ``state``, as any pass does)."""
         raise NotImplementedError
@@ -293,7 +294,7 @@ class _Grouping(Dataset):
         return INFINITE if self._inputs[0]._cardinality() == INFINITE else UNKNOWN
 
 
-def _window_spec(static: Any, window: list[Any]) -> Any:
+def _window_spec(static: ElementSpec, window: list[Nest]) -> ElementSpec:
     """The element spec of a window: the input's, or (unknown statically) the ranks and dtypes of its elements."""
     return static if static is not None else unknown_sizes(structure_of(window[0]))
 
@@ -304,7 +305,7 @@ class GroupByWindowDataset(_Grouping):
         input_dataset: Dataset,
         key_func: Callable[..., Any],
         reduce_func: Callable[[Any, Dataset], Any],
-        window_size: Any,
+        window_size: int | None,
         window_size_func: Callable[[Any], Any] | None,
     ) -> None:
         self._api = "Dataset.group_by_window()"
@@ -324,7 +325,7 @@ class GroupByWindowDataset(_Grouping):
         self._window_size = None if window_size is None else int_argument(window_size, "window_size")
         self._window_size_func = window_size_func
 
-    def _key(self, element: Any) -> int:
+    def _key(self, element: Nest) -> int:
         return _int64_scalar(call_with_element(self._key_func, element), "key_func")
 
     def _size_for(self, key: int) -> int:
@@ -332,7 +333,7 @@ class GroupByWindowDataset(_Grouping):
             return self._window_size  # type: ignore[return-value]  # set when the function is not (__init__)
         return _int64_scalar(self._window_size_func(np.int64(key)), "window_size_func")
 
-    def _reduce(self, state: State, key: int, elements: list[Any], spec: Any) -> Iterator[Any]:
+    def _reduce(self, state: State, key: int, elements: list[Nest], spec: ElementSpec) -> Iterator[Any]:
         state.reducing = (key, elements)
         return self._drain(state, state.open(self._reduction(key, elements, spec), "reduce"))
 
@@ -359,7 +360,7 @@ class GroupByWindowDataset(_Grouping):
         state.reducing = None
         state.drop("reduce")
 
-    def _reduction(self, key: int, elements: list[Any], spec: Any) -> Dataset:
+    def _reduction(self, key: int, elements: list[Nest], spec: ElementSpec) -> Dataset:
         """The dataset ``reduce_func`` makes of the window ``elements`` of ``key``."""
         result = self._reduce_func(np.int64(key), ElementsDataset(elements, spec))
         if not isinstance(result, Dataset):
@@ -374,7 +375,7 @@ class GroupByWindowDataset(_Grouping):
     def _state_params(self) -> dict[str, Any]:
         return {} if self._window_size is None else {"window_size": self._window_size}
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         spec = self._inputs[0]._spec(probe=False)
         if spec is not None:
             # TensorFlow learns the result spec by tracing reduce_func on a symbolic window;
@@ -395,7 +396,7 @@ class GroupByWindowDataset(_Grouping):
 # --- bucket_by_sequence_length ---------------------------------------------------------------
 
 
-def _length_of(value: Any) -> int:
+def _length_of(value: object) -> int:
     """The int32 length an element_length_func returned (a Python int converts to int32)."""
     if isinstance(value, int) and not isinstance(value, bool):
         if not -(2**31) <= value < 2**31:
@@ -424,8 +425,8 @@ class BucketBySequenceLengthDataset(_Grouping):
         element_length_func: Callable[..., Any],
         bucket_boundaries: Sequence[Any],
         bucket_batch_sizes: Sequence[Any],
-        padded_shapes: Any,
-        padding_values: Any,
+        padded_shapes: Nest,
+        padding_values: Nest,
         pad_to_bucket_boundary: bool,
         no_padding: bool,
         drop_remainder: bool,
@@ -454,7 +455,7 @@ class BucketBySequenceLengthDataset(_Grouping):
         if spec is not None and not self._no_padding:
             plan_padding(spec, padded_shapes, padding_values)  # bad arguments fail now, as in TensorFlow
 
-    def _key(self, element: Any) -> int:
+    def _key(self, element: Nest) -> int:
         length = _length_of(call_with_element(self._length_func, element))
         # TensorFlow's rule: the first bucket i with lower[i] <= length < upper[i], the lower
         # bounds being (-inf, *boundaries) and the upper ones (*boundaries, +inf). For sorted
@@ -475,7 +476,7 @@ class BucketBySequenceLengthDataset(_Grouping):
     def _state_params(self) -> dict[str, Any]:
         return {"bucket_boundaries": self._boundaries, "bucket_batch_sizes": self._batch_sizes}
 
-    def _reduce(self, state: State, key: int, elements: list[Any], spec: Any) -> Iterator[Any]:
+    def _reduce(self, state: State, key: int, elements: list[Nest], spec: ElementSpec) -> Iterator[Any]:
         filler = None
         if self._pad_to_boundary and not self._no_padding:
             if key >= len(self._boundaries):
@@ -503,7 +504,7 @@ class BucketBySequenceLengthDataset(_Grouping):
         plans, treespec = plan_padding(spec, self._shapes_for(spec, filler), self._padding_values)
         yield pad_batch(elements, plans, treespec)
 
-    def _shapes_for(self, spec: Any, filler: int | None) -> Any:
+    def _shapes_for(self, spec: ElementSpec, filler: int | None) -> Nest:
         """The padded shapes of one bucket: with pad_to_bucket_boundary, unknown sizes become ``filler``."""
         if filler is None:
             return self._padded_shapes
@@ -524,7 +525,7 @@ class BucketBySequenceLengthDataset(_Grouping):
             filled.append([filler if d is None or d == -1 else d for d in entry])
         return treespec.unflatten(filled)
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         static = self._inputs[0]._spec(probe=False)
         spec = static if static is not None else self._inputs[0]._spec(probe)
         if spec is None:
@@ -542,7 +543,7 @@ class BucketBySequenceLengthDataset(_Grouping):
 def experimental_group_by_window(
     key_func: Callable[..., Any],
     reduce_func: Callable[[Any, Dataset], Dataset],
-    window_size: Any = None,
+    window_size: int | None = None,
     window_size_func: Callable[[Any], Any] | None = None,
 ) -> Callable[[Dataset], Dataset]:
     """``tf.data.experimental.group_by_window``: a transformation for ``Dataset.apply``.
@@ -558,8 +559,8 @@ def experimental_bucket_by_sequence_length(
     element_length_func: Callable[..., Any],
     bucket_boundaries: Sequence[Any],
     bucket_batch_sizes: Sequence[Any],
-    padded_shapes: Any = None,
-    padding_values: Any = None,
+    padded_shapes: Nest = None,
+    padding_values: Nest = None,
     pad_to_bucket_boundary: bool = False,
     no_padding: bool = False,
     drop_remainder: bool = False,
@@ -586,5 +587,5 @@ def experimental_bucket_by_sequence_length(
 class _ArgumentCheck(Dataset):
     """A stand-in input of unknown spec, to check a transformation's arguments before it is applied."""
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         return None

@@ -78,7 +78,7 @@ class DaemonPool:
         self._shut = False
         _pools.add(self)
 
-    def submit(self, fn: Callable[..., T], /, *args: Any) -> Future[T]:
+    def submit(self, fn: Callable[..., T], /, *args: object) -> Future[T]:
         """Runs ``fn(*args)`` on a pool thread; its outcome lands in the returned future."""
         future: Future[T] = Future()
         with self._lock:
