@@ -24,10 +24,11 @@ from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.node import GatherPlan
 from towerdist._src.data.saved_errors import raise_saved_error, restore_error, save_error
 from towerdist._src.data.seeds import Seeded
-from towerdist._src.data.spec import TensorSpec, spec_with_batch
+from towerdist._src.data.spec import ElementSpec, TensorSpec, spec_with_batch
 from towerdist._src.data.structure import read_only_element, stack, unstack_count
 from towerdist._src.errors import DataLossError, InvalidArgumentError, NotFoundError, PermissionDeniedError
 from towerdist._src.failures import unworded
+from towerdist._src.type_aliases import Nest
 
 __all__ = [
     "batched_cardinality",
@@ -69,7 +70,7 @@ def batched_cardinality(n: int, size: int, drop_remainder: bool) -> int:
     return n // size if drop_remainder else -(-n // size)
 
 
-def _int_arg(value: Any, name: str) -> int:
+def _int_arg(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu":
             return int(value)
@@ -91,7 +92,7 @@ class _Transparent(Dataset):
 # --- batching --------------------------------------------------------------------------------
 
 
-def stack_elements(elements: Sequence[Any], what: str = "batch") -> Any:
+def stack_elements(elements: Sequence[Nest], what: str = "batch") -> Nest:
     """Stacks elements of one structure component-wise."""
     first = elements[0]
     if not isinstance(first, (tuple, dict)):
@@ -112,7 +113,7 @@ def stack_elements(elements: Sequence[Any], what: str = "batch") -> Any:
 
 
 class BatchDataset(Dataset):
-    def __init__(self, input_dataset: Dataset, batch_size: Any, drop_remainder: bool) -> None:
+    def __init__(self, input_dataset: Dataset, batch_size: int, drop_remainder: bool) -> None:
         self._inputs = (input_dataset,)
         self._size = _int_arg(batch_size, "batch_size")
         if self._size <= 0:
@@ -154,7 +155,7 @@ class BatchDataset(Dataset):
         finally:
             source.close()
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         spec = self._inputs[0]._spec(probe)
         return None if spec is None else spec_with_batch(spec, self._size if self._drop else None)
 
@@ -211,7 +212,7 @@ class UnbatchDataset(Dataset):
         finally:
             source.close()
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         spec = self._inputs[0]._spec(probe)
         if spec is None:
             return None
@@ -320,7 +321,7 @@ class RowCutter:
             yield piece
 
 
-def _rows_of(element: Any) -> int:
+def _rows_of(element: Nest) -> int:
     return unstack_count(nest.flatten(element)[0], "rebatch")
 
 
@@ -343,7 +344,7 @@ def _take_rows(pending: list[tuple[list[Any], int, int]], count: int, template: 
 
 
 class RebatchDataset(Dataset):
-    def __init__(self, input_dataset: Dataset, batch_size: Any, drop_remainder: bool) -> None:
+    def __init__(self, input_dataset: Dataset, batch_size: int | Sequence[int], drop_remainder: bool) -> None:
         self._inputs = (input_dataset,)
         raw = list(batch_size) if isinstance(batch_size, (list, tuple, np.ndarray)) else [batch_size]
         self._sizes = [_int_arg(s, "batch_size") for s in raw]
@@ -370,7 +371,7 @@ class RebatchDataset(Dataset):
         state.cutter = state._cutter.position()
         return super()._save_state(state)
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         spec = self._inputs[0]._spec(probe)
         if spec is None:
             return None
@@ -379,7 +380,7 @@ class RebatchDataset(Dataset):
             lambda s: TensorSpec(None if s.shape is None else (static, *s.shape[1:]), s.dtype), spec
         )
 
-    def _static_batch(self, input_spec: Any) -> int | None:
+    def _static_batch(self, input_spec: ElementSpec) -> int | None:
         """The output's static batch size (TensorFlow's rule), or None where batches may differ.
 
         One size repeated, and no partial batch possible: with ``drop_remainder``, or where every
@@ -408,7 +409,9 @@ class RebatchDataset(Dataset):
 
 
 class ShuffleDataset(Seeded, _Transparent):
-    def __init__(self, input_dataset: Dataset, buffer_size: Any, seed: Any, reshuffle_each_iteration: bool) -> None:
+    def __init__(
+        self, input_dataset: Dataset, buffer_size: int, seed: int | None, reshuffle_each_iteration: bool
+    ) -> None:
         self._inputs = (input_dataset,)
         self._buffer_size = _int_arg(buffer_size, "buffer_size")
         # TensorFlow accepts UNKNOWN_CARDINALITY (-2) too: the buffer then holds every element.
@@ -491,7 +494,7 @@ class ShuffleDataset(Seeded, _Transparent):
 
 
 class RepeatDataset(_Transparent):
-    def __init__(self, input_dataset: Dataset, count: Any) -> None:
+    def __init__(self, input_dataset: Dataset, count: int | None) -> None:
         self._inputs = (input_dataset,)
         self._count = -1 if count is None else _int_arg(count, "count")
         if self._count < -1:
@@ -524,7 +527,7 @@ class RepeatDataset(_Transparent):
 
 
 class TakeDataset(_Transparent):
-    def __init__(self, input_dataset: Dataset, count: Any) -> None:
+    def __init__(self, input_dataset: Dataset, count: int) -> None:
         self._inputs = (input_dataset,)
         self._count = _int_arg(count, "count")
         if self._count < -1:
@@ -558,7 +561,7 @@ class TakeDataset(_Transparent):
 
 
 class SkipDataset(_Transparent):
-    def __init__(self, input_dataset: Dataset, count: Any) -> None:
+    def __init__(self, input_dataset: Dataset, count: int) -> None:
         self._inputs = (input_dataset,)
         self._count = _int_arg(count, "count")
         if self._count < -1:
@@ -589,7 +592,7 @@ class SkipDataset(_Transparent):
 
 
 class ShardDataset(_Transparent):
-    def __init__(self, input_dataset: Dataset, num_shards: Any, index: Any) -> None:
+    def __init__(self, input_dataset: Dataset, num_shards: int, index: int) -> None:
         self._inputs = (input_dataset,)
         self._num_shards = _int_arg(num_shards, "num_shards")
         self._index = _int_arg(index, "index")
@@ -653,7 +656,7 @@ _INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max
 
 
 class EnumerateDataset(Dataset):
-    def __init__(self, input_dataset: Dataset, start: Any) -> None:
+    def __init__(self, input_dataset: Dataset, start: int) -> None:
         self._inputs = (input_dataset,)
         self._start = _int_arg(start, "start")
         if not _INT64_MIN <= self._start <= _INT64_MAX:
@@ -679,7 +682,7 @@ class EnumerateDataset(Dataset):
         n = self._inputs[0]._cardinality()
         return min(n, _INT64_MAX - self._start) if n >= 0 else n
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> ElementSpec:
         spec = self._inputs[0]._spec(probe)
         return None if spec is None else (TensorSpec((), np.int64), spec)
 
