@@ -49,7 +49,7 @@ VERSION = "14.2.0+simulated"
 VERSION_13 = "13.6.0+simulated"  # cupy_major=13: NCCL unique ids are tuples of signed ints
 
 
-def owns(value: Any) -> bool:
+def owns(value: object) -> bool:
     """True if ``value`` is an array of a simulated GPU."""
     return isinstance(value, SimulatedArray)
 
