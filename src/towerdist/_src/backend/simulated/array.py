@@ -33,13 +33,14 @@ simulated implementation (``__array_ufunc__``, ``__array_function__``). Reductio
 from __future__ import annotations
 
 import copy as copy_module
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from towerdist._src.backend.simulated.cuda import Machine, SimulatedGPUError, StreamKey, Work
+from towerdist._src.backend.simulated.cuda import Machine, SimulatedGPUError, Stream, StreamKey, Work
 from towerdist._src.backend.simulated.memory import Memory, MemoryPointer, PinnedMemoryPointer, pinned_base
+from towerdist._src.type_aliases import DTypeLike, TensorLike
 
 __all__ = ["Flags", "LaunchMode", "SimulatedArray", "array_type", "function_mode", "launch", "new_array"]
 
@@ -70,7 +71,7 @@ class Flags:
         return f"  C_CONTIGUOUS : {self.c_contiguous}\n  F_CONTIGUOUS : {self.f_contiguous}\n  OWNDATA : {self.owndata}"
 
 
-def _should_use_rop(x: Any, y: Any) -> bool:
+def _should_use_rop(x: object, y: object) -> bool:
     """cupy's rule for deferring a binary operator to the right operand (``core.pyx``)."""
     y_ufunc = getattr(y, "__array_ufunc__", _MISSING)
     if y_ufunc is not _MISSING:
@@ -84,17 +85,17 @@ _MISSING = object()
 def _binary(ufunc: np.ufunc) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
     """The forward, reflected and in-place operators of ``ufunc``, dispatched as cupy does."""
 
-    def forward(self: SimulatedArray, other: Any) -> Any:
+    def forward(self: SimulatedArray, other: TensorLike) -> Any:
         if isinstance(other, SimulatedArray) or not _should_use_rop(self, other):
             return ufunc(self, other)  # through numpy's dispatch to __array_ufunc__
         return NotImplemented
 
-    def reflected(self: SimulatedArray, other: Any) -> Any:
+    def reflected(self: SimulatedArray, other: TensorLike) -> Any:
         if _should_use_rop(self, other):
             return NotImplemented
         return ufunc(other, self)
 
-    def inplace(self: SimulatedArray, other: Any) -> Any:
+    def inplace(self: SimulatedArray, other: TensorLike) -> Any:
         return ufunc(self, other, out=self)
 
     return forward, reflected, inplace
@@ -108,7 +109,7 @@ def _unary(ufunc: np.ufunc) -> Callable[[SimulatedArray], Any]:
 
 
 def _compare(ufunc: np.ufunc) -> Callable[[SimulatedArray, Any], Any]:
-    def apply(self: SimulatedArray, other: Any) -> Any:
+    def apply(self: SimulatedArray, other: TensorLike) -> Any:
         if isinstance(other, SimulatedArray) or not _should_use_rop(self, other):
             return ufunc(self, other)
         return NotImplemented
@@ -134,7 +135,12 @@ class SimulatedArray:
     _base: SimulatedArray | None
 
     def __init__(
-        self, shape: Any, dtype: Any = float, memptr: Any = None, strides: Any = None, order: str = "C"
+        self,
+        shape: int | Sequence[int],
+        dtype: DTypeLike = float,
+        memptr: MemoryPointer | None = None,
+        strides: Sequence[int] | None = None,
+        order: str = "C",
     ) -> None:
         if memptr is not None:
             memory, offset = memptr.mem, memptr.ptr - memptr.mem.ptr
@@ -179,7 +185,7 @@ class SimulatedArray:
         return self._array.shape
 
     @shape.setter
-    def shape(self, value: Any) -> None:
+    def shape(self, value: int | Sequence[int]) -> None:
         self._array.shape = value
 
     @property
@@ -232,7 +238,7 @@ class SimulatedArray:
 
     # --- host transfers --------------------------------------------------------------------
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         raise TypeError(
             "Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a NumPy "
             "array explicitly. (simulated GPU: like cupy, a simulated GPU array never turns into a host array "
@@ -240,7 +246,7 @@ class SimulatedArray:
         )
 
     def get(
-        self, stream: Any = None, order: str = "C", out: np.ndarray | None = None, blocking: bool = True
+        self, stream: Stream | None = None, order: str = "C", out: np.ndarray | None = None, blocking: bool = True
     ) -> np.ndarray:
         """Copies the array to the host (blocking: after the queued work that writes it).
 
@@ -251,7 +257,7 @@ class SimulatedArray:
         return self._download("ndarray.get", stream, order, out, blocking)
 
     def _download(
-        self, call: str, stream: Any = None, order: str = "C", out: np.ndarray | None = None, blocking: bool = True
+        self, call: str, stream: Stream | None = None, order: str = "C", out: np.ndarray | None = None, blocking: bool = True
     ) -> np.ndarray:
         machine = self._machine
         key = machine.stream_key(stream, self._memory.device_id)
@@ -273,7 +279,7 @@ class SimulatedArray:
         out[...] = self._array
         return out
 
-    def set(self, arr: np.ndarray, stream: Any = None) -> None:
+    def set(self, arr: np.ndarray, stream: Stream | None = None) -> None:
         """Copies the host array ``arr`` (same dtype and shape) into this array (an upload: not a host synchronisation).
 
         From pinned memory (``cupy.cuda.alloc_pinned_memory``) with a ``stream`` the copy is
@@ -301,7 +307,7 @@ class SimulatedArray:
         self._array[...] = arr
         machine.mark_written(key, [self._memory], "ndarray.set()")
 
-    def item(self, *args: Any) -> Any:
+    def item(self, *args: int) -> Any:
         """The element as a Python scalar (a blocking copy to the host)."""
         return self._download("ndarray.item").item(*args)
 
@@ -360,7 +366,9 @@ class SimulatedArray:
         machine.mark_accessed(key, [source._memory], what)
         return copied
 
-    def astype(self, dtype: Any, order: str = "K", casting: Any = None, subok: Any = None, copy: bool = True) -> Any:
+    def astype(
+        self, dtype: DTypeLike, order: str = "K", casting: str | None = None, subok: bool | None = None, copy: bool = True
+    ) -> Any:
         """The array cast to ``dtype`` (a kernel on the current device unless no copy is needed)."""
         dtype = np.dtype(dtype)
         if not copy and dtype == self.dtype and _order_satisfied(self._array, order):
@@ -373,12 +381,12 @@ class SimulatedArray:
             kwargs["casting"] = casting
         return launch(self._machine, np.ndarray.astype, (self, dtype), kwargs, "cupy.ndarray.astype")
 
-    def view(self, dtype: Any = None) -> SimulatedArray:
+    def view(self, dtype: DTypeLike | None = None) -> SimulatedArray:
         """A view of the same memory, optionally reinterpreted as ``dtype``."""
         array: np.ndarray = self._array.view() if dtype is None else self._array.view(dtype)
         return self._view(array)
 
-    def reshape(self, *shape: Any, order: str = "C") -> Any:
+    def reshape(self, *shape: int | Sequence[int], order: str = "C") -> Any:
         """A view with a new shape (a copy on the current device if the layout needs one)."""
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
@@ -387,7 +395,7 @@ class SimulatedArray:
     def ravel(self, order: str = "C") -> Any:
         return launch(self._machine, np.ravel, (self,), {"order": order}, "cupy.ndarray.ravel", mode="view")
 
-    def transpose(self, *axes: Any) -> Any:
+    def transpose(self, *axes: int | Sequence[int] | None) -> Any:
         if len(axes) == 1 and (axes[0] is None or isinstance(axes[0], (tuple, list))):
             axes = () if axes[0] is None else tuple(axes[0])
         return self._view(self._array.transpose(*axes))
@@ -395,13 +403,13 @@ class SimulatedArray:
     def swapaxes(self, axis1: int, axis2: int) -> SimulatedArray:
         return self._view(self._array.swapaxes(axis1, axis2))
 
-    def squeeze(self, axis: Any = None) -> SimulatedArray:
+    def squeeze(self, axis: int | tuple[int, ...] | None = None) -> SimulatedArray:
         return self._view(self._array.squeeze(axis))
 
     def flatten(self, order: str = "C") -> Any:
         return launch(self._machine, np.ndarray.flatten, (self,), {"order": order}, "cupy.ndarray.flatten")
 
-    def fill(self, value: Any) -> None:
+    def fill(self, value: complex | np.generic) -> None:
         """Sets every element to the scalar ``value`` (a kernel on the current device)."""
         launch(self._machine, np.ndarray.fill, (self, value), {}, "cupy.ndarray.fill")
 
@@ -419,19 +427,19 @@ class SimulatedArray:
             raise AttributeError(f"'cupy.ndarray' (simulated GPU array) has no attribute {name!r}")
         machine = self._machine
 
-        def call(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: object, **kwargs: object) -> Any:
             return launch(machine, method, (self, *args), kwargs, f"cupy.ndarray.{name}")
 
         return call
 
     # --- indexing ----------------------------------------------------------------------------
 
-    def __getitem__(self, key: Any) -> Any:
+    def __getitem__(self, key: object) -> Any:
         # Basic indexing is a view (no kernel, any device); advanced indexing is a kernel. Index
         # arrays may be numpy arrays (cupy uploads them).
         return launch(self._machine, _getitem, (self, key), {}, "cupy.ndarray.__getitem__", mode="view", host_ok=True)
 
-    def __setitem__(self, key: Any, value: Any) -> None:
+    def __setitem__(self, key: object, value: TensorLike) -> None:
         launch(self._machine, _setitem, (self, key, value), {}, "cupy.ndarray.__setitem__", host_ok=True)
 
     def __len__(self) -> int:
@@ -439,14 +447,14 @@ class SimulatedArray:
             raise TypeError("len() of unsized object")
         return int(self.shape[0])
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[Any]:
         if self.ndim == 0:
             raise TypeError("iteration over a 0-d array")
         return (self[i] for i in range(self.shape[0]))
 
     # --- numpy protocols ---------------------------------------------------------------------
 
-    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: TensorLike, **kwargs: object) -> Any:
         if method not in ("__call__", "outer", "at", "reduce", "accumulate", "reduceat"):
             return NotImplemented
         out = kwargs.get("out")
@@ -461,7 +469,9 @@ class SimulatedArray:
         name = f"cupy.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
         return launch(self._machine, func, inputs, kwargs, name)
 
-    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+    def __array_function__(
+        self, func: Callable[..., Any], types: Collection[type], args: Sequence[object], kwargs: dict[str, object]
+    ) -> Any:
         if not all(issubclass(t, (SimulatedArray, np.ndarray)) for t in types):
             return NotImplemented
         name = getattr(func, "__name__", "function")
@@ -504,7 +514,7 @@ def _getitem(array: np.ndarray, key: Any) -> Any:
     return array[(*keys, Ellipsis)]
 
 
-def _setitem(array: np.ndarray, key: Any, value: Any) -> None:
+def _setitem(array: np.ndarray, key: Any, value: TensorLike) -> None:
     array[key] = value
 
 
@@ -671,13 +681,13 @@ def _written_memories(func: Callable[..., Any], args: Sequence[Any], kwargs: dic
     return list({id(t._memory): t._memory for t in targets if isinstance(t, SimulatedArray)}.values())
 
 
-def _has_new_array(result: Any, memories: list[Memory]) -> bool:
+def _has_new_array(result: TensorLike, memories: list[Memory]) -> bool:
     if isinstance(result, SimulatedArray):
         return not any(result._memory is m for m in memories)
     return type(result) in (list, tuple) and any(_has_new_array(r, memories) for r in result)
 
 
-def _unwrap(value: Any, operands: list[SimulatedArray], name: str, host_ok: bool) -> Any:
+def _unwrap(value: TensorLike, operands: list[SimulatedArray], name: str, host_ok: bool) -> TensorLike:
     if isinstance(value, SimulatedArray):
         operands.append(value)
         return value._array
@@ -706,8 +716,8 @@ def _check_devices(operands: list[SimulatedArray], device: int, name: str) -> No
 
 
 def _wrap_result(
-    machine: Machine, result: Any, operands: list[SimulatedArray], device: int, name: str, mode: LaunchMode
-) -> Any:
+    machine: Machine, result: TensorLike, operands: list[SimulatedArray], device: int, name: str, mode: LaunchMode
+) -> TensorLike:
     if isinstance(result, np.ndarray):
         for operand in operands:
             if result is operand._array:
