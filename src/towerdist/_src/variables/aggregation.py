@@ -44,7 +44,7 @@ from towerdist._src.values.regroup import regroup, select_replica
 from towerdist._src.variable_enums import VariableAggregation
 from towerdist._src.variables.scatter import Scatter
 from towerdist._src.variables.sliced import describe_write
-from towerdist._src.variables.variable import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, ResourceVariable, WriteOp
+from towerdist._src.variables.variable import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, ResourceVariable, WriteOp, WriteResult
 
 if TYPE_CHECKING:  # the distributed variables import this module; the strategies build on the variables
     from towerdist._src.strategies.strategy import Strategy
@@ -70,7 +70,7 @@ def aggregation_error(variable_type: str, name: str) -> ValueError:
     )
 
 
-def write_in_replica(variable: AggregatedVariable, op: WriteOp, value: TensorLike, read_value: bool) -> Any:
+def write_in_replica(variable: AggregatedVariable, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
     """Replica-context ``variable.<op>(value)``: aggregate across replicas, then write."""
     api = describe_write(type(variable).__name__, op)
     if variable.aggregation is VariableAggregation.NONE:

@@ -46,6 +46,7 @@ from towerdist._src.variables.variable import (
     ResourceVariable,
     Variable,
     WriteOp,
+    WriteResult,
     to_array,
     unread,
 )
@@ -124,10 +125,10 @@ class DistributedVariable(DistributedValues, Variable):
             return self._components[replica_id].value()
         return self._read_cross_replica()
 
-    def _read_cross_replica(self) -> Any:
+    def _read_cross_replica(self) -> TensorLike:
         raise NotImplementedError
 
-    def _get_cross_replica(self) -> Any:
+    def _get_cross_replica(self) -> TensorLike:
         return self._read_cross_replica()
 
     def _component_here(self) -> ResourceVariable:
@@ -140,7 +141,7 @@ class DistributedVariable(DistributedValues, Variable):
 
     # --- writes ---------------------------------------------------------------------------
 
-    def _write(self, op: WriteOp, value: TensorLike, read_value: bool) -> Any:
+    def _write(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         self._check_strategy(describe_write("", op).lstrip("."))
         component = self._update_component()
         if component is not None:
@@ -150,7 +151,7 @@ class DistributedVariable(DistributedValues, Variable):
             return self._write_in_replica(op, value, read_value)
         return self._write_cross_replica(op, value, read_value)
 
-    def _write_in_replica(self, op: WriteOp, value: TensorLike, read_value: bool) -> Any:
+    def _write_in_replica(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         raise NotImplementedError
 
     def _api(self, method: str) -> str:
@@ -165,7 +166,7 @@ class DistributedVariable(DistributedValues, Variable):
                 f"copy.{method}(...))."
             )
 
-    def _write_cross_replica(self, op: WriteOp, value: TensorLike, read_value: bool) -> Any:
+    def _write_cross_replica(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         """Writes ``value`` to every component (a distributed value component-wise)."""
         try:
             parts = split_for_replicas(value, len(self._components), "value")
@@ -181,7 +182,7 @@ class DistributedVariable(DistributedValues, Variable):
             return unread(self)
         return self._write_result()
 
-    def _write_result(self) -> Any:
+    def _write_result(self) -> WriteResult:
         """What a write returns when asked to read the value, as TensorFlow's grouped update.
 
         Several components: every component's new value (a ``Mirrored``). One component
@@ -268,10 +269,10 @@ class MirroredVariable(DistributedVariable):
                 f"aggregation=td.VariableAggregation.ONLY_FIRST_REPLICA (or NONE), or use scatter_add()."
             )
 
-    def _read_cross_replica(self) -> Any:
+    def _read_cross_replica(self) -> TensorLike:
         return self._get_on_device_or_primary().value()
 
-    def _write_in_replica(self, op: WriteOp, value: TensorLike, read_value: bool) -> Any:
+    def _write_in_replica(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         if self._aggregation is VariableAggregation.NONE:
             # The replica's own component only. Components on logical CPUs may share one
             # (immutable) buffer; the write swaps in a new buffer for this component alone.
@@ -297,7 +298,7 @@ class SyncOnReadVariable(DistributedVariable):
             f"assign()/assign_add() inside strategy.run(), or use a variable with synchronization=ON_WRITE."
         )
 
-    def _read_cross_replica(self) -> Any:
+    def _read_cross_replica(self) -> TensorLike:
         if self._aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
             extended = self._distribute_strategy.extended
             if extended._num_workers == 1:
@@ -306,10 +307,10 @@ class SyncOnReadVariable(DistributedVariable):
         op = ReduceOp.from_variable_aggregation(self._aggregation)
         return self._distribute_strategy.extended._reduce(op, self)
 
-    def _write_in_replica(self, op: WriteOp, value: TensorLike, read_value: bool) -> Any:
+    def _write_in_replica(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         return self._component_here()._write(op, value, read_value)
 
-    def _write_cross_replica(self, op: WriteOp, value: TensorLike, read_value: bool) -> Any:
+    def _write_cross_replica(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         if self._aggregation is VariableAggregation.SUM:
             if op in (ASSIGN_ADD, ASSIGN_SUB):
                 raise ValueError(

@@ -15,6 +15,7 @@ aggregation in replica context, all-or-nothing across components).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,7 +25,7 @@ from towerdist._src.type_aliases import Array, HostArray, TensorLike
 
 if TYPE_CHECKING:  # the variables import this module: only their types are named here
     from towerdist._src.variables.scatter import Scatter
-    from towerdist._src.variables.variable import Variable
+    from towerdist._src.variables.variable import Variable, WriteResult
 
 __all__ = ["SliceAssign", "VariableSlice", "describe_write", "slice_of"]
 
@@ -126,7 +127,7 @@ class VariableSlice(np.ndarray):
         return self.view(np.ndarray).__reduce__()
 
     @property
-    def assign(self) -> Any:
+    def assign(self) -> Callable[..., WriteResult]:
         """``assign(value, name=None)``: writes ``value`` to the elements this array was read from.
 
         Returns what ``variable.assign`` returns (the variable, read when used; for a
@@ -145,7 +146,7 @@ class VariableSlice(np.ndarray):
             )
         return self._assign
 
-    def _assign(self, val: TensorLike, name: str | None = None) -> Any:
+    def _assign(self, val: TensorLike, name: str | None = None) -> WriteResult:
         del name  # a graph-mode op name: accepted for TensorFlow compatibility
         return self._variable._write(SliceAssign(self._key), val, True)
 

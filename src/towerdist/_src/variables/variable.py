@@ -25,7 +25,7 @@ import copy
 import operator
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
@@ -47,10 +47,20 @@ if TYPE_CHECKING:
     from towerdist._src.indexed_slices import IndexedSlices
     from towerdist._src.strategies.strategy import Strategy
 
-__all__ = ["ResourceVariable", "UnreadVariable", "Variable", "VariableRef", "WriteOp", "adopt_shared", "to_array", "unread"]
+__all__ = [
+    "ResourceVariable", "UnreadVariable", "Variable", "VariableRef", "WriteOp", "WriteResult", "adopt_shared", "to_array",
+    "unread",
+]  # fmt: skip
 
 # A write of the write protocol: a method name below, a sliced assign or a scatter.
 WriteOp = str | SliceAssign | Scatter
+
+# What a write returns: the variable read when used (an UnreadVariable), None with
+# read_value=False, or, for a distributed variable written in cross-replica context (or with
+# aggregation in replica context), its components' new values (a Mirrored, as TensorFlow's
+# grouped update returns). It stays Any, as TensorLike does: code chains writes and reads the
+# result without asking which it got (``v.assign(x).numpy()``), as in TensorFlow.
+WriteResult: TypeAlias = Any
 
 # The write operations every variable supports, by method name.
 ASSIGN = "assign"
@@ -162,7 +172,7 @@ class Variable(ArrayOperators, metaclass=_VariableMeta):
         """The current value as an array (a snapshot: later writes do not change it)."""
         raise NotImplementedError
 
-    def assign(self, value: TensorLike, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
+    def assign(self, value: TensorLike, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> WriteResult:
         """Sets the value to ``value`` (same shape; converted to the variable's dtype).
 
         Returns the variable, read when used (an :class:`UnreadVariable`, as in TensorFlow
@@ -176,23 +186,23 @@ class Variable(ArrayOperators, metaclass=_VariableMeta):
 
     def assign_add(
         self, delta: TensorLike, use_locking: bool = False, name: str | None = None, read_value: bool = True
-    ) -> Any:
+    ) -> WriteResult:
         """Adds ``delta`` (same shape as the variable); returns what :meth:`assign` returns."""
         return self._write(ASSIGN_ADD, delta, read_value)
 
     def assign_sub(
         self, delta: TensorLike, use_locking: bool = False, name: str | None = None, read_value: bool = True
-    ) -> Any:
+    ) -> WriteResult:
         """Subtracts ``delta`` (same shape as the variable); returns what :meth:`assign` returns."""
         return self._write(ASSIGN_SUB, delta, read_value)
 
-    def _write(self, op: WriteOp, value: TensorLike, read_value: bool) -> Any:
+    def _write(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         """Applies the write ``op`` (``"assign"``, ``"assign_add"``, ``"assign_sub"``, a sliced assign or a scatter)."""
         raise NotImplementedError
 
     # --- scatter updates and sparse reads (rules in scatter.py) ------------------------------
 
-    def scatter_add(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> Any:
+    def scatter_add(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> WriteResult:
         """Adds ``sparse_delta.values`` to the rows ``sparse_delta.indices`` (a repeated index adds every row).
 
         ``sparse_delta`` is a ``td.IndexedSlices`` whose values have shape ``indices.shape +
@@ -206,38 +216,38 @@ class Variable(ArrayOperators, metaclass=_VariableMeta):
         """
         return self._scatter("scatter_add", sparse_delta)
 
-    def scatter_sub(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> Any:
+    def scatter_sub(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> WriteResult:
         """Subtracts ``sparse_delta.values`` from its rows; as :meth:`scatter_add`."""
         return self._scatter("scatter_sub", sparse_delta)
 
-    def scatter_mul(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> Any:
+    def scatter_mul(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> WriteResult:
         """Multiplies the rows ``sparse_delta.indices`` by ``sparse_delta.values``; as :meth:`scatter_add`."""
         return self._scatter("scatter_mul", sparse_delta)
 
-    def scatter_div(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> Any:
+    def scatter_div(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> WriteResult:
         """Divides the rows by ``sparse_delta.values`` (integers: truncated, a zero divisor raises); as :meth:`scatter_add`."""
         return self._scatter("scatter_div", sparse_delta)
 
-    def scatter_min(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> Any:
+    def scatter_min(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> WriteResult:
         """Sets each row to its minimum with ``sparse_delta.values``; as :meth:`scatter_add`."""
         return self._scatter("scatter_min", sparse_delta)
 
-    def scatter_max(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> Any:
+    def scatter_max(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> WriteResult:
         """Sets each row to its maximum with ``sparse_delta.values``; as :meth:`scatter_add`."""
         return self._scatter("scatter_max", sparse_delta)
 
-    def scatter_update(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> Any:
+    def scatter_update(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> WriteResult:
         """Sets the rows ``sparse_delta.indices`` to ``sparse_delta.values``; a repeated index takes its last row."""
         return self._scatter("scatter_update", sparse_delta)
 
-    def batch_scatter_update(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> Any:
+    def batch_scatter_update(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> WriteResult:
         """Sets ``v[b..., indices[b..., i]]`` to ``values[b..., i]`` for each batch ``b...`` (the indices' leading dimensions).
 
         A repeated index takes its last row; otherwise as :meth:`scatter_update`.
         """
         return self._scatter(scatter.BATCH, sparse_delta)
 
-    def scatter_nd_add(self, indices: TensorLike, updates: TensorLike, name: str | None = None) -> Any:
+    def scatter_nd_add(self, indices: TensorLike, updates: TensorLike, name: str | None = None) -> WriteResult:
         """Adds ``updates`` at ``indices``, whose last axis addresses the first dimensions (``tf.scatter_nd_add``).
 
         ``updates`` has shape ``indices.shape[:-1] + variable.shape[K:]`` for indices of
@@ -246,11 +256,11 @@ class Variable(ArrayOperators, metaclass=_VariableMeta):
         """
         return self._scatter_nd("scatter_nd_add", indices, updates)
 
-    def scatter_nd_sub(self, indices: TensorLike, updates: TensorLike, name: str | None = None) -> Any:
+    def scatter_nd_sub(self, indices: TensorLike, updates: TensorLike, name: str | None = None) -> WriteResult:
         """Subtracts ``updates`` at ``indices``; as :meth:`scatter_nd_add`."""
         return self._scatter_nd("scatter_nd_sub", indices, updates)
 
-    def scatter_nd_update(self, indices: TensorLike, updates: TensorLike, name: str | None = None) -> Any:
+    def scatter_nd_update(self, indices: TensorLike, updates: TensorLike, name: str | None = None) -> WriteResult:
         """Sets the elements or slices at ``indices`` to ``updates``; a repeated index takes its last update."""
         return self._scatter_nd("scatter_nd_update", indices, updates)
 
@@ -276,13 +286,13 @@ class Variable(ArrayOperators, metaclass=_VariableMeta):
         """The public call named in errors, e.g. ``"Variable.scatter_add()"``."""
         return f"Variable.{method}()"
 
-    def _scatter(self, method: str, sparse_delta: IndexedSlices) -> Any:
+    def _scatter(self, method: str, sparse_delta: IndexedSlices) -> WriteResult:
         with worded_at(self._api(method)):
             self._check_scatter(method)
             scatter.require_slices(sparse_delta, context.replica_context_in_run() is None)
             return self._write(Scatter(method), sparse_delta, True)
 
-    def _scatter_nd(self, method: str, indices: TensorLike, updates: TensorLike) -> Any:
+    def _scatter_nd(self, method: str, indices: TensorLike, updates: TensorLike) -> WriteResult:
         with worded_at(self._api(method)):
             self._check_scatter(method)
             return self._write(Scatter(method, indices), updates, True)
@@ -503,7 +513,7 @@ class ResourceVariable(Variable):
 
     # --- the write protocol (distributed variables write components through it) ------------
 
-    def _write(self, op: WriteOp, value: TensorLike, read_value: bool) -> Any:
+    def _write(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         if update_fence.up:
             update_fence.wait(self)
         with self._write_lock:
@@ -741,7 +751,7 @@ class UnreadVariable(Variable):
     def value(self) -> TensorLike:
         return self._target.value()
 
-    def _write(self, op: WriteOp, value: TensorLike, read_value: bool) -> Any:
+    def _write(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         result = self._target._write(op, value, read_value)
         if result is None or type(result) is UnreadVariable:
             return result

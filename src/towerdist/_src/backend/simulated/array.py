@@ -34,13 +34,16 @@ from __future__ import annotations
 
 import copy as copy_module
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
-from towerdist._src.backend.simulated.cuda import Machine, SimulatedGPUError, Stream, StreamKey, Work
+from towerdist._src.backend.simulated.cuda import Device, Machine, SimulatedGPUError, Stream, StreamKey, Work
 from towerdist._src.backend.simulated.memory import Memory, MemoryPointer, PinnedMemoryPointer, pinned_base
 from towerdist._src.type_aliases import DTypeLike, TensorLike
+
+if TYPE_CHECKING:  # the GPU backend loads the simulator: only its name for a GPU array is used here
+    from towerdist._src.backend.gpu_module import GpuArray
 
 __all__ = ["Flags", "LaunchMode", "SimulatedArray", "array_type", "function_mode", "launch", "new_array"]
 
@@ -85,31 +88,31 @@ _MISSING = object()
 def _binary(ufunc: np.ufunc) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
     """The forward, reflected and in-place operators of ``ufunc``, dispatched as cupy does."""
 
-    def forward(self: SimulatedArray, other: TensorLike) -> Any:
+    def forward(self: SimulatedArray, other: TensorLike) -> TensorLike:
         if isinstance(other, SimulatedArray) or not _should_use_rop(self, other):
             return ufunc(self, other)  # through numpy's dispatch to __array_ufunc__
         return NotImplemented
 
-    def reflected(self: SimulatedArray, other: TensorLike) -> Any:
+    def reflected(self: SimulatedArray, other: TensorLike) -> TensorLike:
         if _should_use_rop(self, other):
             return NotImplemented
         return ufunc(other, self)
 
-    def inplace(self: SimulatedArray, other: TensorLike) -> Any:
+    def inplace(self: SimulatedArray, other: TensorLike) -> TensorLike:
         return ufunc(self, other, out=self)
 
     return forward, reflected, inplace
 
 
 def _unary(ufunc: np.ufunc) -> Callable[[SimulatedArray], Any]:
-    def apply(self: SimulatedArray) -> Any:
+    def apply(self: SimulatedArray) -> TensorLike:
         return ufunc(self)
 
     return apply
 
 
 def _compare(ufunc: np.ufunc) -> Callable[[SimulatedArray, Any], Any]:
-    def apply(self: SimulatedArray, other: TensorLike) -> Any:
+    def apply(self: SimulatedArray, other: TensorLike) -> TensorLike:
         if isinstance(other, SimulatedArray) or not _should_use_rop(self, other):
             return ufunc(self, other)
         return NotImplemented
@@ -167,7 +170,7 @@ class SimulatedArray:
     # --- attributes ----------------------------------------------------------------------
 
     @property
-    def device(self) -> Any:
+    def device(self) -> Device:
         """The simulated GPU holding the array (``cupy.cuda.Device``)."""
         return self._machine.Device(self._memory.device_id)
 
@@ -229,11 +232,11 @@ class SimulatedArray:
         return self._view(self._array.swapaxes(-1, -2))
 
     @property
-    def real(self) -> Any:
+    def real(self) -> GpuArray:
         return launch(self._machine, np.real, (self,), {}, "cupy.ndarray.real", mode="view")
 
     @property
-    def imag(self) -> Any:
+    def imag(self) -> GpuArray:
         return launch(self._machine, np.imag, (self,), {}, "cupy.ndarray.imag", mode="view")
 
     # --- host transfers --------------------------------------------------------------------
@@ -338,7 +341,7 @@ class SimulatedArray:
 
     # --- copies and views ------------------------------------------------------------------
 
-    def copy(self, order: str = "C") -> Any:
+    def copy(self, order: str = "C") -> GpuArray:
         """A copy on the current device; an array on another device is copied over (``ndarray.copy``).
 
         As in cupy, the copy is first made contiguous on the array's own device; a
@@ -368,7 +371,7 @@ class SimulatedArray:
 
     def astype(
         self, dtype: DTypeLike, order: str = "K", casting: str | None = None, subok: bool | None = None, copy: bool = True
-    ) -> Any:
+    ) -> GpuArray:
         """The array cast to ``dtype`` (a kernel on the current device unless no copy is needed)."""
         dtype = np.dtype(dtype)
         if not copy and dtype == self.dtype and _order_satisfied(self._array, order):
@@ -386,16 +389,16 @@ class SimulatedArray:
         array: np.ndarray = self._array.view() if dtype is None else self._array.view(dtype)
         return self._view(array)
 
-    def reshape(self, *shape: int | Sequence[int], order: str = "C") -> Any:
+    def reshape(self, *shape: int | Sequence[int], order: str = "C") -> GpuArray:
         """A view with a new shape (a copy on the current device if the layout needs one)."""
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         return launch(self._machine, np.reshape, (self, shape), {"order": order}, "cupy.ndarray.reshape", mode="view")
 
-    def ravel(self, order: str = "C") -> Any:
+    def ravel(self, order: str = "C") -> GpuArray:
         return launch(self._machine, np.ravel, (self,), {"order": order}, "cupy.ndarray.ravel", mode="view")
 
-    def transpose(self, *axes: int | Sequence[int] | None) -> Any:
+    def transpose(self, *axes: int | Sequence[int] | None) -> SimulatedArray:
         if len(axes) == 1 and (axes[0] is None or isinstance(axes[0], (tuple, list))):
             axes = () if axes[0] is None else tuple(axes[0])
         return self._view(self._array.transpose(*axes))
@@ -406,18 +409,18 @@ class SimulatedArray:
     def squeeze(self, axis: int | tuple[int, ...] | None = None) -> SimulatedArray:
         return self._view(self._array.squeeze(axis))
 
-    def flatten(self, order: str = "C") -> Any:
+    def flatten(self, order: str = "C") -> GpuArray:
         return launch(self._machine, np.ndarray.flatten, (self,), {"order": order}, "cupy.ndarray.flatten")
 
     def fill(self, value: complex | np.generic) -> None:
         """Sets every element to the scalar ``value`` (a kernel on the current device)."""
         launch(self._machine, np.ndarray.fill, (self, value), {}, "cupy.ndarray.fill")
 
-    def __copy__(self) -> Any:
+    def __copy__(self) -> GpuArray:
         with self._machine.Device(self._memory.device_id):
             return self.copy()
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+    def __deepcopy__(self, memo: dict[int, Any]) -> GpuArray:
         return copy_module.copy(self)
 
     def __getattr__(self, name: str) -> Any:
@@ -427,14 +430,14 @@ class SimulatedArray:
             raise AttributeError(f"'cupy.ndarray' (simulated GPU array) has no attribute {name!r}")
         machine = self._machine
 
-        def call(*args: object, **kwargs: object) -> Any:
+        def call(*args: object, **kwargs: object) -> TensorLike:
             return launch(machine, method, (self, *args), kwargs, f"cupy.ndarray.{name}")
 
         return call
 
     # --- indexing ----------------------------------------------------------------------------
 
-    def __getitem__(self, key: object) -> Any:
+    def __getitem__(self, key: object) -> GpuArray:
         # Basic indexing is a view (no kernel, any device); advanced indexing is a kernel. Index
         # arrays may be numpy arrays (cupy uploads them).
         return launch(self._machine, _getitem, (self, key), {}, "cupy.ndarray.__getitem__", mode="view", host_ok=True)
@@ -454,7 +457,7 @@ class SimulatedArray:
 
     # --- numpy protocols ---------------------------------------------------------------------
 
-    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: TensorLike, **kwargs: object) -> Any:
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: TensorLike, **kwargs: object) -> TensorLike:
         if method not in ("__call__", "outer", "at", "reduce", "accumulate", "reduceat"):
             return NotImplemented
         out = kwargs.get("out")
@@ -471,7 +474,7 @@ class SimulatedArray:
 
     def __array_function__(
         self, func: Callable[..., Any], types: Collection[type], args: Sequence[object], kwargs: dict[str, object]
-    ) -> Any:
+    ) -> TensorLike:
         if not all(issubclass(t, (SimulatedArray, np.ndarray)) for t in types):
             return NotImplemented
         name = getattr(func, "__name__", "function")
@@ -554,7 +557,7 @@ def launch(
     name: str,
     mode: LaunchMode = "kernel",
     host_ok: bool = False,
-) -> Any:
+) -> TensorLike:
     """Runs the numpy function ``func`` as a simulated kernel on the current device.
 
     Args:

@@ -33,7 +33,7 @@ import functools
 import threading
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -48,6 +48,9 @@ from towerdist._src.backend.simulated.cuda import (
 from towerdist._src.backend.simulated.memory import PinnedMemoryPointer
 from towerdist._src.backend.simulated.nccl import NCCL_CONSTANTS, Nccl, NcclError
 from towerdist._src.type_aliases import DTypeLike, TensorLike
+
+if TYPE_CHECKING:  # the GPU backend loads the simulator: only its name for a GPU array is used here
+    from towerdist._src.backend.gpu_module import GpuArray
 
 __all__ = ["module", "owns"]
 
@@ -173,7 +176,7 @@ class _SimulatedCupy(types.ModuleType):
     def array(
         self, obj: TensorLike, dtype: DTypeLike | None = None, copy: bool | None = True, order: str | None = "K", subok: bool = False,
         ndmin: int = 0, *, blocking: bool = False,
-    ) -> Any:  # fmt: skip
+    ) -> GpuArray:  # fmt: skip
         """An array on the current device (``cupy.array``): uploads host data, copies device arrays.
 
         An array of another device is copied over only if it is contiguous (as in cupy).
@@ -198,15 +201,15 @@ class _SimulatedCupy(types.ModuleType):
     def asarray(
         self, a: TensorLike, dtype: DTypeLike | None = None, order: str | None = None, *, copy: bool | None = None,
         blocking: bool = False,
-    ) -> Any:
+    ) -> GpuArray:
         """``a`` as an array on the current device (``cupy.asarray``); itself if it already is one there."""
         return self.array(a, dtype, copy=copy, order=order, blocking=blocking)
 
-    def asanyarray(self, a: TensorLike, dtype: DTypeLike | None = None, order: str | None = None) -> Any:
+    def asanyarray(self, a: TensorLike, dtype: DTypeLike | None = None, order: str | None = None) -> GpuArray:
         """Same as :meth:`asarray`."""
         return self.asarray(a, dtype, order)
 
-    def ascontiguousarray(self, a: object, dtype: DTypeLike | None = None) -> Any:
+    def ascontiguousarray(self, a: object, dtype: DTypeLike | None = None) -> GpuArray:
         """``a`` itself if C-contiguous (on whatever device), else a contiguous copy made on the current device."""
         if not isinstance(a, SimulatedArray):
             raise TypeError(
@@ -249,7 +252,7 @@ def _forward(machine: Machine, name: str, value: object, qualified: str) -> Any:
         return value  # dtypes, scalar types, constants: numpy's own, as in cupy
     mode = function_mode(name)
 
-    def call(*args: object, **kwargs: object) -> Any:
+    def call(*args: object, **kwargs: object) -> TensorLike:
         return launch(machine, value, args, kwargs, qualified, mode=mode)
 
     call.__name__ = name
@@ -279,13 +282,13 @@ class _Ufunc:
         self.__name__ = ufunc.__name__
         self.nin, self.nout = ufunc.nin, ufunc.nout
 
-    def __call__(self, *args: object, **kwargs: object) -> Any:
+    def __call__(self, *args: object, **kwargs: object) -> TensorLike:
         return launch(self._machine, self._ufunc, args, kwargs, f"cupy.{self.__name__}")
 
     def _method(self, method: str) -> Callable[..., Any]:
         func = getattr(self._ufunc, method)
 
-        def call(*args: object, **kwargs: object) -> Any:
+        def call(*args: object, **kwargs: object) -> TensorLike:
             return launch(self._machine, func, args, kwargs, f"cupy.{self.__name__}.{method}")
 
         return call
