@@ -95,9 +95,8 @@ def _settle_writes(strategy: Any, writes: list[tuple[AggregatedVariable, WriteOp
     met in the same API (the barrier checked it), so the method is the same. Each replica
     gets its component of the new value if it asked for it (``read_value``), else None.
     """
-    # ``strategy`` stays Any here and in _write_fused: a multi-replica strategy whose ``extended`` has the
-    # replicas' devices and cross-device ops, which ``Strategy.extended`` (the base class) does not name;
-    # _write_fused's ``variable`` too: a MirroredVariable once its checks pass, else anything aggregated.
+    # ``strategy`` stays Any (here and in _write_fused): a multi-replica strategy whose ``extended`` has the
+    # replicas' devices and cross-device ops, which ``Strategy.extended`` (typed as the base class) does not name.
     variable, op = writes[0][0], writes[0][1]
     if any(write[0] is not variable for write in writes):
         raise ValueError(
@@ -134,6 +133,8 @@ def _write_fused(strategy: Any, variable: Any, op: WriteOp, values: list[TensorL
     previous value was in when nobody still looks at it; the result is the same as reducing
     first and writing after. Anything else takes the general path.
     """
+    # ``variable`` stays Any: a MirroredVariable once the checks below pass (its ``_write_result``), before
+    # them any variable aggregated here.
     subtract = _FUSED_OPS.get(op, _NOT_FUSED) if type(op) is str else _NOT_FUSED
     agg = variable.aggregation
     extended = strategy.extended
