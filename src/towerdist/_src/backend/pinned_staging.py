@@ -49,7 +49,7 @@ class _Buffer:
     def __init__(self, memory: Any, size: int) -> None:  # cupy's PinnedMemoryPointer, which numpy views (untyped)
         self.memory = memory
         self.size = size
-        self.event: Any = None  # a CudaEvent once used (Any: the searches below know it is set)
+        self.event: Any = None  # None, then a CudaEvent (Any: _free_buffer reads it where its own checks show it is set)
 
 
 class PinnedStaging:
