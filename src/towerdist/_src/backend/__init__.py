@@ -11,9 +11,12 @@ serves CPU and GPU devices.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING
 
 from towerdist._src.backend import cupy_backend, numpy_backend
+
+if TYPE_CHECKING:  # device names import the backends: only the type is named here
+    from towerdist._src.device import DeviceSpec
 
 __all__ = ["for_array", "for_device", "host", "is_array"]
 
@@ -23,20 +26,20 @@ def host() -> ModuleType:
     return numpy_backend
 
 
-def for_device(device: Any) -> ModuleType:
+def for_device(device: DeviceSpec | None) -> ModuleType:
     """The backend that stores arrays for ``device`` (a DeviceSpec or None for the host)."""
     if device is not None and device.device_type == "GPU":
         return cupy_backend
     return numpy_backend
 
 
-def for_array(value: Any) -> ModuleType:
+def for_array(value: object) -> ModuleType:
     """The backend that owns ``value``; Python scalars and lists belong to numpy."""
     if cupy_backend.owns(value):
         return cupy_backend
     return numpy_backend
 
 
-def is_array(value: Any) -> bool:
+def is_array(value: object) -> bool:
     """True for numpy or cupy arrays and numpy scalars."""
     return numpy_backend.owns(value) or cupy_backend.owns(value)

@@ -8,15 +8,23 @@ expect a :class:`~towerdist._src.device.DeviceSpec` of type GPU.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from towerdist._src.backend import cupy_streams, gpu_module
+from towerdist._src.backend.gpu_module import GpuArray
 from towerdist._src.errors import InvalidArgumentError, MissingDependencyError
+from towerdist._src.type_aliases import DTypeLike, TensorLike
+
+if TYPE_CHECKING:  # device names import this backend: only the type is named here
+    from contextlib import AbstractContextManager
+
+    from towerdist._src.device import DeviceSpec
 
 name = "cupy"
 
 
-def cupy_module() -> Any:
+def cupy_module() -> ModuleType:
     """The array module GPUs use: cupy, or the simulated GPUs' (``gpu_module``, the seam, chooses).
 
     Raises:
@@ -25,7 +33,7 @@ def cupy_module() -> Any:
     return gpu_module.array_module()
 
 
-def __getattr__(attr: str) -> Any:
+def __getattr__(attr: str) -> ModuleType:
     if attr == "xp":
         return cupy_module()
     raise AttributeError(attr)
@@ -53,10 +61,10 @@ def device_count() -> int:
     return _count(module)
 
 
-_counted: tuple[Any, int] | None = None  # the array module and its number of GPUs
+_counted: tuple[ModuleType, int] | None = None  # the array module and its number of GPUs
 
 
-def _count(module: Any) -> int:
+def _count(module: ModuleType) -> int:
     global _counted
     try:
         count = int(module.cuda.runtime.getDeviceCount())
@@ -66,23 +74,25 @@ def _count(module: Any) -> int:
     return count
 
 
-def owns(value: Any) -> bool:
+def owns(value: object) -> bool:
     """True if ``value`` is a cupy array, or a simulated GPU's (checked without importing cupy)."""
     return type(value).__module__.split(".", 1)[0] == "cupy" or gpu_module.is_simulated_array(value)
 
 
-def nccl() -> Any:
+def nccl() -> ModuleType:
     """cupy's NCCL module (``cupy.cuda.nccl``), or the simulated one; ImportError if it cannot load."""
     simulated = gpu_module.simulated()
     if simulated is not None:
-        return simulated.cuda.nccl
+        simulated_nccl: ModuleType = simulated.cuda.nccl
+        return simulated_nccl
     from cupy.cuda import nccl as module  # noqa: PLC0415  (an optional dependency)
 
-    return module
+    loaded: ModuleType = module
+    return loaded
 
 
 _INSTALL = 'pip install "towerdist[cuda12]" (CUDA 12) or "towerdist[cuda13]" (CUDA 13)'
-_nccl_checked: tuple[Any, str | None] | None = None  # the array module and why NCCL is unavailable on it
+_nccl_checked: tuple[ModuleType, str | None] | None = None  # the array module and why NCCL is unavailable on it
 
 
 def nccl_unavailable_reason() -> str | None:
@@ -109,7 +119,7 @@ def nccl_unavailable_reason() -> str | None:
     return reason
 
 
-def _device_id(device: Any) -> int:
+def _device_id(device: DeviceSpec | _Index | None) -> int:
     """The GPU index of ``device`` (the current GPU for None); refuses CPU devices and missing GPUs."""
     if device is None:
         return int(cupy_module().cuda.runtime.getDevice())
@@ -127,13 +137,13 @@ def _device_id(device: Any) -> int:
     return index
 
 
-def asarray(value: Any, dtype: Any = None, device: Any = None) -> Any:
+def asarray(value: TensorLike, dtype: DTypeLike | None = None, device: DeviceSpec | None = None) -> GpuArray:
     cupy = cupy_module()
     with cupy.cuda.Device(_device_id(device)):
         return cupy.asarray(value, dtype=dtype)
 
 
-def to_device(array: Any, device: Any) -> Any:
+def to_device(array: TensorLike, device: DeviceSpec | _Index) -> GpuArray:
     """Returns ``array`` on ``device``: itself if it is already there, else a copy."""
     cupy = cupy_module()
     target = _device_id(device)
@@ -145,7 +155,7 @@ def to_device(array: Any, device: Any) -> Any:
         return cupy.asarray(array)
 
 
-def to_device_of(value: Any, array: Any) -> Any:
+def to_device_of(value: TensorLike, array: GpuArray) -> GpuArray:
     """``value`` (host data or an array of any GPU) as an array on ``array``'s GPU."""
     target = _Index(int(array.device.id))
     if owns(value):
@@ -154,7 +164,7 @@ def to_device_of(value: Any, array: Any) -> Any:
         return cupy_module().asarray(value)
 
 
-def copy(array: Any, device: Any = None) -> Any:
+def copy(array: TensorLike, device: DeviceSpec | None = None) -> GpuArray:
     """A new array with ``array``'s values on ``device`` (default: ``array``'s own GPU, else the current one)."""
     cupy = cupy_module()
     if device is not None:
@@ -167,7 +177,7 @@ def copy(array: Any, device: Any = None) -> Any:
         return cupy.array(array, copy=True)
 
 
-def _copy_between(array: Any, target: int) -> Any:
+def _copy_between(array: GpuArray, target: int) -> GpuArray:
     """A copy of ``array`` (on another GPU) on GPU ``target``, ordered after the work that produced it.
 
     cupy copies only C-contiguous arrays between GPUs, on the destination's current stream:
@@ -190,7 +200,7 @@ def _copy_between(array: Any, target: int) -> Any:
     return result
 
 
-def _contiguous(array: Any) -> Any:
+def _contiguous(array: GpuArray) -> GpuArray:
     """``array`` as a C-contiguous array on its own GPU (itself if it already is)."""
     if array.flags.c_contiguous:
         return array
@@ -199,19 +209,19 @@ def _contiguous(array: Any) -> Any:
         return cupy.ascontiguousarray(array)
 
 
-def buffer_id(array: Any) -> int:
+def buffer_id(array: GpuArray) -> int:
     """An id of the device memory ``array`` looks at."""
     return int(array.data.mem.ptr) if hasattr(array.data, "mem") else int(array.data.ptr)
 
 
-def freeze(array: Any) -> Any:
+def freeze(array: GpuArray) -> GpuArray:
     """A new object looking at ``array``'s memory (cupy has no read-only arrays)."""
     return array.view()
 
 
-def share(arrays: Sequence[Any]) -> list[Any]:
+def share(arrays: Sequence[GpuArray]) -> list[GpuArray]:
     """Distinct objects for each destination; GPU copies are never shared between devices."""
-    out: list[Any] = []
+    out: list[GpuArray] = []
     seen: set[int] = set()
     for array in arrays:
         out.append(array.view() if id(array) in seen else array)
@@ -219,25 +229,25 @@ def share(arrays: Sequence[Any]) -> list[Any]:
     return out
 
 
-def empty(shape: Sequence[int], dtype: Any, device: Any = None) -> Any:
+def empty(shape: Sequence[int], dtype: DTypeLike, device: DeviceSpec | None = None) -> GpuArray:
     cupy = cupy_module()
     with cupy.cuda.Device(_device_id(device)):
         return cupy.empty(shape, dtype=dtype)
 
 
-def zeros(shape: Sequence[int], dtype: Any, device: Any = None) -> Any:
+def zeros(shape: Sequence[int], dtype: DTypeLike, device: DeviceSpec | None = None) -> GpuArray:
     cupy = cupy_module()
     with cupy.cuda.Device(_device_id(device)):
         return cupy.zeros(shape, dtype=dtype)
 
 
-def flat(array: Any) -> Any:
+def flat(array: GpuArray) -> GpuArray:
     """``array`` as a contiguous 1-D array, on its own GPU."""
     with cupy_module().cuda.Device(array.device.id):
         return _contiguous(array).reshape(-1)
 
 
-def accumulate_into(out: Any, inputs: Sequence[Any], start: int, stop: int) -> None:
+def accumulate_into(out: GpuArray, inputs: Sequence[GpuArray], start: int, stop: int) -> None:
     cupy = cupy_module()
     target = out[start:stop]
     with cupy.cuda.Device(out.device.id):
@@ -247,13 +257,13 @@ def accumulate_into(out: Any, inputs: Sequence[Any], start: int, stop: int) -> N
         target[...] = partial
 
 
-def divide_into(out: Any, divisor: int, start: int, stop: int) -> None:
+def divide_into(out: GpuArray, divisor: int, start: int, stop: int) -> None:
     target = out[start:stop]
     with cupy_module().cuda.Device(out.device.id):
         target /= divisor
 
 
-def add_n(arrays: Sequence[Any]) -> Any:
+def add_n(arrays: Sequence[GpuArray]) -> GpuArray:
     cupy = cupy_module()
     with cupy.cuda.Device(arrays[0].device.id):
         total = arrays[0].copy()
@@ -262,7 +272,7 @@ def add_n(arrays: Sequence[Any]) -> Any:
         return total
 
 
-def add(array: Any, other: Any, subtract: bool = False) -> Any:
+def add(array: GpuArray, other: TensorLike, subtract: bool = False) -> GpuArray:
     """A new array ``array + other`` (or ``-``) with ``array``'s dtype, on ``array``'s GPU."""
     cupy = cupy_module()
     with cupy.cuda.Device(array.device.id):
@@ -270,14 +280,14 @@ def add(array: Any, other: Any, subtract: bool = False) -> Any:
         return combine(array, cupy.asarray(other), dtype=array.dtype)
 
 
-def true_divide(array: Any, divisor: Any) -> Any:
+def true_divide(array: GpuArray, divisor: TensorLike) -> GpuArray:
     """``array / divisor`` on ``array``'s GPU."""
     cupy = cupy_module()
     with cupy.cuda.Device(array.device.id):
         return cupy.true_divide(array, divisor)
 
 
-def unique_rows_sum(indices: Any, values: Any) -> tuple[Any, Any]:
+def unique_rows_sum(indices: GpuArray, values: GpuArray) -> tuple[GpuArray, GpuArray]:
     """As ``numpy_backend.unique_rows_sum`` (the same keys and passes, so the same order of addition), on the arrays' GPU.
 
     The sizes of the result and the number of passes are read back: host synchronisations.
@@ -307,7 +317,7 @@ def unique_rows_sum(indices: Any, values: Any) -> tuple[Any, Any]:
         return ordered[first], summed
 
 
-def concat(arrays: Sequence[Any], axis: int, device: Any = None) -> Any:
+def concat(arrays: Sequence[TensorLike], axis: int, device: DeviceSpec | None = None) -> GpuArray:
     """The arrays joined along ``axis`` on ``device`` (default: the first array's GPU)."""
     cupy = cupy_module()
     target = _device_id(device) if device is not None else arrays[0].device.id
@@ -315,7 +325,7 @@ def concat(arrays: Sequence[Any], axis: int, device: Any = None) -> Any:
         return cupy.concatenate([to_device(a, _Index(target)) for a in arrays], axis=axis)
 
 
-def split(array: Any, sizes: Sequence[int], axis: int = 0) -> list[Any]:
+def split(array: GpuArray, sizes: Sequence[int], axis: int = 0) -> list[GpuArray]:
     """Views of ``array`` cut along ``axis`` into pieces of ``sizes``."""
     cupy = cupy_module()
     boundaries = list(_cumsum(sizes))[:-1]
@@ -323,7 +333,7 @@ def split(array: Any, sizes: Sequence[int], axis: int = 0) -> list[Any]:
         return list(cupy.split(array, boundaries, axis=axis))
 
 
-def synchronize(device: Any = None) -> None:
+def synchronize(device: DeviceSpec | None = None) -> None:
     """Waits until everything queued on ``device`` (every stream of that GPU) has finished."""
     cupy = cupy_module()
     cupy.cuda.Device(_device_id(device)).synchronize()
@@ -337,6 +347,11 @@ class _Index:
     def __init__(self, index: int) -> None:
         self.device_index = index
 
+    @property
+    def short_name(self) -> str:
+        """``'/gpu:<index>'``, as a DeviceSpec's (for the messages that name a device)."""
+        return f"/gpu:{self.device_index}"
+
 
 def _cumsum(sizes: Sequence[int]) -> list[int]:
     total, out = 0, []
@@ -346,18 +361,20 @@ def _cumsum(sizes: Sequence[int]) -> list[int]:
     return out
 
 
-def on_device(device: Any) -> Any:
+def on_device(device: DeviceSpec | None) -> AbstractContextManager[object]:
     """A context in which cupy allocates and launches on ``device`` (a GPU DeviceSpec)."""
     cupy = cupy_module()
-    return cupy.cuda.Device(_device_id(device))
+    scope: AbstractContextManager[object] = cupy.cuda.Device(_device_id(device))
+    return scope
 
 
-def on_array_device(array: Any) -> Any:
+def on_array_device(array: GpuArray) -> AbstractContextManager[object]:
     """A context in which cupy launches on ``array``'s GPU (for kernels reading an array of any GPU)."""
-    return cupy_module().cuda.Device(array.device.id)
+    scope: AbstractContextManager[object] = cupy_module().cuda.Device(array.device.id)
+    return scope
 
 
-def finish(devices: Sequence[Any]) -> None:
+def finish(devices: Sequence[DeviceSpec]) -> None:
     """Waits for every stream of each GPU among ``devices`` (CPU devices are skipped).
 
     Where work changes threads (a replica's results read by the thread that runs a

@@ -33,11 +33,30 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Protocol
 
 from towerdist._src.backend import cupy_backend
+from towerdist._src.backend.gpu_module import GpuArray
 
-__all__ = ["Marks", "follow", "keep_alive", "mark", "record", "release_finished", "wait_for_stream"]
+__all__ = ["CudaEvent", "CudaStream", "Marks", "follow", "keep_alive", "mark", "record", "release_finished", "wait_for_stream"]
+
+class CudaStream(Protocol):
+    """What is used of a CUDA stream (``cupy.cuda.Stream``, or a simulated GPU's)."""
+
+    @property
+    def ptr(self) -> int: ...
+
+    def wait_event(self, event: CudaEvent) -> None: ...
+
+
+class CudaEvent(Protocol):
+    """What is used of a CUDA event (``cupy.cuda.Event``, or a simulated GPU's)."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def synchronize(self) -> None: ...
+
 
 _LEGACY = 0  # the legacy null stream's pointer, as cupy passes it
 _PER_THREAD = 2  # cudaStreamPerThread: every thread's own default stream (a blocking stream)
@@ -54,7 +73,7 @@ class Marks:
 
     __slots__ = ("points", "thread")
 
-    def __init__(self, thread: int, points: dict[int, tuple[int, Any]]) -> None:
+    def __init__(self, thread: int, points: dict[int, tuple[int, CudaEvent | None]]) -> None:
         self.thread = thread
         self.points = points
 
@@ -72,7 +91,7 @@ def mark(device_ids: Iterable[int], own: int | None = None) -> Marks:
     """
     cupy = cupy_backend.cupy_module()
     cuda = cupy.cuda
-    points: dict[int, tuple[int, Any]] = {}
+    points: dict[int, tuple[int, CudaEvent | None]] = {}
     for device_id in device_ids:
         stream = cuda.get_current_stream(device_id)
         ptr = int(stream.ptr)
@@ -118,16 +137,17 @@ def follow(marks: Marks | None, device_ids: Iterable[int] | None = None) -> None
             stream.wait_event(event)
 
 
-def record(stream: Any, device_id: int) -> Any:
+def record(stream: CudaStream, device_id: int) -> CudaEvent:
     """A new event recorded on ``stream`` (a stream of GPU ``device_id``) after the work queued so far."""
     cuda = cupy_backend.cupy_module().cuda
     with cuda.Device(device_id):
         event = cuda.Event(disable_timing=True)
         event.record(stream)
-    return event
+    recorded: CudaEvent = event
+    return recorded
 
 
-def wait_for_stream(consumer: Any, consumer_device: int, producer: Any, producer_device: int) -> Any:
+def wait_for_stream(consumer: CudaStream, consumer_device: int, producer: CudaStream, producer_device: int) -> CudaEvent | None:
     """Orders later work on ``consumer`` (a stream of GPU ``consumer_device``) after the work queued so far on
     ``producer`` (a stream of GPU ``producer_device``; the GPUs may differ).
 
@@ -146,9 +166,9 @@ class _Held:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._entries: collections.deque[tuple[Any, Sequence[Any]]] = collections.deque()
+        self._entries: collections.deque[tuple[CudaEvent, Sequence[GpuArray]]] = collections.deque()
 
-    def add(self, event: Any, arrays: Sequence[Any]) -> None:
+    def add(self, event: CudaEvent, arrays: Sequence[GpuArray]) -> None:
         with self._lock:
             self._entries.append((event, arrays))
             self._release_finished(_SWEEP)
@@ -175,7 +195,7 @@ _SWEEP = 8  # entries looked at each time one is added: the list stays short wit
 _held = _Held()
 
 
-def keep_alive(event: Any, arrays: Sequence[Any]) -> None:
+def keep_alive(event: CudaEvent, arrays: Sequence[GpuArray]) -> None:
     """Keeps ``arrays`` referenced until ``event`` has completed.
 
     Use it when arrays allocated on one stream are read or written by work on another

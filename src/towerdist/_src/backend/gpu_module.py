@@ -14,13 +14,18 @@ import os
 import threading
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeAlias
 
 from towerdist._src.errors import MissingDependencyError
 
-__all__ = ["ENV_VAR", "array_module", "is_simulated_array", "num_simulated_gpus", "simulate", "simulated"]
+__all__ = ["ENV_VAR", "GpuArray", "array_module", "is_simulated_array", "num_simulated_gpus", "simulate", "simulated"]
 
 ENV_VAR = "TOWERDIST_SIMULATE_GPUS"
+
+# An array of the GPU backend's module: a ``cupy.ndarray``, or a simulated GPU's ``SimulatedArray``
+# (``backend/simulated/array.py``), which mimics it. cupy ships no type information (mypy sees the
+# whole package as Any), so this stays Any; the name says what flows where a signature takes one.
+GpuArray: TypeAlias = Any
 
 _INSTALL_HINT = 'install it with pip install "towerdist[cuda12]" (CUDA 12) or "towerdist[cuda13]" (CUDA 13)'
 
@@ -29,7 +34,7 @@ _chosen: ModuleType | None = None  # the array module GPUs use, once chosen (or 
 _simulated: ModuleType | None = None  # the simulated GPUs' cupy module, once they are on
 _requested: int | None = None  # the number of GPUs simulate() was asked for
 _cupy_missing: ImportError | None = None  # why cupy did not import, once it did not
-_owns: Callable[[Any], bool] | None = None  # the simulator's test for its arrays, once it is on
+_owns: Callable[[object], bool] | None = None  # the simulator's test for its arrays, once it is on
 
 
 def array_module() -> ModuleType:
@@ -110,7 +115,7 @@ def simulated() -> ModuleType | None:
     return simulate(_requested if _requested is not None else _env_gpus())
 
 
-def is_simulated_array(value: Any) -> bool:
+def is_simulated_array(value: object) -> bool:
     """True if ``value`` is an array of the simulated GPUs (False while they are off)."""
     owns = _owns
     return owns is not None and owns(value)

@@ -9,26 +9,31 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from towerdist._src.type_aliases import DTypeLike, HostArray, TensorLike
+
+if TYPE_CHECKING:  # device names import this backend: only the type is named here
+    from towerdist._src.device import DeviceSpec
 
 name = "numpy"
 xp = np
 
 
-def owns(value: Any) -> bool:
+def owns(value: object) -> bool:
     """True if ``value`` is a numpy array or numpy scalar."""
     return isinstance(value, (np.ndarray, np.generic))
 
 
-def asarray(value: Any, dtype: Any = None, device: Any = None) -> np.ndarray:
+def asarray(value: TensorLike, dtype: DTypeLike | None = None, device: DeviceSpec | None = None) -> np.ndarray:
     """Converts ``value`` to a numpy array (no copy when it already is one of ``dtype``)."""
     del device  # host memory serves every CPU device
     return np.asarray(value, dtype=dtype)
 
 
-def to_device(array: Any, device: Any) -> np.ndarray:
+def to_device(array: TensorLike, device: DeviceSpec | None) -> np.ndarray:
     """Returns ``array`` as a host array for ``device`` (copies only from another backend)."""
     del device
     if isinstance(array, np.ndarray):
@@ -38,13 +43,13 @@ def to_device(array: Any, device: Any) -> np.ndarray:
     return np.asarray(array)
 
 
-def to_device_of(value: Any, array: Any) -> np.ndarray:
+def to_device_of(value: TensorLike, array: HostArray) -> np.ndarray:
     """``value`` as a host array (``array`` is a host array: host memory serves every CPU)."""
     del array
     return to_device(value, None)
 
 
-def copy(array: Any, device: Any = None) -> np.ndarray:
+def copy(array: TensorLike, device: DeviceSpec | None = None) -> np.ndarray:
     """Returns a fresh, writable copy of ``array`` in host memory."""
     del device
     return np.array(to_device(array, None), copy=True)
@@ -90,12 +95,12 @@ def freeze(array: np.ndarray) -> np.ndarray:
     return view
 
 
-def empty(shape: Sequence[int], dtype: Any, device: Any = None) -> np.ndarray:
+def empty(shape: Sequence[int], dtype: DTypeLike, device: DeviceSpec | None = None) -> np.ndarray:
     del device
     return np.empty(shape, dtype=dtype)
 
 
-def zeros(shape: Sequence[int], dtype: Any, device: Any = None) -> np.ndarray:
+def zeros(shape: Sequence[int], dtype: DTypeLike, device: DeviceSpec | None = None) -> np.ndarray:
     del device
     return np.zeros(shape, dtype=dtype)
 
@@ -134,7 +139,7 @@ def divide_into(out: np.ndarray, divisor: int, start: int, stop: int) -> None:
     np.true_divide(target, divisor, out=target)
 
 
-def add_n(arrays: Sequence[Any]) -> np.ndarray:
+def add_n(arrays: Sequence[TensorLike]) -> np.ndarray:
     """The element-wise sum of same-shaped arrays, taken in order, in a new array."""
     if len(arrays) == 1:
         return np.array(arrays[0], copy=True)
@@ -145,13 +150,13 @@ def add_n(arrays: Sequence[Any]) -> np.ndarray:
     return total
 
 
-def add(array: Any, other: Any, subtract: bool = False) -> np.ndarray:
+def add(array: HostArray, other: TensorLike, subtract: bool = False) -> np.ndarray:
     """A new array ``array + other`` (or ``-``) with ``array``'s dtype."""
     combine = np.subtract if subtract else np.add
     return np.asarray(combine(array, other, dtype=array.dtype))
 
 
-def true_divide(array: Any, divisor: Any) -> np.ndarray:
+def true_divide(array: TensorLike, divisor: TensorLike) -> np.ndarray:
     return np.asarray(np.true_divide(array, divisor))
 
 
@@ -200,7 +205,7 @@ def unique_rows_sum(indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray
 _MAX_REPEAT_PASSES = 16
 
 
-def concat(arrays: Sequence[Any], axis: int, device: Any = None) -> np.ndarray:
+def concat(arrays: Sequence[TensorLike], axis: int, device: DeviceSpec | None = None) -> np.ndarray:
     """The arrays joined along ``axis`` in host memory (``device``: any CPU)."""
     del device
     return np.concatenate([to_device(a, None) for a in arrays], axis=axis)
@@ -212,7 +217,7 @@ def split(array: np.ndarray, sizes: Sequence[int], axis: int = 0) -> list[np.nda
     return list(np.split(array, boundaries, axis=axis))
 
 
-def synchronize(device: Any = None) -> None:
+def synchronize(device: DeviceSpec | None = None) -> None:
     """Waits for pending work on ``device``; numpy work is synchronous, so nothing to do."""
     del device
 
@@ -220,13 +225,13 @@ def synchronize(device: Any = None) -> None:
 _NO_DEVICE_SCOPE = contextlib.nullcontext()
 
 
-def on_device(device: Any) -> contextlib.AbstractContextManager[Any]:
+def on_device(device: DeviceSpec | None) -> contextlib.AbstractContextManager[None]:
     """A context in which array operations run on ``device`` (nothing to do for host memory)."""
     del device
     return _NO_DEVICE_SCOPE
 
 
-def on_array_device(array: Any) -> contextlib.AbstractContextManager[Any]:
+def on_array_device(array: HostArray) -> contextlib.AbstractContextManager[None]:
     """A context for kernels reading ``array``: nothing to do in host memory."""
     del array
     return _NO_DEVICE_SCOPE

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from towerdist._src.backend import cupy_backend
+from towerdist._src.backend.cupy_streams import CudaEvent, CudaStream
+from towerdist._src.backend.gpu_module import GpuArray
 
 __all__ = ["PinnedStaging"]
 
@@ -44,10 +46,10 @@ class _Buffer:
 
     __slots__ = ("event", "memory", "size")
 
-    def __init__(self, memory: Any, size: int) -> None:
+    def __init__(self, memory: Any, size: int) -> None:  # cupy's PinnedMemoryPointer, which numpy views (untyped)
         self.memory = memory
         self.size = size
-        self.event: Any = None
+        self.event: Any = None  # None, then a CudaEvent (Any: _free_buffer reads it where its own checks show it is set)
 
 
 class PinnedStaging:
@@ -70,7 +72,7 @@ class PinnedStaging:
         """The number of pinned buffers allocated so far."""
         return len(self._buffers)
 
-    def upload(self, host: np.ndarray, stream: Any) -> Any:
+    def upload(self, host: np.ndarray, stream: CudaStream) -> GpuArray:
         """A new device array with ``host``'s values, uploaded asynchronously on ``stream`` from a staging buffer.
 
         Call it with the target GPU current and ``stream`` (a stream of that GPU) current.
@@ -87,7 +89,7 @@ class PinnedStaging:
         target.set(staged, stream=stream)
         return target
 
-    def uploaded(self, event: Any) -> None:
+    def uploaded(self, event: CudaEvent) -> None:
         """Marks the buffers used since the last call busy until ``event`` (recorded after their copies) completes."""
         for buffer in self._in_use:
             buffer.event = event

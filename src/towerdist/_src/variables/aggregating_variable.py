@@ -18,11 +18,12 @@ import numpy as np
 
 from towerdist._src import backend, context
 from towerdist._src import device as device_lib
+from towerdist._src.type_aliases import TensorLike
 from towerdist._src.values.distributed_values import DistributedValues
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 from towerdist._src.variables import aggregation
 from towerdist._src.variables.sliced import describe_write
-from towerdist._src.variables.variable import ResourceVariable, Variable, WriteOp
+from towerdist._src.variables.variable import ResourceVariable, Variable, WriteOp, WriteResult
 
 if TYPE_CHECKING:
     from towerdist._src.strategies.strategy import Strategy
@@ -79,7 +80,7 @@ class AggregatingVariable(Variable):
     def constraint(self) -> Callable[[Any], Any] | None:
         return self._v.constraint
 
-    def value(self) -> Any:
+    def value(self) -> TensorLike:
         """The value; read in a replica on a GPU, a copy on that GPU (the variable lives on the parameter device)."""
         value = self._v.value()
         here = device_lib.current()
@@ -87,7 +88,7 @@ class AggregatingVariable(Variable):
             return backend.for_device(here).to_device(value, here)
         return value
 
-    def _write(self, op: WriteOp, value: Any, read_value: bool) -> Any:
+    def _write(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         api = describe_write("AggregatingVariable", op)
         if context.has_strategy() and context.get_strategy() is not self._distribute_strategy:
             raise context.wrong_strategy_scope(self._distribute_strategy, api)
@@ -96,7 +97,7 @@ class AggregatingVariable(Variable):
             return aggregation.write_in_replica(self, op, value, read_value)
         return self._write_cross_replica(op, value, read_value)
 
-    def _write_cross_replica(self, op: WriteOp, value: Any, read_value: bool) -> Any:
+    def _write_cross_replica(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         if isinstance(value, DistributedValues) and not isinstance(value, Variable):
             value = value.values[0]  # TensorFlow's select_single_value: the primary component
         return self._v._write(op, value, read_value)

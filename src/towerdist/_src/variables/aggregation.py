@@ -25,7 +25,8 @@ When every replica passes the *same* object (a Python number, an array made outs
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
@@ -37,12 +38,21 @@ from towerdist._src.cross_device_ops.shared_memory import SharedMemoryAllReduce,
 from towerdist._src.failures import name_api
 from towerdist._src.indexed_slices import IndexedSlices, check_reducible
 from towerdist._src.reduce_op import ReduceOp
+from towerdist._src.type_aliases import TensorLike
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.values.regroup import regroup, select_replica
 from towerdist._src.variable_enums import VariableAggregation
 from towerdist._src.variables.scatter import Scatter
 from towerdist._src.variables.sliced import describe_write
-from towerdist._src.variables.variable import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, WriteOp
+from towerdist._src.variables.variable import ASSIGN, ASSIGN_ADD, ASSIGN_SUB, ResourceVariable, WriteOp, WriteResult
+
+if TYPE_CHECKING:  # the distributed variables import this module; the strategies build on the variables
+    from towerdist._src.strategies.strategy import Strategy
+    from towerdist._src.variables.aggregating_variable import AggregatingVariable
+    from towerdist._src.variables.distributed_variable import DistributedVariable
+
+# The variables whose replica-context writes are aggregated here.
+AggregatedVariable: TypeAlias = "DistributedVariable | AggregatingVariable"
 
 __all__ = ["aggregation_error", "write_in_replica"]
 
@@ -60,7 +70,7 @@ def aggregation_error(variable_type: str, name: str) -> ValueError:
     )
 
 
-def write_in_replica(variable: Any, op: WriteOp, value: Any, read_value: bool) -> Any:
+def write_in_replica(variable: AggregatedVariable, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
     """Replica-context ``variable.<op>(value)``: aggregate across replicas, then write."""
     api = describe_write(type(variable).__name__, op)
     if variable.aggregation is VariableAggregation.NONE:
@@ -78,13 +88,15 @@ def write_in_replica(variable: Any, op: WriteOp, value: Any, read_value: bool) -
     return replica_context._collective(_settle_writes, (variable, op, value, read_value), api)
 
 
-def _settle_writes(strategy: Any, writes: list[tuple[Any, str, Any, bool]]) -> list[Any]:
+def _settle_writes(strategy: Any, writes: list[tuple[AggregatedVariable, WriteOp, TensorLike, bool]]) -> list[Any]:
     """Runs once per round (cross-replica context): combines the replicas' values, writes once.
 
     ``writes[i]`` is replica ``i``'s ``(variable, op, value, read_value)``; the replicas
     met in the same API (the barrier checked it), so the method is the same. Each replica
     gets its component of the new value if it asked for it (``read_value``), else None.
     """
+    # ``strategy`` stays Any (here and in _write_fused): a multi-replica strategy whose ``extended`` has the
+    # replicas' devices and cross-device ops, which ``Strategy.extended`` (typed as the base class) does not name.
     variable, op = writes[0][0], writes[0][1]
     if any(write[0] is not variable for write in writes):
         raise ValueError(
@@ -111,7 +123,7 @@ _NOT_FUSED: Any = object()
 _FUSED_OPS = {ASSIGN: None, ASSIGN_ADD: False, ASSIGN_SUB: True}  # op -> ``subtract`` of reduce_into_update
 
 
-def _write_fused(strategy: Any, variable: Any, op: WriteOp, values: list[Any], read_value: bool) -> Any:
+def _write_fused(strategy: Any, variable: Any, op: WriteOp, values: list[TensorLike], read_value: bool) -> Any:
     """The write as one pass over host memory, when it can be: ``_NOT_FUSED`` otherwise.
 
     The common case of a large aggregated write on logical CPUs: a SUM or MEAN
@@ -121,6 +133,8 @@ def _write_fused(strategy: Any, variable: Any, op: WriteOp, values: list[Any], r
     previous value was in when nobody still looks at it; the result is the same as reducing
     first and writing after. Anything else takes the general path.
     """
+    # ``variable`` stays Any: a MirroredVariable once the checks below pass (its ``_write_result``), before
+    # them any variable aggregated here.
     subtract = _FUSED_OPS.get(op, _NOT_FUSED) if type(op) is str else _NOT_FUSED
     agg = variable.aggregation
     extended = strategy.extended
@@ -164,7 +178,7 @@ def _write_fused(strategy: Any, variable: Any, op: WriteOp, values: list[Any], r
     return variable._write_result()
 
 
-def _one_host_buffer(components: Any, old: Any) -> bool:
+def _one_host_buffer(components: Sequence[ResourceVariable], old: TensorLike) -> bool:
     """Whether every component's value is ``old`` or a view of the same whole host buffer."""
     if type(old) is not np.ndarray:
         return False
@@ -181,7 +195,7 @@ def _one_host_buffer(components: Any, old: Any) -> bool:
     return owner.shape == old.shape or owner.size == old.size
 
 
-def _aggregate(strategy: Any, variable: Any, value: Any, op: WriteOp) -> Any:
+def _aggregate(strategy: Strategy, variable: AggregatedVariable, value: TensorLike, op: WriteOp) -> TensorLike:
     agg = variable.aggregation
     if agg is VariableAggregation.MEAN and variable.dtype.kind != "f" and isinstance(value, PerReplica):
         raise ValueError(
@@ -203,13 +217,15 @@ def _aggregate(strategy: Any, variable: Any, value: Any, op: WriteOp) -> Any:
     return strategy.extended._reduce_to(reduce_op, value, variable, None, collective=collective)
 
 
-def _applies_rows_in_turn(op: WriteOp, value: Any) -> bool:
+def _applies_rows_in_turn(op: WriteOp, value: TensorLike) -> bool:
     """A ``scatter_mul``/``scatter_div`` of the replicas' ``IndexedSlices``: each row's effect depends on the others'."""
     parts = value.values if isinstance(value, PerReplica) else (value,)  # (one local replica: the value itself)
     return isinstance(op, Scatter) and op.method in ("scatter_mul", "scatter_div") and isinstance(parts[0], IndexedSlices)
 
 
-def _concatenated_slices(strategy: Any, reduce_op: ReduceOp, value: Any, collective: str) -> IndexedSlices:
+def _concatenated_slices(
+    strategy: Strategy, reduce_op: ReduceOp, value: PerReplica[IndexedSlices] | IndexedSlices, collective: str
+) -> IndexedSlices:
     """Every replica's slices one after another (MEAN: each value divided by the replicas), as TensorFlow reduces them.
 
     A sum of rows would give the same dense value, but a scatter_mul multiplies by each
@@ -227,7 +243,7 @@ def _concatenated_slices(strategy: Any, reduce_op: ReduceOp, value: Any, collect
     return IndexedSlices(values, indices, parts[0].dense_shape)
 
 
-def _first_slices(strategy: Any, value: PerReplica, collective: str) -> IndexedSlices:
+def _first_slices(strategy: Strategy, value: PerReplica, collective: str) -> IndexedSlices:
     """Replica 0's ``IndexedSlices`` (a scatter with ONLY_FIRST_REPLICA), written to every component as it is.
 
     Each component moves the rows to its own device as it writes them, so there is nothing
@@ -243,7 +259,7 @@ def _first_slices(strategy: Any, value: PerReplica, collective: str) -> IndexedS
     return first
 
 
-def _describe(value: Any) -> str:
+def _describe(value: object) -> str:
     if isinstance(value, PerReplica):
         return "replicas passed " + ", ".join(_describe(v) for v in value.values)
     if isinstance(value, str):

@@ -18,17 +18,25 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 import numpy as np
 
 from towerdist._src import backend, context, name_scope, thread_state
 from towerdist._src import device as device_lib
 from towerdist._src.device import DeviceSpec
+from towerdist._src.type_aliases import Array, DTypeLike, TensorLike
 from towerdist._src.values.distributed_values import PerReplica
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 from towerdist._src.variables.distributed_variable import MirroredVariable, SyncOnReadVariable
-from towerdist._src.variables.variable import ResourceVariable, to_array
+from towerdist._src.variables.variable import ResourceVariable, Variable, to_array
+
+if TYPE_CHECKING:  # the strategies build on the variables: only their types are named here
+    from towerdist._src.strategies.replica_context import ReplicaContext
+    from towerdist._src.strategies.strategy import Strategy
+
+# What td.Variable() starts from: a value, or a callable returning one (called once).
+InitialValue: TypeAlias = TensorLike | Callable[[], TensorLike]
 
 __all__ = ["VariableSpec", "create_variable", "distributed_variable", "materialize", "plain_variable"]
 
@@ -55,19 +63,20 @@ class VariableSpec(NamedTuple):
 
 
 def create_variable(
-    initial_value: Any = None,
+    initial_value: InitialValue | None = None,
     trainable: bool | None = None,
     *,
     name: str | None = None,
-    dtype: Any = None,
+    dtype: DTypeLike | None = None,
     shape: Sequence[int | None] | None = None,
     synchronization: VariableSynchronization | None = VariableSynchronization.AUTO,
     aggregation: VariableAggregation | None = VariableAggregation.NONE,
     validate_shape: bool = True,
-    caching_device: Any = None,
+    caching_device: object = None,
     constraint: Callable[[Any], Any] | None = None,
 ) -> Any:
     """``td.Variable(...)``: see :class:`towerdist.Variable` for the arguments."""
+    # (-> Any, not Variable, while callers still carry a ``type: ignore[no-any-return]`` for it)
     del caching_device  # a graph-mode placement hint; towerdist places variables itself
     spec = _check(
         initial_value, trainable, name, dtype, shape, validate_shape, synchronization, aggregation, constraint
@@ -83,16 +92,17 @@ def create_variable(
 
 
 def _check(
-    initial_value: Any,
-    trainable: Any,
-    name: Any,
-    dtype: Any,
-    shape: Any,
+    initial_value: InitialValue | None,
+    trainable: bool | None,
+    name: str | None,
+    dtype: DTypeLike | None,
+    shape: Sequence[int | None] | int | None,
     validate_shape: bool,
-    synchronization: Any,
-    aggregation: Any,
-    constraint: Any,
+    synchronization: VariableSynchronization | None,
+    aggregation: VariableAggregation | None,
+    constraint: Callable[[Any], Any] | None,
 ) -> VariableSpec:
+    # The annotations are the contract; the checks below word TensorFlow's errors for code that breaks it.
     if initial_value is None:
         raise ValueError(
             "The `initial_value` arg to `td.Variable` must be specified: pass an array, a Python value, or "
@@ -146,7 +156,7 @@ def _check(
     )
 
 
-def materialize(spec: VariableSpec, device: DeviceSpec) -> Any:
+def materialize(spec: VariableSpec, device: DeviceSpec) -> TensorLike:
     """Computes the initial value once, on ``device``, as a private array of the right dtype.
 
     Raises:
@@ -167,7 +177,7 @@ def materialize(spec: VariableSpec, device: DeviceSpec) -> Any:
     return backend.for_device(device).copy(array, device)
 
 
-def declared_shape(spec: VariableSpec, array: Any) -> tuple[int | None, ...] | None:
+def declared_shape(spec: VariableSpec, array: Array) -> tuple[int | None, ...] | None:
     """The shape later assignments must have (None: any shape)."""
     if not spec.validate_shape:
         return None
@@ -194,7 +204,7 @@ def host_counter(name: str) -> ResourceVariable:
     return plain_variable(spec, device_lib.HOST, None)
 
 
-def plain_variable(spec: VariableSpec, device: DeviceSpec, strategy: Any) -> ResourceVariable:
+def plain_variable(spec: VariableSpec, device: DeviceSpec, strategy: Strategy | None) -> ResourceVariable:
     """A single-device variable on ``device`` created from ``spec``."""
     array = materialize(spec, device)
     return ResourceVariable(
@@ -210,7 +220,9 @@ def plain_variable(spec: VariableSpec, device: DeviceSpec, strategy: Any) -> Res
     )
 
 
-def distributed_variable(spec: VariableSpec, devices: Sequence[DeviceSpec], strategy: Any) -> Any:
+def distributed_variable(
+    spec: VariableSpec, devices: Sequence[DeviceSpec], strategy: Strategy
+) -> MirroredVariable | SyncOnReadVariable:
     """A ``MirroredVariable`` (ON_WRITE/AUTO) or ``SyncOnReadVariable`` (ON_READ) over ``devices``.
 
     The initial value is computed once, on the first device, and copied to the others
@@ -266,12 +278,12 @@ class _Request:
 
     __slots__ = ("replica_context", "spec")
 
-    def __init__(self, spec: VariableSpec, replica_context: Any) -> None:
+    def __init__(self, spec: VariableSpec, replica_context: ReplicaContext) -> None:
         self.spec = spec
         self.replica_context = replica_context
 
 
-def _create_shared(strategy: Any, requests: Any) -> Any:
+def _create_shared(strategy: Strategy, requests: PerReplica[_Request] | _Request) -> Variable:
     """Runs once, in cross-replica context, when every replica has asked for the variable."""
     ordered = list(requests.values) if isinstance(requests, PerReplica) else [requests]
     first = ordered[0].spec
@@ -292,7 +304,8 @@ def _create_shared(strategy: Any, requests: Any) -> Any:
     with replica_0, device_lib.device(replica_0._device):
         initial_value = first.initial_value() if callable(first.initial_value) else first.initial_value
         initial_value = to_array(initial_value, first.dtype, f"td.Variable(name={first.name!r}) initial_value")
-    return strategy.extended._create_variable(first._replace(initial_value=initial_value))
+    variable: Variable = strategy.extended._create_variable(first._replace(initial_value=initial_value))
+    return variable
 
 
 def _mismatch(first: VariableSpec, other: VariableSpec) -> str | None:

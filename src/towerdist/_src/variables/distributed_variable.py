@@ -34,6 +34,7 @@ import numpy as np
 from towerdist._src import backend, context, thread_state, update_fence
 from towerdist._src.failures import name_api
 from towerdist._src.reduce_op import ReduceOp
+from towerdist._src.type_aliases import TensorLike
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 from towerdist._src.values.regroup import split_for_replicas
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
@@ -45,6 +46,7 @@ from towerdist._src.variables.variable import (
     ResourceVariable,
     Variable,
     WriteOp,
+    WriteResult,
     to_array,
     unread,
 )
@@ -109,7 +111,7 @@ class DistributedVariable(DistributedValues, Variable):
 
     # --- reads ----------------------------------------------------------------------------
 
-    def value(self) -> Any:
+    def value(self) -> TensorLike:
         modes = thread_state.state.modes
         if modes:
             top = modes[-1]
@@ -123,10 +125,10 @@ class DistributedVariable(DistributedValues, Variable):
             return self._components[replica_id].value()
         return self._read_cross_replica()
 
-    def _read_cross_replica(self) -> Any:
+    def _read_cross_replica(self) -> TensorLike:
         raise NotImplementedError
 
-    def _get_cross_replica(self) -> Any:
+    def _get_cross_replica(self) -> TensorLike:
         return self._read_cross_replica()
 
     def _component_here(self) -> ResourceVariable:
@@ -139,7 +141,7 @@ class DistributedVariable(DistributedValues, Variable):
 
     # --- writes ---------------------------------------------------------------------------
 
-    def _write(self, op: WriteOp, value: Any, read_value: bool) -> Any:
+    def _write(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         self._check_strategy(describe_write("", op).lstrip("."))
         component = self._update_component()
         if component is not None:
@@ -149,7 +151,7 @@ class DistributedVariable(DistributedValues, Variable):
             return self._write_in_replica(op, value, read_value)
         return self._write_cross_replica(op, value, read_value)
 
-    def _write_in_replica(self, op: WriteOp, value: Any, read_value: bool) -> Any:
+    def _write_in_replica(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         raise NotImplementedError
 
     def _api(self, method: str) -> str:
@@ -164,7 +166,7 @@ class DistributedVariable(DistributedValues, Variable):
                 f"copy.{method}(...))."
             )
 
-    def _write_cross_replica(self, op: WriteOp, value: Any, read_value: bool) -> Any:
+    def _write_cross_replica(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         """Writes ``value`` to every component (a distributed value component-wise)."""
         try:
             parts = split_for_replicas(value, len(self._components), "value")
@@ -180,7 +182,7 @@ class DistributedVariable(DistributedValues, Variable):
             return unread(self)
         return self._write_result()
 
-    def _write_result(self) -> Any:
+    def _write_result(self) -> WriteResult:
         """What a write returns when asked to read the value, as TensorFlow's grouped update.
 
         Several components: every component's new value (a ``Mirrored``). One component
@@ -267,10 +269,10 @@ class MirroredVariable(DistributedVariable):
                 f"aggregation=td.VariableAggregation.ONLY_FIRST_REPLICA (or NONE), or use scatter_add()."
             )
 
-    def _read_cross_replica(self) -> Any:
+    def _read_cross_replica(self) -> TensorLike:
         return self._get_on_device_or_primary().value()
 
-    def _write_in_replica(self, op: WriteOp, value: Any, read_value: bool) -> Any:
+    def _write_in_replica(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         if self._aggregation is VariableAggregation.NONE:
             # The replica's own component only. Components on logical CPUs may share one
             # (immutable) buffer; the write swaps in a new buffer for this component alone.
@@ -296,7 +298,7 @@ class SyncOnReadVariable(DistributedVariable):
             f"assign()/assign_add() inside strategy.run(), or use a variable with synchronization=ON_WRITE."
         )
 
-    def _read_cross_replica(self) -> Any:
+    def _read_cross_replica(self) -> TensorLike:
         if self._aggregation is VariableAggregation.ONLY_FIRST_REPLICA:
             extended = self._distribute_strategy.extended
             if extended._num_workers == 1:
@@ -305,10 +307,10 @@ class SyncOnReadVariable(DistributedVariable):
         op = ReduceOp.from_variable_aggregation(self._aggregation)
         return self._distribute_strategy.extended._reduce(op, self)
 
-    def _write_in_replica(self, op: WriteOp, value: Any, read_value: bool) -> Any:
+    def _write_in_replica(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         return self._component_here()._write(op, value, read_value)
 
-    def _write_cross_replica(self, op: WriteOp, value: Any, read_value: bool) -> Any:
+    def _write_cross_replica(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         if self._aggregation is VariableAggregation.SUM:
             if op in (ASSIGN_ADD, ASSIGN_SUB):
                 raise ValueError(
@@ -321,7 +323,7 @@ class SyncOnReadVariable(DistributedVariable):
         super()._write_cross_replica(op, value, read_value=False)
         return self.value() if read_value else None
 
-    def _split_sum(self, value: Any) -> Any:
+    def _split_sum(self, value: TensorLike) -> TensorLike:
         """Parts of ``value``, one per component, that sum to ``value``.
 
         Floating point: ``value / num_replicas`` in every component (TensorFlow's rule).
@@ -348,7 +350,7 @@ class SyncOnReadVariable(DistributedVariable):
 # --- writing components as one transaction ---------------------------------------------------
 
 
-def write_components(components: Sequence[ResourceVariable], op: WriteOp, parts: Sequence[Any]) -> list[Any]:
+def write_components(components: Sequence[ResourceVariable], op: WriteOp, parts: Sequence[TensorLike]) -> list[TensorLike]:
     """Applies ``op(parts[i])`` to ``components[i]`` for every ``i``, all or nothing.
 
     Every new value is computed before any is stored, so a bad value (wrong shape or
@@ -364,11 +366,11 @@ def write_components(components: Sequence[ResourceVariable], op: WriteOp, parts:
         return _write_locked(components, op, parts)
 
 
-def _write_locked(components: Sequence[ResourceVariable], op: WriteOp, parts: Sequence[Any]) -> list[Any]:
+def _write_locked(components: Sequence[ResourceVariable], op: WriteOp, parts: Sequence[TensorLike]) -> list[TensorLike]:
     host = backend.host()
     prepared: list[Any] = []
     shared: list[bool] = []  # the component reuses another's result (that one keeps the spare buffer)
-    cache: dict[tuple[Any, ...], Any] = {}
+    cache: dict[tuple[object, ...], TensorLike] = {}
     for component, part in zip(components, parts):
         key = None
         if component._impl is host:
@@ -391,7 +393,7 @@ def _write_locked(components: Sequence[ResourceVariable], op: WriteOp, parts: Se
     return [component.value() for component in components]
 
 
-def _content_key(value: Any) -> tuple[Any, ...] | None:
+def _content_key(value: object) -> tuple[object, ...] | None:
     """Equal keys mean equal contents at this instant (same memory, same view); else None."""
     if isinstance(value, np.ndarray):
         return ("array", value.__array_interface__["data"][0], value.shape, value.strides, value.dtype.str)

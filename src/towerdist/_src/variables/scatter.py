@@ -27,7 +27,7 @@ component), on that array's device.
 
 from __future__ import annotations
 
-from typing import Any
+from types import ModuleType
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from towerdist._src import backend
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.failures import API, unworded
 from towerdist._src.indexed_slices import IndexedSlices, summed_rows
+from towerdist._src.type_aliases import Array, ArrayModule, TensorLike
 from towerdist._src.values.distributed_values import DistributedValues
 
 __all__ = [
@@ -71,20 +72,20 @@ class Scatter:
 
     __slots__ = ("method", "nd_indices")
 
-    def __init__(self, method: str, nd_indices: Any = None) -> None:
+    def __init__(self, method: str, nd_indices: TensorLike = None) -> None:
         self.method = method
         self.nd_indices = nd_indices
 
     def __str__(self) -> str:
         return self.method
 
-    def split(self, value: Any) -> tuple[Any, Any]:
+    def split(self, value: TensorLike) -> tuple[TensorLike, TensorLike]:
         """``(indices, updates)`` of the value written."""
         if self.method in ND:
             return self.nd_indices, value
         return value.indices, value.values
 
-    def apply(self, new: Any, indices: Any, updates: Any, name: str) -> None:
+    def apply(self, new: TensorLike, indices: TensorLike, updates: TensorLike, name: str) -> None:
         """Applies the scatter to ``new`` (a private copy of the value), after :meth:`check`-ing everything.
 
         ``indices`` and ``updates`` are on ``new``'s device, ``updates`` of its dtype.
@@ -120,7 +121,9 @@ class Scatter:
             view[last] = updates[::-1][position]
 
 
-def _slice_rows(indices: Any, updates: Any, shape: tuple[int, ...], name: str) -> tuple[Any, Any, tuple[int, ...]]:
+def _slice_rows(
+    indices: TensorLike, updates: TensorLike, shape: tuple[int, ...], name: str
+) -> tuple[TensorLike, TensorLike, tuple[int, ...]]:
     """Rows and updates of ``scatter_*``: one update of shape ``shape[1:]`` per index."""
     if not shape:
         raise unworded(
@@ -140,7 +143,9 @@ def _slice_rows(indices: Any, updates: Any, shape: tuple[int, ...], name: str) -
     return rows, updates.reshape((rows.shape[0], *shape[1:])), shape
 
 
-def _nd_rows(xp: Any, indices: Any, updates: Any, shape: tuple[int, ...], name: str) -> tuple[Any, Any, tuple[int, ...]]:
+def _nd_rows(
+    xp: ArrayModule, indices: TensorLike, updates: TensorLike, shape: tuple[int, ...], name: str
+) -> tuple[TensorLike, TensorLike, tuple[int, ...]]:
     """Rows of ``scatter_nd_*``: the last axis of ``indices`` addresses the first ``K`` dimensions."""
     if indices.ndim == 0 or indices.shape[-1] > len(shape) or indices.shape[-1] == 0:
         raise unworded(
@@ -177,7 +182,9 @@ def _nd_rows(xp: Any, indices: Any, updates: Any, shape: tuple[int, ...], name: 
     return rows, updates.reshape((flat.shape[0], *shape[k:])), (rows_total, *shape[k:])
 
 
-def _batch_rows(xp: Any, indices: Any, updates: Any, shape: tuple[int, ...], name: str) -> tuple[Any, Any, tuple[int, ...]]:
+def _batch_rows(
+    xp: ArrayModule, indices: TensorLike, updates: TensorLike, shape: tuple[int, ...], name: str
+) -> tuple[TensorLike, TensorLike, tuple[int, ...]]:
     """Rows of ``batch_scatter_update``: ``indices[b..., i]`` names a row of the variable's batch ``b...``."""
     batch = tuple(indices.shape[:-1])
     if len(shape) < indices.ndim or tuple(shape[: len(batch)]) != batch:
@@ -206,7 +213,7 @@ def _batch_rows(xp: Any, indices: Any, updates: Any, shape: tuple[int, ...], nam
     return rows, updates.reshape((count * per_batch, *tail)), (count * depth, *tail)
 
 
-def _check_rows(indices: Any, rows: Any, limit: int, shape: tuple[int, ...], name: str, written: bool = True) -> None:
+def _check_rows(indices: Array, rows: TensorLike, limit: int, shape: tuple[int, ...], name: str, written: bool = True) -> None:
     """Raises ``InvalidArgumentError`` naming the first of ``rows`` (``indices`` flattened) outside ``[0, limit)``."""
     if rows.shape[0] == 0:
         return
@@ -224,7 +231,7 @@ def _check_rows(indices: Any, rows: Any, limit: int, shape: tuple[int, ...], nam
         )
 
 
-def _apply_in_rounds(xp: Any, view: Any, rows: Any, updates: Any, method: str) -> None:
+def _apply_in_rounds(xp: ArrayModule, view: TensorLike, rows: TensorLike, updates: TensorLike, method: str) -> None:
     """Applies mul/div/min/max row by row, a repeated index once per round, in the order of the rows.
 
     Each round takes the first remaining occurrence of every index, so the rows of one index
@@ -240,7 +247,7 @@ def _apply_in_rounds(xp: Any, view: Any, rows: Any, updates: Any, method: str) -
         rows, updates = rows[rest], updates[rest]
 
 
-def _combine(xp: Any, old: Any, update: Any, method: str) -> Any:
+def _combine(xp: ArrayModule, old: TensorLike, update: TensorLike, method: str) -> TensorLike:
     if method == "scatter_mul":
         return old * update
     if method == "scatter_min":
@@ -253,7 +260,7 @@ def _combine(xp: Any, old: Any, update: Any, method: str) -> Any:
     return (old / update).astype(old.dtype)  # (a zero divisor was refused before anything was written)
 
 
-def require_slices(sparse_delta: Any, cross_replica: bool) -> None:
+def require_slices(sparse_delta: object, cross_replica: bool) -> None:
     """Raises ``TypeError`` unless ``sparse_delta`` is an ``IndexedSlices`` (in cross-replica context,
     also a distributed value of one ``IndexedSlices`` per replica)."""
     parts = getattr(sparse_delta, "values", None) if cross_replica and _is_distributed(sparse_delta) else None
@@ -268,14 +275,14 @@ def require_slices(sparse_delta: Any, cross_replica: bool) -> None:
     )
 
 
-def _is_distributed(value: Any) -> bool:
+def _is_distributed(value: object) -> bool:
     return isinstance(value, DistributedValues) and not getattr(value, "_is_distributed_variable", False)
 
 
 # --- sparse reads ------------------------------------------------------------------------------
 
 
-def sparse_read(value: Any, indices: Any, name: str) -> Any:
+def sparse_read(value: TensorLike, indices: TensorLike, name: str) -> TensorLike:
     """The rows ``indices`` of ``value`` (a new array, on ``value``'s device): ``value[indices]``.
 
     Raises:
@@ -290,7 +297,7 @@ def sparse_read(value: Any, indices: Any, name: str) -> Any:
         return value[index]
 
 
-def gather_nd(value: Any, indices: Any, name: str) -> Any:
+def gather_nd(value: TensorLike, indices: TensorLike, name: str) -> TensorLike:
     """The elements or slices of ``value`` that the last axis of ``indices`` addresses (``tf.gather_nd``).
 
     Raises:
@@ -323,8 +330,8 @@ def gather_nd(value: Any, indices: Any, name: str) -> Any:
         return value[tuple(index[..., j] for j in range(k))]
 
 
-def index_array(impl: Any, value: Any, indices: Any, name: str) -> Any:
-    """``indices`` as an integer array on ``value``'s device."""
+def index_array(impl: ModuleType, value: TensorLike, indices: TensorLike, name: str) -> TensorLike:
+    """``indices`` as an integer array on ``value``'s device (``impl``: that device's backend module)."""
     if hasattr(indices, "_towerdist_value"):
         indices = indices._towerdist_value()
     array = indices if backend.is_array(indices) and not np.isscalar(indices) else np.asarray(indices)

@@ -15,11 +15,17 @@ aggregation in replica context, all-or-nothing across components).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.type_aliases import Array, HostArray, TensorLike
+
+if TYPE_CHECKING:  # the variables import this module: only their types are named here
+    from towerdist._src.variables.scatter import Scatter
+    from towerdist._src.variables.variable import Variable, WriteResult
 
 __all__ = ["SliceAssign", "VariableSlice", "describe_write", "slice_of"]
 
@@ -33,14 +39,14 @@ class SliceAssign:
 
     __slots__ = ("index", "key")
 
-    def __init__(self, key: Any) -> None:
+    def __init__(self, key: object) -> None:  # an index expression numpy takes, kept and shown
         self.key = key
         self.index = f"[{format_key(key)}]"
 
     def __str__(self) -> str:
         return f"{self.index}.assign"
 
-    def check(self, old: Any, value: Any, name: str) -> None:
+    def check(self, old: TensorLike, value: Array, name: str) -> None:
         """Raises unless ``value`` broadcasts to the shape of ``old[key]``, as TensorFlow's sliced assign allows.
 
         Raises:
@@ -59,24 +65,24 @@ class SliceAssign:
                 f"change the key."
             )
 
-    def apply(self, new: Any, value: Any) -> Any:
+    def apply(self, new: TensorLike, value: TensorLike) -> TensorLike:
         """Sets the elements ``key`` selects in ``new`` (a private copy of the old value) to ``value``."""
         new[self.key] = value
         return new
 
 
-def describe_write(owner: str, op: Any) -> str:
+def describe_write(owner: str, op: str | SliceAssign | Scatter) -> str:
     """The call a write op stands for, e.g. ``"v.assign_add()"`` or ``"v[1:].assign()"``."""
     return f"{owner}{op}()" if type(op) is SliceAssign else f"{owner}.{op}()"
 
 
-def format_key(key: Any) -> str:
+def format_key(key: object) -> str:
     """``key`` as Python's indexing syntax writes it: ``0``, ``1:``, ``::2, 0``, ``...``."""
     parts = key if type(key) is tuple else (key,)
     return ", ".join(_format_part(part) for part in parts)
 
 
-def _format_part(part: Any) -> str:
+def _format_part(part: object) -> str:
     if isinstance(part, slice):
         text = ":".join("" if x is None else str(x) for x in (part.start, part.stop))
         return text if part.step is None else f"{text}:{part.step}"
@@ -101,11 +107,11 @@ class VariableSlice(np.ndarray):
     _variable: Any
     _key: Any
 
-    def __array_finalize__(self, obj: Any) -> None:
+    def __array_finalize__(self, obj: object) -> None:
         self._variable = None
         self._key = None
 
-    def __array_wrap__(self, array: Any, context: Any = None, return_scalar: bool = False) -> Any:
+    def __array_wrap__(self, array: HostArray, context: object = None, return_scalar: bool = False) -> Any:
         # Results of ufuncs and reductions are plain arrays (or numpy scalars).
         plain = array.view(np.ndarray) if isinstance(array, VariableSlice) else array
         return plain[()] if return_scalar else plain
@@ -121,7 +127,7 @@ class VariableSlice(np.ndarray):
         return self.view(np.ndarray).__reduce__()
 
     @property
-    def assign(self) -> Any:
+    def assign(self) -> Callable[..., WriteResult]:
         """``assign(value, name=None)``: writes ``value`` to the elements this array was read from.
 
         Returns what ``variable.assign`` returns (the variable, read when used; for a
@@ -140,7 +146,7 @@ class VariableSlice(np.ndarray):
             )
         return self._assign
 
-    def _assign(self, val: Any, name: str | None = None) -> Any:
+    def _assign(self, val: TensorLike, name: str | None = None) -> WriteResult:
         del name  # a graph-mode op name: accepted for TensorFlow compatibility
         return self._variable._write(SliceAssign(self._key), val, True)
 
@@ -150,7 +156,7 @@ class VariableSlice(np.ndarray):
         return copy[()] if copy.ndim == 0 else copy
 
 
-def slice_of(variable: Any, key: Any, value: Any) -> Any:
+def slice_of(variable: Variable, key: object, value: TensorLike) -> TensorLike:
     """``value`` (read from ``variable`` with ``key``) with ``assign``, when it lives in host memory.
 
     GPU arrays are returned as they are.

@@ -23,9 +23,10 @@ allocation cheap.
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import numpy as np
+
+from towerdist._src.type_aliases import HostArray, TensorLike
 
 __all__ = ["UpdateBuffers"]
 
@@ -45,10 +46,10 @@ class UpdateBuffers:
     __slots__ = ("_scratch", "_spares")
 
     def __init__(self) -> None:
-        self._spares: dict[str, Any] = {}
-        self._scratch: dict[str, Any] = {}
+        self._spares: dict[str, HostArray] = {}
+        self._scratch: dict[str, HostArray] = {}
 
-    def out(self, name: str, like: Any) -> Any:
+    def out(self, name: str, like: TensorLike) -> HostArray | None:
         """A private, writable buffer shaped like ``like`` for the new value ``name``."""
         if type(like) is not np.ndarray:
             return None  # device arrays: let the rule allocate (cupy pools its memory)
@@ -63,7 +64,7 @@ class UpdateBuffers:
             return spare
         return np.empty_like(like)
 
-    def scratch(self, name: str, like: Any) -> Any:
+    def scratch(self, name: str, like: TensorLike) -> HostArray | None:
         """A private temporary shaped like ``like``, reused every step (None on a device)."""
         if type(like) is not np.ndarray:
             return None
@@ -77,7 +78,7 @@ class UpdateBuffers:
                 buffer = self._scratch[name] = np.empty_like(like)
         return buffer
 
-    def retire(self, name: str, replaced: Any) -> None:
+    def retire(self, name: str, replaced: TensorLike) -> None:
         """Keeps ``replaced`` (the buffer a new value of ``name`` replaced) as the next spare.
 
         Only buffers this object allocated qualify (numpy arrays owning their memory); a

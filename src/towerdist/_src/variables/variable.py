@@ -25,7 +25,7 @@ import copy
 import operator
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.failures import API, unworded, worded_at
 from towerdist._src.operators import ArrayOperators, binary
+from towerdist._src.type_aliases import DTypeLike, Nest, TensorLike
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 from towerdist._src.variables import scatter, sliced
@@ -43,12 +44,23 @@ from towerdist._src.variables.sliced import SliceAssign, describe_write
 from towerdist._src.variables.update_buffers import UpdateBuffers
 
 if TYPE_CHECKING:
+    from towerdist._src.indexed_slices import IndexedSlices
     from towerdist._src.strategies.strategy import Strategy
 
-__all__ = ["ResourceVariable", "UnreadVariable", "Variable", "VariableRef", "WriteOp", "adopt_shared", "to_array", "unread"]
+__all__ = [
+    "ResourceVariable", "UnreadVariable", "Variable", "VariableRef", "WriteOp", "WriteResult", "adopt_shared", "to_array",
+    "unread",
+]  # fmt: skip
 
 # A write of the write protocol: a method name below, a sliced assign or a scatter.
 WriteOp = str | SliceAssign | Scatter
+
+# What a write returns: the variable read when used (an UnreadVariable), None with
+# read_value=False, or, for a distributed variable written in cross-replica context (or with
+# aggregation in replica context), its components' new values (a Mirrored, as TensorFlow's
+# grouped update returns). It stays Any, as TensorLike does: code chains writes and reads the
+# result without asking which it got (``v.assign(x).numpy()``), as in TensorFlow.
+WriteResult: TypeAlias = Any
 
 # The write operations every variable supports, by method name.
 ASSIGN = "assign"
@@ -156,11 +168,11 @@ class Variable(ArrayOperators, metaclass=_VariableMeta):
         """The constraint given at creation, or None."""
         raise NotImplementedError
 
-    def value(self) -> Any:
+    def value(self) -> TensorLike:
         """The current value as an array (a snapshot: later writes do not change it)."""
         raise NotImplementedError
 
-    def assign(self, value: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> Any:
+    def assign(self, value: TensorLike, use_locking: bool = False, name: str | None = None, read_value: bool = True) -> WriteResult:
         """Sets the value to ``value`` (same shape; converted to the variable's dtype).
 
         Returns the variable, read when used (an :class:`UnreadVariable`, as in TensorFlow
@@ -173,24 +185,24 @@ class Variable(ArrayOperators, metaclass=_VariableMeta):
         return self._write(ASSIGN, value, read_value)
 
     def assign_add(
-        self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True
-    ) -> Any:
+        self, delta: TensorLike, use_locking: bool = False, name: str | None = None, read_value: bool = True
+    ) -> WriteResult:
         """Adds ``delta`` (same shape as the variable); returns what :meth:`assign` returns."""
         return self._write(ASSIGN_ADD, delta, read_value)
 
     def assign_sub(
-        self, delta: Any, use_locking: bool = False, name: str | None = None, read_value: bool = True
-    ) -> Any:
+        self, delta: TensorLike, use_locking: bool = False, name: str | None = None, read_value: bool = True
+    ) -> WriteResult:
         """Subtracts ``delta`` (same shape as the variable); returns what :meth:`assign` returns."""
         return self._write(ASSIGN_SUB, delta, read_value)
 
-    def _write(self, op: WriteOp, value: Any, read_value: bool) -> Any:
+    def _write(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         """Applies the write ``op`` (``"assign"``, ``"assign_add"``, ``"assign_sub"``, a sliced assign or a scatter)."""
         raise NotImplementedError
 
     # --- scatter updates and sparse reads (rules in scatter.py) ------------------------------
 
-    def scatter_add(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> Any:
+    def scatter_add(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> WriteResult:
         """Adds ``sparse_delta.values`` to the rows ``sparse_delta.indices`` (a repeated index adds every row).
 
         ``sparse_delta`` is a ``td.IndexedSlices`` whose values have shape ``indices.shape +
@@ -204,38 +216,38 @@ class Variable(ArrayOperators, metaclass=_VariableMeta):
         """
         return self._scatter("scatter_add", sparse_delta)
 
-    def scatter_sub(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> Any:
+    def scatter_sub(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> WriteResult:
         """Subtracts ``sparse_delta.values`` from its rows; as :meth:`scatter_add`."""
         return self._scatter("scatter_sub", sparse_delta)
 
-    def scatter_mul(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> Any:
+    def scatter_mul(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> WriteResult:
         """Multiplies the rows ``sparse_delta.indices`` by ``sparse_delta.values``; as :meth:`scatter_add`."""
         return self._scatter("scatter_mul", sparse_delta)
 
-    def scatter_div(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> Any:
+    def scatter_div(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> WriteResult:
         """Divides the rows by ``sparse_delta.values`` (integers: truncated, a zero divisor raises); as :meth:`scatter_add`."""
         return self._scatter("scatter_div", sparse_delta)
 
-    def scatter_min(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> Any:
+    def scatter_min(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> WriteResult:
         """Sets each row to its minimum with ``sparse_delta.values``; as :meth:`scatter_add`."""
         return self._scatter("scatter_min", sparse_delta)
 
-    def scatter_max(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> Any:
+    def scatter_max(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> WriteResult:
         """Sets each row to its maximum with ``sparse_delta.values``; as :meth:`scatter_add`."""
         return self._scatter("scatter_max", sparse_delta)
 
-    def scatter_update(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> Any:
+    def scatter_update(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> WriteResult:
         """Sets the rows ``sparse_delta.indices`` to ``sparse_delta.values``; a repeated index takes its last row."""
         return self._scatter("scatter_update", sparse_delta)
 
-    def batch_scatter_update(self, sparse_delta: Any, use_locking: bool = False, name: str | None = None) -> Any:
+    def batch_scatter_update(self, sparse_delta: IndexedSlices, use_locking: bool = False, name: str | None = None) -> WriteResult:
         """Sets ``v[b..., indices[b..., i]]`` to ``values[b..., i]`` for each batch ``b...`` (the indices' leading dimensions).
 
         A repeated index takes its last row; otherwise as :meth:`scatter_update`.
         """
         return self._scatter(scatter.BATCH, sparse_delta)
 
-    def scatter_nd_add(self, indices: Any, updates: Any, name: str | None = None) -> Any:
+    def scatter_nd_add(self, indices: TensorLike, updates: TensorLike, name: str | None = None) -> WriteResult:
         """Adds ``updates`` at ``indices``, whose last axis addresses the first dimensions (``tf.scatter_nd_add``).
 
         ``updates`` has shape ``indices.shape[:-1] + variable.shape[K:]`` for indices of
@@ -244,15 +256,15 @@ class Variable(ArrayOperators, metaclass=_VariableMeta):
         """
         return self._scatter_nd("scatter_nd_add", indices, updates)
 
-    def scatter_nd_sub(self, indices: Any, updates: Any, name: str | None = None) -> Any:
+    def scatter_nd_sub(self, indices: TensorLike, updates: TensorLike, name: str | None = None) -> WriteResult:
         """Subtracts ``updates`` at ``indices``; as :meth:`scatter_nd_add`."""
         return self._scatter_nd("scatter_nd_sub", indices, updates)
 
-    def scatter_nd_update(self, indices: Any, updates: Any, name: str | None = None) -> Any:
+    def scatter_nd_update(self, indices: TensorLike, updates: TensorLike, name: str | None = None) -> WriteResult:
         """Sets the elements or slices at ``indices`` to ``updates``; a repeated index takes its last update."""
         return self._scatter_nd("scatter_nd_update", indices, updates)
 
-    def sparse_read(self, indices: Any, name: str | None = None) -> Any:
+    def sparse_read(self, indices: TensorLike, name: str | None = None) -> TensorLike:
         """The rows ``indices`` of the value (``value()[indices]``, a new array), as ``tf.gather`` reads them.
 
         Raises:
@@ -261,7 +273,7 @@ class Variable(ArrayOperators, metaclass=_VariableMeta):
         with worded_at(self._api("sparse_read")):
             return scatter.sparse_read(self.value(), indices, self.name)
 
-    def gather_nd(self, indices: Any, name: str | None = None) -> Any:
+    def gather_nd(self, indices: TensorLike, name: str | None = None) -> TensorLike:
         """The elements or slices the last axis of ``indices`` addresses (``tf.gather_nd`` of the value).
 
         Raises:
@@ -274,13 +286,13 @@ class Variable(ArrayOperators, metaclass=_VariableMeta):
         """The public call named in errors, e.g. ``"Variable.scatter_add()"``."""
         return f"Variable.{method}()"
 
-    def _scatter(self, method: str, sparse_delta: Any) -> Any:
+    def _scatter(self, method: str, sparse_delta: IndexedSlices) -> WriteResult:
         with worded_at(self._api(method)):
             self._check_scatter(method)
             scatter.require_slices(sparse_delta, context.replica_context_in_run() is None)
             return self._write(Scatter(method), sparse_delta, True)
 
-    def _scatter_nd(self, method: str, indices: Any, updates: Any) -> Any:
+    def _scatter_nd(self, method: str, indices: TensorLike, updates: TensorLike) -> WriteResult:
         with worded_at(self._api(method)):
             self._check_scatter(method)
             return self._write(Scatter(method, indices), updates, True)
@@ -288,7 +300,7 @@ class Variable(ArrayOperators, metaclass=_VariableMeta):
     def _check_scatter(self, method: str) -> None:
         """Raises if this kind of variable refuses the scatter ``method`` (every kind but plain variables may)."""
 
-    def __getitem__(self, key: Any) -> Any:
+    def __getitem__(self, key: object) -> TensorLike:
         """The elements ``key`` selects, read now (a snapshot); on the host, with ``assign``.
 
         ``v[1:].assign([5.0, 6.0])`` writes those elements (see ``sliced.py``).
@@ -299,7 +311,7 @@ class Variable(ArrayOperators, metaclass=_VariableMeta):
 
     # --- shared behaviour -----------------------------------------------------------------
 
-    def read_value(self) -> Any:
+    def read_value(self) -> TensorLike:
         """The current value as an array (the same as ``value()``)."""
         return self.value()
 
@@ -324,11 +336,11 @@ class Variable(ArrayOperators, metaclass=_VariableMeta):
         """The old name of :meth:`ref`."""
         return self.ref()
 
-    def _towerdist_value(self) -> Any:
+    def _towerdist_value(self) -> TensorLike:
         # The conversion protocol of td.convert_to_tensor (array_ops.py).
         return self.value()
 
-    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+    def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         value = self.value()
         if not backend.host().owns(value):
             value = _host_copy(value)
@@ -362,7 +374,7 @@ class Variable(ArrayOperators, metaclass=_VariableMeta):
             f"the key. (Variable: {self.name})"
         )
 
-    def _operand(self) -> Any:
+    def _operand(self) -> TensorLike:
         return self.value()
 
     # Element-wise, as TensorFlow's variables (hence unhashable, above).
@@ -392,7 +404,7 @@ class VariableRef:
         return f"<Reference wrapping {self._variable!r}>"
 
 
-def format_variable(name: str, value: Any) -> str:
+def format_variable(name: str, value: TensorLike) -> str:
     """TensorFlow's text of a single-device variable: ``<tf.Variable 'v:0' shape=() ...>``."""
     host = value if backend.host().owns(value) else _host_copy(value)
     host = np.asarray(host)
@@ -402,7 +414,7 @@ def format_variable(name: str, value: Any) -> str:
     return f"<tf.Variable '{name}' shape={tuple(host.shape)} dtype={host.dtype.name}, numpy={text}>"
 
 
-def _host_copy(value: Any) -> np.ndarray:
+def _host_copy(value: TensorLike) -> np.ndarray:
     if backend.host().owns(value):
         return np.array(value, copy=True)
     copied: np.ndarray = backend.host().to_device(value, None)  # a cupy array: copied to the host
@@ -421,7 +433,7 @@ class ResourceVariable(Variable):
 
     def __init__(
         self,
-        array: Any,
+        array: TensorLike,
         *,
         name: str,
         device: DeviceSpec,
@@ -492,7 +504,7 @@ class ResourceVariable(Variable):
     def constraint(self) -> Callable[[Any], Any] | None:
         return self._constraint
 
-    def value(self) -> Any:
+    def value(self) -> TensorLike:
         # A new read-only object per read, as each TensorFlow read is a new tensor: reads by
         # different replicas are different objects (so ``run`` regroups them per replica).
         if update_fence.up:  # this replica may have handed over an update of this variable, not applied yet
@@ -501,7 +513,7 @@ class ResourceVariable(Variable):
 
     # --- the write protocol (distributed variables write components through it) ------------
 
-    def _write(self, op: WriteOp, value: Any, read_value: bool) -> Any:
+    def _write(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         if update_fence.up:
             update_fence.wait(self)
         with self._write_lock:
@@ -510,7 +522,7 @@ class ResourceVariable(Variable):
             return None
         return unread(self)
 
-    def _prepare(self, op: WriteOp, value: Any) -> Any:
+    def _prepare(self, op: WriteOp, value: TensorLike) -> TensorLike:
         """The array ``op(value)`` would store, computed without changing the variable.
 
         Raises:
@@ -542,7 +554,7 @@ class ResourceVariable(Variable):
             return spare
         return self._impl.add(self._array, array, subtract=op == ASSIGN_SUB)
 
-    def _prepare_slice(self, op: SliceAssign, array: Any) -> Any:
+    def _prepare_slice(self, op: SliceAssign, array: TensorLike) -> TensorLike:
         """The value with the elements ``op.key`` selects replaced by ``array`` (broadcast)."""
         old = self._array
         op.check(old, array, self.name)
@@ -555,7 +567,7 @@ class ResourceVariable(Variable):
             return op.apply(spare, array)
         return op.apply(self._impl.copy(old, self._device), array)
 
-    def _prepare_scatter(self, op: Scatter, value: Any) -> Any:
+    def _prepare_scatter(self, op: Scatter, value: TensorLike) -> TensorLike:
         """The value with the scatter ``op`` of ``value`` (an ``IndexedSlices``, or updates) applied, in a new array."""
         if isinstance(value, PerReplica):
             value = value._local()
@@ -578,14 +590,14 @@ class ResourceVariable(Variable):
             op.apply(new, indices, updates, self.name)
         return new
 
-    def _spare_like(self, like: Any) -> np.ndarray | None:
+    def _spare_like(self, like: TensorLike) -> np.ndarray | None:
         """A private host buffer for a new value shaped like ``like``: the previous value's, if reusable."""
         if self._buffers is None or type(like) is not np.ndarray:
             return None
         spare: np.ndarray | None = self._buffers.out("value", like)
         return spare
 
-    def _store(self, array: Any) -> None:
+    def _store(self, array: TensorLike) -> None:
         """Adopts ``array`` (private) as the new value; one computed on another GPU is moved here first."""
         old = self._array
         if type(array) is not type(old) or (type(array) is not np.ndarray and array.device != old.device):
@@ -604,7 +616,7 @@ class ResourceVariable(Variable):
     # each under this variable's write lock, so they serialise with ``assign`` and friends
     # (and :func:`adopt_shared`, below the class, for one array shared by several).
 
-    def _adopt(self, array: Any) -> None:
+    def _adopt(self, array: TensorLike) -> None:
         """Makes ``array`` the value as it is: no copy, no move, no freeze.
 
         ``array`` must already be what a write would store: read-only (host), on this
@@ -614,7 +626,7 @@ class ResourceVariable(Variable):
         with self._write_lock:
             self._array = array
 
-    def _adopt_moved(self, array: Any) -> None:
+    def _adopt_moved(self, array: TensorLike) -> None:
         """Adopts ``array`` (private to this variable), moved to this device first and frozen.
 
         For a value computed on another device (a GPU component of a group updated once);
@@ -623,7 +635,7 @@ class ResourceVariable(Variable):
         with self._write_lock:
             self._store(array)
 
-    def _share(self, array: Any, replacing: Any) -> bool:
+    def _share(self, array: TensorLike, replacing: object) -> bool:
         """Holds ``array`` instead of ``replacing``, which views the same memory the same way.
 
         The caller has checked that the two arrays are views of one buffer (so the value does
@@ -663,7 +675,7 @@ class ResourceVariable(Variable):
         memo[id(self)] = copied
         return copied
 
-    def _copy_with(self, array: Any) -> ResourceVariable:
+    def _copy_with(self, array: TensorLike) -> ResourceVariable:
         """A variable like this one holding ``array`` (a private buffer on this device)."""
         return ResourceVariable(
             array,
@@ -736,10 +748,10 @@ class UnreadVariable(Variable):
     def constraint(self) -> Callable[[Any], Any] | None:
         return self._target.constraint
 
-    def value(self) -> Any:
+    def value(self) -> TensorLike:
         return self._target.value()
 
-    def _write(self, op: WriteOp, value: Any, read_value: bool) -> Any:
+    def _write(self, op: WriteOp, value: TensorLike, read_value: bool) -> WriteResult:
         result = self._target._write(op, value, read_value)
         if result is None or type(result) is UnreadVariable:
             return result
@@ -766,7 +778,7 @@ def unread(target: Variable) -> UnreadVariable:
     return result
 
 
-def adopt_shared(variables: Sequence[ResourceVariable], array: Any) -> None:
+def adopt_shared(variables: Sequence[ResourceVariable], array: TensorLike) -> None:
     """Makes one ``array`` the value of every variable in ``variables``, as :meth:`ResourceVariable._adopt` does.
 
     For the host components of one group (copies of a variable on logical CPUs): they hold
@@ -779,7 +791,7 @@ def adopt_shared(variables: Sequence[ResourceVariable], array: Any) -> None:
             variable._array = array
 
 
-def read_unread(result: Any) -> Any:
+def read_unread(result: Nest) -> Nest:
     """``result`` with each :class:`UnreadVariable` leaf read into an array (a snapshot)."""
     if type(result) is UnreadVariable:
         return result.value()
@@ -795,7 +807,7 @@ def _format_shape(shape: Sequence[int | None]) -> str:
 # --- converting values to a variable's dtype -------------------------------------------------
 
 
-def to_array(value: Any, dtype: Any, what: str) -> Any:
+def to_array(value: TensorLike, dtype: DTypeLike | None, what: str) -> TensorLike:
     """``value`` as an array of ``dtype`` (None: TensorFlow's default dtype for it).
 
     Variables and distributed values are read first. Arrays convert to ``dtype`` when no
@@ -846,7 +858,7 @@ def _is_string(dtype: np.dtype[Any]) -> bool:
     return dtype.kind in "US"
 
 
-def _as_strings(array: Any, target: np.dtype[Any], what: str, error: type[Exception]) -> Any:
+def _as_strings(array: TensorLike, target: np.dtype[Any], what: str, error: type[Exception]) -> TensorLike:
     """A string array as ``target``'s kind of string (``str_`` or ``bytes_``), at its own width."""
     if not (_is_string(array.dtype) and _is_string(target)):
         raise error(

@@ -33,13 +33,17 @@ simulated implementation (``__array_ufunc__``, ``__array_function__``). Reductio
 from __future__ import annotations
 
 import copy as copy_module
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Literal
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
-from towerdist._src.backend.simulated.cuda import Machine, SimulatedGPUError, StreamKey, Work
+from towerdist._src.backend.simulated.cuda import Device, Machine, SimulatedGPUError, Stream, StreamKey, Work
 from towerdist._src.backend.simulated.memory import Memory, MemoryPointer, PinnedMemoryPointer, pinned_base
+from towerdist._src.type_aliases import DTypeLike, TensorLike
+
+if TYPE_CHECKING:  # the GPU backend loads the simulator: only its name for a GPU array is used here
+    from towerdist._src.backend.gpu_module import GpuArray
 
 __all__ = ["Flags", "LaunchMode", "SimulatedArray", "array_type", "function_mode", "launch", "new_array"]
 
@@ -70,7 +74,7 @@ class Flags:
         return f"  C_CONTIGUOUS : {self.c_contiguous}\n  F_CONTIGUOUS : {self.f_contiguous}\n  OWNDATA : {self.owndata}"
 
 
-def _should_use_rop(x: Any, y: Any) -> bool:
+def _should_use_rop(x: object, y: object) -> bool:
     """cupy's rule for deferring a binary operator to the right operand (``core.pyx``)."""
     y_ufunc = getattr(y, "__array_ufunc__", _MISSING)
     if y_ufunc is not _MISSING:
@@ -84,31 +88,31 @@ _MISSING = object()
 def _binary(ufunc: np.ufunc) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
     """The forward, reflected and in-place operators of ``ufunc``, dispatched as cupy does."""
 
-    def forward(self: SimulatedArray, other: Any) -> Any:
+    def forward(self: SimulatedArray, other: TensorLike) -> TensorLike:
         if isinstance(other, SimulatedArray) or not _should_use_rop(self, other):
             return ufunc(self, other)  # through numpy's dispatch to __array_ufunc__
         return NotImplemented
 
-    def reflected(self: SimulatedArray, other: Any) -> Any:
+    def reflected(self: SimulatedArray, other: TensorLike) -> TensorLike:
         if _should_use_rop(self, other):
             return NotImplemented
         return ufunc(other, self)
 
-    def inplace(self: SimulatedArray, other: Any) -> Any:
+    def inplace(self: SimulatedArray, other: TensorLike) -> TensorLike:
         return ufunc(self, other, out=self)
 
     return forward, reflected, inplace
 
 
 def _unary(ufunc: np.ufunc) -> Callable[[SimulatedArray], Any]:
-    def apply(self: SimulatedArray) -> Any:
+    def apply(self: SimulatedArray) -> TensorLike:
         return ufunc(self)
 
     return apply
 
 
 def _compare(ufunc: np.ufunc) -> Callable[[SimulatedArray, Any], Any]:
-    def apply(self: SimulatedArray, other: Any) -> Any:
+    def apply(self: SimulatedArray, other: TensorLike) -> TensorLike:
         if isinstance(other, SimulatedArray) or not _should_use_rop(self, other):
             return ufunc(self, other)
         return NotImplemented
@@ -134,7 +138,12 @@ class SimulatedArray:
     _base: SimulatedArray | None
 
     def __init__(
-        self, shape: Any, dtype: Any = float, memptr: Any = None, strides: Any = None, order: str = "C"
+        self,
+        shape: int | Sequence[int],
+        dtype: DTypeLike = float,
+        memptr: MemoryPointer | None = None,
+        strides: Sequence[int] | None = None,
+        order: str = "C",
     ) -> None:
         if memptr is not None:
             memory, offset = memptr.mem, memptr.ptr - memptr.mem.ptr
@@ -161,7 +170,7 @@ class SimulatedArray:
     # --- attributes ----------------------------------------------------------------------
 
     @property
-    def device(self) -> Any:
+    def device(self) -> Device:
         """The simulated GPU holding the array (``cupy.cuda.Device``)."""
         return self._machine.Device(self._memory.device_id)
 
@@ -179,7 +188,7 @@ class SimulatedArray:
         return self._array.shape
 
     @shape.setter
-    def shape(self, value: Any) -> None:
+    def shape(self, value: int | Sequence[int]) -> None:
         self._array.shape = value
 
     @property
@@ -223,16 +232,16 @@ class SimulatedArray:
         return self._view(self._array.swapaxes(-1, -2))
 
     @property
-    def real(self) -> Any:
+    def real(self) -> GpuArray:
         return launch(self._machine, np.real, (self,), {}, "cupy.ndarray.real", mode="view")
 
     @property
-    def imag(self) -> Any:
+    def imag(self) -> GpuArray:
         return launch(self._machine, np.imag, (self,), {}, "cupy.ndarray.imag", mode="view")
 
     # --- host transfers --------------------------------------------------------------------
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         raise TypeError(
             "Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a NumPy "
             "array explicitly. (simulated GPU: like cupy, a simulated GPU array never turns into a host array "
@@ -240,7 +249,7 @@ class SimulatedArray:
         )
 
     def get(
-        self, stream: Any = None, order: str = "C", out: np.ndarray | None = None, blocking: bool = True
+        self, stream: Stream | None = None, order: str = "C", out: np.ndarray | None = None, blocking: bool = True
     ) -> np.ndarray:
         """Copies the array to the host (blocking: after the queued work that writes it).
 
@@ -251,7 +260,7 @@ class SimulatedArray:
         return self._download("ndarray.get", stream, order, out, blocking)
 
     def _download(
-        self, call: str, stream: Any = None, order: str = "C", out: np.ndarray | None = None, blocking: bool = True
+        self, call: str, stream: Stream | None = None, order: str = "C", out: np.ndarray | None = None, blocking: bool = True
     ) -> np.ndarray:
         machine = self._machine
         key = machine.stream_key(stream, self._memory.device_id)
@@ -273,7 +282,7 @@ class SimulatedArray:
         out[...] = self._array
         return out
 
-    def set(self, arr: np.ndarray, stream: Any = None) -> None:
+    def set(self, arr: np.ndarray, stream: Stream | None = None) -> None:
         """Copies the host array ``arr`` (same dtype and shape) into this array (an upload: not a host synchronisation).
 
         From pinned memory (``cupy.cuda.alloc_pinned_memory``) with a ``stream`` the copy is
@@ -301,7 +310,7 @@ class SimulatedArray:
         self._array[...] = arr
         machine.mark_written(key, [self._memory], "ndarray.set()")
 
-    def item(self, *args: Any) -> Any:
+    def item(self, *args: int) -> Any:
         """The element as a Python scalar (a blocking copy to the host)."""
         return self._download("ndarray.item").item(*args)
 
@@ -332,7 +341,7 @@ class SimulatedArray:
 
     # --- copies and views ------------------------------------------------------------------
 
-    def copy(self, order: str = "C") -> Any:
+    def copy(self, order: str = "C") -> GpuArray:
         """A copy on the current device; an array on another device is copied over (``ndarray.copy``).
 
         As in cupy, the copy is first made contiguous on the array's own device; a
@@ -360,7 +369,9 @@ class SimulatedArray:
         machine.mark_accessed(key, [source._memory], what)
         return copied
 
-    def astype(self, dtype: Any, order: str = "K", casting: Any = None, subok: Any = None, copy: bool = True) -> Any:
+    def astype(
+        self, dtype: DTypeLike, order: str = "K", casting: str | None = None, subok: bool | None = None, copy: bool = True
+    ) -> GpuArray:
         """The array cast to ``dtype`` (a kernel on the current device unless no copy is needed)."""
         dtype = np.dtype(dtype)
         if not copy and dtype == self.dtype and _order_satisfied(self._array, order):
@@ -373,21 +384,21 @@ class SimulatedArray:
             kwargs["casting"] = casting
         return launch(self._machine, np.ndarray.astype, (self, dtype), kwargs, "cupy.ndarray.astype")
 
-    def view(self, dtype: Any = None) -> SimulatedArray:
+    def view(self, dtype: DTypeLike | None = None) -> SimulatedArray:
         """A view of the same memory, optionally reinterpreted as ``dtype``."""
         array: np.ndarray = self._array.view() if dtype is None else self._array.view(dtype)
         return self._view(array)
 
-    def reshape(self, *shape: Any, order: str = "C") -> Any:
+    def reshape(self, *shape: int | Sequence[int], order: str = "C") -> GpuArray:
         """A view with a new shape (a copy on the current device if the layout needs one)."""
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         return launch(self._machine, np.reshape, (self, shape), {"order": order}, "cupy.ndarray.reshape", mode="view")
 
-    def ravel(self, order: str = "C") -> Any:
+    def ravel(self, order: str = "C") -> GpuArray:
         return launch(self._machine, np.ravel, (self,), {"order": order}, "cupy.ndarray.ravel", mode="view")
 
-    def transpose(self, *axes: Any) -> Any:
+    def transpose(self, *axes: int | Sequence[int] | None) -> SimulatedArray:
         if len(axes) == 1 and (axes[0] is None or isinstance(axes[0], (tuple, list))):
             axes = () if axes[0] is None else tuple(axes[0])
         return self._view(self._array.transpose(*axes))
@@ -395,21 +406,21 @@ class SimulatedArray:
     def swapaxes(self, axis1: int, axis2: int) -> SimulatedArray:
         return self._view(self._array.swapaxes(axis1, axis2))
 
-    def squeeze(self, axis: Any = None) -> SimulatedArray:
+    def squeeze(self, axis: int | tuple[int, ...] | None = None) -> SimulatedArray:
         return self._view(self._array.squeeze(axis))
 
-    def flatten(self, order: str = "C") -> Any:
+    def flatten(self, order: str = "C") -> GpuArray:
         return launch(self._machine, np.ndarray.flatten, (self,), {"order": order}, "cupy.ndarray.flatten")
 
-    def fill(self, value: Any) -> None:
+    def fill(self, value: complex | np.generic) -> None:
         """Sets every element to the scalar ``value`` (a kernel on the current device)."""
         launch(self._machine, np.ndarray.fill, (self, value), {}, "cupy.ndarray.fill")
 
-    def __copy__(self) -> Any:
+    def __copy__(self) -> GpuArray:
         with self._machine.Device(self._memory.device_id):
             return self.copy()
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+    def __deepcopy__(self, memo: dict[int, Any]) -> GpuArray:
         return copy_module.copy(self)
 
     def __getattr__(self, name: str) -> Any:
@@ -419,19 +430,19 @@ class SimulatedArray:
             raise AttributeError(f"'cupy.ndarray' (simulated GPU array) has no attribute {name!r}")
         machine = self._machine
 
-        def call(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: object, **kwargs: object) -> TensorLike:
             return launch(machine, method, (self, *args), kwargs, f"cupy.ndarray.{name}")
 
         return call
 
     # --- indexing ----------------------------------------------------------------------------
 
-    def __getitem__(self, key: Any) -> Any:
+    def __getitem__(self, key: object) -> GpuArray:
         # Basic indexing is a view (no kernel, any device); advanced indexing is a kernel. Index
         # arrays may be numpy arrays (cupy uploads them).
         return launch(self._machine, _getitem, (self, key), {}, "cupy.ndarray.__getitem__", mode="view", host_ok=True)
 
-    def __setitem__(self, key: Any, value: Any) -> None:
+    def __setitem__(self, key: object, value: TensorLike) -> None:
         launch(self._machine, _setitem, (self, key, value), {}, "cupy.ndarray.__setitem__", host_ok=True)
 
     def __len__(self) -> int:
@@ -439,14 +450,14 @@ class SimulatedArray:
             raise TypeError("len() of unsized object")
         return int(self.shape[0])
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[Any]:
         if self.ndim == 0:
             raise TypeError("iteration over a 0-d array")
         return (self[i] for i in range(self.shape[0]))
 
     # --- numpy protocols ---------------------------------------------------------------------
 
-    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: TensorLike, **kwargs: object) -> TensorLike:
         if method not in ("__call__", "outer", "at", "reduce", "accumulate", "reduceat"):
             return NotImplemented
         out = kwargs.get("out")
@@ -461,7 +472,9 @@ class SimulatedArray:
         name = f"cupy.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
         return launch(self._machine, func, inputs, kwargs, name)
 
-    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+    def __array_function__(
+        self, func: Callable[..., Any], types: Collection[type], args: Sequence[object], kwargs: dict[str, object]
+    ) -> TensorLike:
         if not all(issubclass(t, (SimulatedArray, np.ndarray)) for t in types):
             return NotImplemented
         name = getattr(func, "__name__", "function")
@@ -504,7 +517,7 @@ def _getitem(array: np.ndarray, key: Any) -> Any:
     return array[(*keys, Ellipsis)]
 
 
-def _setitem(array: np.ndarray, key: Any, value: Any) -> None:
+def _setitem(array: np.ndarray, key: Any, value: TensorLike) -> None:
     array[key] = value
 
 
@@ -544,7 +557,7 @@ def launch(
     name: str,
     mode: LaunchMode = "kernel",
     host_ok: bool = False,
-) -> Any:
+) -> TensorLike:
     """Runs the numpy function ``func`` as a simulated kernel on the current device.
 
     Args:
@@ -671,13 +684,13 @@ def _written_memories(func: Callable[..., Any], args: Sequence[Any], kwargs: dic
     return list({id(t._memory): t._memory for t in targets if isinstance(t, SimulatedArray)}.values())
 
 
-def _has_new_array(result: Any, memories: list[Memory]) -> bool:
+def _has_new_array(result: TensorLike, memories: list[Memory]) -> bool:
     if isinstance(result, SimulatedArray):
         return not any(result._memory is m for m in memories)
     return type(result) in (list, tuple) and any(_has_new_array(r, memories) for r in result)
 
 
-def _unwrap(value: Any, operands: list[SimulatedArray], name: str, host_ok: bool) -> Any:
+def _unwrap(value: TensorLike, operands: list[SimulatedArray], name: str, host_ok: bool) -> TensorLike:
     if isinstance(value, SimulatedArray):
         operands.append(value)
         return value._array
@@ -706,8 +719,8 @@ def _check_devices(operands: list[SimulatedArray], device: int, name: str) -> No
 
 
 def _wrap_result(
-    machine: Machine, result: Any, operands: list[SimulatedArray], device: int, name: str, mode: LaunchMode
-) -> Any:
+    machine: Machine, result: TensorLike, operands: list[SimulatedArray], device: int, name: str, mode: LaunchMode
+) -> TensorLike:
     if isinstance(result, np.ndarray):
         for operand in operands:
             if result is operand._array:

@@ -33,14 +33,24 @@ import functools
 import threading
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from towerdist._src.backend.simulated.array import SimulatedArray, array_type, function_mode, launch, new_array
-from towerdist._src.backend.simulated.cuda import CUDARuntimeError, Machine, SimulatedGPUError, UnorderedAccessError
+from towerdist._src.backend.simulated.cuda import (
+    CUDARuntimeError,
+    Machine,
+    SimulatedGPUError,
+    Stream,
+    UnorderedAccessError,
+)
 from towerdist._src.backend.simulated.memory import PinnedMemoryPointer
 from towerdist._src.backend.simulated.nccl import NCCL_CONSTANTS, Nccl, NcclError
+from towerdist._src.type_aliases import DTypeLike, TensorLike
+
+if TYPE_CHECKING:  # the GPU backend loads the simulator: only its name for a GPU array is used here
+    from towerdist._src.backend.gpu_module import GpuArray
 
 __all__ = ["module", "owns"]
 
@@ -49,7 +59,7 @@ VERSION = "14.2.0+simulated"
 VERSION_13 = "13.6.0+simulated"  # cupy_major=13: NCCL unique ids are tuples of signed ints
 
 
-def owns(value: Any) -> bool:
+def owns(value: object) -> bool:
     """True if ``value`` is an array of a simulated GPU."""
     return isinstance(value, SimulatedArray)
 
@@ -133,7 +143,7 @@ def _alloc_pinned_memory(machine: Machine, size: int) -> PinnedMemoryPointer:
     return PinnedMemoryPointer(int(size))
 
 
-def _namespace(name: str, doc: str, **attributes: Any) -> types.ModuleType:
+def _namespace(name: str, doc: str, **attributes: object) -> types.ModuleType:
     namespace = types.ModuleType(name, doc)
     vars(namespace).update(attributes)
     return namespace
@@ -164,9 +174,9 @@ class _SimulatedCupy(types.ModuleType):
     # --- functions with cupy's own semantics ---------------------------------------------
 
     def array(
-        self, obj: Any, dtype: Any = None, copy: Any = True, order: str | None = "K", subok: bool = False,
+        self, obj: TensorLike, dtype: DTypeLike | None = None, copy: bool | None = True, order: str | None = "K", subok: bool = False,
         ndmin: int = 0, *, blocking: bool = False,
-    ) -> Any:  # fmt: skip
+    ) -> GpuArray:  # fmt: skip
         """An array on the current device (``cupy.array``): uploads host data, copies device arrays.
 
         An array of another device is copied over only if it is contiguous (as in cupy).
@@ -189,16 +199,17 @@ class _SimulatedCupy(types.ModuleType):
         return new_array(machine, host, machine.current_device(), "cupy.array (an upload)")
 
     def asarray(
-        self, a: Any, dtype: Any = None, order: str | None = None, *, copy: Any = None, blocking: bool = False
-    ) -> Any:
+        self, a: TensorLike, dtype: DTypeLike | None = None, order: str | None = None, *, copy: bool | None = None,
+        blocking: bool = False,
+    ) -> GpuArray:
         """``a`` as an array on the current device (``cupy.asarray``); itself if it already is one there."""
         return self.array(a, dtype, copy=copy, order=order, blocking=blocking)
 
-    def asanyarray(self, a: Any, dtype: Any = None, order: str | None = None) -> Any:
+    def asanyarray(self, a: TensorLike, dtype: DTypeLike | None = None, order: str | None = None) -> GpuArray:
         """Same as :meth:`asarray`."""
         return self.asarray(a, dtype, order)
 
-    def ascontiguousarray(self, a: Any, dtype: Any = None) -> Any:
+    def ascontiguousarray(self, a: object, dtype: DTypeLike | None = None) -> GpuArray:
         """``a`` itself if C-contiguous (on whatever device), else a contiguous copy made on the current device."""
         if not isinstance(a, SimulatedArray):
             raise TypeError(
@@ -211,13 +222,16 @@ class _SimulatedCupy(types.ModuleType):
         source = a.reshape(1) if a.ndim == 0 else a
         return launch(self._machine, np.ascontiguousarray, (source,), {"dtype": target}, "cupy.ascontiguousarray")
 
-    def asnumpy(self, a: Any, stream: Any = None, order: str = "C", out: Any = None, *, blocking: bool = True) -> Any:
+    def asnumpy(
+        self, a: TensorLike, stream: Stream | None = None, order: str = "C", out: np.ndarray | None = None, *,
+        blocking: bool = True,
+    ) -> Any:  # fmt: skip
         """A host (numpy) copy of ``a``; host data is returned as a numpy array."""
         if isinstance(a, SimulatedArray):
             return a._download("cupy.asnumpy", stream=stream, order=order, out=out, blocking=blocking)
         return np.asarray(a, order=order)  # type: ignore[call-overload]
 
-    def get_array_module(self, *args: Any) -> types.ModuleType:
+    def get_array_module(self, *args: object) -> types.ModuleType:
         """This module if any argument is a simulated array, else numpy."""
         return self if any(isinstance(a, SimulatedArray) for a in args) else np
 
@@ -226,7 +240,7 @@ class _SimulatedCupy(types.ModuleType):
         return True
 
 
-def _forward(machine: Machine, name: str, value: Any, qualified: str) -> Any:
+def _forward(machine: Machine, name: str, value: object, qualified: str) -> Any:
     """numpy's ``value`` as seen through the simulated cupy namespace."""
     if value is _MISSING:
         raise AttributeError(f"simulated cupy has no attribute {name!r} (numpy has none either)")
@@ -238,7 +252,7 @@ def _forward(machine: Machine, name: str, value: Any, qualified: str) -> Any:
         return value  # dtypes, scalar types, constants: numpy's own, as in cupy
     mode = function_mode(name)
 
-    def call(*args: Any, **kwargs: Any) -> Any:
+    def call(*args: object, **kwargs: object) -> TensorLike:
         return launch(machine, value, args, kwargs, qualified, mode=mode)
 
     call.__name__ = name
@@ -268,13 +282,13 @@ class _Ufunc:
         self.__name__ = ufunc.__name__
         self.nin, self.nout = ufunc.nin, ufunc.nout
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: object, **kwargs: object) -> TensorLike:
         return launch(self._machine, self._ufunc, args, kwargs, f"cupy.{self.__name__}")
 
     def _method(self, method: str) -> Callable[..., Any]:
         func = getattr(self._ufunc, method)
 
-        def call(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: object, **kwargs: object) -> TensorLike:
             return launch(self._machine, func, args, kwargs, f"cupy.{self.__name__}.{method}")
 
         return call
@@ -299,7 +313,7 @@ class _Ufunc:
         return f"<simulated cupy ufunc '{self.__name__}'>"
 
 
-def _contains_device_arrays(obj: Any) -> bool:
+def _contains_device_arrays(obj: TensorLike) -> bool:
     if isinstance(obj, SimulatedArray):
         return True
     return type(obj) in (list, tuple) and any(_contains_device_arrays(x) for x in obj)

@@ -318,5 +318,5 @@ class Allocator:
         return arena
 
 
-def _host_address(array: Any) -> int:
+def _host_address(array: np.ndarray) -> int:
     return int(array.__array_interface__["data"][0])

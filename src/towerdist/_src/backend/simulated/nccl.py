@@ -113,7 +113,7 @@ class _Op:
     """One rank's part of a collective: its buffers (held weakly until posted) and its stream."""
 
     def __init__(
-        self, comm: NcclCommunicator, buffers: list[tuple[Memory, int] | None], count: int, dtype: Any, op: int,
+        self, comm: NcclCommunicator, buffers: list[tuple[Memory, int] | None], count: int, dtype: type[np.generic], op: int,
         stream_ptr: int, stream_key: StreamKey,
     ) -> None:  # fmt: skip
         self.comm, self.count, self.dtype, self.op, self.stream_ptr = comm, count, dtype, op, stream_ptr
@@ -243,7 +243,7 @@ class Nccl:
 
     # --- cliques -----------------------------------------------------------------------------
 
-    def _decode(self, unique_id: Any) -> bytes:
+    def _decode(self, unique_id: object) -> bytes:
         """The token of ``unique_id``, checked as cupy checks the constructor's argument."""
         if self._format == "bytes":
             if not isinstance(unique_id, bytes):
@@ -490,7 +490,7 @@ def _check_members(comm: NcclCommunicator, members: list[Member]) -> None:
             )
 
 
-def _reduce(inputs: Sequence[np.ndarray], op: int, dtype: Any) -> np.ndarray:
+def _reduce(inputs: Sequence[np.ndarray], op: int, dtype: type[np.generic]) -> np.ndarray:
     """The reduction of ``inputs`` in rank order."""
     kind = _OPS[op]
     with np.errstate(all="ignore"):
@@ -520,7 +520,7 @@ class NcclCommunicator:
 
     _nccl: ClassVar[Nccl]
 
-    def __init__(self, ndev: int, commId: Any, rank: int) -> None:  # noqa: N803  (cupy's name)
+    def __init__(self, ndev: int, commId: object, rank: int) -> None:  # noqa: N803  (cupy's name)
         nccl = self._nccl
         token = nccl._decode(commId)
         self._setup(nccl.machine.current_device(), int(rank), int(ndev))
@@ -712,7 +712,7 @@ class NcclCommunicator:
         return f"<simulated NcclCommunicator rank {self._rank} of {self._nranks} on GPU {self._device}>"
 
     # Collectives towerdist does not use are not simulated.
-    def _not_simulated(self, *args: Any, **kwargs: Any) -> None:
+    def _not_simulated(self, *args: object, **kwargs: object) -> None:
         raise NotImplementedError("This NCCL collective is not simulated; only allReduce is.")
 
     reduce = broadcast = bcast = reduceScatter = allGather = send = recv = _not_simulated  # noqa: N815
