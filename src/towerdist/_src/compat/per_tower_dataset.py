@@ -8,8 +8,8 @@ each global batch instead.)
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.iterator import DatasetIterator
@@ -17,7 +17,11 @@ from towerdist._src.errors import OutOfRangeError
 from towerdist._src.failures import worded_at
 from towerdist._src.input.device_copies import place_on_device
 from towerdist._src.input.foreign import as_dataset
+from towerdist._src.type_aliases import Nest
 from towerdist._src.values.regroup import regroup
+
+if TYPE_CHECKING:
+    from towerdist._src.strategies.strategy import Strategy
 
 __all__ = ["PerTowerDataset", "PerTowerIterator"]
 
@@ -29,7 +33,9 @@ class PerTowerDataset:
     (``make_one_shot_iterator()`` / ``make_initializable_iterator()``), or iterate it.
     """
 
-    def __init__(self, strategy: Any, dataset: Any, prefetch: bool = False) -> None:
+    def __init__(
+        self, strategy: Strategy, dataset: Iterable[Nest] | Callable[[], Iterable[Nest]], prefetch: bool = False
+    ) -> None:
         if callable(dataset) and not isinstance(dataset, Dataset) and not hasattr(dataset, "element_spec"):
             made = dataset()
             if not isinstance(made, Dataset) and not hasattr(made, "element_spec"):
