@@ -34,6 +34,7 @@ from towerdist._src.device import DeviceSpec
 from towerdist._src.failures import name_api, worded_at
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import ReduceOp
+from towerdist._src.type_aliases import Destinations, TensorLike
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 
 __all__ = [
@@ -48,7 +49,7 @@ __all__ = [
 DEFAULT_OPTIONS = CommunicationOptions()
 
 
-def _check_reduce_op(reduce_op: Any) -> ReduceOp:
+def _check_reduce_op(reduce_op: object) -> ReduceOp:
     if not isinstance(reduce_op, ReduceOp):
         raise ValueError(
             f"`reduce_op` must be Reduce.SUM or Reduce.MEAN: CrossDeviceOps methods take a "
@@ -92,10 +93,10 @@ class CrossDeviceOps:
     def reduce(
         self,
         reduce_op: ReduceOp,
-        per_replica_value: Any,
-        destinations: Any,
+        per_replica_value: TensorLike,
+        destinations: Destinations,
         options: CommunicationOptions | None = None,
-    ) -> Any:
+    ) -> TensorLike:
         """Reduces ``per_replica_value`` and places the result on ``destinations``.
 
         Args:
@@ -120,7 +121,7 @@ class CrossDeviceOps:
     def batch_reduce(
         self,
         reduce_op: ReduceOp,
-        value_destination_pairs: Sequence[tuple[Any, Any]],
+        value_destination_pairs: Sequence[tuple[TensorLike, Destinations]],
         options: CommunicationOptions | None = None,
     ) -> list[Any]:
         """Reduces several values at once; small ones may be packed into one transfer.
@@ -136,7 +137,7 @@ class CrossDeviceOps:
             raise
         return batch_reduce_with_hooks(self, op, pairs, options or DEFAULT_OPTIONS)
 
-    def broadcast(self, tensor: Any, destinations: Any) -> Any:
+    def broadcast(self, tensor: TensorLike, destinations: Destinations) -> TensorLike:
         """Copies ``tensor`` to every destination device; a ``Mirrored`` for several."""
         return self.broadcast_implementation(tensor, resolve_destinations(destinations))
 
@@ -209,7 +210,7 @@ class CrossDeviceOps:
         reduced = self.batch_reduce_implementation(reduce_op, pairs, options)
         return [list(r.values) if isinstance(r, DistributedValues) else [r] for r in reduced]
 
-    def _broadcast_to(self, tensor: Any, destinations: tuple[DeviceSpec, ...]) -> Any:
+    def _broadcast_to(self, tensor: TensorLike, destinations: tuple[DeviceSpec, ...]) -> TensorLike:
         """``broadcast`` onto resolved destinations."""
         return self.broadcast_implementation(tensor, tuple(destinations))
 
@@ -234,7 +235,7 @@ class CrossDeviceOps:
         """Reduces several values; by default one ``reduce_implementation`` per pair."""
         return [self.reduce_implementation(reduce_op, v, d, options) for v, d in value_destination_pairs]
 
-    def broadcast_implementation(self, tensor: Any, destinations: tuple[DeviceSpec, ...]) -> Any:
+    def broadcast_implementation(self, tensor: TensorLike, destinations: tuple[DeviceSpec, ...]) -> TensorLike:
         """Puts ``tensor`` on every destination: shared read-only on the host, copied to GPUs."""
         if sparse.is_sparse(tensor):
             return sparse.mirror_slices(sparse.copied(tensor), destinations)  # never the caller's arrays, as below
@@ -243,8 +244,12 @@ class CrossDeviceOps:
         return mirror([source] * len(destinations), destinations)
 
     def _gather(
-        self, per_replica_value: Any, destinations: Any, axis: int, options: CommunicationOptions | None = None
-    ) -> Any:
+        self,
+        per_replica_value: TensorLike,
+        destinations: Destinations,
+        axis: int,
+        options: CommunicationOptions | None = None,
+    ) -> TensorLike:
         """Concatenates the components along ``axis`` onto ``destinations``."""
         with worded_at("gather()"):
             return gather_to(as_per_replica(per_replica_value), resolve_destinations(destinations), axis)

@@ -32,6 +32,7 @@ from towerdist._src.cross_device_ops.placement import mirror
 from towerdist._src.device import DeviceSpec
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import ReduceOp
+from towerdist._src.type_aliases import DTypeLike, HostArray
 from towerdist._src.values.distributed_values import DistributedValues
 
 __all__ = ["SharedMemoryAllReduce", "reduce_host_arrays", "reduce_into_update"]
@@ -39,7 +40,7 @@ __all__ = ["SharedMemoryAllReduce", "reduce_host_arrays", "reduce_into_update"]
 _host = backend.host()
 
 
-def mean_dtype(dtype: Any) -> Any:
+def mean_dtype(dtype: DTypeLike) -> np.dtype[Any]:
     """The dtype of a MEAN: float64 for integers (as TensorFlow's true division gives)."""
     return np.dtype(np.float64) if np.dtype(dtype).kind in "iu" else np.dtype(dtype)
 
@@ -49,7 +50,7 @@ def reduce_host_arrays(
     arrays: Sequence[Any],
     chunk_bytes: int = 1 << 20,
     parallel_threshold_bytes: int = 1 << 22,
-    out: Any = None,
+    out: HostArray | None = None,
     helpers: parallel.Helpers = parallel.THIS_THREAD,
 ) -> Any:
     """Reduces same-shaped host arrays element-wise, in replica order, into a new array.
@@ -111,7 +112,7 @@ def reduce_into_update(
 
 
 def _reduce_flat_into(
-    out: Any,
+    out: HostArray,
     flats: Sequence[Any],
     reduce_op: ReduceOp,
     chunk_bytes: int,
