@@ -83,7 +83,7 @@ def _exit(depth: int) -> None:
     del _scopes.stack[depth - 1 :]
 
 
-def _check_name(name: Any) -> None:
+def _check_name(name: object) -> None:
     if not isinstance(name, str):
         raise ValueError(
             f"name for name_scope must be a string. Got name={name!r} of type {type(name).__name__}; "
@@ -150,7 +150,7 @@ class name_scope_v1:  # noqa: N801  (TensorFlow's public name)
       ValueError: ``name`` (or, when it is None, ``default_name``) is not a string or None.
     """
 
-    def __init__(self, name: str | None, default_name: str | None = None, values: Any = None) -> None:
+    def __init__(self, name: str | None, default_name: str | None = None, values: object = None) -> None:
         del values  # graph-mode inputs to colocate the scope with
         chosen = default_name if name is None else name
         if chosen is not None:

@@ -81,7 +81,7 @@ class CrossDeviceOps:
     # strategy calls those directly, and wraps any other class, a user's, once (collectives.py).
     _library_algorithm: ClassVar[bool] = False
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         cls._library_algorithm = False  # a subclass of a library algorithm is the user's
 

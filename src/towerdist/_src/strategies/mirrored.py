@@ -405,6 +405,8 @@ class MirroredExtended(StrategyExtended):
             )
         super()._check_update_variable(var)
 
+    # ``var`` is Any: the hook takes the base's ``Variable``, and ``_check_update_variable`` has made it a
+    # ``DistributedVariable`` here (its ``values``), which no annotation of an override can say.
     def _update(
         self, var: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool
     ) -> Any:

@@ -103,6 +103,7 @@ from towerdist._src.strategies.error_notes import add_note, describe_error
 from towerdist._src.strategies.round_requests import CollectiveRequest, MergeRequest
 from towerdist._src.strategies.watchdog import Status, Watch, name_of
 from towerdist._src.thread_state import Mode
+from towerdist._src.type_aliases import Nest
 
 __all__ = ["Step", "StopReplica"]
 
@@ -147,6 +148,7 @@ class Step:
 
     def __init__(
         self,
+        # Any: a Strategy, alive while its run lasts, from the scheduler's weak reference (typed Strategy | None).
         strategy: Any,
         devices: Sequence[DeviceSpec],
         mailboxes: Sequence[queue.SimpleQueue[Any]],
@@ -452,7 +454,7 @@ class Step:
                 while True in self._snapshotting:
                     taken.wait(self.watch.poll_seconds())
 
-    def _arrive_done(self, i: int, result: Any) -> None:
+    def _arrive_done(self, i: int, result: Nest) -> None:
         self.results[i] = result
         with self._lock:
             if self._failure is not None:
