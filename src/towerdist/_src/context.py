@@ -146,7 +146,7 @@ def get_update_device() -> str | None:
     return updates[-1].device.name
 
 
-def replica_context_in_run() -> Any:
+def replica_context_in_run() -> ReplicaContext | None:
     """The ``ReplicaContext`` of the ``strategy.run`` replica function this thread is in, else None.
 
     This is the one answer to "am I inside ``strategy.run``?": it is the replica's context

@@ -21,9 +21,12 @@ scope, and the empty name stays empty; see :func:`variable_name`.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from towerdist._src import context
+
+if TYPE_CHECKING:
+    from towerdist._src.strategies.replica_context import ReplicaContext
 
 __all__ = ["current", "name_scope", "name_scope_v1", "variable_name"]
 
@@ -38,7 +41,7 @@ class _Scopes(threading.local):
 _scopes = _Scopes()
 
 
-def _owner() -> Any:
+def _owner() -> ReplicaContext | None:
     """The replica context whose scopes apply here: a threaded strategy's, else None."""
     replica_context = context.replica_context_in_run()
     if replica_context is None or getattr(replica_context.strategy.extended, "_scheduler", None) is None:

@@ -9,7 +9,7 @@ each global batch instead.)
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.iterator import DatasetIterator
@@ -59,7 +59,7 @@ class PerTowerDataset:
         """A new iterator; ``initialize()`` (or its ``initializer``) restarts it from the beginning."""
         return PerTowerIterator(self)
 
-    def get_next(self, name: str | None = None) -> Any:
+    def get_next(self, name: str | None = None) -> Nest:
         """The next group from this object's own iterator (TF 1.8's ``distribute_dataset`` returned an iterator).
 
         Raises:
@@ -94,7 +94,7 @@ class PerTowerIterator:
         """``initialize`` (TF 1.x code runs ``session.run(iterator.initializer)``; here call it)."""
         return self.initialize
 
-    def get_next(self, name: str | None = None) -> Any:
+    def get_next(self, name: str | None = None) -> Nest:
         """The next ``num_towers`` elements, element ``i`` on tower ``i``'s device.
 
         Raises:
@@ -118,7 +118,7 @@ class PerTowerIterator:
     def __iter__(self) -> PerTowerIterator:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> Nest:
         try:
             return self.get_next()
         except OutOfRangeError:

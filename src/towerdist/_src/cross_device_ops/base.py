@@ -150,7 +150,7 @@ class CrossDeviceOps:
         destinations: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
         helpers: parallel.Helpers,
-    ) -> Any:
+    ) -> TensorLike:
         """``reduce`` of a value whose components were checked, onto resolved destinations."""
         del helpers  # the hooks lend parts to this thread's helpers, if any
         return reduce_with_hooks(self, reduce_op, value, destinations, options)
@@ -222,7 +222,7 @@ class CrossDeviceOps:
         per_replica_value: DistributedValues,
         destinations: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
-    ) -> Any:
+    ) -> TensorLike:
         """Reduces one validated value onto ``destinations`` (subclasses implement it)."""
         raise NotImplementedError(f"{type(self).__name__} must implement reduce_implementation().")
 
@@ -264,7 +264,7 @@ def reduce_with_hooks(
     value: DistributedValues,
     destinations: tuple[DeviceSpec, ...],
     options: CommunicationOptions,
-) -> Any:
+) -> TensorLike:
     """TensorFlow's ``reduce`` of a checked value: an identity in place, else ``ops.reduce_implementation``."""
     copied = copy_in_place(value, destinations)
     if copied is not None:
@@ -297,7 +297,7 @@ def batch_reduce_with_hooks(
     return results
 
 
-def copy_in_place(value: DistributedValues, devices: tuple[DeviceSpec, ...]) -> Any:
+def copy_in_place(value: DistributedValues, devices: tuple[DeviceSpec, ...]) -> TensorLike | None:
     """A copy of ``value`` if it is one component already where it must go (an identity), else None."""
     if not _already_in_place(value, devices):
         return None

@@ -54,7 +54,7 @@ class Collectives(Protocol):
         destinations: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
         helpers: parallel.Helpers,
-    ) -> Any: ...
+    ) -> TensorLike: ...
 
     def _batch_reduce_to(
         self,
@@ -119,7 +119,7 @@ class UserOps:
         destinations: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
         helpers: parallel.Helpers,
-    ) -> Any:
+    ) -> TensorLike:
         with parallel.helpers_installed(helpers):
             if self._own_reduce:
                 return self.ops.reduce(reduce_op, value, ResolvedDevices(destinations), options)

@@ -153,7 +153,7 @@ def validate_components(value: DistributedValues, which: str = "") -> list[Any]:
     return arrays
 
 
-def mirror(arrays: Sequence[Any], destinations: Sequence[DeviceSpec]) -> Any:
+def mirror(arrays: Sequence[Any], destinations: Sequence[DeviceSpec]) -> TensorLike:
     """Wraps ``arrays[k]`` (intended for ``destinations[k]``) as the result of a reduction.
 
     Arrays already on their destination are used as they are. Host arrays that look at

@@ -32,7 +32,7 @@ from towerdist._src.cross_device_ops.placement import mirror
 from towerdist._src.device import DeviceSpec
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import ReduceOp
-from towerdist._src.type_aliases import DTypeLike, HostArray
+from towerdist._src.type_aliases import DTypeLike, HostArray, TensorLike
 from towerdist._src.values.distributed_values import DistributedValues
 
 __all__ = ["SharedMemoryAllReduce", "reduce_host_arrays", "reduce_into_update"]
@@ -52,7 +52,7 @@ def reduce_host_arrays(
     parallel_threshold_bytes: int = 1 << 22,
     out: HostArray | None = None,
     helpers: parallel.Helpers = parallel.THIS_THREAD,
-) -> Any:
+) -> HostArray:
     """Reduces same-shaped host arrays element-wise, in replica order, into a new array.
 
     ``out``, when given, is a private buffer of the result's shape and dtype to write into.
@@ -177,7 +177,7 @@ class SharedMemoryAllReduce(CrossDeviceOps):
         per_replica_value: DistributedValues,
         destinations: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
-    ) -> Any:
+    ) -> TensorLike:
         return self._reduce_one(reduce_op, per_replica_value, destinations, parallel.THIS_THREAD)
 
     def batch_reduce_implementation(
@@ -197,7 +197,7 @@ class SharedMemoryAllReduce(CrossDeviceOps):
         destinations: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
         helpers: parallel.Helpers,
-    ) -> Any:
+    ) -> TensorLike:
         copied = copy_in_place(value, destinations)
         if copied is not None:
             return copied
@@ -250,7 +250,7 @@ class SharedMemoryAllReduce(CrossDeviceOps):
         value: DistributedValues,
         destinations: tuple[DeviceSpec, ...],
         helpers: parallel.Helpers,
-    ) -> Any:
+    ) -> TensorLike:
         if sparse.is_sparse(value):
             return sparse.reduce_sparse(reduce_op, value, destinations)
         arrays = _host_arrays(value)

@@ -160,7 +160,7 @@ def reduce_sparse(
     value: DistributedValues,
     destinations: tuple[DeviceSpec, ...],
     on: DeviceSpec | None = None,
-) -> Any:
+) -> IndexedSlices | Mirrored[IndexedSlices]:
     """The reduction of a ``PerReplica`` of ``IndexedSlices`` placed on ``destinations``.
 
     Reduced once, on ``on`` (by default the first destination), then placed on every
@@ -196,7 +196,7 @@ def all_reduce_placed(slices: IndexedSlices, devices: Sequence[DeviceSpec]) -> l
     return list(placed.values) if isinstance(placed, DistributedValues) else [placed]
 
 
-def mirror_slices(slices: IndexedSlices, destinations: Sequence[DeviceSpec]) -> Any:
+def mirror_slices(slices: IndexedSlices, destinations: Sequence[DeviceSpec]) -> IndexedSlices | Mirrored[IndexedSlices]:
     """``slices`` on every destination: one bare ``IndexedSlices`` for one, a ``Mirrored`` for several.
 
     Host destinations share ``slices``' arrays, made read-only; GPUs get copies.

@@ -83,7 +83,7 @@ class CentralStorageExtended(MirroredExtended):
 
     # --- variables ------------------------------------------------------------------------
 
-    def _create_variable(self, spec: creation.VariableSpec) -> Any:
+    def _create_variable(self, spec: creation.VariableSpec) -> Variable:
         strategy = self._container_strategy()
         variable = creation.plain_variable(spec, self._parameter_device, strategy)
         if len(self._devices) == 1:
@@ -111,7 +111,7 @@ class CentralStorageExtended(MirroredExtended):
 
     def _update(
         self, var: Variable, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool
-    ) -> Any:
+    ) -> Nest:
         target = var.get() if isinstance(var, AggregatingVariable) else var
         with context.UpdateContext(self._parameter_device, None):
             result = fn(target, *_primary(args), **_primary(kwargs))

@@ -23,7 +23,7 @@ from towerdist._src import nest
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.failures import API, unworded
 from towerdist._src.indexed_slices import IndexedSlices, check_reducible
-from towerdist._src.type_aliases import Array
+from towerdist._src.type_aliases import Array, Nest
 
 __all__ = ["Contribution", "check_gather_leaves", "check_reduce_leaves", "check_structures"]
 
@@ -75,7 +75,7 @@ def _spec(contribution: Contribution) -> nest.PyTreeSpec:
 _CAST = "Cast the values to one dtype first, e.g. with td.cast()."
 
 
-def _value(contribution: Contribution) -> Any:
+def _value(contribution: Contribution) -> Nest:
     if contribution.spec is None:
         return contribution.arrays[0]
     return nest.unflatten(contribution.spec, contribution.arrays)

@@ -53,7 +53,7 @@ class DefaultExtended(StrategyExtended):
             "strategy scope; create a strategy (e.g. MirroredStrategy) to place variables on devices."
         )
 
-    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Nest:
         with ReplicaContext(self._container_strategy(), 0):
             return fn(*args, **kwargs)
 
@@ -88,7 +88,7 @@ class DefaultExtended(StrategyExtended):
     ) -> Any:
         return dataset_fn(InputContext())
 
-    def _variable_owner(self) -> Any:
+    def _variable_owner(self) -> None:
         return None  # variables created outside any scope belong to no strategy
 
     def _deepcopy_strategy(self) -> Strategy:

@@ -31,7 +31,7 @@ from towerdist._src.strategies.replica_threads import ReplicaScheduler
 from towerdist._src.strategies.round_requests import CollectiveRequest, MergeRequest
 from towerdist._src.strategies.strategy import Strategy
 from towerdist._src.strategies.strategy_extended import StrategyExtended, update_regroup
-from towerdist._src.type_aliases import Destinations, DeviceLike, TensorLike
+from towerdist._src.type_aliases import Destinations, DeviceLike, Nest, TensorLike
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 from towerdist._src.values.regroup import regroup, split_for_replicas
 from towerdist._src.variables import creation
@@ -162,7 +162,7 @@ class MirroredExtended(StrategyExtended):
 
     def _call_for_each_replica(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], sequential: bool | None = None
-    ) -> Any:
+    ) -> Nest:
         n = len(self._devices)
         args_per_replica = split_for_replicas(args, n, "args")
         kwargs_per_replica = split_for_replicas(kwargs, n, "kwargs")
@@ -180,7 +180,7 @@ class MirroredExtended(StrategyExtended):
         """The context replica ``i`` runs a step in."""
         return _MirroredReplicaContext(strategy, i, step, self._devices[i])
 
-    def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+    def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Nest:
         n = len(self._devices)
         values = []
         for i, device in enumerate(self._devices):
@@ -224,7 +224,7 @@ class MirroredExtended(StrategyExtended):
         options: CommunicationOptions | None,
         *,
         collective: str,
-    ) -> Any:
+    ) -> TensorLike:
         del collective  # the workers' name for it: one process has none to agree with
         if isinstance(value, Mirrored) or getattr(value, "_is_mirrored", False):
             if reduce_op is ReduceOp.MEAN:
@@ -243,7 +243,7 @@ class MirroredExtended(StrategyExtended):
         validate_components(value)
         return self._with_helpers(self._collectives._reduce_to, reduce_op, value, devices, options or DEFAULT_OPTIONS)
 
-    def _reduce_non_distributed(self, reduce_op: ReduceOp, value: TensorLike, devices: ResolvedDevices) -> Any:
+    def _reduce_non_distributed(self, reduce_op: ReduceOp, value: TensorLike, devices: ResolvedDevices) -> TensorLike:
         if reduce_op is ReduceOp.MEAN:
             return value  # the same value on every replica: its mean is itself
         if len(self._devices) != 1:
@@ -356,12 +356,12 @@ class MirroredExtended(StrategyExtended):
         finally:
             lease.release()
 
-    def _broadcast_to(self, tensor: TensorLike, destinations: Destinations) -> Any:
+    def _broadcast_to(self, tensor: TensorLike, destinations: Destinations) -> TensorLike:
         if isinstance(tensor, (int, float)) and not isinstance(tensor, bool):
             return tensor  # Python numbers are the same everywhere, as in TensorFlow
         return self._collectives._broadcast_to(tensor, ResolvedDevices(self._destinations(destinations)))
 
-    def _gather_to(self, value: TensorLike, destinations: Destinations, axis: int, *, collective: str) -> Any:
+    def _gather_to(self, value: TensorLike, destinations: Destinations, axis: int, *, collective: str) -> TensorLike:
         del collective  # the workers' name for it: one process has none to agree with
         if not isinstance(value, DistributedValues):
             return value
@@ -409,7 +409,7 @@ class MirroredExtended(StrategyExtended):
     # ``DistributedVariable`` here (its ``values``), which no annotation of an override can say.
     def _update(
         self, var: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool
-    ) -> Any:
+    ) -> Nest:
         components = var.values
         n = len(components)
         args_per = split_for_replicas(args, n, "args")
@@ -422,7 +422,7 @@ class MirroredExtended(StrategyExtended):
 
     def _update_non_slot(
         self, colocate_with: object, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool
-    ) -> Any:
+    ) -> Nest:
         if not isinstance(colocate_with, tuple):
             raise ValidationError(
                 f"update_non_slot() of {self._describe()} takes the tuple non_slot_devices() returned. Got "
@@ -437,7 +437,7 @@ class MirroredExtended(StrategyExtended):
                 results.append(fn(*args_per[i], **kwargs_per[i]))
         return update_regroup(results, devices, group)
 
-    def _non_slot_devices(self, var_list: list[Variable]) -> Any:
+    def _non_slot_devices(self, var_list: list[Variable]) -> tuple[str, ...]:
         return self.worker_devices
 
     # --- description ----------------------------------------------------------------------
@@ -460,7 +460,7 @@ class _MirroredReplicaContext(ReplicaContext):
 
     def _merge_call(
         self, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], collective: str
-    ) -> Any:
+    ) -> Nest:
         step = self._step
         if step is None:  # only in a replica thread abandoned after a timeout: just unwind
             raise StopReplica
@@ -472,7 +472,7 @@ class _MirroredReplicaContext(ReplicaContext):
         payload: object,
         collective: str,
         snapshot: Callable[[Any, int], tuple[Any, Collection[int]]] | None = None,
-    ) -> Any:
+    ) -> Nest:
         step = self._step
         if step is None:
             raise StopReplica

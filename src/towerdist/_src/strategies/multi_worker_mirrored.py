@@ -223,7 +223,7 @@ class MultiWorkerExtended(MirroredExtended):
         """True on the chief (worker 0) only."""
         return self._workers.rank == 0
 
-    def _non_slot_devices(self, var_list: list[Variable]) -> Any:
+    def _non_slot_devices(self, var_list: list[Variable]) -> tuple[str, ...]:
         return tuple(d.name for d in self._devices)
 
     def _local_results(self, value: Nest) -> tuple[Any, ...]:
@@ -244,7 +244,7 @@ class MultiWorkerExtended(MirroredExtended):
     def _replica_context(self, strategy: Strategy, i: int, step: Step | None) -> _MirroredReplicaContext:
         return _MultiWorkerReplicaContext(strategy, i, step, self._devices[i], self._first_replica_id)
 
-    def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+    def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Nest:
         n, first = self._num_replicas_in_sync, self._first_replica_id
         values = []
         for i, device in enumerate(self._devices):
@@ -295,7 +295,7 @@ class MultiWorkerExtended(MirroredExtended):
         options: CommunicationOptions | None,
         *,
         collective: str,
-    ) -> Any:
+    ) -> TensorLike:
         if self._workers.size == 1 or isinstance(value, Mirrored) or getattr(value, "_is_mirrored", False):
             # One worker: MirroredStrategy's reduction. A Mirrored value: MEAN is itself, SUM refused.
             return super()._reduce_to(reduce_op, value, destinations, options, collective=collective)
@@ -506,7 +506,7 @@ class MultiWorkerExtended(MirroredExtended):
         placed = mirror([array] * len(self._devices), self._devices)
         return list(placed.values) if isinstance(placed, DistributedValues) else [placed]
 
-    def _gather_to(self, value: TensorLike, destinations: Destinations, axis: int, *, collective: str) -> Any:
+    def _gather_to(self, value: TensorLike, destinations: Destinations, axis: int, *, collective: str) -> TensorLike:
         if self._workers.size == 1:
             return super()._gather_to(value, destinations, axis, collective=collective)
         seq = self._workers.seq
@@ -535,7 +535,7 @@ class MultiWorkerExtended(MirroredExtended):
             return count
         return int(sum(self._workers.agree_extra(f"{collective} (element count)", count, None)))
 
-    def _first_replica_value(self, value: Nest, collective: str) -> Any:
+    def _first_replica_value(self, value: Nest, collective: str) -> TensorLike:
         first = super()._first_replica_value(value, collective)
         if self._workers.size == 1:
             return first

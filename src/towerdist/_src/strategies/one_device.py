@@ -59,7 +59,7 @@ class OneDeviceExtended(StrategyExtended):
     def _replica_devices(self) -> tuple[DeviceSpec, ...]:
         return (self._device,)
 
-    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Nest:
         ctx = ReplicaContext(self._container_strategy(), 0)
         ctx._device = self._device
         with device_lib.device(self._device), ctx:

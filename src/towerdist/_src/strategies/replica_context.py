@@ -142,7 +142,7 @@ class ReplicaContext:
 
     def _merge_call(
         self, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], collective: str
-    ) -> Any:
+    ) -> Nest:
         # One replica: run merge_fn right here, in cross-replica context, and unpack
         # distributed results to this replica's component as the multi-replica path does.
         modes = thread_state.state.modes
@@ -160,7 +160,7 @@ class ReplicaContext:
         payload: object,
         collective: str,
         snapshot: Callable[[Any, int], tuple[Any, Collection[int]]] | None = None,
-    ) -> Any:
+    ) -> Nest:
         """An internal collective: ``fn(strategy, payloads)`` runs once on every replica's payload.
 
         ``payloads`` are in replica order; ``fn`` returns one part per replica and this
@@ -193,7 +193,7 @@ class ReplicaContext:
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
         group: bool = True,
-    ) -> Any:
+    ) -> Nest:
         """Updates ``var`` from this replica: ``strategy.extended.update`` in replica context.
 
         TensorFlow's ``ReplicaContext._update``. Every replica calls it; the replicas'

@@ -78,7 +78,7 @@ class Strategy:
         """
         return self._extended._local_results(value)
 
-    def experimental_distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+    def experimental_distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Nest:
         """Builds a distributed value by calling ``value_fn(ValueContext(...))`` per replica.
 
         Multi-replica strategies always return a ``PerReplica`` (even of equal values);
@@ -214,7 +214,7 @@ class Strategy:
         finally:
             steps.end()
 
-    def reduce(self, reduce_op: ReduceOpLike, value: Nest, axis: AxisLike | None) -> Any:
+    def reduce(self, reduce_op: ReduceOpLike, value: Nest, axis: AxisLike | None) -> Nest:
         """Reduces ``value`` across replicas (and along ``axis`` when given).
 
         * ``axis=None``: element-wise across replicas; every replica's value must have the

@@ -148,7 +148,7 @@ class StrategyExtended:
         value: TensorLike,
         destinations: Destinations,
         options: CommunicationOptions | None = None,
-    ) -> Any:
+    ) -> TensorLike:
         """Reduces ``value`` across replicas and places the result on ``destinations``.
 
         Args:
@@ -191,7 +191,7 @@ class StrategyExtended:
                     check_destinations(value_and_destinations[1])
             return self._batch_reduce_to(op, pairs, options)
 
-    def broadcast_to(self, tensor: TensorLike, destinations: Destinations) -> Any:
+    def broadcast_to(self, tensor: TensorLike, destinations: Destinations) -> TensorLike:
         """Copies ``tensor`` to ``destinations`` (a ``Mirrored`` for several devices).
 
         Raises:
@@ -211,7 +211,7 @@ class StrategyExtended:
 
     def call_for_each_replica(
         self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
-    ) -> Any:
+    ) -> Nest:
         """Runs ``fn`` once per replica, as ``Strategy.run`` does."""
         strategy = self._container_strategy()
         context.require_cross_replica_or_default(strategy, "StrategyExtended.call_for_each_replica()")
@@ -232,7 +232,7 @@ class StrategyExtended:
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
         group: bool = True,
-    ) -> Any:
+    ) -> Nest:
         """Runs ``fn(component, *args, **kwargs)`` on every component of ``var``.
 
         Each call runs in an update context (``td.distribute.get_update_device()`` names the
@@ -297,7 +297,7 @@ class StrategyExtended:
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
         group: bool = True,
-    ) -> Any:
+    ) -> Nest:
         """Runs ``fn(*args, **kwargs)`` once per device of ``colocate_with``, in update contexts.
 
         ``colocate_with`` is what ``non_slot_devices()`` returned. Use it to update
@@ -334,7 +334,7 @@ class StrategyExtended:
         self._validate_colocate_with(colocate_with_variable)
         return _Colocation(strategy, colocate_with_variable)
 
-    def value_container(self, value: object) -> Any:
+    def value_container(self, value: object) -> object:
         """The distributed variable ``value`` is a component of, else ``value`` itself."""
         return value_container(value)
 
@@ -362,12 +362,12 @@ class StrategyExtended:
 
     # --- hooks for concrete strategies ----------------------------------------------------
 
-    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Nest:
         """``Strategy.run`` once its arguments are checked: in the strategy's scope by default."""
         with self._container_strategy().scope():
             return self._call_for_each_replica(fn, args, kwargs)
 
-    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Nest:
         raise NotImplementedError
 
     # Input: strategies describe this process's replicas; MultiWorker adds its worker index.
@@ -409,7 +409,7 @@ class StrategyExtended:
         options: CommunicationOptions | None,
         *,
         collective: str,
-    ) -> Any:
+    ) -> TensorLike:
         """Reduces ``value`` onto ``destinations``; the public method has checked the context and arguments.
 
         Its errors are :func:`~towerdist._src.failures.unworded`: the public method that called
@@ -433,17 +433,17 @@ class StrategyExtended:
             for value, destinations in pairs
         ]
 
-    def _broadcast_to(self, tensor: TensorLike, destinations: Destinations) -> Any:
+    def _broadcast_to(self, tensor: TensorLike, destinations: Destinations) -> TensorLike:
         raise NotImplementedError
 
-    def _gather_to(self, value: TensorLike, destinations: Destinations, axis: int, *, collective: str) -> Any:
+    def _gather_to(self, value: TensorLike, destinations: Destinations, axis: int, *, collective: str) -> TensorLike:
         """Concatenates the replicas' values along ``axis`` onto ``destinations`` (errors unworded)."""
         raise NotImplementedError
 
     def _local_results(self, value: Nest) -> tuple[Any, ...]:
         return local_results(value, self._num_replicas_in_sync)
 
-    def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+    def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Nest:
         return value_fn(ValueContext())
 
     def _reduce_destination(self) -> DeviceSpec:
@@ -514,7 +514,7 @@ class StrategyExtended:
         del collective
         return count
 
-    def _first_replica_value(self, value: Nest, collective: str) -> Any:
+    def _first_replica_value(self, value: Nest, collective: str) -> TensorLike:
         """The value of global replica 0 (``ONLY_FIRST_REPLICA``): this worker's first component."""
         del collective
         return self._local_results(value)[0]
@@ -527,11 +527,11 @@ class StrategyExtended:
 
     # --- variable hooks (single-device behaviour: default and OneDevice strategies) --------
 
-    def _variable_owner(self) -> Any:
+    def _variable_owner(self) -> Strategy | None:
         """What ``_distribute_strategy`` of a variable created in this strategy's scope is."""
         return self._container_strategy()
 
-    def _create_variable(self, spec: creation.VariableSpec) -> Any:
+    def _create_variable(self, spec: creation.VariableSpec) -> Variable:
         owner = self._container_strategy() if context.has_strategy() else None
         return creation.plain_variable(spec, self._variable_device(spec.colocate_with), owner)
 
@@ -553,14 +553,14 @@ class StrategyExtended:
 
     def _update(
         self, var: Variable, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool
-    ) -> Any:
+    ) -> Nest:
         with context.UpdateContext(self._update_device(var), None):
             result = fn(var, *args, **kwargs)
         return result if group else nest.map_structure(self._local_results, result)
 
     def _update_non_slot(
         self, colocate_with: object, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool
-    ) -> Any:
+    ) -> Nest:
         with context.UpdateContext(self._non_slot_device(colocate_with), None):
             result = fn(*args, **kwargs)
         return result if group else nest.map_structure(self._local_results, result)
