@@ -345,7 +345,7 @@ class Step:
                     self.fail(error, ("replica", i))
             self._exit(i)
 
-    def meet(self, i: int, request: MergeRequest | CollectiveRequest) -> Any:
+    def meet(self, i: int, request: MergeRequest | CollectiveRequest) -> Nest:
         """Replica ``i`` brings ``request`` to the barrier; returns its part of the result.
 
         ``request.collective`` names the call (``"merge_call()"``, ``"ReplicaContext.all_reduce()"``,
@@ -510,14 +510,14 @@ class Step:
         self._merge_started = time.monotonic()
         return None, requests
 
-    def _park(self, i: int) -> Any:
+    def _park(self, i: int) -> Nest:
         """Waits at the barrier for this replica's part; runs parts of parallel jobs meanwhile."""
         if i == 0 and self.on_caller_thread() and threading.current_thread() is threading.main_thread():
             with held_signals.interrupts_held(self._mailboxes[0]) as held:
                 return self._park_loop(i, held)
         return self._park_loop(i, None)
 
-    def _park_loop(self, i: int, held: list[Any] | None) -> Any:
+    def _park_loop(self, i: int, held: list[Any] | None) -> Nest:
         mailbox = self._mailboxes[i]
         site = self.sites[i]
         budget = site.budget(self.participants)
@@ -550,7 +550,7 @@ class Step:
             mailbox.put(message)
             raise StopReplica
 
-    def _settle(self, i: int, requests: list[Any]) -> Any:
+    def _settle(self, i: int, requests: list[Any]) -> Nest:
         """Runs the round's request once (replica ``i`` arrived last) and releases the others."""
         if True in self._snapshotting:
             self._await_snapshots()
