@@ -14,6 +14,7 @@ import functools
 import inspect
 import sys
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from towerdist._src import backend
 from towerdist._src import device as device_lib
 from towerdist._src.dtypes import python_dtype
 from towerdist._src.errors import OutOfRangeError, OutOfRangeStopIteration
+from towerdist._src.type_aliases import AxisLike, DTypeLike, TensorLike
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 
 __all__ = [
@@ -42,7 +44,7 @@ __all__ = [
 _HOST_ONLY_KINDS = "OSUVMm"  # objects, strings, bytes, void, datetimes: cupy holds numbers only
 
 
-def from_python(value: Any, api: str) -> np.ndarray:
+def from_python(value: object, api: str) -> np.ndarray:
     """``value`` (a Python number, string or nested list of them) as a host array.
 
     Raises:
@@ -68,16 +70,18 @@ def from_python(value: Any, api: str) -> np.ndarray:
     return raw
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _backend_for_new() -> Any:
+def _backend_for_new() -> ModuleType:
     return backend.for_device(device_lib.current())
 
 
-def constant(value: Any, dtype: Any = None, shape: Sequence[int] | None = None, name: str | None = None) -> Any:
+def constant(
+    value: TensorLike, dtype: DTypeLike | None = None, shape: Sequence[int] | None = None, name: str | None = None
+) -> TensorLike:
     """Creates an array from ``value`` on the current device (``tf.constant``).
 
     Python floats give float32 and Python ints int32 unless ``dtype`` says otherwise.
@@ -108,7 +112,9 @@ def constant(value: Any, dtype: Any = None, shape: Sequence[int] | None = None, 
     return array
 
 
-def convert_to_tensor(value: Any, dtype: Any = None, dtype_hint: Any = None, name: str | None = None) -> Any:
+def convert_to_tensor(
+    value: TensorLike, dtype: DTypeLike | None = None, dtype_hint: DTypeLike | None = None, name: str | None = None
+) -> TensorLike:
     """Returns ``value`` as an array (``tf.convert_to_tensor``).
 
     Arrays of the right dtype are returned as they are, wherever they live (TensorFlow
@@ -128,7 +134,7 @@ def convert_to_tensor(value: Any, dtype: Any = None, dtype_hint: Any = None, nam
     return array
 
 
-def as_array(value: Any, dtype: Any = None, dtype_hint: Any = None) -> Any:
+def as_array(value: TensorLike, dtype: DTypeLike | None = None, dtype_hint: DTypeLike | None = None) -> TensorLike:
     """``value`` as an array where it is, for towerdist's own use (``convert_to_tensor`` without the device scope).
 
     A ``PerReplica`` or ``Mirrored`` converts to its local component inside a replica; a
@@ -152,7 +158,7 @@ def as_array(value: Any, dtype: Any = None, dtype_hint: Any = None) -> Any:
     return constant(value, dtype=dtype if dtype is not None else dtype_hint)
 
 
-def cast(x: Any, dtype: Any, name: str | None = None) -> Any:
+def cast(x: TensorLike, dtype: DTypeLike, name: str | None = None) -> TensorLike:
     """``x`` converted to ``dtype`` (a new array), on the scope's device when there is a ``td.device`` scope."""
     del name
     array = as_array(x)
@@ -168,7 +174,7 @@ def cast(x: Any, dtype: Any, name: str | None = None) -> Any:
         return array.astype(dtype)
 
 
-def identity(x: Any, name: str | None = None) -> Any:
+def identity(x: TensorLike, name: str | None = None) -> TensorLike:
     """A new array with the value of ``x`` (later changes to ``x`` do not show through).
 
     Inside a ``td.device`` scope the copy is made on that device, as ``tf.identity`` is
@@ -186,7 +192,7 @@ def identity(x: Any, name: str | None = None) -> Any:
     return moved if moved is not array else impl.copy(moved, here)
 
 
-def add_n(inputs: Sequence[Any], name: str | None = None) -> Any:
+def add_n(inputs: Sequence[TensorLike], name: str | None = None) -> TensorLike:
     """The element-wise sum of same-shaped arrays (``tf.math.add_n``)."""
     del name
     arrays = [convert_to_tensor(x) for x in inputs]
@@ -195,13 +201,15 @@ def add_n(inputs: Sequence[Any], name: str | None = None) -> Any:
     return backend.for_array(arrays[0]).add_n(arrays)
 
 
-def _axis(axis: Any) -> Any:
+def _axis(axis: AxisLike | None) -> AxisLike | None:
     if axis is None or isinstance(axis, (int, np.integer)):
         return axis
     return tuple(int(a) for a in axis)
 
 
-def reduce_sum(input_tensor: Any, axis: Any = None, keepdims: bool = False, name: str | None = None) -> Any:
+def reduce_sum(
+    input_tensor: TensorLike, axis: AxisLike | None = None, keepdims: bool = False, name: str | None = None
+) -> TensorLike:
     """Sum over ``axis`` (all axes when None), keeping the dtype."""
     del name
     array = convert_to_tensor(input_tensor)
@@ -210,7 +218,9 @@ def reduce_sum(input_tensor: Any, axis: Any = None, keepdims: bool = False, name
         return impl.xp.asarray(impl.xp.sum(array, axis=_axis(axis), keepdims=keepdims, dtype=array.dtype))
 
 
-def reduce_mean(input_tensor: Any, axis: Any = None, keepdims: bool = False, name: str | None = None) -> Any:
+def reduce_mean(
+    input_tensor: TensorLike, axis: AxisLike | None = None, keepdims: bool = False, name: str | None = None
+) -> TensorLike:
     """Mean over ``axis``; integer inputs give a truncated integer mean, as in TensorFlow."""
     del name
     array = convert_to_tensor(input_tensor)
@@ -227,13 +237,13 @@ def reduce_mean(input_tensor: Any, axis: Any = None, keepdims: bool = False, nam
         return xp.asarray(xp.mean(array, axis=_axis(axis), keepdims=keepdims, dtype=array.dtype))
 
 
-def zeros(shape: Any, dtype: Any = np.float32, name: str | None = None) -> Any:
+def zeros(shape: int | Sequence[int], dtype: DTypeLike = np.float32, name: str | None = None) -> TensorLike:
     """An array of zeros on the current device (float32 by default)."""
     del name
     return _backend_for_new().zeros(_shape(shape), dtype, device_lib.current())
 
 
-def ones(shape: Any, dtype: Any = np.float32, name: str | None = None) -> Any:
+def ones(shape: int | Sequence[int], dtype: DTypeLike = np.float32, name: str | None = None) -> TensorLike:
     """An array of ones on the current device (float32 by default)."""
     del name
     array = _backend_for_new().zeros(_shape(shape), dtype, device_lib.current())
@@ -241,7 +251,9 @@ def ones(shape: Any, dtype: Any = np.float32, name: str | None = None) -> Any:
     return array
 
 
-def range(start: Any, limit: Any = None, delta: Any = 1, dtype: Any = None, name: str | None = None) -> Any:  # noqa: A001
+def range(  # noqa: A001
+    start: TensorLike, limit: TensorLike = None, delta: TensorLike = 1, dtype: DTypeLike | None = None, name: str | None = None
+) -> TensorLike:
     """``tf.range``: ``start, start + delta, ...`` below ``limit`` (int32 or float32 by default)."""
     del name
     if limit is None:
@@ -255,13 +267,13 @@ def range(start: Any, limit: Any = None, delta: Any = 1, dtype: Any = None, name
     return _backend_for_new().xp.arange(start, limit, delta, dtype=dtype)
 
 
-def _shape(shape: Any) -> tuple[int, ...]:
+def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:
     if isinstance(shape, (int, np.integer)):
         return (int(shape),)
     return tuple(int(s) for s in shape)
 
 
-def function(func: Callable[..., Any] | None = None, **options: Any) -> Any:
+def function(func: Callable[..., Any] | None = None, **options: object) -> Any:
     """Accepts ``tf.function`` and its keyword arguments, and returns ``func`` run eagerly.
 
     towerdist runs everything eagerly; replicas are concurrent without compilation.
@@ -286,7 +298,7 @@ def _step_function(func: Callable[..., Any]) -> Callable[..., Any]:
         return func  # already wrapped: td.function(td.function(f)) calls f through one wrapper
 
     @functools.wraps(func)
-    def step(*args: Any, **kwargs: Any) -> Any:
+    def step(*args: object, **kwargs: object) -> Any:
         # A try block costs nothing until it raises (Python 3.11+): this stays a plain call.
         try:
             return func(*args, **kwargs)

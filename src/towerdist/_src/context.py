@@ -31,8 +31,8 @@ from towerdist._src.thread_state import Mode, UpdateEntry
 
 if TYPE_CHECKING:
     # Only for the return types of the public queries (``get_strategy() -> Strategy``), so
-    # that a user's type checker knows what they get; nothing here runs, and everything this
-    # module takes in is a ``StrategyLike``.
+    # that a user's type checker knows what they get, and for the replica context a check is
+    # given; nothing here runs, and every strategy this module takes in is a ``StrategyLike``.
     from towerdist._src.device import DeviceSpec
     from towerdist._src.strategies.replica_context import ReplicaContext
     from towerdist._src.strategies.strategy import Strategy
@@ -146,7 +146,7 @@ def get_update_device() -> str | None:
     return updates[-1].device.name
 
 
-def replica_context_in_run() -> Any:
+def replica_context_in_run() -> ReplicaContext | None:
     """The ``ReplicaContext`` of the ``strategy.run`` replica function this thread is in, else None.
 
     This is the one answer to "am I inside ``strategy.run``?": it is the replica's context
@@ -387,7 +387,7 @@ def wrong_strategy_scope(strategy: StrategyLike, api: str) -> ContextError:
     )
 
 
-def require_replica_context(replica_context: Any, api: str) -> None:
+def require_replica_context(replica_context: ReplicaContext, api: str) -> None:
     """Passes if ``replica_context`` is this thread's current replica context."""
     current = get_replica_context()
     if current is replica_context:

@@ -21,6 +21,7 @@ import numpy as np
 
 from towerdist._src import array_ops, backend, nest
 from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.type_aliases import DTypeLike, Nest, TensorLike
 
 __all__ = ["IndexedSlices", "check_reducible", "densify", "is_canonical", "refuse_in_gather", "summed"]
 
@@ -57,7 +58,7 @@ class IndexedSlices:
 
     __slots__ = ("_dense_shape", "_indices", "_values")
 
-    def __init__(self, values: Any, indices: Any, dense_shape: Any = None) -> None:
+    def __init__(self, values: TensorLike, indices: TensorLike, dense_shape: TensorLike | None = None) -> None:
         values = _as_array(values)
         indices = _as_array(indices)
         if indices.dtype.kind not in "iu":
@@ -82,12 +83,12 @@ class IndexedSlices:
         self._dense_shape = shape
 
     @property
-    def values(self) -> Any:
+    def values(self) -> TensorLike:
         """The slices: ``values[i]`` is the dense array's row ``indices[i]`` (one of its parts)."""
         return self._values
 
     @property
-    def indices(self) -> Any:
+    def indices(self) -> TensorLike:
         """The row numbers of the slices (integers; repeats allowed)."""
         return self._indices
 
@@ -139,16 +140,16 @@ class IndexedSlices:
 
     __repr__ = __str__
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         dense = densify(self, "np.asarray()")
         array = np.asarray(backend.host().to_device(dense, None))
         return array if dtype is None else array.astype(dtype)
 
-    def _towerdist_dense(self) -> Any:
+    def _towerdist_dense(self) -> TensorLike:
         return densify(self, "td.convert_to_tensor()")
 
 
-def _as_array(value: Any) -> Any:
+def _as_array(value: TensorLike) -> TensorLike:
     if backend.is_array(value) and not np.isscalar(value):
         return value
     if hasattr(value, "_towerdist_value") or hasattr(value, "_values"):
@@ -156,7 +157,7 @@ def _as_array(value: Any) -> Any:
     return np.asarray(value)
 
 
-def _dense_shape(dense_shape: Any) -> np.ndarray:
+def _dense_shape(dense_shape: TensorLike) -> np.ndarray:
     shape = np.asarray(backend.host().to_device(dense_shape, None) if backend.is_array(dense_shape) else dense_shape)
     if shape.ndim != 1 or shape.dtype.kind not in "iu" and shape.size:
         raise InvalidArgumentError(
@@ -169,7 +170,7 @@ def _dense_shape(dense_shape: Any) -> np.ndarray:
     return shape
 
 
-def densify(slices: IndexedSlices, api: str = "td.convert_to_tensor()") -> Any:
+def densify(slices: IndexedSlices, api: str = "td.convert_to_tensor()") -> TensorLike:
     """The dense array ``slices`` stands for (repeated indices summed), on the device of its values.
 
     Raises:
@@ -194,7 +195,7 @@ def densify(slices: IndexedSlices, api: str = "td.convert_to_tensor()") -> Any:
     return dense
 
 
-def check_indices(indices: Any, shape: tuple[int, ...], api: str) -> None:
+def check_indices(indices: TensorLike, shape: tuple[int, ...], api: str) -> None:
     """Raises ``InvalidArgumentError`` naming the first index outside ``[0, shape[0])``."""
     rows = shape[0] if shape else 0
     if indices.size == 0:
@@ -215,7 +216,7 @@ def check_indices(indices: Any, shape: tuple[int, ...], api: str) -> None:
         )
 
 
-def summed_rows(indices: Any, values: Any) -> tuple[Any, Any]:
+def summed_rows(indices: TensorLike, values: TensorLike) -> tuple[TensorLike, TensorLike]:
     """``(distinct indices in increasing order, the rows of values summed per index)``.
 
     The rows of one index are summed in their order in ``values``. Indices already strictly
@@ -227,7 +228,7 @@ def summed_rows(indices: Any, values: Any) -> tuple[Any, Any]:
     return impl.unique_rows_sum(indices, values)  # type: ignore[no-any-return]
 
 
-def is_canonical(indices: Any) -> bool:
+def is_canonical(indices: TensorLike) -> bool:
     """Whether ``indices`` (1-D) are strictly increasing: each index once, sorted."""
     if indices.shape[0] < 2:
         return True
@@ -293,7 +294,7 @@ def _described_shape(item: IndexedSlices) -> list[int | None]:
     return [int(d) for d in item.dense_shape]
 
 
-def refuse_in_gather(value: Any, api: str) -> None:
+def refuse_in_gather(value: Nest, api: str) -> None:
     """Raises TensorFlow's ``NotImplementedError`` if ``value`` (a nest) holds a bare ``IndexedSlices``.
 
     A ``PerReplica`` of them is not refused: TensorFlow densifies its components and

@@ -21,9 +21,12 @@ scope, and the empty name stays empty; see :func:`variable_name`.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from towerdist._src import context
+
+if TYPE_CHECKING:
+    from towerdist._src.strategies.replica_context import ReplicaContext
 
 __all__ = ["current", "name_scope", "name_scope_v1", "variable_name"]
 
@@ -38,7 +41,7 @@ class _Scopes(threading.local):
 _scopes = _Scopes()
 
 
-def _owner() -> Any:
+def _owner() -> ReplicaContext | None:
     """The replica context whose scopes apply here: a threaded strategy's, else None."""
     replica_context = context.replica_context_in_run()
     if replica_context is None or getattr(replica_context.strategy.extended, "_scheduler", None) is None:
@@ -83,7 +86,7 @@ def _exit(depth: int) -> None:
     del _scopes.stack[depth - 1 :]
 
 
-def _check_name(name: Any) -> None:
+def _check_name(name: object) -> None:
     if not isinstance(name, str):
         raise ValueError(
             f"name for name_scope must be a string. Got name={name!r} of type {type(name).__name__}; "
@@ -150,7 +153,7 @@ class name_scope_v1:  # noqa: N801  (TensorFlow's public name)
       ValueError: ``name`` (or, when it is None, ``default_name``) is not a string or None.
     """
 
-    def __init__(self, name: str | None, default_name: str | None = None, values: Any = None) -> None:
+    def __init__(self, name: str | None, default_name: str | None = None, values: object = None) -> None:
         del values  # graph-mode inputs to colocate the scope with
         chosen = default_name if name is None else name
         if chosen is not None:

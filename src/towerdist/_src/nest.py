@@ -12,30 +12,32 @@ from typing import Any
 
 import optree
 
+from towerdist._src.type_aliases import Nest
+
 __all__ = ["explain_mismatch", "flatten", "format_path", "map_structure", "unflatten"]
 
 PyTreeSpec = optree.PyTreeSpec
 
 
-def flatten(tree: Any) -> tuple[list[Any], PyTreeSpec]:
+def flatten(tree: Nest) -> tuple[list[Any], PyTreeSpec]:
     """The leaves of ``tree`` (dicts in sorted-key order) and its structure."""
     return optree.tree_flatten(tree, none_is_leaf=True)
 
 
-def flatten_with_paths(tree: Any) -> tuple[list[tuple[Any, ...]], list[Any], PyTreeSpec]:
+def flatten_with_paths(tree: Nest) -> tuple[list[tuple[Any, ...]], list[Any], PyTreeSpec]:
     return optree.tree_flatten_with_path(tree, none_is_leaf=True)
 
 
-def unflatten(spec: PyTreeSpec, leaves: Sequence[Any]) -> Any:
+def unflatten(spec: PyTreeSpec, leaves: Sequence[Any]) -> Nest:
     """Rebuilds a structure like the one ``spec`` came from (dicts keep their key order)."""
     return optree.tree_unflatten(spec, leaves)
 
 
-def map_structure(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
+def map_structure(fn: Callable[..., Any], tree: Nest, *rest: Nest) -> Nest:
     return optree.tree_map(fn, tree, *rest, none_is_leaf=True)
 
 
-def is_nested(value: Any) -> bool:
+def is_nested(value: Nest) -> bool:
     """True if ``value`` is a list, tuple, namedtuple or dict (a structure, not a leaf)."""
     return not optree.treespec_is_leaf(optree.tree_structure(value, none_is_leaf=True))
 
@@ -47,12 +49,12 @@ def format_path(path: Sequence[Any]) -> str:
     return "".join(f"[{key!r}]" for key in path)
 
 
-def explain_mismatch(first: Any, other: Any) -> str:
+def explain_mismatch(first: Nest, other: Nest) -> str:
     """Describes the first place where two structures differ, with its path."""
     return _explain(first, other, ())
 
 
-def _describe(node: Any) -> str:
+def _describe(node: Nest) -> str:
     spec = optree.tree_structure(node, none_is_leaf=True)
     if optree.treespec_is_leaf(spec):
         return f"a leaf ({type(node).__name__})"
@@ -62,7 +64,7 @@ def _describe(node: Any) -> str:
     return f"a {kind} of length {len(node)}"
 
 
-def _explain(a: Any, b: Any, path: tuple[Any, ...]) -> str:
+def _explain(a: Nest, b: Nest, path: tuple[Any, ...]) -> str:
     spec_a = optree.tree_structure(a, none_is_leaf=True)
     spec_b = optree.tree_structure(b, none_is_leaf=True)
     if spec_a == spec_b:

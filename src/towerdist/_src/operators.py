@@ -15,17 +15,18 @@ from typing import Any
 import numpy as np
 
 from towerdist._src import backend
+from towerdist._src.type_aliases import TensorLike
 
 __all__ = ["ArrayOperators", "binary", "unary"]
 
 _Binary = Callable[[Any, Any], Any]
 
 
-def _operand(value: Any) -> Any:
+def _operand(value: TensorLike) -> TensorLike:
     return value._operand() if isinstance(value, ArrayOperators) else value
 
 
-def _on_device_of(array: Any) -> Any:
+def _on_device_of(array: TensorLike) -> Any:  # the backend's context manager
     """A context launching on ``array``'s GPU (whichever GPU the calling thread has current); nothing on the host."""
     return backend.for_array(array).on_array_device(array)
 
@@ -37,14 +38,14 @@ def binary(op: _Binary) -> tuple[_Binary, _Binary]:
     main thread (whose current GPU is 0) computes on GPU 1. Host arrays go straight through.
     """
 
-    def forward(self: ArrayOperators, other: Any) -> Any:
+    def forward(self: ArrayOperators, other: TensorLike) -> TensorLike:
         mine = self._operand()
         if type(mine) is np.ndarray:
             return op(mine, _operand(other))
         with _on_device_of(mine):
             return op(mine, _operand(other))
 
-    def backward(self: ArrayOperators, other: Any) -> Any:
+    def backward(self: ArrayOperators, other: TensorLike) -> TensorLike:
         mine = self._operand()
         if type(mine) is np.ndarray:
             return op(_operand(other), mine)
@@ -57,7 +58,7 @@ def binary(op: _Binary) -> tuple[_Binary, _Binary]:
 def unary(op: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """The operator method applying ``op`` to the object's array, on that array's device."""
 
-    def apply(self: ArrayOperators) -> Any:
+    def apply(self: ArrayOperators) -> TensorLike:
         mine = self._operand()
         if type(mine) is np.ndarray:
             return op(mine)
@@ -73,7 +74,7 @@ class ArrayOperators:
     # numpy defers binary operators with such an object on the right to the object.
     __array_priority__ = 100
 
-    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+    def __array_ufunc__(self, ufunc: object, method: str, *inputs: object, **kwargs: object) -> TensorLike:
         """numpy's and cupy's ufuncs (``np.sqrt(v)``, ``gpu_array * v``) applied to the array ``self`` stands for."""
         operands = []
         mine = None
@@ -88,10 +89,10 @@ class ArrayOperators:
         with _on_device_of(mine):
             return getattr(ufunc, method)(*operands, **kwargs)
 
-    def _operand(self) -> Any:
+    def _operand(self) -> TensorLike:
         raise NotImplementedError
 
-    def __getitem__(self, key: Any) -> Any:
+    def __getitem__(self, key: object) -> TensorLike:
         mine = self._operand()
         if type(mine) is np.ndarray:
             return mine[_operand(key)]

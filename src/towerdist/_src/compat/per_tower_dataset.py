@@ -8,8 +8,8 @@ each global batch instead.)
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.iterator import DatasetIterator
@@ -17,7 +17,11 @@ from towerdist._src.errors import OutOfRangeError
 from towerdist._src.failures import worded_at
 from towerdist._src.input.device_copies import place_on_device
 from towerdist._src.input.foreign import as_dataset
+from towerdist._src.type_aliases import Nest
 from towerdist._src.values.regroup import regroup
+
+if TYPE_CHECKING:
+    from towerdist._src.strategies.strategy import Strategy
 
 __all__ = ["PerTowerDataset", "PerTowerIterator"]
 
@@ -29,7 +33,9 @@ class PerTowerDataset:
     (``make_one_shot_iterator()`` / ``make_initializable_iterator()``), or iterate it.
     """
 
-    def __init__(self, strategy: Any, dataset: Any, prefetch: bool = False) -> None:
+    def __init__(
+        self, strategy: Strategy, dataset: Iterable[Nest] | Callable[[], Iterable[Nest]], prefetch: bool = False
+    ) -> None:
         if callable(dataset) and not isinstance(dataset, Dataset) and not hasattr(dataset, "element_spec"):
             made = dataset()
             if not isinstance(made, Dataset) and not hasattr(made, "element_spec"):
@@ -53,7 +59,7 @@ class PerTowerDataset:
         """A new iterator; ``initialize()`` (or its ``initializer``) restarts it from the beginning."""
         return PerTowerIterator(self)
 
-    def get_next(self, name: str | None = None) -> Any:
+    def get_next(self, name: str | None = None) -> Nest:
         """The next group from this object's own iterator (TF 1.8's ``distribute_dataset`` returned an iterator).
 
         Raises:
@@ -88,7 +94,7 @@ class PerTowerIterator:
         """``initialize`` (TF 1.x code runs ``session.run(iterator.initializer)``; here call it)."""
         return self.initialize
 
-    def get_next(self, name: str | None = None) -> Any:
+    def get_next(self, name: str | None = None) -> Nest:
         """The next ``num_towers`` elements, element ``i`` on tower ``i``'s device.
 
         Raises:
@@ -112,7 +118,7 @@ class PerTowerIterator:
     def __iter__(self) -> PerTowerIterator:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> Nest:
         try:
             return self.get_next()
         except OutOfRangeError:

@@ -8,15 +8,20 @@ are served under their old names by the table of ``towerdist._src.compat.old_nam
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING
 
 from towerdist._src import context, thread_state
 from towerdist._src import device as device_lib
 from towerdist._src.failures import unworded, worded_at
 from towerdist._src.reduce_op import ReduceOp
+from towerdist._src.type_aliases import DeviceLike, MergeFn, Nest, ReduceOpLike
 from towerdist._src.variable_enums import VariableAggregation
+
+if TYPE_CHECKING:
+    from towerdist._src.strategies.replica_context import ReplicaContext
+    from towerdist._src.strategies.strategy import Strategy
 
 __all__ = [
     "TowerContext",
@@ -46,11 +51,11 @@ class TowerContext:
       [3, 4]
     """
 
-    def __init__(self, replica_context: Any) -> None:
+    def __init__(self, replica_context: ReplicaContext) -> None:
         self._replica_context = replica_context
 
     @property
-    def distribution_strategy(self) -> Any:
+    def distribution_strategy(self) -> Strategy:
         """The strategy this tower belongs to."""
         return self._replica_context.strategy
 
@@ -77,7 +82,7 @@ class TowerContext:
         """The canonical name of this tower's device."""
         return str(self._replica_context.devices[0])
 
-    def merge_call(self, merge_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def merge_call(self, merge_fn: MergeFn, *args: Nest, **kwargs: Nest) -> Nest:
         """Runs ``merge_fn(strategy, *args, **kwargs)`` once for all towers (TF 1.x varargs form).
 
         Every tower must call it. ``merge_fn`` runs in cross-tower context with each
@@ -88,7 +93,7 @@ class TowerContext:
         context.require_replica_context(self._replica_context, "TowerContext.merge_call()")
         return self._replica_context._merge_call(merge_fn, args, kwargs, "merge_call()")
 
-    def tower_local_var_scope(self, reduce_method: Any) -> Any:
+    def tower_local_var_scope(self, reduce_method: ReduceOpLike) -> AbstractContextManager[None]:
         """The strategy's ``tower_local_var_scope`` (variables created inside are sync-on-read)."""
         return tower_local_var_scope(self.distribution_strategy, reduce_method)
 
@@ -108,7 +113,7 @@ class UpdateContext:
     ``StrategyExtended.update`` enters one per variable copy; TF 1.x code rarely needs to.
     """
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: DeviceLike) -> None:
         self._context = context.UpdateContext(device_lib.parse(device), None)
 
     def __enter__(self) -> None:
@@ -124,7 +129,7 @@ def get_tower_context() -> TowerContext | None:
     return None if replica_context is None else TowerContext(replica_context)
 
 
-def get_cross_tower_context() -> Any:
+def get_cross_tower_context() -> Strategy | None:
     """The current strategy in cross-tower context (``scope()`` or a ``merge_fn``), else None."""
     return context.get_cross_replica_context()
 
@@ -141,7 +146,7 @@ def get_loss_reduction() -> ReduceOp:
 _METHOD_STRINGS = {"sum": VariableAggregation.SUM, "mean": VariableAggregation.MEAN}
 
 
-def parse_method_string(method: Any, allow_only_first: bool = False) -> VariableAggregation:
+def parse_method_string(method: object, allow_only_first: bool = False) -> VariableAggregation:
     """TF 1.x's reduce method (``"sum"``/``"mean"``, a ``ReduceOp`` or a ``VariableAggregation``).
 
     Raises:
@@ -166,7 +171,7 @@ def parse_method_string(method: Any, allow_only_first: bool = False) -> Variable
 
 
 @contextmanager
-def tower_local_var_scope(strategy: Any, reduce_method: Any) -> Iterator[None]:
+def tower_local_var_scope(strategy: Strategy, reduce_method: ReduceOpLike) -> Iterator[None]:
     """Variables created inside are sync-on-read ("tower-local"), aggregated with ``reduce_method``.
 
     Each tower updates its own copy (``assign_add`` in the tower); reading the variable in

@@ -16,8 +16,9 @@ the alias table (``towerdist._src.aliases``) by the class decorator.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, TypeAlias, TypeGuard
 
 import numpy as np
 
@@ -33,13 +34,18 @@ from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.mirrored import MirroredExtended
 from towerdist._src.strategies.mirrored import MirroredStrategy as _ModernMirroredStrategy
 from towerdist._src.strategies.strategy import Strategy
+from towerdist._src.type_aliases import AxisLike, Destinations, DeviceLike, Nest, ReduceOpLike, TensorLike
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 from towerdist._src.variable_enums import VariableAggregation
 from towerdist._src.variables.distributed_variable import SyncOnReadVariable
+from towerdist._src.variables.variable import Variable
 
 __all__ = ["MapOutput", "MirroredStrategy"]
 
 _NOT_GIVEN: Any = object()  # reduce()'s third argument was not passed
+
+# TF 1.x's destinations: TF 2's, or a list of devices (reduce_to refuses lists; these methods take them).
+_TowerDestinations: TypeAlias = "Destinations | Sequence[DeviceLike]"
 
 
 @aliases.has_old_names(aliases.TOWER_STRATEGY)
@@ -83,7 +89,7 @@ class MirroredStrategy(_ModernMirroredStrategy):
 
     def __init__(
         self,
-        devices: Sequence[Any] | None = None,
+        devices: Sequence[DeviceLike] | None = None,
         num_gpus: int | None = None,
         cross_tower_ops: CrossDeviceOps | None = None,
         prefetch_on_device: bool | None = None,
@@ -110,7 +116,14 @@ class MirroredStrategy(_ModernMirroredStrategy):
         self._tower_init_args = (devices, cross_tower_ops, prefetch_on_device)
         Strategy.__init__(self, _TowerMirroredExtended(self, devices, cross_tower_ops))
 
-    def reduce(self, reduce_op: Any, value: Any, axis: Any = _NOT_GIVEN, *, destinations: Any = None) -> Any:
+    def reduce(
+        self,
+        reduce_op: ReduceOpLike,
+        value: Nest,
+        axis: AxisLike | _TowerDestinations | None = _NOT_GIVEN,
+        *,
+        destinations: _TowerDestinations | None = None,
+    ) -> Nest:
         """Combines the towers' values: TF 1.x's form (a mirrored result) or TF 2's (one value).
 
         **TF 1.x** ``reduce(method_string, value, destinations=None)``: combines with
@@ -152,17 +165,15 @@ class MirroredStrategy(_ModernMirroredStrategy):
                 "compat.v1 MirroredStrategy.reduce() takes TF 2's axis or TF 1.x's destinations, not both. "
                 f"Got axis={axis!r} and destinations={destinations!r}."
             )
-        if axis is not _NOT_GIVEN and _is_tf2_axis(reduce_op, axis):
+        if axis is not _NOT_GIVEN and _is_tf2_axis(axis, reduce_op):
             return super().reduce(reduce_op, value, axis)
-        if axis is not _NOT_GIVEN:
-            destinations = axis
-        return self._reduce_tf1(reduce_op, value, destinations)
+        return self._reduce_tf1(reduce_op, value, axis if axis is not _NOT_GIVEN else destinations)
 
-    def _reduce_tf1(self, method_string: Any, value: Any, destinations: Any) -> Any:
+    def _reduce_tf1(self, method_string: ReduceOpLike, value: Nest, destinations: object) -> Nest:
         with worded_at("MirroredStrategy.reduce()"):
             return self._reduce_tf1_worded(method_string, value, destinations)
 
-    def _reduce_tf1_worded(self, method_string: Any, value: Any, destinations: Any) -> Any:
+    def _reduce_tf1_worded(self, method_string: ReduceOpLike, value: Nest, destinations: object) -> Nest:
         aggregation = tower_context.parse_method_string(method_string, allow_only_first=True)
         context.require_cross_replica_or_default(
             self, "MirroredStrategy.reduce()", fix="use get_tower_context().merge_call()"
@@ -178,14 +189,14 @@ class MirroredStrategy(_ModernMirroredStrategy):
             return self.extended.broadcast_to(value, targets)
         return self.extended.reduce_to(op, value, targets)
 
-    def configure(self, session_config: Any = None) -> None:
+    def configure(self, session_config: object = None) -> None:
         """Accepts a TF 1.x session config and changes nothing (the cross-tower ops are chosen at construction)."""
         del session_config
 
     # --- the tower-era members (old names: each warns once, naming its TF 2 replacement) ---
 
     @aliases.old_name("Strategy.run(fn, args, kwargs)", since="1.12")
-    def call_for_each_tower(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def call_for_each_tower(self, fn: Callable[..., Any], *args: Nest, **kwargs: Nest) -> Nest:
         """Runs ``fn(*args, **kwargs)`` once per tower and merges the results (TF 1.x).
 
         Per-tower arguments (``PerReplica``, ``worker_device_index``) give each tower its own
@@ -224,7 +235,7 @@ class MirroredStrategy(_ModernMirroredStrategy):
                 steps.end()
 
     @aliases.old_name("td.Variable(..., synchronization=ON_READ, aggregation=...)", since="1.10")
-    def tower_local_var_scope(self, reduce_method: Any) -> Any:
+    def tower_local_var_scope(self, reduce_method: ReduceOpLike) -> AbstractContextManager[None]:
         """A scope whose new variables are sync-on-read, aggregated with ``reduce_method`` ("sum"/"mean").
 
         Must be used inside ``scope()`` (or in a tower). See
@@ -246,7 +257,7 @@ class MirroredStrategy(_ModernMirroredStrategy):
 
     @property
     @aliases.old_name("Strategy.experimental_distribute_values_from_function()", since="1.12")
-    def worker_device_index(self) -> Any:
+    def worker_device_index(self) -> int | PerReplica[int]:
         """Each tower's index as a per-tower value (the int 0 with a single tower).
 
         Pass it to ``call_for_each_tower(fn, strategy.worker_device_index)``: tower ``i``'s
@@ -270,7 +281,7 @@ class MirroredStrategy(_ModernMirroredStrategy):
         return list(self.extended.parameter_devices)
 
     @aliases.old_name("Strategy.experimental_local_results()", since="2.0")
-    def unwrap(self, value: Any) -> list[Any]:
+    def unwrap(self, value: object) -> list[Any]:
         """The per-tower values contained in ``value`` as a list (``[value]`` for a plain value).
 
         For a ``PerReplica``/``Mirrored`` value or a mirrored or tower-local variable, its
@@ -281,7 +292,9 @@ class MirroredStrategy(_ModernMirroredStrategy):
         return [value]
 
     @aliases.old_name("Strategy.extended.read_var() or Strategy.reduce()", since="1.10")
-    def fetch(self, val: Any, destination: Any = "/device:CPU:0", fn: Callable[[Any], Any] = lambda x: x) -> Any:
+    def fetch(
+        self, val: TensorLike, destination: DeviceLike = "/device:CPU:0", fn: Callable[[Any], Any] = lambda x: x
+    ) -> Nest:
         """``fn(val)`` copied to ``destination`` (TF 1.x).
 
         A tower-local (sync-on-read) variable contributes its aggregate over the towers; a
@@ -312,7 +325,9 @@ class MirroredStrategy(_ModernMirroredStrategy):
         return _copy_to(result, target)
 
     @aliases.old_name("Strategy.run() over the elements", since="1.10")
-    def map(self, map_over: Sequence[Any], fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def map(
+        self, map_over: Iterable[Any], fn: Callable[..., Any], *args: Nest, **kwargs: Nest
+    ) -> MapOutput | PerReplica[MapOutput]:
         """Calls ``fn(x, *args, **kwargs)`` for each element ``x`` of ``map_over``, spread over the towers.
 
         Element ``i`` runs on tower ``i % num_towers``'s device (in this thread, one after the
@@ -335,7 +350,7 @@ class MirroredStrategy(_ModernMirroredStrategy):
         return PerReplica(outputs, devices)
 
     @aliases.old_name("Strategy.distribute_datasets_from_function()", since="1.11")
-    def distribute_dataset(self, dataset: Any) -> PerTowerDataset:
+    def distribute_dataset(self, dataset: Iterable[Nest] | Callable[[], Iterable[Nest]]) -> PerTowerDataset:
         """Splits ``dataset`` across the towers TF 1.x's way: one whole element per tower.
 
         ``dataset`` is a dataset or a function returning one. Each step takes the next
@@ -350,7 +365,9 @@ class MirroredStrategy(_ModernMirroredStrategy):
         return PerTowerDataset(self, dataset, prefetch=self._prefetch_on_device)
 
     @aliases.old_name("Strategy.extended.batch_reduce_to()", since="1.14")
-    def batch_reduce(self, method_string: Any, value_destination_pairs: Sequence[Any]) -> list[Any]:
+    def batch_reduce(
+        self, method_string: ReduceOpLike, value_destination_pairs: Sequence[tuple[TensorLike, _TowerDestinations | None]]
+    ) -> list[Any]:
         """Several ``reduce`` calls in one (packed where possible): a list of mirrored values.
 
         Args:
@@ -376,7 +393,7 @@ class MirroredStrategy(_ModernMirroredStrategy):
         return self.extended.batch_reduce_to(op, resolved)
 
     @aliases.old_name("Strategy.extended.broadcast_to()", since="1.14")
-    def broadcast(self, tensor: Any, destinations: Any = None) -> Any:
+    def broadcast(self, tensor: TensorLike, destinations: _TowerDestinations | None = None) -> TensorLike:
         """Copies ``tensor`` to every tower's device (or to ``destinations``): a mirrored value."""
         context.require_cross_replica_or_default(self, "broadcast()")
         targets = (
@@ -385,7 +402,7 @@ class MirroredStrategy(_ModernMirroredStrategy):
         return self.extended.broadcast_to(tensor, targets)
 
     @aliases.old_name("Strategy.extended.update(var, fn, args, kwargs)", since="1.14")
-    def update(self, var: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def update(self, var: Variable, fn: Callable[..., Any], *args: Nest, **kwargs: Nest) -> Nest:
         """Runs ``fn(v, *args, **kwargs)`` on each copy ``v`` of ``var`` (on its device); merges the results.
 
         Mirrored arguments give each call the copy on its device.
@@ -397,19 +414,19 @@ class MirroredStrategy(_ModernMirroredStrategy):
         return self.extended.update(var, fn, args, kwargs)
 
     @aliases.old_name("Strategy.extended.update_non_slot()", since="1.14")
-    def update_non_slot(self, colocate_with: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def update_non_slot(self, colocate_with: object, fn: Callable[..., Any], *args: Nest, **kwargs: Nest) -> Nest:
         """Runs ``fn(*args, **kwargs)`` on the devices of ``colocate_with`` (from ``non_slot_devices``)."""
         if isinstance(colocate_with, list):
             colocate_with = tuple(colocate_with)
         return self.extended.update_non_slot(colocate_with, fn, args, kwargs)
 
     @aliases.old_name("Strategy.extended.non_slot_devices()", since="1.14")
-    def non_slot_devices(self, var_list: Sequence[Any]) -> list[str]:
+    def non_slot_devices(self, var_list: Sequence[Variable]) -> list[str]:
         """The devices for variables that are not slots of one variable (a list of device names)."""
         return list(self.extended.non_slot_devices(var_list))
 
     @aliases.old_name("Strategy.extended.read_var()", since="1.14")
-    def read_var(self, v: Any) -> Any:
+    def read_var(self, v: Variable) -> TensorLike:
         """The value of ``v`` in cross-tower context: a tower-local variable's aggregate, else its value."""
         return self.extended.read_var(v)
 
@@ -430,7 +447,7 @@ class _TowerMirroredExtended(MirroredExtended):
 # --- helpers -------------------------------------------------------------------------------
 
 
-def _is_tf2_axis(reduce_op: Any, axis: Any) -> bool:
+def _is_tf2_axis(axis: object, reduce_op: ReduceOpLike) -> TypeGuard[AxisLike | None]:
     """Whether ``reduce``'s third argument is TF 2's ``axis`` rather than TF 1.x's destinations."""
     if axis is None:  # TF 2 names its ops ReduceOp.SUM or "SUM"; TF 1.x's methods are "sum"/"mean"
         return isinstance(reduce_op, ReduceOp) or reduce_op in ("SUM", "MEAN")
@@ -445,13 +462,13 @@ class MapOutput(list):  # type: ignore[type-arg]
     """The outputs of ``map`` that ran on one tower's device, in element order."""
 
 
-def _is_map_result(value: Any) -> bool:
+def _is_map_result(value: object) -> bool:
     if isinstance(value, MapOutput):
         return True
     return isinstance(value, PerReplica) and all(isinstance(v, MapOutput) for v in value.values)
 
 
-def _reduce_map_outputs(aggregation: VariableAggregation, value: Any) -> Any:
+def _reduce_map_outputs(aggregation: VariableAggregation, value: MapOutput | PerReplica[MapOutput]) -> TensorLike:
     outputs = [x for part in (value.values if isinstance(value, PerReplica) else [value]) for x in part]
     if not outputs:
         raise unworded(ValueError("got the result of map() over no elements; there is nothing to reduce."))
@@ -464,11 +481,13 @@ def _reduce_map_outputs(aggregation: VariableAggregation, value: Any) -> Any:
     return total
 
 
-def _on_host(value: Any) -> Any:
+def _on_host(value: TensorLike) -> TensorLike:
     impl = backend.for_array(value)
     return backend.host().asarray(impl.to_device(value, device_lib.HOST) if impl is not backend.host() else value)
 
 
+# ``destinations`` is whatever the user passed (an int too: a TF 2 axis given to TF 1.x's form), checked here;
+# Any rather than object because an object with ``_devices`` (a user's distributed value) is passed on as it is.
 def _destinations(strategy: MirroredStrategy, destinations: Any) -> ResolvedDevices:
     """TF 1.x destinations (a device, a list of devices, or a value) as resolved devices.
 
@@ -499,13 +518,13 @@ def _destinations(strategy: MirroredStrategy, destinations: Any) -> ResolvedDevi
     )
 
 
-def _destinations_of(strategy: MirroredStrategy, value: Any) -> ResolvedDevices:
+def _destinations_of(strategy: MirroredStrategy, value: object) -> ResolvedDevices:
     """Where a reduction of ``value`` goes by default: the devices it lives on, else every tower's."""
     devices = getattr(value, "_devices", None) if isinstance(value, DistributedValues) else None
     return ResolvedDevices(devices or strategy.extended._replica_devices)
 
 
-def _require_mirrored_args(args: Any, kwargs: Any, api: str) -> None:
+def _require_mirrored_args(args: tuple[Nest, ...], kwargs: dict[str, Nest], api: str) -> None:
     for leaf in nest.flatten((args, kwargs))[0]:
         if isinstance(leaf, PerReplica):
             raise TypeError(
@@ -514,15 +533,15 @@ def _require_mirrored_args(args: Any, kwargs: Any, api: str) -> None:
             )
 
 
-def _select(tower: int, structure: Any) -> Any:
+def _select(tower: int, structure: Nest) -> Nest:
     return nest.map_structure(lambda x: x.values[tower] if isinstance(x, Mirrored) else x, structure)
 
 
-def _read(value: Any) -> Any:
+def _read(value: TensorLike) -> TensorLike:
     """The current value of a variable; anything else as it is."""
     return value.value() if hasattr(value, "assign") and callable(getattr(value, "value", None)) else value
 
 
-def _copy_to(result: Any, target: DeviceSpec) -> Any:
+def _copy_to(result: Nest, target: DeviceSpec) -> Nest:
     impl = backend.for_device(target)
     return nest.map_structure(lambda x: impl.to_device(x, target) if backend.is_array(x) else x, result)

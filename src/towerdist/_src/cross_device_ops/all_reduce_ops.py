@@ -19,6 +19,7 @@ from towerdist._src.cross_device_ops.reduction_to_one_device import ReductionToO
 from towerdist._src.device import DeviceSpec
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import ReduceOp
+from towerdist._src.type_aliases import TensorLike
 from towerdist._src.values.distributed_values import DistributedValues
 
 __all__ = ["AllReduceCrossDeviceOps"]
@@ -43,7 +44,7 @@ class AllReduceCrossDeviceOps(CrossDeviceOps):
         per_replica_value: DistributedValues,
         destinations: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
-    ) -> Any:
+    ) -> TensorLike:
         if sparse.is_sparse(per_replica_value):
             return sparse.reduce_sparse(reduce_op, per_replica_value, destinations)
         # As in TensorFlow, a plain reduce all-reduces only between the value's own

@@ -34,6 +34,7 @@ from towerdist._src.device import DeviceSpec
 from towerdist._src.failures import name_api, worded_at
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import ReduceOp
+from towerdist._src.type_aliases import Destinations, TensorLike
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 
 __all__ = [
@@ -48,7 +49,7 @@ __all__ = [
 DEFAULT_OPTIONS = CommunicationOptions()
 
 
-def _check_reduce_op(reduce_op: Any) -> ReduceOp:
+def _check_reduce_op(reduce_op: object) -> ReduceOp:
     if not isinstance(reduce_op, ReduceOp):
         raise ValueError(
             f"`reduce_op` must be Reduce.SUM or Reduce.MEAN: CrossDeviceOps methods take a "
@@ -80,7 +81,7 @@ class CrossDeviceOps:
     # strategy calls those directly, and wraps any other class, a user's, once (collectives.py).
     _library_algorithm: ClassVar[bool] = False
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         cls._library_algorithm = False  # a subclass of a library algorithm is the user's
 
@@ -92,10 +93,10 @@ class CrossDeviceOps:
     def reduce(
         self,
         reduce_op: ReduceOp,
-        per_replica_value: Any,
-        destinations: Any,
+        per_replica_value: TensorLike,
+        destinations: Destinations,
         options: CommunicationOptions | None = None,
-    ) -> Any:
+    ) -> TensorLike:
         """Reduces ``per_replica_value`` and places the result on ``destinations``.
 
         Args:
@@ -120,7 +121,7 @@ class CrossDeviceOps:
     def batch_reduce(
         self,
         reduce_op: ReduceOp,
-        value_destination_pairs: Sequence[tuple[Any, Any]],
+        value_destination_pairs: Sequence[tuple[TensorLike, Destinations]],
         options: CommunicationOptions | None = None,
     ) -> list[Any]:
         """Reduces several values at once; small ones may be packed into one transfer.
@@ -136,7 +137,7 @@ class CrossDeviceOps:
             raise
         return batch_reduce_with_hooks(self, op, pairs, options or DEFAULT_OPTIONS)
 
-    def broadcast(self, tensor: Any, destinations: Any) -> Any:
+    def broadcast(self, tensor: TensorLike, destinations: Destinations) -> TensorLike:
         """Copies ``tensor`` to every destination device; a ``Mirrored`` for several."""
         return self.broadcast_implementation(tensor, resolve_destinations(destinations))
 
@@ -149,7 +150,7 @@ class CrossDeviceOps:
         destinations: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
         helpers: parallel.Helpers,
-    ) -> Any:
+    ) -> TensorLike:
         """``reduce`` of a value whose components were checked, onto resolved destinations."""
         del helpers  # the hooks lend parts to this thread's helpers, if any
         return reduce_with_hooks(self, reduce_op, value, destinations, options)
@@ -209,7 +210,7 @@ class CrossDeviceOps:
         reduced = self.batch_reduce_implementation(reduce_op, pairs, options)
         return [list(r.values) if isinstance(r, DistributedValues) else [r] for r in reduced]
 
-    def _broadcast_to(self, tensor: Any, destinations: tuple[DeviceSpec, ...]) -> Any:
+    def _broadcast_to(self, tensor: TensorLike, destinations: tuple[DeviceSpec, ...]) -> TensorLike:
         """``broadcast`` onto resolved destinations."""
         return self.broadcast_implementation(tensor, tuple(destinations))
 
@@ -221,7 +222,7 @@ class CrossDeviceOps:
         per_replica_value: DistributedValues,
         destinations: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
-    ) -> Any:
+    ) -> TensorLike:
         """Reduces one validated value onto ``destinations`` (subclasses implement it)."""
         raise NotImplementedError(f"{type(self).__name__} must implement reduce_implementation().")
 
@@ -234,7 +235,7 @@ class CrossDeviceOps:
         """Reduces several values; by default one ``reduce_implementation`` per pair."""
         return [self.reduce_implementation(reduce_op, v, d, options) for v, d in value_destination_pairs]
 
-    def broadcast_implementation(self, tensor: Any, destinations: tuple[DeviceSpec, ...]) -> Any:
+    def broadcast_implementation(self, tensor: TensorLike, destinations: tuple[DeviceSpec, ...]) -> TensorLike:
         """Puts ``tensor`` on every destination: shared read-only on the host, copied to GPUs."""
         if sparse.is_sparse(tensor):
             return sparse.mirror_slices(sparse.copied(tensor), destinations)  # never the caller's arrays, as below
@@ -243,8 +244,12 @@ class CrossDeviceOps:
         return mirror([source] * len(destinations), destinations)
 
     def _gather(
-        self, per_replica_value: Any, destinations: Any, axis: int, options: CommunicationOptions | None = None
-    ) -> Any:
+        self,
+        per_replica_value: TensorLike,
+        destinations: Destinations,
+        axis: int,
+        options: CommunicationOptions | None = None,
+    ) -> TensorLike:
         """Concatenates the components along ``axis`` onto ``destinations``."""
         with worded_at("gather()"):
             return gather_to(as_per_replica(per_replica_value), resolve_destinations(destinations), axis)
@@ -259,7 +264,7 @@ def reduce_with_hooks(
     value: DistributedValues,
     destinations: tuple[DeviceSpec, ...],
     options: CommunicationOptions,
-) -> Any:
+) -> TensorLike:
     """TensorFlow's ``reduce`` of a checked value: an identity in place, else ``ops.reduce_implementation``."""
     copied = copy_in_place(value, destinations)
     if copied is not None:
@@ -292,7 +297,7 @@ def batch_reduce_with_hooks(
     return results
 
 
-def copy_in_place(value: DistributedValues, devices: tuple[DeviceSpec, ...]) -> Any:
+def copy_in_place(value: DistributedValues, devices: tuple[DeviceSpec, ...]) -> TensorLike | None:
     """A copy of ``value`` if it is one component already where it must go (an identity), else None."""
     if not _already_in_place(value, devices):
         return None

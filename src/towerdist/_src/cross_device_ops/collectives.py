@@ -33,6 +33,7 @@ from towerdist._src.cross_device_ops.placement import ResolvedDevices
 from towerdist._src.device import DeviceSpec
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import ReduceOp
+from towerdist._src.type_aliases import TensorLike
 from towerdist._src.values.distributed_values import DistributedValues
 
 __all__ = ["Collectives", "collectives_for"]
@@ -53,7 +54,7 @@ class Collectives(Protocol):
         destinations: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
         helpers: parallel.Helpers,
-    ) -> Any: ...
+    ) -> TensorLike: ...
 
     def _batch_reduce_to(
         self,
@@ -82,7 +83,7 @@ class Collectives(Protocol):
         helpers: parallel.Helpers,
     ) -> list[list[Any]]: ...
 
-    def _broadcast_to(self, tensor: Any, destinations: tuple[DeviceSpec, ...]) -> Any: ...
+    def _broadcast_to(self, tensor: TensorLike, destinations: ResolvedDevices) -> TensorLike: ...
 
 
 def collectives_for(ops: CrossDeviceOps) -> Collectives:
@@ -118,7 +119,7 @@ class UserOps:
         destinations: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
         helpers: parallel.Helpers,
-    ) -> Any:
+    ) -> TensorLike:
         with parallel.helpers_installed(helpers):
             if self._own_reduce:
                 return self.ops.reduce(reduce_op, value, ResolvedDevices(destinations), options)
@@ -160,7 +161,7 @@ class UserOps:
         with parallel.helpers_installed(helpers):
             return self.ops._all_reduce_sparse(reduce_op, columns, devices, options, parallel.THIS_THREAD)
 
-    def _broadcast_to(self, tensor: Any, destinations: tuple[DeviceSpec, ...]) -> Any:
+    def _broadcast_to(self, tensor: TensorLike, destinations: ResolvedDevices) -> TensorLike:
         return self.ops.broadcast(tensor, destinations)
 
     def __repr__(self) -> str:

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import SupportsIndex
 
 from towerdist._src import array_ops, backend
 from towerdist._src.cross_device_ops.placement import mirror
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.failures import unworded
+from towerdist._src.type_aliases import TensorLike
 from towerdist._src.values.distributed_values import DistributedValues
 
 __all__ = ["axis_index", "gather_to"]
 
 
-def axis_index(axis: Any, ndim: int) -> int:
+def axis_index(axis: SupportsIndex, ndim: int) -> int:
     """``axis`` as a non-negative int below ``ndim``.
 
     Raises (:func:`unworded`: the caller's API goes in front):
@@ -35,7 +36,7 @@ def axis_index(axis: Any, ndim: int) -> int:
     return int(axis % ndim)
 
 
-def gather_to(value: DistributedValues, destinations: Sequence[DeviceSpec], axis: Any) -> Any:
+def gather_to(value: DistributedValues, destinations: Sequence[DeviceSpec], axis: SupportsIndex) -> TensorLike:
     """Concatenates ``value``'s components in replica order along ``axis`` onto ``destinations``.
 
     Sizes along ``axis`` may differ between replicas; every other dimension and the dtype

@@ -17,7 +17,13 @@ Two ways to cut packs, both TensorFlow's:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from towerdist._src.type_aliases import TensorLike
+
+if TYPE_CHECKING:
+    from towerdist._src.device import DeviceSpec
 
 __all__ = ["group_by_dtype", "group_by_size", "pack", "split_ranges", "unpack"]
 
@@ -70,12 +76,12 @@ def group_by_size(nbytes: Sequence[int], bytes_per_pack: int) -> list[list[int]]
     return groups
 
 
-def pack(impl: Any, arrays: Sequence[Any], device: Any = None) -> Any:
+def pack(impl: ModuleType, arrays: Sequence[TensorLike], device: DeviceSpec | None = None) -> TensorLike:
     """One flat buffer on ``device`` holding ``arrays`` one after another (same dtype, same backend)."""
     return impl.concat([impl.flat(a) for a in arrays], 0, device)
 
 
-def unpack(impl: Any, buffer: Any, shapes: Sequence[tuple[int, ...]]) -> list[Any]:
+def unpack(impl: ModuleType, buffer: TensorLike, shapes: Sequence[tuple[int, ...]]) -> list[TensorLike]:
     """Views of ``buffer`` with the given shapes, the inverse of :func:`pack`."""
     sizes = [_size(shape) for shape in shapes]
     pieces = impl.split(buffer, sizes, 0) if len(sizes) > 1 else [buffer]

@@ -11,6 +11,7 @@ from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.failures import API, unworded
 from towerdist._src.indexed_slices import IndexedSlices, check_reducible
+from towerdist._src.type_aliases import TensorLike
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 
 __all__ = ["ResolvedDevices", "as_per_replica", "check_pairs", "mirror", "resolve_destinations", "validate_components"]
@@ -23,7 +24,7 @@ class ResolvedDevices(tuple):  # type: ignore[type-arg]
     """
 
 
-def resolve_destinations(destinations: Any) -> tuple[DeviceSpec, ...]:
+def resolve_destinations(destinations: object) -> tuple[DeviceSpec, ...]:
     """The devices named by ``destinations``.
 
     Accepts a device string, a ``DeviceSpec``, a distributed value or variable (its
@@ -61,7 +62,7 @@ def resolve_destinations(destinations: Any) -> tuple[DeviceSpec, ...]:
     )
 
 
-def as_per_replica(value: Any) -> DistributedValues:
+def as_per_replica(value: TensorLike) -> DistributedValues:
     """``value`` itself if distributed, else a one-component ``PerReplica``."""
     if isinstance(value, DistributedValues):
         return value
@@ -152,7 +153,7 @@ def validate_components(value: DistributedValues, which: str = "") -> list[Any]:
     return arrays
 
 
-def mirror(arrays: Sequence[Any], destinations: Sequence[DeviceSpec]) -> Any:
+def mirror(arrays: Sequence[Any], destinations: Sequence[DeviceSpec]) -> TensorLike:
     """Wraps ``arrays[k]`` (intended for ``destinations[k]``) as the result of a reduction.
 
     Arrays already on their destination are used as they are. Host arrays that look at

@@ -13,6 +13,7 @@ from towerdist._src.cross_device_ops.placement import mirror
 from towerdist._src.device import DeviceSpec
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import ReduceOp
+from towerdist._src.type_aliases import TensorLike
 from towerdist._src.values.distributed_values import DistributedValues
 
 __all__ = ["ReductionToOneDevice"]
@@ -46,7 +47,7 @@ class ReductionToOneDevice(CrossDeviceOps):
         per_replica_value: DistributedValues,
         destinations: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
-    ) -> Any:
+    ) -> TensorLike:
         if sparse.is_sparse(per_replica_value):  # summed without densifying (accumulation_fn is for dense values, as in TF)
             return sparse.reduce_sparse(reduce_op, per_replica_value, destinations, on=self._target)
         target = self._target or destinations[0]

@@ -32,6 +32,7 @@ from towerdist._src.cross_device_ops.placement import mirror
 from towerdist._src.device import DeviceSpec
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import ReduceOp
+from towerdist._src.type_aliases import DTypeLike, HostArray, TensorLike
 from towerdist._src.values.distributed_values import DistributedValues
 
 __all__ = ["SharedMemoryAllReduce", "reduce_host_arrays", "reduce_into_update"]
@@ -39,7 +40,7 @@ __all__ = ["SharedMemoryAllReduce", "reduce_host_arrays", "reduce_into_update"]
 _host = backend.host()
 
 
-def mean_dtype(dtype: Any) -> Any:
+def mean_dtype(dtype: DTypeLike) -> np.dtype[Any]:
     """The dtype of a MEAN: float64 for integers (as TensorFlow's true division gives)."""
     return np.dtype(np.float64) if np.dtype(dtype).kind in "iu" else np.dtype(dtype)
 
@@ -49,9 +50,9 @@ def reduce_host_arrays(
     arrays: Sequence[Any],
     chunk_bytes: int = 1 << 20,
     parallel_threshold_bytes: int = 1 << 22,
-    out: Any = None,
+    out: HostArray | None = None,
     helpers: parallel.Helpers = parallel.THIS_THREAD,
-) -> Any:
+) -> HostArray:
     """Reduces same-shaped host arrays element-wise, in replica order, into a new array.
 
     ``out``, when given, is a private buffer of the result's shape and dtype to write into.
@@ -111,7 +112,7 @@ def reduce_into_update(
 
 
 def _reduce_flat_into(
-    out: Any,
+    out: HostArray,
     flats: Sequence[Any],
     reduce_op: ReduceOp,
     chunk_bytes: int,
@@ -176,7 +177,7 @@ class SharedMemoryAllReduce(CrossDeviceOps):
         per_replica_value: DistributedValues,
         destinations: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
-    ) -> Any:
+    ) -> TensorLike:
         return self._reduce_one(reduce_op, per_replica_value, destinations, parallel.THIS_THREAD)
 
     def batch_reduce_implementation(
@@ -196,7 +197,7 @@ class SharedMemoryAllReduce(CrossDeviceOps):
         destinations: tuple[DeviceSpec, ...],
         options: CommunicationOptions,
         helpers: parallel.Helpers,
-    ) -> Any:
+    ) -> TensorLike:
         copied = copy_in_place(value, destinations)
         if copied is not None:
             return copied
@@ -249,7 +250,7 @@ class SharedMemoryAllReduce(CrossDeviceOps):
         value: DistributedValues,
         destinations: tuple[DeviceSpec, ...],
         helpers: parallel.Helpers,
-    ) -> Any:
+    ) -> TensorLike:
         if sparse.is_sparse(value):
             return sparse.reduce_sparse(reduce_op, value, destinations)
         arrays = _host_arrays(value)

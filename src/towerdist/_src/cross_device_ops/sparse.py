@@ -24,7 +24,7 @@ is identical (DESIGN §10.22, ``docs/concepts.md``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,7 @@ from towerdist._src import backend, profiler
 from towerdist._src.device import DeviceSpec
 from towerdist._src.indexed_slices import IndexedSlices, is_canonical, summed
 from towerdist._src.reduce_op import ReduceOp
+from towerdist._src.type_aliases import ArrayModule
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored
 
 __all__ = [
@@ -56,7 +57,7 @@ __all__ = [
 DENSE_FRACTION = 2.0
 
 
-def is_sparse(value: Any) -> bool:
+def is_sparse(value: object) -> bool:
     """Whether ``value`` (a distributed value or a component) holds ``IndexedSlices``."""
     if isinstance(value, DistributedValues):
         return bool(value.values) and isinstance(value.values[0], IndexedSlices)
@@ -107,7 +108,7 @@ def combine(reduce_op: ReduceOp, parts: Sequence[IndexedSlices], count: int, dev
     return IndexedSlices(values, indices, first.dense_shape)
 
 
-def _merge_dense(xp: Any, parts: Sequence[IndexedSlices], rows: int) -> tuple[Any, Any]:
+def _merge_dense(xp: ArrayModule, parts: Sequence[IndexedSlices], rows: int) -> tuple[Any, Any]:
     """The parts accumulated into a zeroed table of every row, then taken back to the rows touched.
 
     The table comes from ``_tables`` (fresh memory would page-fault on every row, which
@@ -159,7 +160,7 @@ def reduce_sparse(
     value: DistributedValues,
     destinations: tuple[DeviceSpec, ...],
     on: DeviceSpec | None = None,
-) -> Any:
+) -> IndexedSlices | Mirrored[IndexedSlices]:
     """The reduction of a ``PerReplica`` of ``IndexedSlices`` placed on ``destinations``.
 
     Reduced once, on ``on`` (by default the first destination), then placed on every
@@ -195,7 +196,7 @@ def all_reduce_placed(slices: IndexedSlices, devices: Sequence[DeviceSpec]) -> l
     return list(placed.values) if isinstance(placed, DistributedValues) else [placed]
 
 
-def mirror_slices(slices: IndexedSlices, destinations: Sequence[DeviceSpec]) -> Any:
+def mirror_slices(slices: IndexedSlices, destinations: Sequence[DeviceSpec]) -> IndexedSlices | Mirrored[IndexedSlices]:
     """``slices`` on every destination: one bare ``IndexedSlices`` for one, a ``Mirrored`` for several.
 
     Host destinations share ``slices``' arrays, made read-only; GPUs get copies.
@@ -224,7 +225,7 @@ def copied(slices: IndexedSlices, canonical: bool = False) -> IndexedSlices:
 def with_sparse_apart(
     reduce_op: ReduceOp,
     pairs: Sequence[tuple[DistributedValues, tuple[DeviceSpec, ...]]],
-    reduce_dense: Any,
+    reduce_dense: Callable[[Sequence[tuple[DistributedValues, tuple[DeviceSpec, ...]]]], Sequence[Any]],
 ) -> list[Any]:
     """The results of ``pairs``: sparse values by :func:`reduce_sparse`, the others by ``reduce_dense(pairs)``."""
     where = [k for k, (value, _) in enumerate(pairs) if is_sparse(value)]

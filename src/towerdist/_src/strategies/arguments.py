@@ -7,7 +7,7 @@ that called it puts its own name in front (see ``failures.py``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from towerdist._src import device as device_lib
 from towerdist._src.cross_device_ops.gather import axis_index
@@ -16,6 +16,10 @@ from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
 from towerdist._src.failures import unworded
 from towerdist._src.input.input_context import InputOptions, InputReplicationMode
+from towerdist._src.type_aliases import AxisLike
+
+if TYPE_CHECKING:
+    from towerdist._src.variables.distributed_variable import DistributedVariable
 
 __all__ = [
     "check_call_arguments",
@@ -29,7 +33,7 @@ __all__ = [
 ]
 
 
-def check_input_options(options: Any) -> InputOptions | None:
+def check_input_options(options: object) -> InputOptions | None:
     """``options`` of the input methods: None or an ``InputOptions``."""
     if options is not None and not isinstance(options, InputOptions):
         raise unworded(TypeError(f"takes options=td.distribute.InputOptions(...). Got options={options!r}."))
@@ -53,7 +57,7 @@ def check_replication_options(options: InputOptions | None) -> None:
         )
 
 
-def reduce_axes(axis: Any, ndim: int) -> tuple[int, ...]:
+def reduce_axes(axis: AxisLike, ndim: int) -> tuple[int, ...]:
     """``Strategy.reduce``'s ``axis`` (an int or a sequence of ints) as non-negative axes."""
     raw = tuple(axis) if isinstance(axis, (list, tuple)) else (axis,)
     axes = tuple(axis_index(a, ndim) for a in raw)  # unworded: Strategy.reduce() names them
@@ -70,7 +74,7 @@ def element_count(shape: Sequence[int], axes: Sequence[int]) -> int:
     return count
 
 
-def check_call_arguments(args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def check_call_arguments(args: object, kwargs: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``args`` (a list or tuple) and ``kwargs`` (a dict or None) of a call made for the user."""
     if not isinstance(args, (list, tuple)):
         raise unworded(
@@ -84,7 +88,7 @@ def check_call_arguments(args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[
     return tuple(args), dict(kwargs or {})
 
 
-def check_destinations(destinations: Any) -> None:
+def check_destinations(destinations: object) -> None:
     """One destination: not None, not a plain list of devices."""
     if destinations is None:
         raise unworded(ValidationError("needs destinations. Got destinations=None; pass a device string or a value."))
@@ -98,7 +102,7 @@ def check_destinations(destinations: Any) -> None:
         )
 
 
-def devices_of(target: Any) -> tuple[DeviceSpec, ...]:
+def devices_of(target: object) -> tuple[DeviceSpec, ...]:
     """The devices of a variable, a distributed value, a device string or a tuple of them."""
     if isinstance(target, (str, DeviceSpec)):
         return (device_lib.parse(target),)
@@ -113,7 +117,7 @@ def devices_of(target: Any) -> tuple[DeviceSpec, ...]:
     )
 
 
-def foreign_variable(var: Any, strategy: str) -> ValidationError:
+def foreign_variable(var: DistributedVariable, strategy: str) -> ValidationError:
     """The error for updating ``var`` with a strategy (described by ``strategy``) it does not belong to."""
     return ValidationError(
         f"{var.name} was created in the scope of {var._distribute_strategy!r}, not of {strategy}; a strategy "

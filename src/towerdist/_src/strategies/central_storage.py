@@ -12,6 +12,7 @@ from towerdist._src.errors import ValidationError
 from towerdist._src.strategies.mirrored import MirroredExtended
 from towerdist._src.strategies.strategy import Strategy
 from towerdist._src.strategies.strategy_extended import StrategyExtended
+from towerdist._src.type_aliases import DeviceLike, Nest
 from towerdist._src.values.distributed_values import DistributedValues
 from towerdist._src.variables import creation
 from towerdist._src.variables.aggregating_variable import AggregatingVariable
@@ -46,7 +47,9 @@ class CentralStorageStrategy(Strategy):
       <tf.Variable 'Variable:0' shape=() dtype=float32, numpy=3.0>
     """
 
-    def __init__(self, compute_devices: Sequence[Any] | None = None, parameter_device: Any = None) -> None:
+    def __init__(
+        self, compute_devices: Sequence[DeviceLike] | None = None, parameter_device: DeviceLike | None = None
+    ) -> None:
         super().__init__(CentralStorageExtended(self, compute_devices, parameter_device))
 
 
@@ -54,7 +57,10 @@ class CentralStorageExtended(MirroredExtended):
     _between_graph = True  # a parameter-server strategy, as in TensorFlow
 
     def __init__(
-        self, container_strategy: Strategy, compute_devices: Sequence[Any] | None, parameter_device: Any
+        self,
+        container_strategy: Strategy,
+        compute_devices: Sequence[DeviceLike] | None,
+        parameter_device: DeviceLike | None,
     ) -> None:
         if not compute_devices:
             compute_devices = [d.name for d in config.local_devices("GPU")] or [_HOST_NAME]
@@ -69,7 +75,7 @@ class CentralStorageExtended(MirroredExtended):
             )
         self._parameter_device = spec
         self._parameter_device_name = str(parameter_device)  # reported as given, as TensorFlow does
-        self._init_args = (compute_devices, parameter_device)
+        self._central_init_args = (compute_devices, parameter_device)  # MirroredExtended._init_args holds its own
 
     @property
     def parameter_devices(self) -> tuple[str, ...]:
@@ -77,14 +83,14 @@ class CentralStorageExtended(MirroredExtended):
 
     # --- variables ------------------------------------------------------------------------
 
-    def _create_variable(self, spec: creation.VariableSpec) -> Any:
+    def _create_variable(self, spec: creation.VariableSpec) -> Variable:
         strategy = self._container_strategy()
         variable = creation.plain_variable(spec, self._parameter_device, strategy)
         if len(self._devices) == 1:
             return variable
         return AggregatingVariable(strategy, variable)
 
-    def _validate_colocate_with(self, colocate_with: Any) -> None:
+    def _validate_colocate_with(self, colocate_with: object) -> None:
         if isinstance(colocate_with, Variable) and colocate_with.distribute_strategy is self._container_strategy():
             return
         raise ValueError(
@@ -93,7 +99,7 @@ class CentralStorageExtended(MirroredExtended):
             f"{self._parameter_device.short_name} anyway.)"
         )
 
-    def _check_update_variable(self, var: Any) -> None:
+    def _check_update_variable(self, var: Variable) -> None:
         if (
             not isinstance(var, Variable)
             or getattr(var, "_distribute_strategy", None) is not self._container_strategy()
@@ -104,8 +110,8 @@ class CentralStorageExtended(MirroredExtended):
             )
 
     def _update(
-        self, var: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool
-    ) -> Any:
+        self, var: Variable, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool
+    ) -> Nest:
         target = var.get() if isinstance(var, AggregatingVariable) else var
         with context.UpdateContext(self._parameter_device, None):
             result = fn(target, *_primary(args), **_primary(kwargs))
@@ -117,7 +123,7 @@ class CentralStorageExtended(MirroredExtended):
     # --- description ----------------------------------------------------------------------
 
     def _deepcopy_strategy(self) -> Strategy:
-        compute_devices, parameter_device = self._init_args
+        compute_devices, parameter_device = self._central_init_args
         return CentralStorageStrategy(compute_devices, parameter_device)
 
     def _describe(self) -> str:
@@ -125,7 +131,7 @@ class CentralStorageExtended(MirroredExtended):
         return f"CentralStorageStrategy(compute_devices={devices!r}, parameter_device={self._parameter_device_name!r})"
 
 
-def _primary(structure: Any) -> Any:
+def _primary(structure: Nest) -> Nest:
     """``structure`` with each distributed value replaced by its first component."""
     return nest.map_structure(
         lambda x: x.values[0] if isinstance(x, DistributedValues) and not isinstance(x, Variable) else x, structure

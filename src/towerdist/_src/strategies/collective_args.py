@@ -23,6 +23,7 @@ from towerdist._src import nest
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.failures import API, unworded
 from towerdist._src.indexed_slices import IndexedSlices, check_reducible
+from towerdist._src.type_aliases import Array, Nest
 
 __all__ = ["Contribution", "check_gather_leaves", "check_reduce_leaves", "check_structures"]
 
@@ -74,7 +75,7 @@ def _spec(contribution: Contribution) -> nest.PyTreeSpec:
 _CAST = "Cast the values to one dtype first, e.g. with td.cast()."
 
 
-def _value(contribution: Contribution) -> Any:
+def _value(contribution: Contribution) -> Nest:
     if contribution.spec is None:
         return contribution.arrays[0]
     return nest.unflatten(contribution.spec, contribution.arrays)
@@ -162,11 +163,13 @@ def _path(contribution: Contribution, k: int) -> tuple[Any, ...]:
 
 
 def _leaf_error(
-    rule: str, first: Contribution, k: int, replica: int, what: str, mine: Any, theirs: Any, fix: str
+    rule: str, first: Contribution, k: int, replica: int, what: str, mine: Array, theirs: Array, fix: str
 ) -> InvalidArgumentError:
     """The error for leaf ``k``, naming its key path, the two replicas and their shapes or dtypes."""
     path = _path(first, k)
     where = f" at {nest.format_path(path)}" if path else ""
+    mine_text: object  # a shape or a dtype, as the message prints it
+    theirs_text: object
     if what == "shape":
         mine_text, theirs_text = tuple(mine.shape), tuple(theirs.shape)
     else:

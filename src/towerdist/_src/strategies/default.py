@@ -6,17 +6,18 @@ return their input: code written for a strategy also runs without one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, NoReturn
 
 from towerdist._src import context
 from towerdist._src.device import DeviceSpec
-from towerdist._src.input.input_context import InputContext
+from towerdist._src.input.input_context import InputContext, InputOptions
 from towerdist._src.options import CommunicationOptions
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.replica_context import DefaultReplicaContext, ReplicaContext
 from towerdist._src.strategies.strategy import Strategy
 from towerdist._src.strategies.strategy_extended import StrategyExtended
+from towerdist._src.type_aliases import Destinations, Nest, TensorLike
 
 __all__ = ["default_strategy"]
 
@@ -52,40 +53,42 @@ class DefaultExtended(StrategyExtended):
             "strategy scope; create a strategy (e.g. MirroredStrategy) to place variables on devices."
         )
 
-    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Nest:
         with ReplicaContext(self._container_strategy(), 0):
             return fn(*args, **kwargs)
 
     def _reduce_to(
         self,
         reduce_op: ReduceOp,
-        value: Any,
-        destinations: Any,
+        value: TensorLike,
+        destinations: Destinations,
         options: CommunicationOptions | None,
         *,
         collective: str,
-    ) -> Any:
+    ) -> TensorLike:
         return value
 
-    def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
+    def _broadcast_to(self, tensor: TensorLike, destinations: Destinations) -> NoReturn:
         raise NotImplementedError(
             "broadcast_to() is not supported by the default strategy (as in TensorFlow); create a "
             "strategy to broadcast between devices."
         )
 
-    def _gather_to(self, value: Any, destinations: Any, axis: Any, *, collective: str) -> Any:
+    def _gather_to(self, value: TensorLike, destinations: Destinations, axis: int, *, collective: str) -> TensorLike:
         return value
 
-    def _local_results(self, value: Any) -> tuple[Any, ...]:
+    def _local_results(self, value: Nest) -> tuple[Nest]:
         return (value,)
 
-    def _experimental_distribute_dataset(self, dataset: Any, options: Any) -> Any:
+    def _experimental_distribute_dataset(self, dataset: Iterable[Nest], options: InputOptions | None) -> Iterable[Nest]:
         return dataset  # as TensorFlow: the default strategy iterates the dataset itself
 
-    def _distribute_datasets_from_function(self, dataset_fn: Callable[..., Any], options: Any) -> Any:
+    def _distribute_datasets_from_function(
+        self, dataset_fn: Callable[[InputContext], Any], options: InputOptions | None
+    ) -> Any:
         return dataset_fn(InputContext())
 
-    def _variable_owner(self) -> Any:
+    def _variable_owner(self) -> None:
         return None  # variables created outside any scope belong to no strategy
 
     def _deepcopy_strategy(self) -> Strategy:

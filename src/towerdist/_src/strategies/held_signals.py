@@ -13,6 +13,7 @@ import _signal  # type: ignore[import-not-found]  # signal's C functions (no enu
 import contextlib
 import queue
 import signal
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,7 +52,7 @@ def interrupts_held(mailbox: queue.SimpleQueue[Any]) -> Iterator[list[Any]]:
         yield held
         return
 
-    def hold(signum: int, frame: Any) -> None:
+    def hold(signum: int, frame: types.FrameType | None) -> None:
         held.append((dict(replaced)[signum], signum, frame))
         mailbox.put((INTERRUPTED,))
 

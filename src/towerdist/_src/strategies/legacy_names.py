@@ -9,13 +9,20 @@ take the strategy as ``self`` and forward to the modern API, so subclasses' over
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from towerdist._src import aliases, context
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.input.input_context import InputContext, InputOptions, InputReplicationMode
 from towerdist._src.input.legacy_iterators import input_iterator
+from towerdist._src.options import RunOptions
+from towerdist._src.type_aliases import Nest
+
+if TYPE_CHECKING:  # strategy.py installs these names: it imports this module
+    from towerdist._src.strategies.strategy import Strategy
+    from towerdist._src.strategies.strategy_extended import StrategyExtended
 
 __all__ = [
     "EXTENDED_OLD_NAMES",
@@ -32,26 +39,30 @@ __all__ = [
     "update_config_proto",
 ]
 
+T = TypeVar("T")
+
 
 def experimental_run_v2(
-    self: Any,
+    self: Strategy,
     fn: Callable[..., Any],
     args: Sequence[Any] = (),
     kwargs: dict[str, Any] | None = None,
-    options: Any = None,
-) -> Any:
+    options: RunOptions | None = None,
+) -> Nest:
     """TensorFlow 2.0/2.1's name of ``Strategy.run`` (same arguments, same result)."""
     return self.run(fn, args, kwargs, options)
 
 
 def experimental_distribute_datasets_from_function(
-    self: Any, dataset_fn: Callable[[InputContext], Any], options: InputOptions | None = None
+    self: Strategy, dataset_fn: Callable[[InputContext], Any], options: InputOptions | None = None
 ) -> Any:
     """TensorFlow 2.0-2.3's name of ``Strategy.distribute_datasets_from_function``."""
     return self.distribute_datasets_from_function(dataset_fn, options)
 
 
-def experimental_make_numpy_dataset(self: Any, numpy_input: Any, session: Any = None) -> Dataset:
+def experimental_make_numpy_dataset(
+    self: Strategy | StrategyExtended, numpy_input: Nest, session: object = None
+) -> Dataset:
     """A ``td.data.Dataset`` of the rows of ``numpy_input`` (a nest of arrays); ``session`` is ignored.
 
     The same as ``td.data.Dataset.from_tensor_slices(numpy_input)``; distribute it with
@@ -61,19 +72,23 @@ def experimental_make_numpy_dataset(self: Any, numpy_input: Any, session: Any = 
     return Dataset.from_tensor_slices(numpy_input)
 
 
-def unwrap(self: Any, value: Any) -> tuple[Any, ...]:
+def unwrap(self: Strategy, value: object) -> tuple[Any, ...]:
     """TensorFlow's deprecated name of ``Strategy.experimental_local_results`` (returns a tuple)."""
     result: tuple[Any, ...] = self.experimental_local_results(value)
     return result
 
 
-def colocate_vars_with(self: Any, colocate_with_variable: Any) -> Any:
+def colocate_vars_with(self: Strategy, colocate_with_variable: object) -> AbstractContextManager[None]:
     """``Strategy.extended.colocate_vars_with``: a scope creating variables on ``colocate_with_variable``'s devices."""
     return self.extended.colocate_vars_with(colocate_with_variable)
 
 
 def configure(
-    self: Any, session_config: Any = None, cluster_spec: Any = None, task_type: Any = None, task_id: Any = None
+    self: Strategy,
+    session_config: object = None,
+    cluster_spec: object = None,
+    task_type: object = None,
+    task_id: object = None,
 ) -> None:
     """Accepts TF 1.x session configuration and changes nothing (towerdist has no sessions).
 
@@ -92,13 +107,13 @@ def configure(
         )
 
 
-def update_config_proto(self: Any, config_proto: Any) -> Any:
+def update_config_proto(self: Strategy, config_proto: T) -> T:
     """Returns a copy of ``config_proto``: towerdist has no session options to add."""
     del self
     return copy.deepcopy(config_proto)
 
 
-def make_dataset_iterator(self: Any, dataset: Any) -> Any:
+def make_dataset_iterator(self: Strategy, dataset: Iterable[Nest]) -> Any:
     """An iterator over ``experimental_distribute_dataset(dataset)`` (TF 1.x style input).
 
     Besides ``get_next()``, it has ``initialize()`` (and ``initializer``), which restart it
@@ -108,7 +123,7 @@ def make_dataset_iterator(self: Any, dataset: Any) -> Any:
 
 
 def make_input_fn_iterator(
-    self: Any,
+    self: Strategy,
     input_fn: Callable[[InputContext], Any],
     replication_mode: InputReplicationMode = InputReplicationMode.PER_WORKER,
 ) -> Any:
@@ -131,7 +146,7 @@ def make_input_fn_iterator(
     return input_iterator(self.distribute_datasets_from_function(input_fn))
 
 
-def experimental_run(self: Any, fn: Callable[..., Any], input_iterator: Any = None) -> Any:
+def experimental_run(self: Strategy, fn: Callable[..., Any], input_iterator: Iterator[Nest] | None = None) -> Nest:
     """Runs ``fn`` once per replica on the next element of ``input_iterator`` (or with no arguments).
 
     ``input_iterator`` comes from ``make_dataset_iterator``/``make_input_fn_iterator`` or

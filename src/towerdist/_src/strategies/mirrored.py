@@ -26,15 +26,17 @@ from towerdist._src.indexed_slices import IndexedSlices, summed
 from towerdist._src.options import CommunicationOptions, ValueContext
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.replica_context import ReplicaContext
-from towerdist._src.strategies.replica_step import StopReplica
+from towerdist._src.strategies.replica_step import Step, StopReplica
 from towerdist._src.strategies.replica_threads import ReplicaScheduler
 from towerdist._src.strategies.round_requests import CollectiveRequest, MergeRequest
 from towerdist._src.strategies.strategy import Strategy
 from towerdist._src.strategies.strategy_extended import StrategyExtended, update_regroup
+from towerdist._src.type_aliases import Destinations, DeviceLike, Nest, TensorLike
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 from towerdist._src.values.regroup import regroup, split_for_replicas
 from towerdist._src.variables import creation
 from towerdist._src.variables.distributed_variable import DistributedVariable
+from towerdist._src.variables.variable import Variable
 
 __all__ = ["MirroredStrategy"]
 
@@ -68,11 +70,11 @@ class MirroredStrategy(Strategy):
       }
     """
 
-    def __init__(self, devices: Sequence[Any] | None = None, cross_device_ops: CrossDeviceOps | None = None) -> None:
+    def __init__(self, devices: Sequence[DeviceLike] | None = None, cross_device_ops: CrossDeviceOps | None = None) -> None:
         super().__init__(MirroredExtended(self, devices, cross_device_ops))
 
 
-def _resolve_devices(devices: Sequence[Any] | None) -> tuple[DeviceSpec, ...]:
+def _resolve_devices(devices: Sequence[DeviceLike] | None) -> tuple[DeviceSpec, ...]:
     if not devices:
         gpus = config.local_devices("GPU")
         return tuple(gpus or config.local_devices("CPU"))
@@ -121,7 +123,7 @@ def _resolve_devices(devices: Sequence[Any] | None) -> tuple[DeviceSpec, ...]:
 
 class MirroredExtended(StrategyExtended):
     def __init__(
-        self, container_strategy: Strategy, devices: Sequence[Any] | None, cross_device_ops: CrossDeviceOps | None
+        self, container_strategy: Strategy, devices: Sequence[DeviceLike] | None, cross_device_ops: CrossDeviceOps | None
     ) -> None:
         super().__init__(container_strategy)
         self._devices = _resolve_devices(devices)
@@ -160,7 +162,7 @@ class MirroredExtended(StrategyExtended):
 
     def _call_for_each_replica(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], sequential: bool | None = None
-    ) -> Any:
+    ) -> Nest:
         n = len(self._devices)
         args_per_replica = split_for_replicas(args, n, "args")
         kwargs_per_replica = split_for_replicas(kwargs, n, "kwargs")
@@ -174,11 +176,11 @@ class MirroredExtended(StrategyExtended):
         )
         return regroup(results, self._devices)
 
-    def _replica_context(self, strategy: Strategy, i: int, step: Any) -> _MirroredReplicaContext:
+    def _replica_context(self, strategy: Strategy, i: int, step: Step | None) -> _MirroredReplicaContext:
         """The context replica ``i`` runs a step in."""
         return _MirroredReplicaContext(strategy, i, step, self._devices[i])
 
-    def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+    def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Nest:
         n = len(self._devices)
         values = []
         for i, device in enumerate(self._devices):
@@ -188,7 +190,7 @@ class MirroredExtended(StrategyExtended):
 
     # --- reductions -----------------------------------------------------------------------
 
-    def _destinations(self, destinations: Any) -> tuple[DeviceSpec, ...]:
+    def _destinations(self, destinations: Destinations) -> tuple[DeviceSpec, ...]:
         # A PerReplica built by hand records no devices: it lives on this strategy's.
         if isinstance(destinations, DistributedValues) and destinations._devices is None:
             if len(destinations.values) == len(self._devices):
@@ -217,12 +219,12 @@ class MirroredExtended(StrategyExtended):
     def _reduce_to(
         self,
         reduce_op: ReduceOp,
-        value: Any,
-        destinations: Any,
+        value: TensorLike,
+        destinations: Destinations,
         options: CommunicationOptions | None,
         *,
         collective: str,
-    ) -> Any:
+    ) -> TensorLike:
         del collective  # the workers' name for it: one process has none to agree with
         if isinstance(value, Mirrored) or getattr(value, "_is_mirrored", False):
             if reduce_op is ReduceOp.MEAN:
@@ -241,7 +243,7 @@ class MirroredExtended(StrategyExtended):
         validate_components(value)
         return self._with_helpers(self._collectives._reduce_to, reduce_op, value, devices, options or DEFAULT_OPTIONS)
 
-    def _reduce_non_distributed(self, reduce_op: ReduceOp, value: Any, devices: ResolvedDevices) -> Any:
+    def _reduce_non_distributed(self, reduce_op: ReduceOp, value: TensorLike, devices: ResolvedDevices) -> TensorLike:
         if reduce_op is ReduceOp.MEAN:
             return value  # the same value on every replica: its mean is itself
         if len(self._devices) != 1:
@@ -260,7 +262,7 @@ class MirroredExtended(StrategyExtended):
         return self._collectives._broadcast_to(value, devices)
 
     def _batch_reduce_to(
-        self, reduce_op: ReduceOp, pairs: list[tuple[Any, Any]], options: CommunicationOptions | None
+        self, reduce_op: ReduceOp, pairs: list[tuple[TensorLike, Destinations]], options: CommunicationOptions | None
     ) -> list[Any]:
         resolved = []
         for pair in pairs:
@@ -339,7 +341,7 @@ class MirroredExtended(StrategyExtended):
             self._collectives._all_reduce_sparse, reduce_op, columns, self._devices, options or DEFAULT_OPTIONS
         )
 
-    def _with_helpers(self, collective: Callable[..., T], *args: Any) -> T:
+    def _with_helpers(self, collective: Callable[..., T], *args: object) -> T:
         """``collective(*args, helpers)``, with the threads that may run its parts.
 
         Inside a ``merge_fn`` those are the parked replicas (the barrier set them on this
@@ -354,12 +356,12 @@ class MirroredExtended(StrategyExtended):
         finally:
             lease.release()
 
-    def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
+    def _broadcast_to(self, tensor: TensorLike, destinations: Destinations) -> TensorLike:
         if isinstance(tensor, (int, float)) and not isinstance(tensor, bool):
             return tensor  # Python numbers are the same everywhere, as in TensorFlow
         return self._collectives._broadcast_to(tensor, ResolvedDevices(self._destinations(destinations)))
 
-    def _gather_to(self, value: Any, destinations: Any, axis: Any, *, collective: str) -> Any:
+    def _gather_to(self, value: TensorLike, destinations: Destinations, axis: int, *, collective: str) -> TensorLike:
         del collective  # the workers' name for it: one process has none to agree with
         if not isinstance(value, DistributedValues):
             return value
@@ -371,12 +373,12 @@ class MirroredExtended(StrategyExtended):
         devices = self._variable_devices(spec.colocate_with)
         return creation.distributed_variable(spec, devices, self._container_strategy())
 
-    def _variable_devices(self, colocate_with: Any) -> tuple[DeviceSpec, ...]:
+    def _variable_devices(self, colocate_with: object) -> tuple[DeviceSpec, ...]:
         if colocate_with is None:
             return self._devices
         return tuple(colocate_with._devices) if hasattr(colocate_with, "_devices") else self._devices
 
-    def _validate_colocate_with(self, colocate_with: Any) -> None:
+    def _validate_colocate_with(self, colocate_with: object) -> None:
         strategy = self._container_strategy()
         if isinstance(colocate_with, DistributedVariable):
             if colocate_with._distribute_strategy is not strategy:
@@ -395,7 +397,7 @@ class MirroredExtended(StrategyExtended):
             f"of every variable on each of its devices."
         )
 
-    def _check_update_variable(self, var: Any) -> None:
+    def _check_update_variable(self, var: Variable) -> None:
         if not isinstance(var, DistributedVariable):
             raise ValidationError(
                 f"StrategyExtended.update() of {self._describe()} needs a variable created in its scope; got "
@@ -403,9 +405,11 @@ class MirroredExtended(StrategyExtended):
             )
         super()._check_update_variable(var)
 
+    # ``var`` is Any: the hook takes the base's ``Variable``, and ``_check_update_variable`` has made it a
+    # ``DistributedVariable`` here (its ``values``), which no annotation of an override can say.
     def _update(
         self, var: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool
-    ) -> Any:
+    ) -> Nest:
         components = var.values
         n = len(components)
         args_per = split_for_replicas(args, n, "args")
@@ -417,8 +421,8 @@ class MirroredExtended(StrategyExtended):
         return update_regroup(results, var._devices, group)
 
     def _update_non_slot(
-        self, colocate_with: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool
-    ) -> Any:
+        self, colocate_with: object, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool
+    ) -> Nest:
         if not isinstance(colocate_with, tuple):
             raise ValidationError(
                 f"update_non_slot() of {self._describe()} takes the tuple non_slot_devices() returned. Got "
@@ -433,7 +437,7 @@ class MirroredExtended(StrategyExtended):
                 results.append(fn(*args_per[i], **kwargs_per[i]))
         return update_regroup(results, devices, group)
 
-    def _non_slot_devices(self, var_list: list[Any]) -> Any:
+    def _non_slot_devices(self, var_list: list[Variable]) -> tuple[str, ...]:
         return self.worker_devices
 
     # --- description ----------------------------------------------------------------------
@@ -449,14 +453,14 @@ class MirroredExtended(StrategyExtended):
 class _MirroredReplicaContext(ReplicaContext):
     """The replica context of one replica of a ``MirroredStrategy.run`` step."""
 
-    def __init__(self, strategy: Strategy, replica_id: int, step: Any, device: DeviceSpec) -> None:
+    def __init__(self, strategy: Strategy, replica_id: int, step: Step | None, device: DeviceSpec) -> None:
         super().__init__(strategy, replica_id)
         self._step = step
         self._device = device
 
     def _merge_call(
         self, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], collective: str
-    ) -> Any:
+    ) -> Nest:
         step = self._step
         if step is None:  # only in a replica thread abandoned after a timeout: just unwind
             raise StopReplica
@@ -465,10 +469,10 @@ class _MirroredReplicaContext(ReplicaContext):
     def _collective(
         self,
         fn: Callable[[Any, list[Any]], list[Any]],
-        payload: Any,
+        payload: object,
         collective: str,
         snapshot: Callable[[Any, int], tuple[Any, Collection[int]]] | None = None,
-    ) -> Any:
+    ) -> Nest:
         step = self._step
         if step is None:
             raise StopReplica

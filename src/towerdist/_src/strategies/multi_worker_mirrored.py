@@ -35,10 +35,13 @@ from towerdist._src.multi_worker.workers import Workers
 from towerdist._src.options import CommunicationImplementation, CommunicationOptions, ValueContext
 from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.mirrored import MirroredExtended, _MirroredReplicaContext
+from towerdist._src.strategies.replica_step import Step
 from towerdist._src.strategies.strategy import Strategy
+from towerdist._src.type_aliases import AxisLike, Destinations, DeviceLike, Nest, TensorLike
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored
 from towerdist._src.values.regroup import local_results, regroup
 from towerdist._src.variables import creation
+from towerdist._src.variables.variable import Variable
 
 __all__ = ["ExperimentalMultiWorkerMirroredStrategy", "MultiWorkerMirroredStrategy"]
 
@@ -78,12 +81,14 @@ class MultiWorkerMirroredStrategy(Strategy):
       RuntimeError: the launcher started several processes that each see an MPI job of one.
     """
 
-    def __init__(self, cluster_resolver: Any = None, communication_options: CommunicationOptions | None = None) -> None:
+    def __init__(
+        self, cluster_resolver: ClusterResolver | None = None, communication_options: CommunicationOptions | None = None
+    ) -> None:
         super().__init__(MultiWorkerExtended(self, None, cluster_resolver, communication_options))
 
     @classmethod
     def _from_local_devices(
-        cls, devices: Sequence[Any], communication_options: CommunicationOptions | None = None
+        cls, devices: Sequence[DeviceLike], communication_options: CommunicationOptions | None = None
     ) -> MultiWorkerMirroredStrategy:
         """A strategy whose workers each run replicas on ``devices`` (TensorFlow's test hook)."""
         strategy = cls.__new__(cls)
@@ -98,7 +103,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         resolver: ClusterResolver = extended._cluster_resolver
         return resolver
 
-    def _reduce_along_axis(self, op: ReduceOp, value: Any, axis: Any) -> Any:
+    def _reduce_along_axis(self, op: ReduceOp, value: Nest, axis: AxisLike) -> TensorLike:
         # Computed as a SUM of per-replica sums (and, for MEAN, a count): the workers compare
         # the op the user asked for, so MEAN on one worker and SUM on another fail on both.
         extended = self._extended
@@ -115,8 +120,8 @@ class MultiWorkerExtended(MirroredExtended):
     def __init__(
         self,
         container_strategy: Strategy,
-        devices: Sequence[Any] | None,
-        cluster_resolver: Any,
+        devices: Sequence[DeviceLike] | None,
+        cluster_resolver: ClusterResolver | None,
         communication_options: CommunicationOptions | None,
     ) -> None:
         if communication_options is None:
@@ -218,10 +223,10 @@ class MultiWorkerExtended(MirroredExtended):
         """True on the chief (worker 0) only."""
         return self._workers.rank == 0
 
-    def _non_slot_devices(self, var_list: list[Any]) -> Any:
+    def _non_slot_devices(self, var_list: list[Variable]) -> tuple[str, ...]:
         return tuple(d.name for d in self._devices)
 
-    def _local_results(self, value: Any) -> tuple[Any, ...]:
+    def _local_results(self, value: Nest) -> tuple[Any, ...]:
         return local_results(value, len(self._devices))
 
     def _describe(self) -> str:
@@ -236,10 +241,10 @@ class MultiWorkerExtended(MirroredExtended):
 
     # --- replicas --------------------------------------------------------------------------------
 
-    def _replica_context(self, strategy: Strategy, i: int, step: Any) -> _MirroredReplicaContext:
+    def _replica_context(self, strategy: Strategy, i: int, step: Step | None) -> _MirroredReplicaContext:
         return _MultiWorkerReplicaContext(strategy, i, step, self._devices[i], self._first_replica_id)
 
-    def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+    def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Nest:
         n, first = self._num_replicas_in_sync, self._first_replica_id
         values = []
         for i, device in enumerate(self._devices):
@@ -285,12 +290,12 @@ class MultiWorkerExtended(MirroredExtended):
     def _reduce_to(
         self,
         reduce_op: ReduceOp,
-        value: Any,
-        destinations: Any,
+        value: TensorLike,
+        destinations: Destinations,
         options: CommunicationOptions | None,
         *,
         collective: str,
-    ) -> Any:
+    ) -> TensorLike:
         if self._workers.size == 1 or isinstance(value, Mirrored) or getattr(value, "_is_mirrored", False):
             # One worker: MirroredStrategy's reduction. A Mirrored value: MEAN is itself, SUM refused.
             return super()._reduce_to(reduce_op, value, destinations, options, collective=collective)
@@ -309,7 +314,7 @@ class MultiWorkerExtended(MirroredExtended):
         return self._collectives._broadcast_to(reduced, devices)
 
     def _batch_reduce_to(
-        self, reduce_op: ReduceOp, pairs: list[tuple[Any, Any]], options: CommunicationOptions | None
+        self, reduce_op: ReduceOp, pairs: list[tuple[TensorLike, Destinations]], options: CommunicationOptions | None
     ) -> list[Any]:
         if self._workers.size == 1:
             return super()._batch_reduce_to(reduce_op, pairs, options)
@@ -477,7 +482,7 @@ class MultiWorkerExtended(MirroredExtended):
         nccl.sum(packs, collective, *self._workers.bounds(options), op=op)
         return results
 
-    def _column(self, value: Any, which: str = "") -> list[Any]:
+    def _column(self, value: TensorLike, which: str = "") -> list[Any]:
         """This worker's replicas' arrays of ``value`` (a plain value stands for every local replica); unworded.
 
         ``which`` tells the value apart in a batch (``" (value 3)"``), after the API's name.
@@ -501,7 +506,7 @@ class MultiWorkerExtended(MirroredExtended):
         placed = mirror([array] * len(self._devices), self._devices)
         return list(placed.values) if isinstance(placed, DistributedValues) else [placed]
 
-    def _gather_to(self, value: Any, destinations: Any, axis: Any, *, collective: str) -> Any:
+    def _gather_to(self, value: TensorLike, destinations: Destinations, axis: int, *, collective: str) -> TensorLike:
         if self._workers.size == 1:
             return super()._gather_to(value, destinations, axis, collective=collective)
         seq = self._workers.seq
@@ -530,7 +535,7 @@ class MultiWorkerExtended(MirroredExtended):
             return count
         return int(sum(self._workers.agree_extra(f"{collective} (element count)", count, None)))
 
-    def _first_replica_value(self, value: Any, collective: str) -> Any:
+    def _first_replica_value(self, value: Nest, collective: str) -> TensorLike:
         first = super()._first_replica_value(value, collective)
         if self._workers.size == 1:
             return first
@@ -561,7 +566,7 @@ class MultiWorkerExtended(MirroredExtended):
 class _MultiWorkerReplicaContext(_MirroredReplicaContext):
     """A replica of one worker: ``replica_id_in_sync_group`` counts every worker's replicas."""
 
-    def __init__(self, strategy: Strategy, replica_id: int, step: Any, device: DeviceSpec, first: int) -> None:
+    def __init__(self, strategy: Strategy, replica_id: int, step: Step | None, device: DeviceSpec, first: int) -> None:
         super().__init__(strategy, replica_id, step, device)
         self._first = first
 
@@ -571,7 +576,7 @@ class _MultiWorkerReplicaContext(_MirroredReplicaContext):
         return np.int32(self._first + self._replica_id)
 
 
-def _to_host(array: Any) -> np.ndarray:
+def _to_host(array: TensorLike) -> np.ndarray:
     """``array`` as a numpy array (GPU arrays are copied to the host)."""
     if type(array) is np.ndarray:
         return array
@@ -579,7 +584,7 @@ def _to_host(array: Any) -> np.ndarray:
     return host
 
 
-def _mean(total: Any, n: int) -> Any:
+def _mean(total: TensorLike, n: int) -> TensorLike:
     """``total / n``: in place for floating point, float64 for integers (TensorFlow's integer mean).
 
     On ``total``'s own GPU, whichever GPU the thread running the collective has current.
@@ -603,5 +608,9 @@ class ExperimentalMultiWorkerMirroredStrategy(MultiWorkerMirroredStrategy):
       ValueError: ``communication`` is not a ``CommunicationImplementation`` or its name.
     """
 
-    def __init__(self, communication: Any = CommunicationImplementation.AUTO, cluster_resolver: Any = None) -> None:
+    def __init__(
+        self,
+        communication: CommunicationImplementation | str = CommunicationImplementation.AUTO,
+        cluster_resolver: ClusterResolver | None = None,
+    ) -> None:
         super().__init__(cluster_resolver, CommunicationOptions(implementation=communication))

@@ -13,7 +13,8 @@ from towerdist._src.reduce_op import ReduceOp
 from towerdist._src.strategies.replica_context import ReplicaContext
 from towerdist._src.strategies.strategy import Strategy
 from towerdist._src.strategies.strategy_extended import StrategyExtended
-from towerdist._src.type_aliases import DeviceLike
+from towerdist._src.type_aliases import Destinations, DeviceLike, Nest, TensorLike
+from towerdist._src.variables.variable import Variable
 
 __all__ = ["OneDeviceStrategy"]
 
@@ -58,7 +59,7 @@ class OneDeviceExtended(StrategyExtended):
     def _replica_devices(self) -> tuple[DeviceSpec, ...]:
         return (self._device,)
 
-    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Nest:
         ctx = ReplicaContext(self._container_strategy(), 0)
         ctx._device = self._device
         with device_lib.device(self._device), ctx:
@@ -67,30 +68,30 @@ class OneDeviceExtended(StrategyExtended):
     def _reduce_to(
         self,
         reduce_op: ReduceOp,
-        value: Any,
-        destinations: Any,
+        value: TensorLike,
+        destinations: Destinations,
         options: CommunicationOptions | None,
         *,
         collective: str,
-    ) -> Any:
+    ) -> TensorLike:
         return value
 
-    def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
+    def _broadcast_to(self, tensor: TensorLike, destinations: Destinations) -> TensorLike:
         return tensor
 
-    def _gather_to(self, value: Any, destinations: Any, axis: Any, *, collective: str) -> Any:
+    def _gather_to(self, value: TensorLike, destinations: Destinations, axis: int, *, collective: str) -> TensorLike:
         return value
 
-    def _local_results(self, value: Any) -> tuple[Any, ...]:
+    def _local_results(self, value: Nest) -> tuple[Nest]:
         return (value,)
 
-    def _variable_device(self, colocate_with: Any) -> DeviceSpec:
+    def _variable_device(self, colocate_with: object) -> DeviceSpec:
         return self._device
 
-    def _update_device(self, var: Any) -> DeviceSpec | None:
+    def _update_device(self, var: Variable) -> DeviceSpec | None:
         return self._device  # as TensorFlow: the strategy's device, wherever var was made
 
-    def _non_slot_devices(self, var_list: list[Any]) -> Any:
+    def _non_slot_devices(self, var_list: list[Variable]) -> tuple[str]:
         return (self._device.name,)
 
     def _deepcopy_strategy(self) -> Strategy:

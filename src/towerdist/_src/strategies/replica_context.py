@@ -28,12 +28,14 @@ from towerdist._src.strategies.collective_args import (
     check_reduce_leaves,
     check_structures,
 )
-from towerdist._src.type_aliases import MergeFn, Nest
+from towerdist._src.type_aliases import MergeFn, Nest, ReduceOpLike, TensorLike
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.values.regroup import select_replica
 
 if TYPE_CHECKING:
     from towerdist._src.strategies.strategy import Strategy
+    from towerdist._src.strategies.strategy_extended import StrategyExtended
+    from towerdist._src.variables.variable import Variable
 
 __all__ = ["ReplicaContext"]
 
@@ -52,7 +54,7 @@ class ReplicaContext:
       (array(2., dtype=float32), array(2., dtype=float32))
     """
 
-    def __init__(self, strategy: Strategy, replica_id_in_sync_group: Any) -> None:
+    def __init__(self, strategy: Strategy, replica_id_in_sync_group: int | np.integer[Any] | None) -> None:
         if replica_id_in_sync_group is not None and not isinstance(replica_id_in_sync_group, (int, np.integer)):
             raise ValueError(
                 f"replica_id_in_sync_group can only be an integer, a Tensor or None. Got "
@@ -140,7 +142,7 @@ class ReplicaContext:
 
     def _merge_call(
         self, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], collective: str
-    ) -> Any:
+    ) -> Nest:
         # One replica: run merge_fn right here, in cross-replica context, and unpack
         # distributed results to this replica's component as the multi-replica path does.
         modes = thread_state.state.modes
@@ -155,10 +157,10 @@ class ReplicaContext:
     def _collective(
         self,
         fn: Callable[[Any, list[Any]], list[Any]],
-        payload: Any,
+        payload: object,
         collective: str,
         snapshot: Callable[[Any, int], tuple[Any, Collection[int]]] | None = None,
-    ) -> Any:
+    ) -> Nest:
         """An internal collective: ``fn(strategy, payloads)`` runs once on every replica's payload.
 
         ``payloads`` are in replica order; ``fn`` returns one part per replica and this
@@ -186,12 +188,12 @@ class ReplicaContext:
 
     def _update(
         self,
-        var: Any,
+        var: Variable,
         fn: Callable[..., Any],
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
         group: bool = True,
-    ) -> Any:
+    ) -> Nest:
         """Updates ``var`` from this replica: ``strategy.extended.update`` in replica context.
 
         TensorFlow's ``ReplicaContext._update``. Every replica calls it; the replicas'
@@ -207,7 +209,7 @@ class ReplicaContext:
         context.require_replica_context(self, "ReplicaContext._update()")
         return self._strategy.extended.update(var, fn, args, kwargs, group)
 
-    def all_reduce(self, reduce_op: Any, value: Nest, options: CommunicationOptions | None = None) -> Nest:
+    def all_reduce(self, reduce_op: ReduceOpLike, value: Nest, options: CommunicationOptions | None = None) -> Nest:
         """Reduces ``value`` (a nested structure of arrays) across replicas.
 
         Every replica contributes its own ``value`` and receives the reduced structure.
@@ -239,7 +241,7 @@ class ReplicaContext:
         op = parse_reduce_op(reduce_op, api)
         contribution = _contribution(value)
 
-        def settle(strategy: Any, parts: list[Contribution]) -> list[Any]:
+        def settle(strategy: Strategy, parts: list[Contribution]) -> list[Any]:
             check_structures(parts)
             check_reduce_leaves(parts)
             num_leaves = len(parts[0].arrays)
@@ -254,7 +256,7 @@ class ReplicaContext:
         reduced = self._collective(settle, contribution, api)
         return _unflatten(contribution.spec, reduced)
 
-    def all_gather(self, value: Any, axis: int, options: CommunicationOptions | None = None) -> Any:
+    def all_gather(self, value: Nest, axis: int, options: CommunicationOptions | None = None) -> Nest:
         """Concatenates ``value`` (a nested structure of arrays) across replicas along ``axis``.
 
         Replica order is kept; sizes along ``axis`` may differ between replicas, every
@@ -281,7 +283,7 @@ class ReplicaContext:
         refuse_in_gather(value, api)
         contribution = _contribution(value)
 
-        def settle(strategy: Any, parts: list[Contribution]) -> list[Any]:
+        def settle(strategy: Strategy, parts: list[Contribution]) -> list[Any]:
             check_structures(parts)
             if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool):
                 check_gather_leaves(parts, int(axis))
@@ -306,7 +308,12 @@ _ALL_REDUCE = "ReplicaContext.all_reduce()"
 
 
 def _all_reduce_mixed(
-    extended: Any, op: ReduceOp, columns: list[list[Any]], sparse: list[int], options: Any, api: str
+    extended: StrategyExtended,
+    op: ReduceOp,
+    columns: list[list[Any]],
+    sparse: list[int],
+    options: CommunicationOptions | None,
+    api: str,
 ) -> list[list[Any]]:
     """``columns`` all-reduced, the ``sparse`` ones (``IndexedSlices``) on their own path."""
     dense = [k for k in range(len(columns)) if k not in set(sparse)]
@@ -319,7 +326,7 @@ def _all_reduce_mixed(
     return reduced
 
 
-def _contribution(value: Any) -> Contribution:
+def _contribution(value: Nest) -> Contribution:
     """One replica's argument to a collective, flattened (a single array skips optree).
 
     An ``IndexedSlices`` stays as it is: one pass over every replica's rows sums them (each
@@ -331,17 +338,17 @@ def _contribution(value: Any) -> Contribution:
     return Contribution([_leaf(leaf) for leaf in leaves], spec)
 
 
-def _leaf(leaf: Any) -> Any:
+def _leaf(leaf: TensorLike) -> TensorLike:
     if isinstance(leaf, IndexedSlices):
         return leaf  # summed with the other replicas' rows, in one pass (cross_device_ops/sparse.py)
     return array_ops.as_array(leaf)
 
 
-def _unflatten(spec: Any, leaves: list[Any]) -> Any:
+def _unflatten(spec: nest.PyTreeSpec | None, leaves: list[Any]) -> Nest:
     return leaves[0] if spec is None else nest.unflatten(spec, leaves)
 
 
-def _component(value: Any, replica: int) -> Any:
+def _component(value: TensorLike, replica: int) -> TensorLike:
     return value.values[replica] if isinstance(value, DistributedValues) else value
 
 

@@ -103,6 +103,7 @@ from towerdist._src.strategies.error_notes import add_note, describe_error
 from towerdist._src.strategies.round_requests import CollectiveRequest, MergeRequest
 from towerdist._src.strategies.watchdog import Status, Watch, name_of
 from towerdist._src.thread_state import Mode
+from towerdist._src.type_aliases import Nest
 
 __all__ = ["Step", "StopReplica"]
 
@@ -147,6 +148,7 @@ class Step:
 
     def __init__(
         self,
+        # Any: a Strategy, alive while its run lasts, from the scheduler's weak reference (typed Strategy | None).
         strategy: Any,
         devices: Sequence[DeviceSpec],
         mailboxes: Sequence[queue.SimpleQueue[Any]],
@@ -343,7 +345,7 @@ class Step:
                     self.fail(error, ("replica", i))
             self._exit(i)
 
-    def meet(self, i: int, request: MergeRequest | CollectiveRequest) -> Any:
+    def meet(self, i: int, request: MergeRequest | CollectiveRequest) -> Nest:
         """Replica ``i`` brings ``request`` to the barrier; returns its part of the result.
 
         ``request.collective`` names the call (``"merge_call()"``, ``"ReplicaContext.all_reduce()"``,
@@ -452,7 +454,7 @@ class Step:
                 while True in self._snapshotting:
                     taken.wait(self.watch.poll_seconds())
 
-    def _arrive_done(self, i: int, result: Any) -> None:
+    def _arrive_done(self, i: int, result: Nest) -> None:
         self.results[i] = result
         with self._lock:
             if self._failure is not None:
@@ -508,14 +510,14 @@ class Step:
         self._merge_started = time.monotonic()
         return None, requests
 
-    def _park(self, i: int) -> Any:
+    def _park(self, i: int) -> Nest:
         """Waits at the barrier for this replica's part; runs parts of parallel jobs meanwhile."""
         if i == 0 and self.on_caller_thread() and threading.current_thread() is threading.main_thread():
             with held_signals.interrupts_held(self._mailboxes[0]) as held:
                 return self._park_loop(i, held)
         return self._park_loop(i, None)
 
-    def _park_loop(self, i: int, held: list[Any] | None) -> Any:
+    def _park_loop(self, i: int, held: list[Any] | None) -> Nest:
         mailbox = self._mailboxes[i]
         site = self.sites[i]
         budget = site.budget(self.participants)
@@ -548,7 +550,7 @@ class Step:
             mailbox.put(message)
             raise StopReplica
 
-    def _settle(self, i: int, requests: list[Any]) -> Any:
+    def _settle(self, i: int, requests: list[Any]) -> Nest:
         """Runs the round's request once (replica ``i`` arrived last) and releases the others."""
         if True in self._snapshotting:
             self._await_snapshots()

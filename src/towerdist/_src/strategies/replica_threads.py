@@ -50,7 +50,7 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from towerdist._src import intra_op_threads, waiting
 from towerdist._src import profiler as _profiler
@@ -61,6 +61,9 @@ from towerdist._src.mailbox import RUN, SHUTDOWN, TASK
 from towerdist._src.strategies import watchdog
 from towerdist._src.strategies.replica_step import Step, StopReplica
 from towerdist._src.strategies.watchdog import name_of
+
+if TYPE_CHECKING:  # mirrored.py builds a scheduler per strategy
+    from towerdist._src.strategies.strategy import Strategy
 
 __all__ = [
     "ReplicaScheduler",
@@ -241,7 +244,7 @@ class HelperLease:
 class ReplicaScheduler:
     """Runs a function once per replica on persistent threads (one scheduler per strategy)."""
 
-    def __init__(self, strategy: Any, devices: Sequence[DeviceSpec]) -> None:
+    def __init__(self, strategy: Strategy, devices: Sequence[DeviceSpec]) -> None:
         self._strategy_ref = weakref.ref(strategy)
         self._devices = tuple(devices)
         self._on_gpus = any(d.device_type == "GPU" for d in self._devices)
@@ -376,6 +379,7 @@ class ReplicaScheduler:
 
     def _run_here(
         self,
+        # Any: a Strategy, alive while its run calls this, though the weak reference is typed Strategy | None.
         strategy: Any,
         fn: Callable[..., Any],
         args: Sequence[Any],

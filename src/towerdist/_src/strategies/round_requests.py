@@ -59,7 +59,7 @@ class CollectiveRequest:
     def __init__(
         self,
         fn: Callable[[Any, list[Any]], list[Any]],
-        payload: Any,
+        payload: object,
         collective: str,
         snapshot: Callable[[Any, int], tuple[Any, Collection[int]]] | None = None,
     ) -> None:

@@ -8,8 +8,8 @@ hooks. The argument checks both share live in ``arguments.py``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar, overload
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NoReturn, TypeVar, overload
 
 from towerdist._src import aliases, array_ops, backend, context, nest, steps
 from towerdist._src import device as device_lib
@@ -18,12 +18,12 @@ from towerdist._src.cross_device_ops.placement import ResolvedDevices
 from towerdist._src.failures import name_api, worded_at
 from towerdist._src.indexed_slices import refuse_in_gather
 from towerdist._src.input.input_context import InputContext, InputOptions
-from towerdist._src.options import ValueContext
+from towerdist._src.options import RunOptions, ValueContext
 from towerdist._src.reduce_op import ReduceOp, parse_reduce_op
 from towerdist._src.strategies import legacy_names
 from towerdist._src.strategies.arguments import check_input_options, element_count, reduce_axes
 from towerdist._src.strategies.strategy_extended import StrategyExtended
-from towerdist._src.type_aliases import AxisLike, Nest, ReduceOpLike, ReplicaFn
+from towerdist._src.type_aliases import AxisLike, Nest, ReduceOpLike, ReplicaFn, TensorLike
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.values.regroup import local_results
 
@@ -70,7 +70,7 @@ class Strategy:
     @overload
     def experimental_local_results(self, value: object) -> tuple[Any, ...]: ...
 
-    def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
+    def experimental_local_results(self, value: object) -> tuple[Any, ...]:
         """The per-replica parts of ``value``, in replica order.
 
         A distributed value gives its components; a nested structure gives one copy per
@@ -78,7 +78,7 @@ class Strategy:
         """
         return self._extended._local_results(value)
 
-    def experimental_distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+    def experimental_distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Nest:
         """Builds a distributed value by calling ``value_fn(ValueContext(...))`` per replica.
 
         Multi-replica strategies always return a ``PerReplica`` (even of equal values);
@@ -96,7 +96,7 @@ class Strategy:
 
     # --- input --------------------------------------------------------------------------
 
-    def experimental_distribute_dataset(self, dataset: Any, options: InputOptions | None = None) -> Any:
+    def experimental_distribute_dataset(self, dataset: Iterable[Nest], options: InputOptions | None = None) -> Any:
         """Splits each global batch of ``dataset`` across the replicas.
 
         ``dataset`` yields *global* batches: a ``td.data.Dataset``, a ``tf.data.Dataset``, a
@@ -163,7 +163,7 @@ class Strategy:
         fn: ReplicaFn,
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
-        options: Any = None,
+        options: RunOptions | None = None,
     ) -> Nest:
         """Runs ``fn`` once per replica and merges the results.
 
@@ -214,7 +214,7 @@ class Strategy:
         finally:
             steps.end()
 
-    def reduce(self, reduce_op: ReduceOpLike, value: Nest, axis: AxisLike | None) -> Any:
+    def reduce(self, reduce_op: ReduceOpLike, value: Nest, axis: AxisLike | None) -> Nest:
         """Reduces ``value`` across replicas (and along ``axis`` when given).
 
         * ``axis=None``: element-wise across replicas; every replica's value must have the
@@ -252,7 +252,7 @@ class Strategy:
             name_api(error, "Strategy.reduce()")
             raise
 
-    def gather(self, value: Any, axis: int) -> Any:
+    def gather(self, value: Nest, axis: int) -> Nest:
         """Concatenates the replicas' values along ``axis`` onto the current device.
 
         Sizes along ``axis`` may differ between replicas. A non-distributed value is
@@ -280,7 +280,7 @@ class Strategy:
             name_api(error, _GATHER)
             raise
 
-    def group(self, value: Any, name: str | None = None) -> None:
+    def group(self, value: Nest, name: str | None = None) -> None:
         """Waits until every component of ``value`` is computed (``tf.group`` of its local results).
 
         In TensorFlow's graph mode this makes one op that runs them all. Eagerly, numpy
@@ -305,7 +305,7 @@ class Strategy:
 
     # --- helpers --------------------------------------------------------------------------
 
-    def _reduce_along_axis(self, op: ReduceOp, value: Any, axis: Any) -> Any:
+    def _reduce_along_axis(self, op: ReduceOp, value: Nest, axis: AxisLike) -> TensorLike:
         replicas = len(self._extended._replica_devices)
         if isinstance(value, DistributedValues):
             parts = list(self._extended._local_results(value))
@@ -328,20 +328,20 @@ class Strategy:
         impl = backend.for_array(numer)
         return impl.true_divide(numer, impl.asarray(count, dtype=numer.dtype))
 
-    def __copy__(self) -> Any:
+    def __copy__(self) -> NoReturn:
         raise RuntimeError(
             f"Must only deepcopy DistributionStrategy: copy.copy({self!r}) would share its replica "
             f"threads; use copy.deepcopy() or create a new strategy."
         )
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+    def __deepcopy__(self, memo: dict[int, object]) -> Strategy:
         return self._extended._deepcopy_strategy()
 
     def __repr__(self) -> str:
         return self._extended._describe()
 
 
-def _refuse_mappings(value: Any, axis: Any) -> None:
+def _refuse_mappings(value: object, axis: AxisLike) -> None:
     if not nest.is_nested(value):
         return
     if isinstance(value, Mapping):

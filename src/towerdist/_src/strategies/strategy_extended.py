@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from towerdist._src import aliases, array_ops, backend, context, nest, steps, thread_state
@@ -30,12 +30,12 @@ from towerdist._src.strategies.arguments import (
     devices_of,
     foreign_variable,
 )
-from towerdist._src.type_aliases import Destinations, ReduceOpLike
+from towerdist._src.type_aliases import Destinations, Nest, ReduceOpLike, TensorLike
 from towerdist._src.values.distributed_values import DistributedValues, Mirrored, PerReplica
 from towerdist._src.values.regroup import local_results, regroup, value_container
 from towerdist._src.variables import creation
 from towerdist._src.variables.distributed_variable import DistributedVariable, SyncOnReadVariable
-from towerdist._src.variables.variable import read_unread
+from towerdist._src.variables.variable import Variable, read_unread
 
 if TYPE_CHECKING:
     from towerdist._src.strategies.strategy import Strategy
@@ -145,10 +145,10 @@ class StrategyExtended:
     def reduce_to(
         self,
         reduce_op: ReduceOpLike,
-        value: Any,
+        value: TensorLike,
         destinations: Destinations,
         options: CommunicationOptions | None = None,
-    ) -> Any:
+    ) -> TensorLike:
         """Reduces ``value`` across replicas and places the result on ``destinations``.
 
         Args:
@@ -174,7 +174,7 @@ class StrategyExtended:
     def batch_reduce_to(
         self,
         reduce_op: ReduceOpLike,
-        value_destination_pairs: Sequence[tuple[Any, Destinations]],
+        value_destination_pairs: Sequence[tuple[TensorLike, Destinations]],
         options: CommunicationOptions | None = None,
     ) -> list[Any]:
         """Like ``reduce_to`` for many ``(value, destinations)`` pairs at once (packed).
@@ -191,7 +191,7 @@ class StrategyExtended:
                     check_destinations(value_and_destinations[1])
             return self._batch_reduce_to(op, pairs, options)
 
-    def broadcast_to(self, tensor: Any, destinations: Destinations) -> Any:
+    def broadcast_to(self, tensor: TensorLike, destinations: Destinations) -> TensorLike:
         """Copies ``tensor`` to ``destinations`` (a ``Mirrored`` for several devices).
 
         Raises:
@@ -211,7 +211,7 @@ class StrategyExtended:
 
     def call_for_each_replica(
         self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
-    ) -> Any:
+    ) -> Nest:
         """Runs ``fn`` once per replica, as ``Strategy.run`` does."""
         strategy = self._container_strategy()
         context.require_cross_replica_or_default(strategy, "StrategyExtended.call_for_each_replica()")
@@ -227,12 +227,12 @@ class StrategyExtended:
 
     def update(
         self,
-        var: Any,
+        var: Variable,
         fn: Callable[..., Any],
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
         group: bool = True,
-    ) -> Any:
+    ) -> Nest:
         """Runs ``fn(component, *args, **kwargs)`` on every component of ``var``.
 
         Each call runs in an update context (``td.distribute.get_update_device()`` names the
@@ -268,7 +268,9 @@ class StrategyExtended:
         if replica_context is not None:
             # Inside strategy.run (of any strategy, the default one included): meet the other
             # replicas first, as TensorFlow does.
-            def merge_update(merge_strategy: Any, merged_var: Any, *merged_args: Any, **merged_kwargs: Any) -> Any:
+            def merge_update(
+                merge_strategy: Strategy, merged_var: Variable | PerReplica[Variable], *merged_args: Nest, **merged_kwargs: Nest
+            ) -> Nest:
                 if isinstance(merged_var, PerReplica):
                     names = ", ".join(getattr(v, "name", repr(v)) for v in merged_var.values)
                     raise ValueError(
@@ -290,12 +292,12 @@ class StrategyExtended:
 
     def update_non_slot(
         self,
-        colocate_with: Any,
+        colocate_with: object,
         fn: Callable[..., Any],
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
         group: bool = True,
-    ) -> Any:
+    ) -> Nest:
         """Runs ``fn(*args, **kwargs)`` once per device of ``colocate_with``, in update contexts.
 
         ``colocate_with`` is what ``non_slot_devices()`` returned. Use it to update
@@ -309,7 +311,7 @@ class StrategyExtended:
             with strategy.scope():
                 return self._update_non_slot(colocate_with, fn, args, kwargs, group)
 
-    def non_slot_devices(self, var_list: Sequence[Any]) -> Any:
+    def non_slot_devices(self, var_list: Sequence[Variable]) -> Any:
         """Where non-slot variables live: pass it to ``colocate_vars_with`` and ``update_non_slot``.
 
         ``MirroredStrategy``: every replica device. The default and CentralStorage
@@ -317,7 +319,7 @@ class StrategyExtended:
         """
         return self._non_slot_devices(list(var_list))
 
-    def colocate_vars_with(self, colocate_with_variable: Any) -> contextlib.AbstractContextManager[None]:
+    def colocate_vars_with(self, colocate_with_variable: object) -> contextlib.AbstractContextManager[None]:
         """A context manager: variables created in it live on the same devices as the given one.
 
         Use it for an optimizer's slot variables, so that ``update(var, fn, args=(slot,))``
@@ -332,15 +334,15 @@ class StrategyExtended:
         self._validate_colocate_with(colocate_with_variable)
         return _Colocation(strategy, colocate_with_variable)
 
-    def value_container(self, value: Any) -> Any:
+    def value_container(self, value: object) -> object:
         """The distributed variable ``value`` is a component of, else ``value`` itself."""
         return value_container(value)
 
-    def variable_created_in_scope(self, v: Any) -> bool:
+    def variable_created_in_scope(self, v: object) -> bool:
         """True if ``v`` was created while this strategy's scope was active."""
         return getattr(v, "_distribute_strategy", None) is self._variable_owner()
 
-    def read_var(self, v: Any) -> Any:
+    def read_var(self, v: Variable) -> TensorLike:
         """The value of ``v`` as cross-replica code sees it (sync-on-read: the aggregate), as a new array.
 
         A sync-on-read variable is aggregated, so it must be read in cross-replica context
@@ -360,12 +362,12 @@ class StrategyExtended:
 
     # --- hooks for concrete strategies ----------------------------------------------------
 
-    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Nest:
         """``Strategy.run`` once its arguments are checked: in the strategy's scope by default."""
         with self._container_strategy().scope():
             return self._call_for_each_replica(fn, args, kwargs)
 
-    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Nest:
         raise NotImplementedError
 
     # Input: strategies describe this process's replicas; MultiWorker adds its worker index.
@@ -374,7 +376,7 @@ class StrategyExtended:
     def _input_worker(self) -> InputWorker:
         return InputWorker(self._replica_devices)
 
-    def _experimental_distribute_dataset(self, dataset: Any, options: InputOptions | None) -> Any:
+    def _experimental_distribute_dataset(self, dataset: Iterable[Nest], options: InputOptions | None) -> Any:
         if options is not None and options.experimental_replication_mode is InputReplicationMode.PER_REPLICA:
             raise NotImplementedError(
                 "InputReplicationMode.PER_REPLICA is only supported in `distribute_datasets_from_function`."
@@ -402,12 +404,12 @@ class StrategyExtended:
     def _reduce_to(
         self,
         reduce_op: ReduceOp,
-        value: Any,
-        destinations: Any,
+        value: TensorLike,
+        destinations: Destinations,
         options: CommunicationOptions | None,
         *,
         collective: str,
-    ) -> Any:
+    ) -> TensorLike:
         """Reduces ``value`` onto ``destinations``; the public method has checked the context and arguments.
 
         Its errors are :func:`~towerdist._src.failures.unworded`: the public method that called
@@ -423,7 +425,7 @@ class StrategyExtended:
         raise NotImplementedError
 
     def _batch_reduce_to(
-        self, reduce_op: ReduceOp, pairs: list[tuple[Any, Any]], options: CommunicationOptions | None
+        self, reduce_op: ReduceOp, pairs: list[tuple[TensorLike, Destinations]], options: CommunicationOptions | None
     ) -> list[Any]:
         collective = "StrategyExtended.batch_reduce_to()"  # its only caller
         return [
@@ -431,24 +433,24 @@ class StrategyExtended:
             for value, destinations in pairs
         ]
 
-    def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
+    def _broadcast_to(self, tensor: TensorLike, destinations: Destinations) -> TensorLike:
         raise NotImplementedError
 
-    def _gather_to(self, value: Any, destinations: Any, axis: Any, *, collective: str) -> Any:
+    def _gather_to(self, value: TensorLike, destinations: Destinations, axis: int, *, collective: str) -> TensorLike:
         """Concatenates the replicas' values along ``axis`` onto ``destinations`` (errors unworded)."""
         raise NotImplementedError
 
-    def _local_results(self, value: Any) -> tuple[Any, ...]:
+    def _local_results(self, value: Nest) -> tuple[Any, ...]:
         return local_results(value, self._num_replicas_in_sync)
 
-    def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+    def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Nest:
         return value_fn(ValueContext())
 
     def _reduce_destination(self) -> DeviceSpec:
         """Where ``Strategy.reduce``/``gather`` put their result: the current device, else the host."""
         return device_lib.current() or self._default_device or device_lib.HOST
 
-    def _reduce(self, reduce_op: ReduceOp, value: Any) -> Any:
+    def _reduce(self, reduce_op: ReduceOp, value: Nest) -> Nest:
         """Element-wise reduction across replicas onto the current device (``reduce(axis=None)``)."""
         destination = ResolvedDevices((self._reduce_destination(),))
         if isinstance(value, DistributedValues):
@@ -512,7 +514,7 @@ class StrategyExtended:
         del collective
         return count
 
-    def _first_replica_value(self, value: Any, collective: str) -> Any:
+    def _first_replica_value(self, value: Nest, collective: str) -> TensorLike:
         """The value of global replica 0 (``ONLY_FIRST_REPLICA``): this worker's first component."""
         del collective
         return self._local_results(value)[0]
@@ -525,45 +527,45 @@ class StrategyExtended:
 
     # --- variable hooks (single-device behaviour: default and OneDevice strategies) --------
 
-    def _variable_owner(self) -> Any:
+    def _variable_owner(self) -> Strategy | None:
         """What ``_distribute_strategy`` of a variable created in this strategy's scope is."""
         return self._container_strategy()
 
-    def _create_variable(self, spec: creation.VariableSpec) -> Any:
+    def _create_variable(self, spec: creation.VariableSpec) -> Variable:
         owner = self._container_strategy() if context.has_strategy() else None
         return creation.plain_variable(spec, self._variable_device(spec.colocate_with), owner)
 
-    def _variable_device(self, colocate_with: Any) -> DeviceSpec:
+    def _variable_device(self, colocate_with: object) -> DeviceSpec:
         if colocate_with is not None:
             return devices_of(colocate_with)[0]
         return device_lib.current() or self._default_device or device_lib.HOST
 
-    def _validate_colocate_with(self, colocate_with: Any) -> None:
+    def _validate_colocate_with(self, colocate_with: object) -> None:
         devices_of(colocate_with)  # raises if it names no device
 
-    def _check_update_variable(self, var: Any) -> None:
+    def _check_update_variable(self, var: Variable) -> None:
         if isinstance(var, DistributedVariable) and var._distribute_strategy is not self._container_strategy():
             raise foreign_variable(var, self._describe())
 
-    def _update_device(self, var: Any) -> DeviceSpec | None:
+    def _update_device(self, var: Variable) -> DeviceSpec | None:
         """The device ``update`` names for ``var`` (single-device strategies)."""
         return devices_of(var)[0] if hasattr(var, "_devices") else None
 
     def _update(
-        self, var: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool
-    ) -> Any:
+        self, var: Variable, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool
+    ) -> Nest:
         with context.UpdateContext(self._update_device(var), None):
             result = fn(var, *args, **kwargs)
         return result if group else nest.map_structure(self._local_results, result)
 
     def _update_non_slot(
-        self, colocate_with: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool
-    ) -> Any:
+        self, colocate_with: object, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool
+    ) -> Nest:
         with context.UpdateContext(self._non_slot_device(colocate_with), None):
             result = fn(*args, **kwargs)
         return result if group else nest.map_structure(self._local_results, result)
 
-    def _non_slot_device(self, colocate_with: Any) -> DeviceSpec:
+    def _non_slot_device(self, colocate_with: object) -> DeviceSpec:
         """The device ``update_non_slot`` names for ``colocate_with`` (single-device strategies).
 
         As in TensorFlow, any value is accepted: a variable, a distributed value or device
@@ -577,7 +579,7 @@ class StrategyExtended:
         except ValueError:
             return device_lib.current() or self._default_device or device_lib.HOST
 
-    def _non_slot_devices(self, var_list: list[Any]) -> Any:
+    def _non_slot_devices(self, var_list: list[Variable]) -> Any:
         if not var_list:
             raise ValueError("non_slot_devices() needs the list of variables being optimized; got an empty list.")
         return min(var_list, key=lambda v: v.name)
@@ -586,7 +588,7 @@ class StrategyExtended:
 class _Colocation:
     """The context manager of ``colocate_vars_with``: pushes its target for variable creation."""
 
-    def __init__(self, strategy: Strategy, target: Any) -> None:
+    def __init__(self, strategy: Strategy, target: object) -> None:
         self._entry = (strategy, target)
 
     def __enter__(self) -> None:
@@ -596,7 +598,7 @@ class _Colocation:
         thread_state.state.colocations.pop()
 
 
-def update_regroup(results: list[Any], devices: Sequence[DeviceSpec], group: bool) -> Any:
+def update_regroup(results: list[Nest], devices: Sequence[DeviceSpec], group: bool) -> Nest:
     """Merges per-component update results: ``Mirrored`` values, or per-component tuples.
 
     Grouped, a component's write result (an ``UnreadVariable``) is read into its new value,

@@ -40,7 +40,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from types import FrameType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from towerdist._src import replica_timeouts, waiting
 from towerdist._src.errors import DeadlineExceededError, ReplicaStallWarning
@@ -314,7 +314,7 @@ def _user_stacklevel() -> int:
     return level
 
 
-def name_of(fn: Any) -> str:
+def name_of(fn: object) -> str:
     """A function's qualified name, for messages."""
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 

@@ -23,6 +23,7 @@ from towerdist._src import context
 from towerdist._src import device as device_lib
 from towerdist._src.device import DeviceSpec
 from towerdist._src.operators import ArrayOperators
+from towerdist._src.type_aliases import DTypeLike, HostArray, TensorLike
 
 __all__ = ["DistributedValues", "Mirrored", "PerReplica"]
 
@@ -123,11 +124,11 @@ class PerReplica(DistributedValues[T]):
             )
         return self._values[replica_id]
 
-    def __array__(self, dtype: Any = None, copy: bool | None = None) -> Any:
+    def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> HostArray:
         return _to_numpy(self._local(), dtype, copy)
 
 
-def _to_numpy(value: Any, dtype: Any, copy: bool | None) -> Any:
+def _to_numpy(value: TensorLike, dtype: DTypeLike | None, copy: bool | None) -> HostArray:
     """``value`` as a numpy array, honouring numpy 2's ``copy`` argument of ``__array__``."""
     if copy:
         return np.array(value, dtype=dtype, copy=True)
@@ -152,7 +153,7 @@ class Mirrored(ArrayOperators, DistributedValues[T]):
             raise AttributeError(name)
         return getattr(self._get(), name)
 
-    def __array__(self, dtype: Any = None, copy: bool | None = None) -> Any:
+    def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> HostArray:
         return _to_numpy(self._get(), dtype, copy)
 
     # == and hash stay by identity, as for TensorFlow's Mirrored: results are regrouped and

@@ -15,7 +15,7 @@ class PerReplicaSpec:
 
     __slots__ = ("_value_specs",)
 
-    def __init__(self, *value_specs: Any) -> None:
+    def __init__(self, *value_specs: object) -> None:  # TensorSpecs, compared and printed only
         self._value_specs = tuple(value_specs)
 
     @property

@@ -28,6 +28,7 @@ from towerdist._src import nest
 from towerdist._src.device import DeviceSpec
 from towerdist._src.errors import ValidationError
 from towerdist._src.failures import unworded
+from towerdist._src.type_aliases import Nest
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 
 __all__ = ["local_results", "regroup", "select_replica", "split_for_replicas", "value_container"]
@@ -38,11 +39,11 @@ __all__ = ["local_results", "regroup", "select_replica", "split_for_replicas", "
 _CONTAINERS = (list, tuple, dict, collections.deque)
 
 
-def _is_split(leaf: Any) -> bool:
+def _is_split(leaf: object) -> bool:
     return isinstance(leaf, DistributedValues) and not leaf._is_distributed_variable
 
 
-def select_replica(replica_id: int, structure: Any) -> Any:
+def select_replica(replica_id: int, structure: Nest) -> Nest:
     """``structure`` with each PerReplica/Mirrored leaf replaced by component ``replica_id``."""
     if _is_split(structure):
         return structure._values[replica_id]
@@ -54,7 +55,7 @@ def select_replica(replica_id: int, structure: Any) -> Any:
     return nest.unflatten(spec, [leaf._values[replica_id] if _is_split(leaf) else leaf for leaf in leaves])
 
 
-def split_for_replicas(structure: Any, num_replicas: int, name: str) -> list[Any]:
+def split_for_replicas(structure: Nest, num_replicas: int, name: str) -> list[Nest]:
     """One version of ``structure`` (the argument called ``name``) per replica, as ``select_replica`` makes it.
 
     When no leaf is distributed, every replica gets ``structure`` itself.
@@ -94,7 +95,7 @@ def split_for_replicas(structure: Any, num_replicas: int, name: str) -> list[Any
 _PLAIN_LEAVES = (np.ndarray, np.generic, int, float, complex, str, bytes, type(None))
 
 
-def _is_plain_leaf(value: Any) -> bool:
+def _is_plain_leaf(value: object) -> bool:
     """A value every pytree registry treats as a leaf (a distributed value, an array, a scalar)."""
     return isinstance(value, (DistributedValues, *_PLAIN_LEAVES))
 
@@ -124,7 +125,7 @@ def _split_flat_tuple(args: tuple[Any, ...], num_replicas: int, name: str) -> li
     return per_replica
 
 
-def value_container(value: Any) -> Any:
+def value_container(value: object) -> object:
     """The distributed variable ``value`` is a component of, else ``value`` itself."""
     container = getattr(value, "_distributed_container", None)
     if container is not None:
@@ -140,7 +141,8 @@ def regroup(
     wrap_class: type[DistributedValues] = PerReplica,
     always_wrap: bool = False,
     what: str = "results",
-) -> Any:
+
+) -> Nest:
     """Merges one value per replica into one value (see the module docstring).
 
     Args:
@@ -180,7 +182,7 @@ def regroup(
     return nest.unflatten(spec0, merged)
 
 
-def _plain(value: Any) -> bool:
+def _plain(value: Nest) -> bool:
     """True for arrays, None, or a flat list/tuple of arrays (no variable component among them)."""
     kind = type(value)
     if kind is np.ndarray or value is None:
@@ -195,7 +197,7 @@ def _plain(value: Any) -> bool:
 
 def _regroup_leaf(
     leaves: list[Any], devices: Sequence[DeviceSpec] | None, wrap_class: type[DistributedValues], always_wrap: bool
-) -> Any:
+) -> Nest:
     first = leaves[0]
     # numpy hands out one interned object for each boolean scalar (np.True_, np.False_):
     # replicas that computed one got "the same object" without sharing anything, so it is
@@ -218,7 +220,7 @@ def _regroup_leaf(
     return wrap_class(leaves, devices)
 
 
-def local_results(value: Any, num_replicas: int) -> tuple[Any, ...]:
+def local_results(value: Nest, num_replicas: int) -> tuple[Any, ...]:
     """The per-replica parts of ``value`` (``experimental_local_results``).
 
     A distributed value gives its components; a nested structure gives one copy per
