@@ -844,9 +844,9 @@ class Optimizer:
         return f"{type(self).__name__}(name={self._name!r}, {config})"
 
 
-def _check_learning_rate(value: Any) -> LearningRate:
+def _check_learning_rate(value: object) -> LearningRate:
     if callable(value):
-        return value  # type: ignore[no-any-return]
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(float(value)) or value < 0:
         raise ValueError(
             f"Argument `learning_rate` should be a float >= 0, or a callable that takes the current step and returns "

@@ -201,6 +201,8 @@ class PlanCache:
         return coefficients
 
 
+# var: a td.Variable. Any, because a variable that is neither distributed nor aggregating is a
+# ResourceVariable, a fact of how variables are created that a checker cannot follow.
 def components(var: Any) -> tuple[ResourceVariable, ...]:
     """The single-device variables ``var`` is made of (itself for a plain variable)."""
     if isinstance(var, DistributedVariable):
