@@ -112,7 +112,12 @@ class StrategySeam(Protocol):
         """All-reduces checked values: ``columns[k][r]`` is value ``k`` of replica ``r``."""
 
     def _all_reduce_sparse(
-        self, reduce_op: ReduceOp, columns: list[list[TensorLike]], options: CommunicationOptions | None, *, collective: str
+        self,
+        reduce_op: ReduceOp,
+        columns: list[list[TensorLike]],
+        options: CommunicationOptions | None,
+        *,
+        collective: str,
     ) -> list[list[TensorLike]]:
         """All-reduces checked ``IndexedSlices``, as ``_all_reduce`` does arrays."""
 

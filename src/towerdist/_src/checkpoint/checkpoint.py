@@ -292,7 +292,9 @@ class Checkpoint:
         """
         return self._read(save_path, "Checkpoint.read()")
 
-    def _read(self, save_path: str | bytes | os.PathLike[Any] | None, api: str) -> CheckpointLoadStatus | InitializationOnlyStatus:
+    def _read(
+        self, save_path: str | bytes | os.PathLike[Any] | None, api: str
+    ) -> CheckpointLoadStatus | InitializationOnlyStatus:
         require_outside_run(api)
         if save_path is None:
             return InitializationOnlyStatus()

@@ -79,7 +79,12 @@ class Restore:
     """
 
     def __init__(
-        self, checkpoint: Checkpoint, prefix: str, entries: dict[str, Any], arrays: dict[str, np.ndarray], consumed: set[str]
+        self,
+        checkpoint: Checkpoint,
+        prefix: str,
+        entries: dict[str, Any],
+        arrays: dict[str, np.ndarray],
+        consumed: set[str],
     ) -> None:
         self.uid = next(_uids)
         self.prefix = prefix

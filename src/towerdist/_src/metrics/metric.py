@@ -221,7 +221,9 @@ class MeanMetricWrapper(Mean):
         self._fn = fn
         self._fn_kwargs = kwargs
 
-    def update_state(self, y_true: TensorLike, y_pred: TensorLike, sample_weight: TensorLike = None) -> None:  # type: ignore[override]
+    def update_state(  # type: ignore[override]
+        self, y_true: TensorLike, y_pred: TensorLike, sample_weight: TensorLike = None
+    ) -> None:
         xp, y_pred = _as_array(y_pred, None)
         _, y_true = _as_array(y_true, None)
         if y_true.shape[:1] != y_pred.shape[:1]:

@@ -60,7 +60,9 @@ class HostWindow:
     ``row(r, seq)`` where rank ``r`` wrote its own.
     """
 
-    def __init__(self, win: Win, segments: list[np.ndarray], rank: int, capacity: int, reads: int, rings: list[int]) -> None:
+    def __init__(
+        self, win: Win, segments: list[np.ndarray], rank: int, capacity: int, reads: int, rings: list[int]
+    ) -> None:
         self._win = win
         self._rank = rank
         self.capacity = capacity

@@ -78,7 +78,13 @@ class Adagrad(Optimizer):
         return {"lr": dtype.type(learning_rate), "epsilon": dtype.type(self._epsilon)}
 
     def _compute(
-        self, xp: ArrayModule, var: TensorLike, grad: TensorLike, slots: dict[str, TensorLike], coefficients: dict[str, Any], out: UpdateBuffers
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: TensorLike,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
     ) -> tuple[TensorLike, dict[str, TensorLike]]:
         accumulator = xp.multiply(grad, grad, out=out.out("accumulator", slots["accumulator"]))
         accumulator += slots["accumulator"]
@@ -89,7 +95,13 @@ class Adagrad(Optimizer):
         return xp.subtract(var, step, out=out.out("var", var)), {"accumulator": accumulator}
 
     def _compute_sparse(
-        self, xp: ArrayModule, var: TensorLike, grad: SparseRows, slots: dict[str, TensorLike], coefficients: dict[str, Any], out: UpdateBuffers
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: SparseRows,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
     ) -> tuple[TensorLike, dict[str, TensorLike]]:
         # Keras scatters both updates: only the gradient's rows change (the rest is copied).
         rows = grad.indices

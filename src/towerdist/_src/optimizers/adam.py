@@ -104,12 +104,24 @@ class Adam(Optimizer):
         }
 
     def _compute(
-        self, xp: ArrayModule, var: TensorLike, grad: TensorLike, slots: dict[str, TensorLike], coefficients: dict[str, Any], out: UpdateBuffers
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: TensorLike,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
     ) -> tuple[TensorLike, dict[str, TensorLike]]:
         return self._rule(xp, var, grad, None, slots, coefficients, out)
 
     def _compute_sparse(
-        self, xp: ArrayModule, var: TensorLike, grad: SparseRows, slots: dict[str, TensorLike], coefficients: dict[str, Any], out: UpdateBuffers
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: SparseRows,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
     ) -> tuple[TensorLike, dict[str, TensorLike]]:
         # Keras densifies the gradient (and the squares of its slices) into the moments'
         # dense update: every row of m and v decays, every row of the variable moves.

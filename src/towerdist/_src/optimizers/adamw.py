@@ -113,12 +113,24 @@ class AdamW(Adam):
         return coefficients
 
     def _compute(
-        self, xp: ArrayModule, var: TensorLike, grad: TensorLike, slots: dict[str, TensorLike], coefficients: dict[str, Any], out: UpdateBuffers
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: TensorLike,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
     ) -> tuple[TensorLike, dict[str, TensorLike]]:
         return self._rule(xp, self._decayed(xp, var, coefficients, out), grad, None, slots, coefficients, out)
 
     def _compute_sparse(
-        self, xp: ArrayModule, var: TensorLike, grad: SparseRows, slots: dict[str, TensorLike], coefficients: dict[str, Any], out: UpdateBuffers
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: SparseRows,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
     ) -> tuple[TensorLike, dict[str, TensorLike]]:
         return super()._compute_sparse(xp, self._decayed(xp, var, coefficients, out), grad, slots, coefficients, out)
 

@@ -111,7 +111,13 @@ class RMSprop(Optimizer):
         }
 
     def _compute(
-        self, xp: ArrayModule, var: TensorLike, grad: TensorLike, slots: dict[str, TensorLike], coefficients: dict[str, Any], out: UpdateBuffers
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: TensorLike,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
     ) -> tuple[TensorLike, dict[str, TensorLike]]:
         square = xp.multiply(grad, grad, out=out.scratch("square", var))
         new_slots = self._averages(xp, var, grad, square, slots, coefficients, out)
@@ -121,7 +127,13 @@ class RMSprop(Optimizer):
         return self._step(xp, var, increment, slots, coefficients, out, new_slots)
 
     def _compute_sparse(
-        self, xp: ArrayModule, var: TensorLike, grad: SparseRows, slots: dict[str, TensorLike], coefficients: dict[str, Any], out: UpdateBuffers
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: SparseRows,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
     ) -> tuple[TensorLike, dict[str, TensorLike]]:
         # Keras decays the averages on every row (a dense sum with the scattered slices);
         # the increment exists on the gradient's rows only.
@@ -129,7 +141,9 @@ class RMSprop(Optimizer):
         dense = grad.dense(xp, var, out.scratch("dense_grad", var)) if self._centered else None
         square = grad.dense_squares(xp, var, out.scratch("square", var))
         new_slots = self._averages(xp, var, dense, square, slots, coefficients, out)
-        gathered: dict[str, TensorLike] = {name: new_slots[name][rows] for name in ("velocity", "average_gradient") if name in new_slots}
+        gathered: dict[str, TensorLike] = {
+            name: new_slots[name][rows] for name in ("velocity", "average_gradient") if name in new_slots
+        }
         denominator = self._denominator(xp, gathered, coefficients, None)
         increment = grad.values * coefficients["lr"]
         increment /= xp.sqrt(denominator)

@@ -68,7 +68,13 @@ class SGD(Optimizer):
         return {"lr": dtype.type(learning_rate), "momentum": dtype.type(self._momentum)}
 
     def _compute(
-        self, xp: ArrayModule, var: TensorLike, grad: TensorLike, slots: dict[str, TensorLike], coefficients: dict[str, Any], out: UpdateBuffers
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: TensorLike,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
     ) -> tuple[TensorLike, dict[str, TensorLike]]:
         lr = coefficients["lr"]
         if not self._momentum:
@@ -87,7 +93,13 @@ class SGD(Optimizer):
         return xp.add(var, m, out=out.out("var", var)), {"momentum": m}
 
     def _compute_sparse(
-        self, xp: ArrayModule, var: TensorLike, grad: SparseRows, slots: dict[str, TensorLike], coefficients: dict[str, Any], out: UpdateBuffers
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: SparseRows,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
     ) -> tuple[TensorLike, dict[str, TensorLike]]:
         if self._momentum:  # Keras densifies the gradient into the momentum, which decays on every row
             return super()._compute_sparse(xp, var, grad, slots, coefficients, out)
