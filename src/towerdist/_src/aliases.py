@@ -175,7 +175,8 @@ class _OldMember:
     def __set_name__(self, owner: type, name: str) -> None:
         self._name = name
 
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+    # Any: the old member is whatever its target is (a value, a method, a property's value).
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
         alias = self._alias
         target = alias.target
         if alias.kind == "value":
@@ -188,7 +189,7 @@ class _OldMember:
             return target(instance)
         return target.__get__(instance, owner)
 
-    def __set__(self, instance: Any, value: Any) -> None:
+    def __set__(self, instance: object, value: object) -> None:
         _read_only(self._alias.old, self._alias.new)(instance, value)
 
 
@@ -235,7 +236,7 @@ def old_name(new: str, *, since: str) -> Callable[[_F], _F]:
 
     def decorate(fn: _F) -> _F:
         @functools.wraps(fn)
-        def warned(*args: Any, **kwargs: Any) -> Any:
+        def warned(*args: object, **kwargs: object) -> object:
             alias = _MARKED.get(warned)
             if alias is None:
                 raise TypeError(
@@ -279,8 +280,8 @@ def has_old_names(owner: str) -> Callable[[_C], _C]:
     return register
 
 
-def _read_only(old: str, new: str) -> Callable[[Any, Any], None]:
-    def refuse(instance: Any, value: Any) -> None:
+def _read_only(old: str, new: str) -> Callable[[object, object], None]:
+    def refuse(instance: object, value: object) -> None:
         raise AttributeError(f"{old} is read-only (a deprecated name of {new}).")
 
     return refuse

@@ -215,7 +215,7 @@ def _gpu_count() -> int:
     return cupy_backend.device_count()
 
 
-def _check_type(device_type: Any) -> str | None:
+def _check_type(device_type: object) -> str | None:
     if device_type is None:
         return None
     if not isinstance(device_type, str) or device_type.upper() not in device_lib.DEVICE_TYPES:

@@ -74,7 +74,7 @@ HOST = DeviceSpec()
 """The host CPU (``/job:localhost/replica:0/task:0/device:CPU:0``), where numpy arrays live."""
 
 
-def parse(spec: Any) -> DeviceSpec:
+def parse(spec: DeviceLike) -> DeviceSpec:
     """Parses a device given as a string, a ``DeviceSpec`` or a logical-device object.
 
     Missing fields take their defaults (job ``localhost``, replica 0, task 0, type CPU,
@@ -146,7 +146,7 @@ def join_cluster(job: str, task: int) -> None:
     _process_task = (job, int(task))
 
 
-def canonicalize(spec: Any) -> str:
+def canonicalize(spec: DeviceLike) -> str:
     """Returns the canonical device string of ``spec`` (see :func:`parse`)."""
     return parse(spec).name
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 bool = np.dtype(np.bool_)  # noqa: A001  (TensorFlow's name)
 int8 = np.dtype(np.int8)
@@ -33,7 +34,7 @@ _NAMES = {"string": string, "half": half, "double": double, "bool": bool}
 _UNSUPPORTED = ("bfloat16", "qint8", "qint16", "qint32", "quint8", "quint16", "resource", "variant")
 
 
-def as_dtype(type_value: Any) -> np.dtype[Any]:
+def as_dtype(type_value: DTypeLike | None) -> np.dtype[Any]:
     """The dtype ``type_value`` names (``tf.as_dtype``): a dtype, a numpy type, a name, ``float`` or ``bool``.
 
     As in TensorFlow 2.21: ``float`` is float32, ``object`` is string, names are TensorFlow's
@@ -63,7 +64,7 @@ def as_dtype(type_value: Any) -> np.dtype[Any]:
     )
 
 
-def python_dtype(array: np.ndarray) -> Any:
+def python_dtype(array: np.ndarray) -> DTypeLike:
     """TensorFlow's dtype for an array built from Python values (float64 -> float32, ...)."""
     if array.dtype == np.float64:
         return np.float32

@@ -145,7 +145,12 @@ class OpError(Exception):
     _code: ClassVar[int | None] = None  # a subclass's fixed error code; OpError takes it as an argument
 
     def __init__(
-        self, node_def: Any = None, op: Any = None, message: str | None = None, *args: Any, **details: Any
+        self,
+        node_def: object = None,
+        op: object = None,
+        message: str | None = None,
+        *args: Any,  # TensorFlow's (error_code, payloads): read as int and dict at run time
+        **details: Any,  # attributes of the error (e.g. path=...): whatever the raiser attaches
     ) -> None:
         if message is None and op is None and isinstance(node_def, str):
             node_def, message = None, node_def  # towerdist's form: OpError("message", **details)
@@ -171,12 +176,12 @@ class OpError(Exception):
         return self._message
 
     @property
-    def op(self) -> Any:
+    def op(self) -> object:
         """The operation that failed: ``None`` (towerdist runs no graph operations)."""
         return self._op
 
     @property
-    def node_def(self) -> Any:
+    def node_def(self) -> object:
         """The failed operation's ``NodeDef``: ``None`` (towerdist has no graphs)."""
         return self._node_def
 

@@ -19,9 +19,12 @@ import glob as glob_lib
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 from towerdist._src import errors
+
+# What td.io.gfile accepts as a path, as os.fspath does (checked at run time by as_path).
+PathLike: TypeAlias = "str | bytes | os.PathLike[str] | os.PathLike[bytes]"
 
 __all__ = [
     "FileStatistics",
@@ -57,7 +60,7 @@ _CLASS_OF_ERRNO: dict[int, type[errors.OpError]] = {
 }
 
 
-def as_path(path: Any) -> str:
+def as_path(path: PathLike) -> str:
     try:
         return os.fsdecode(os.fspath(path))
     except TypeError:
@@ -71,7 +74,7 @@ def op_error(error: OSError, what: str, path: str) -> errors.OpError:
     return cls(f"{what} {path}: {error.strerror or error}", path=path)
 
 
-def exists(path: Any) -> bool:
+def exists(path: PathLike) -> bool:
     """True if ``path`` exists (a file, a directory, or anything else).
 
     Args:
@@ -80,12 +83,12 @@ def exists(path: Any) -> bool:
     return os.path.exists(as_path(path))
 
 
-def isdir(path: Any) -> bool:
+def isdir(path: PathLike) -> bool:
     """True if ``path`` is a directory."""
     return os.path.isdir(as_path(path))
 
 
-def listdir(path: Any) -> list[str]:
+def listdir(path: PathLike) -> list[str]:
     """The names of the entries of the directory ``path`` (in no particular order, as TensorFlow's).
 
     Raises:
@@ -104,12 +107,12 @@ def listdir(path: Any) -> list[str]:
         raise op_error(error, "td.io.gfile.listdir() could not list", where) from error
 
 
-def glob(pattern: Any) -> list[str]:
+def glob(pattern: PathLike) -> list[str]:
     """The paths that match ``pattern`` (``*``, ``?`` and ``[...]`` as in ``fnmatch``), sorted; [] if none."""
     return sorted(glob_lib.glob(as_path(pattern)))
 
 
-def makedirs(path: Any) -> None:
+def makedirs(path: PathLike) -> None:
     """Creates the directory ``path`` and every missing parent; nothing to do if it exists.
 
     Raises:
@@ -123,7 +126,7 @@ def makedirs(path: Any) -> None:
         raise op_error(error, "td.io.gfile.makedirs() could not create", where) from error
 
 
-def remove(path: Any) -> None:
+def remove(path: PathLike) -> None:
     """Deletes the file ``path``.
 
     Raises:
@@ -139,7 +142,7 @@ def remove(path: Any) -> None:
         raise op_error(error, "td.io.gfile.remove() could not delete", where) from error
 
 
-def rmtree(path: Any) -> None:
+def rmtree(path: PathLike) -> None:
     """Deletes the directory ``path`` and everything in it.
 
     Raises:
@@ -157,7 +160,7 @@ def rmtree(path: Any) -> None:
         raise op_error(error, "td.io.gfile.rmtree() could not delete", where) from error
 
 
-def mkdir(path: Any) -> None:
+def mkdir(path: PathLike) -> None:
     """Creates the directory ``path``, whose parent must exist; nothing to do if it exists (as TensorFlow 2.21).
 
     Raises:
@@ -172,7 +175,7 @@ def mkdir(path: Any) -> None:
         raise op_error(error, "td.io.gfile.mkdir() could not create", where) from error
 
 
-def rename(oldname: Any, newname: Any, overwrite: bool = False) -> None:
+def rename(oldname: PathLike, newname: PathLike, overwrite: bool = False) -> None:
     """Renames (moves) the file or directory ``oldname`` to ``newname``.
 
     Raises:
@@ -187,7 +190,7 @@ def rename(oldname: Any, newname: Any, overwrite: bool = False) -> None:
         raise op_error(error, f"td.io.gfile.rename() could not rename {old} to", new) from error
 
 
-def copy(oldpath: Any, newpath: Any, overwrite: bool = False) -> None:
+def copy(oldpath: PathLike, newpath: PathLike, overwrite: bool = False) -> None:
     """Copies the file ``oldpath`` to ``newpath``.
 
     Raises:
@@ -217,7 +220,7 @@ def _refuse_existing(path: str, overwrite: bool, api: str) -> None:
         )
 
 
-def join(path: Any, *paths: Any) -> str:
+def join(path: PathLike, *paths: PathLike) -> str:
     """``path`` and ``paths`` joined with ``/`` (``os.path.join``)."""
     return os.path.join(as_path(path), *(as_path(p) for p in paths))
 
@@ -230,7 +233,7 @@ class FileStatistics(NamedTuple):
     is_directory: bool
 
 
-def stat(path: Any) -> FileStatistics:
+def stat(path: PathLike) -> FileStatistics:
     """The size, modification time (ns) and kind of ``path``.
 
     Raises:
@@ -245,7 +248,7 @@ def stat(path: Any) -> FileStatistics:
 
 
 def walk(
-    top: Any, topdown: bool = True, onerror: Callable[[errors.OpError], Any] | None = None
+    top: PathLike, topdown: bool = True, onerror: Callable[[errors.OpError], Any] | None = None
 ) -> Iterator[tuple[str, list[str], list[str]]]:
     """``(directory, subdirectories, files)`` for ``top`` and every directory below it (nothing if ``top`` is missing).
 

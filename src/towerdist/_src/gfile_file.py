@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from towerdist._src import errors
-from towerdist._src.gfile import as_path, op_error
+from towerdist._src.gfile import PathLike, as_path, op_error
 
 __all__ = ["GFile"]
 
@@ -38,7 +38,7 @@ class GFile:
       'hello\\n'
     """
 
-    def __init__(self, name: Any, mode: str = "r") -> None:
+    def __init__(self, name: PathLike, mode: str = "r") -> None:
         path = as_path(name)
         if not isinstance(mode, str) or mode.replace("b", "", 1) not in _MODES:
             raise errors.InvalidArgumentError(
@@ -90,7 +90,7 @@ class GFile:
 
     # --- writing -----------------------------------------------------------------------------
 
-    def write(self, file_content: Any) -> None:
+    def write(self, file_content: str | bytes | bytearray | memoryview) -> None:
         """Writes ``file_content`` (``str``, encoded as UTF-8, or ``bytes``), creating the file on the first write.
 
         Raises:
@@ -155,6 +155,7 @@ class GFile:
 
     # --- helpers -------------------------------------------------------------------------------
 
+    # str or bytes, as the mode says: Any, so that callers use either without a cast (as TF's GFile).
     def _decode(self, data: bytes) -> Any:
         return data if self._binary else data.decode("utf-8")
 

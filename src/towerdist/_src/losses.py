@@ -9,19 +9,22 @@ that with TensorFlow's exact rules (dtype, rank checks, sample-weight broadcasti
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from types import ModuleType
 
 import numpy as np
 
 from towerdist._src import backend, context
 from towerdist._src.array_ops import as_array
 from towerdist._src.errors import InvalidArgumentError
+from towerdist._src.type_aliases import TensorLike
 from towerdist._src.variables.variable import Variable
 
 __all__ = ["compute_average_loss", "scale_regularization_loss"]
 
 
-def compute_average_loss(per_example_loss: Any, sample_weight: Any = None, global_batch_size: Any = None) -> Any:
+def compute_average_loss(
+    per_example_loss: TensorLike, sample_weight: TensorLike = None, global_batch_size: TensorLike = None
+) -> TensorLike:
     """Returns the sum of ``per_example_loss`` (times ``sample_weight``) over the global batch size.
 
     Call it in a replica context (inside ``strategy.run``) or with no strategy. Summing the
@@ -77,7 +80,7 @@ def compute_average_loss(per_example_loss: Any, sample_weight: Any = None, globa
         return xp.asarray(xp.true_divide(total, batch), dtype=result_dtype)
 
 
-def scale_regularization_loss(regularization_loss: Any) -> Any:
+def scale_regularization_loss(regularization_loss: TensorLike) -> TensorLike:
     """Returns the sum of ``regularization_loss`` divided by ``num_replicas_in_sync``.
 
     Every replica adds the same regularization term to its loss; after the gradient SUM
@@ -100,7 +103,7 @@ def scale_regularization_loss(regularization_loss: Any) -> Any:
         return xp.asarray(xp.true_divide(total, context.get_strategy().num_replicas_in_sync), dtype=result_dtype)
 
 
-def _as_array(value: Any) -> Any:
+def _as_array(value: TensorLike) -> TensorLike:
     if isinstance(value, Variable):
         return value.value()
     if backend.is_array(value):
@@ -108,7 +111,7 @@ def _as_array(value: Any) -> Any:
     return as_array(value)
 
 
-def _scale_by_sample_weight(losses: Any, weights: Any, impl: Any) -> Any:
+def _scale_by_sample_weight(losses: TensorLike, weights: TensorLike, impl: ModuleType) -> TensorLike:
     # TensorFlow computes weighted losses in float32 whatever the loss dtype; so do we.
     losses = losses.astype(np.float32, copy=False)
     weights = impl.to_device(weights, None).astype(np.float32, copy=False)
@@ -127,7 +130,7 @@ def _scale_by_sample_weight(losses: Any, weights: Any, impl: Any) -> Any:
     return losses * weights
 
 
-def _check_global_batch_size(value: Any) -> int:
+def _check_global_batch_size(value: TensorLike) -> int:
     array = np.asarray(value)
     if array.ndim != 0:
         raise ValueError(f"global_batch_size must be scalar. Got global_batch_size={value!r} with shape {array.shape}.")

@@ -72,7 +72,7 @@ class Module:
         """Every module nested in this one (not this one itself), each once, in TensorFlow's order."""
         return tuple(m for m in _flatten(self, {id(self)}) if isinstance(m, Module))
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         """Sets the attribute; a variable, module or iterator in ``value`` takes a saved value waiting for it.
 
         A ``td.train.Checkpoint`` restored before this module had the attribute keeps the
@@ -103,7 +103,7 @@ def _attributes(module: Module) -> list[tuple[str, Any]]:
     return sorted((k, v) for k, v in vars(module).items() if k != "_module_name")
 
 
-def _tracks(value: Any) -> bool:
+def _tracks(value: object) -> bool:
     """True if ``value`` is, or contains, something a module tracks."""
     if isinstance(value, (Variable, Module)):
         return True
@@ -133,7 +133,7 @@ def _flatten(module: Module, seen: set[int]) -> Iterator[Any]:
         yield from _flatten(submodule, seen)
 
 
-def _leaves(value: Any) -> Iterator[Any]:
+def _leaves(value: object) -> Iterator[Variable | Module]:
     """The variables and modules in ``value`` (itself, or nested in lists, tuples and dicts)."""
     if isinstance(value, (Variable, Module)):
         yield value

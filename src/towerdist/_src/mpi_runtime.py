@@ -25,8 +25,7 @@ import sys
 import threading
 import time
 from traceback import format_exception
-from types import TracebackType
-from typing import Any
+from types import ModuleType, TracebackType
 
 from towerdist._src.errors import MissingDependencyError
 
@@ -63,7 +62,7 @@ class World:
     they never match a user's own MPI calls.
     """
 
-    def __init__(self, mpi: Any) -> None:
+    def __init__(self, mpi: ModuleType) -> None:
         self.MPI = mpi
         self.rank: int = mpi.COMM_WORLD.Get_rank()
         self.size: int = mpi.COMM_WORLD.Get_size()

@@ -48,7 +48,7 @@ class CommunicationOptions:
         self,
         bytes_per_pack: int = 0,
         timeout_seconds: float | None = None,
-        implementation: Any = CommunicationImplementation.AUTO,
+        implementation: CommunicationImplementation | str = CommunicationImplementation.AUTO,
     ) -> None:
         if not isinstance(bytes_per_pack, int) or isinstance(bytes_per_pack, bool) or bytes_per_pack < 0:
             raise ValueError(f"Argument `bytes_per_pack` must be >=0, Received {bytes_per_pack}.")

@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeAlias
 
 from towerdist._src import mpi_runtime
 from towerdist._src.atomic_file import AtomicFile
@@ -56,6 +56,9 @@ from towerdist._src.errors import (
 )
 
 __all__ = ["Span", "Trace", "active", "name_replica_thread", "now", "start", "stop", "trace_path"]
+
+# What an event's arguments become in the trace file (strict JSON).
+JsonValue: TypeAlias = "None | bool | int | float | str | list[JsonValue] | dict[str, JsonValue]"
 
 active: bool = False
 """Whether a profiler is running (read by every instrumented place before doing anything)."""
@@ -73,7 +76,7 @@ _origin_wall_us = 0.0  # the wall clock at start, for lining up the files of sev
 now: Callable[[], int] = time.perf_counter_ns
 
 
-def start(logdir: str | os.PathLike[str], options: Any = None) -> None:
+def start(logdir: str | os.PathLike[str], options: object = None) -> None:
     """Starts recording a timeline to be written under ``logdir`` by :func:`stop`.
 
     Args:
@@ -213,7 +216,7 @@ def trace_path(logdir: str | os.PathLike[str], rank: int | None = None) -> str:
     return os.path.join(os.fspath(logdir), f"{socket.gethostname()}_{os.getpid()}{suffix}.trace.json")
 
 
-def name_replica_thread(replica: int, device: Any) -> None:
+def name_replica_thread(replica: int, device: object) -> None:
     """Names the current thread's track ``replica i (device)``.
 
     The caller of ``strategy.run`` runs replica 0 itself: its track keeps its name and adds
@@ -274,10 +277,10 @@ class Trace(Span):
         ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, so that the file stays strict JSON.
     """
 
-    def __init__(self, name: str, **kwargs: Any) -> None:
+    def __init__(self, name: str, **kwargs: object) -> None:
         super().__init__(name, dict(kwargs) if kwargs else None)
 
-    def set_metadata(self, **kwargs: Any) -> None:
+    def set_metadata(self, **kwargs: object) -> None:
         """Adds arguments to the event (before it ends)."""
         self.args = {**(self.args or {}), **kwargs}
 
@@ -340,7 +343,7 @@ def _document(
     }
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> JsonValue:
     """``value`` as strict JSON: non-finite floats as ``"NaN"``/``"Infinity"``/``"-Infinity"``."""
     if value is None or isinstance(value, (bool, str)):
         return value
@@ -358,7 +361,7 @@ def _jsonable(value: Any) -> Any:
     return _text(value)
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     """``str(value)``, or a placeholder when that fails (a bad ``__str__`` must not lose the trace)."""
     try:
         return str(value)

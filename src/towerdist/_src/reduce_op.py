@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-from typing import Any
 
 from towerdist._src.variable_enums import VariableAggregation
 
@@ -53,7 +52,7 @@ _BY_STRING = {
 }
 
 
-def parse_reduce_op(reduce_op: Any, api: str) -> ReduceOp:
+def parse_reduce_op(reduce_op: object, api: str) -> ReduceOp:
     """Returns ``reduce_op`` as a ReduceOp; strings are matched case-insensitively.
 
     ``VariableAggregation.SUM``/``MEAN`` are accepted too (TF 1.x-era optimizer code

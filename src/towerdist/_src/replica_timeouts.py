@@ -11,12 +11,11 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from typing import Any
 
 __all__ = ["bounds", "get_replica_timeouts", "set_replica_timeouts"]
 
 
-def _seconds(value: Any, name: str, where: str) -> float | None:
+def _seconds(value: object, name: str, where: str) -> float | None:
     """A bound in seconds: a number > 0; None or infinity mean "never"."""
     if value is None:
         return None

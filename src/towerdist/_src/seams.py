@@ -8,8 +8,8 @@ because the objects are the user's too: a ``td.Variable``, a ``StrategyExtended`
 names without one (several of these are TensorFlow's own extension points, which a user's
 TF-style subclass overrides: ``_reduce_to``, ``_call_for_each_replica``, ``_create_variable``).
 
-Each protocol says who implements it and who uses it. A value typed ``Any`` here is a nest of
-arrays or distributed values of the user's (``type_aliases.Nest``).
+Each protocol says who implements it and who uses it. A value typed ``TensorLike`` or ``Nest``
+here is an array, a distributed value, or a nest of them, of the user's (``type_aliases``).
 
 See ``docs/contributing.md`` ("Seams").
 """
@@ -17,14 +17,26 @@ See ``docs/contributing.md`` ("Seams").
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from towerdist._src.reduce_op import ReduceOp
+from towerdist._src.type_aliases import Destinations, MergeFn, Nest, ReplicaFn, TensorLike
 
 if TYPE_CHECKING:  # the implementations sit above this layer: only their types are named here
+    import numpy as np
+
+    from towerdist._src.cross_device_ops.base import CrossDeviceOps
+    from towerdist._src.data.cursor import Cursor, Saved
+    from towerdist._src.data.dataset import Dataset
+    from towerdist._src.data.optional import Optional
     from towerdist._src.device import DeviceSpec
     from towerdist._src.options import CommunicationOptions
+    from towerdist._src.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
+    from towerdist._src.strategies.replica_context import ReplicaContext
+    from towerdist._src.strategies.strategy import Strategy
     from towerdist._src.variables.creation import VariableSpec
+    from towerdist._src.variables.variable import ResourceVariable, Variable, WriteOp
 
 __all__ = [
     "CheckpointSeam",
@@ -46,6 +58,9 @@ __all__ = [
     "WordedErrorSeam",
 ]
 
+_Payload = TypeVar("_Payload")  # what one replica brings to an internal collective
+_Part = TypeVar("_Part")  # what it gets back
+
 
 class StrategySeam(Protocol):
     """What variables, optimizers, checkpoints and the TF 1.x dialect ask of ``strategy.extended``.
@@ -65,41 +80,51 @@ class StrategySeam(Protocol):
     def _worker_index(self) -> int:
         """This process's index among them."""
 
-    def _create_variable(self, spec: VariableSpec) -> Any:
+    def _create_variable(self, spec: VariableSpec) -> Variable:
         """Creates the variable ``spec`` describes in cross-replica context (TF's hook)."""
 
     def _reduce_to(
-        self, reduce_op: ReduceOp, value: Any, destinations: Any, options: CommunicationOptions | None, *,
+        self,
+        reduce_op: ReduceOp,
+        value: TensorLike,
+        destinations: Destinations,
+        options: CommunicationOptions | None,
+        *,
         collective: str,
-    ) -> Any:
+    ) -> TensorLike:
         """``reduce_to`` without its checks (TF's hook); ``collective`` names it to the other workers."""
 
-    def _reduce(self, reduce_op: ReduceOp, value: Any) -> Any:
+    def _reduce(self, reduce_op: ReduceOp, value: TensorLike) -> TensorLike:
         """The element-wise reduction of ``value`` across replicas onto the current device."""
 
-    def _gather_to(self, value: Any, destinations: Any, axis: Any, *, collective: str) -> Any:
+    def _gather_to(self, value: TensorLike, destinations: Destinations, axis: int, *, collective: str) -> TensorLike:
         """Concatenates the replicas' components along ``axis`` onto ``destinations``."""
 
     def _all_reduce(
         self,
         reduce_op: ReduceOp,
-        columns: list[list[Any]],
+        columns: list[list[TensorLike]],
         options: CommunicationOptions | None,
-        out: list[Any] | None = None,
+        out: list[TensorLike] | None = None,
         *,
         collective: str,
-    ) -> list[list[Any]]:
+    ) -> list[list[TensorLike]]:
         """All-reduces checked values: ``columns[k][r]`` is value ``k`` of replica ``r``."""
 
     def _all_reduce_sparse(
-        self, reduce_op: ReduceOp, columns: list[list[Any]], options: CommunicationOptions | None, *, collective: str
-    ) -> list[list[Any]]:
+        self,
+        reduce_op: ReduceOp,
+        columns: list[list[TensorLike]],
+        options: CommunicationOptions | None,
+        *,
+        collective: str,
+    ) -> list[list[TensorLike]]:
         """All-reduces checked ``IndexedSlices``, as ``_all_reduce`` does arrays."""
 
     def _sums_host_arrays_in_order(self) -> bool:
         """Whether ``_all_reduce(SUM)`` of small host arrays is their plain sum in replica order."""
 
-    def _first_replica_value(self, value: Any, collective: str) -> Any:
+    def _first_replica_value(self, value: Nest, collective: str) -> Nest:
         """``value`` as the first replica of the job has it (broadcast from worker 0's)."""
 
 
@@ -107,12 +132,12 @@ class MirroredSeam(StrategySeam, Protocol):
     """What the TF 1.x dialect and variables ask of a mirrored strategy's ``extended`` (``MirroredExtended``)."""
 
     @property
-    def _cross_device_ops(self) -> Any:
+    def _cross_device_ops(self) -> CrossDeviceOps:
         """The ``CrossDeviceOps`` the strategy reduces with."""
 
     def _call_for_each_replica(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], sequential: bool | None = None
-    ) -> Any:
+        self, fn: ReplicaFn, args: tuple[Any, ...], kwargs: dict[str, Any], sequential: bool | None = None
+    ) -> Nest:
         """Runs ``fn`` once per replica (TF's hook); ``sequential``: one replica at a time (TF 1.x), None: the default."""
 
 
@@ -120,14 +145,14 @@ class DefaultStrategySeam(Protocol):
     """What the context queries ask of the default strategy's ``extended`` (``strategies/default.py``)."""
 
     @property
-    def _default_replica_context(self) -> Any:
+    def _default_replica_context(self) -> ReplicaContext:
         """The replica context outside any strategy scope."""
 
 
 class MultiWorkerSeam(Protocol):
     """What the ``towerdist`` command asks of ``MultiWorkerMirroredStrategy`` (the class)."""
 
-    def _from_local_devices(self, devices: Sequence[str]) -> Any:
+    def _from_local_devices(self, devices: Sequence[str]) -> MultiWorkerMirroredStrategy:
         """A strategy over ``devices`` of this process, without a cluster resolver."""
 
 
@@ -138,7 +163,7 @@ class ReplicaSeam(Protocol):
     """
 
     @property
-    def _replica_id(self) -> Any:
+    def _replica_id(self) -> int | np.integer[Any]:
         """This replica's id in its sync group (an int, or a numpy integer)."""
 
     @property
@@ -146,17 +171,17 @@ class ReplicaSeam(Protocol):
         """The device this replica runs on (None: the default strategy's)."""
 
     def _merge_call(
-        self, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], api: str
-    ) -> Any:
+        self, merge_fn: MergeFn, args: tuple[Any, ...], kwargs: dict[str, Any], api: str
+    ) -> Nest:
         """``merge_call`` named ``api`` in its errors."""
 
     def _collective(
         self,
-        fn: Callable[[Any, list[Any]], list[Any]],
-        payload: Any,
+        fn: Callable[[Any, list[_Payload]], list[_Part]],
+        payload: _Payload,
         api: str,
         snapshot: Callable[[Any, int], tuple[Any, Any]] | None = None,
-    ) -> Any:
+    ) -> _Part:
         """Meets the other replicas; ``fn(strategy, payloads)`` gives each replica its part (see ``round_requests``)."""
 
 
@@ -177,14 +202,14 @@ class DistributedValuesSeam(Protocol):
 
     _is_distributed_variable: bool
 
-    def _get(self) -> Any:
+    def _get(self) -> TensorLike:
         """The component of the current replica (or the primary in cross-replica context)."""
 
 
 class PerReplicaSeam(DistributedValuesSeam, Protocol):
     """What variables and array helpers ask of a ``PerReplica``."""
 
-    def _local(self) -> Any:
+    def _local(self) -> TensorLike:
         """The component of the current replica; raises outside a replica context."""
 
 
@@ -196,27 +221,27 @@ class StorageSeam(Protocol):
     """
 
     @property
-    def _array(self) -> Any:
+    def _array(self) -> TensorLike:
         """The current value (a read-only numpy array on the host, a device array on a GPU)."""
 
     @property
-    def _impl(self) -> Any:
+    def _impl(self) -> ModuleType:
         """The array backend of the variable's device (``backend.for_device``)."""
 
     @property
     def _device(self) -> DeviceSpec:
         """The variable's device."""
 
-    def _adopt(self, array: Any) -> None:
+    def _adopt(self, array: TensorLike) -> None:
         """Makes ``array`` (of the variable's shape, dtype and device) its value, under its lock."""
 
-    def _adopt_moved(self, array: Any) -> None:
+    def _adopt_moved(self, array: TensorLike) -> None:
         """As ``_adopt``, for an array that may have to move to the variable's device first."""
 
-    def _share(self, array: Any, replacing: Any) -> bool:
+    def _share(self, array: TensorLike, replacing: TensorLike) -> bool:
         """Holds ``array`` instead of ``replacing`` (a view of the same memory) unless written meanwhile; whether it did."""
 
-    def _write(self, op: Any, value: Any, read_value: bool) -> Any:
+    def _write(self, op: WriteOp, value: TensorLike, read_value: bool) -> Any:
         """One write of the write protocol (``op``: ``"assign"``, ``"assign_add"``, ...)."""
 
 
@@ -224,27 +249,27 @@ class DistributedVariableSeam(Protocol):
     """What optimizers, strategies, checkpoints and array helpers ask of a distributed variable."""
 
     @property
-    def _components(self) -> tuple[Any, ...]:
+    def _components(self) -> tuple[ResourceVariable, ...]:
         """The single-device variables it is made of, in replica order."""
 
     @property
-    def _distribute_strategy(self) -> Any:
+    def _distribute_strategy(self) -> Strategy:
         """The strategy it was created under."""
 
-    def _read_cross_replica(self) -> Any:
+    def _read_cross_replica(self) -> TensorLike:
         """Its value as read in cross-replica context (aggregated for a sync-on-read variable)."""
 
-    def _write_cross_replica(self, op: Any, value: Any, read_value: bool) -> Any:
+    def _write_cross_replica(self, op: WriteOp, value: TensorLike, read_value: bool) -> Any:
         """One write in cross-replica context, to every component."""
 
-    def _towerdist_value(self) -> Any:
+    def _towerdist_value(self) -> TensorLike:
         """Its value in the current context (what converting it to an array gives; a plain variable's too)."""
 
 
 class IndexedSlicesSeam(Protocol):
     """What array helpers (``array_ops.as_array``) ask of an ``IndexedSlices``: its dense value."""
 
-    def _towerdist_dense(self) -> Any:
+    def _towerdist_dense(self) -> TensorLike:
         """The dense array it stands for, as TensorFlow converts an ``IndexedSlices``."""
 
 
@@ -258,7 +283,7 @@ class OptimizerSlotsSeam(Protocol):
 class CheckpointSeam(Protocol):
     """What the preemption handler asks of a ``Checkpoint``: to track a variable of its own."""
 
-    def _track(self, name: str, value: Any) -> None:
+    def _track(self, name: str, value: object) -> None:
         """Tracks ``value`` under ``name``, as a keyword argument of the constructor would."""
 
     def _tracked(self, name: str) -> Any:
@@ -272,10 +297,10 @@ class DatasetSeam(Protocol):
     """
 
     @property
-    def _inputs(self) -> tuple[Any, ...]:
+    def _inputs(self) -> tuple[Dataset, ...]:
         """The datasets this one reads (none for a source)."""
 
-    def _clone(self, inputs: tuple[Any, ...]) -> Any:
+    def _clone(self, inputs: tuple[Dataset, ...]) -> Dataset:
         """This operation over other ``inputs``."""
 
     def _reads_files(self) -> bool:
@@ -284,7 +309,7 @@ class DatasetSeam(Protocol):
     def _cardinality(self) -> int:
         """Its number of elements, or ``INFINITE``/``UNKNOWN``."""
 
-    def _cursor(self, saved: Any = None, may_continue: bool = False) -> Any:
+    def _cursor(self, saved: Saved | None = None, may_continue: bool = False) -> Cursor:
         """An iterator with a position that can be saved (restored from ``saved``)."""
 
     def _batch_rows(self) -> tuple[int | None, str | None]:
@@ -300,10 +325,10 @@ class ShardSeam(DatasetSeam, Protocol):
 class OptionalSeam(Protocol):
     """What distributed iterators ask of ``Optional`` (``data/optional.py``): values made when read."""
 
-    def _deferred(self, value: Any, make_spec: Callable[[], Any]) -> Any:
+    def _deferred(self, value: Nest, make_spec: Callable[[], Any]) -> Optional:
         """An ``Optional`` holding ``value`` whose element spec ``make_spec()`` gives when first read."""
 
-    def _deferred_empty(self, make_spec: Callable[[], Any]) -> Any:
+    def _deferred_empty(self, make_spec: Callable[[], Any]) -> Optional:
         """An empty ``Optional`` whose element spec ``make_spec()`` gives when first read."""
 
 
@@ -316,20 +341,15 @@ class WordedErrorSeam(Protocol):
 if TYPE_CHECKING:  # mypy proves that each implementation implements its seams (this never runs)
     from towerdist._src.checkpoint.checkpoint import Checkpoint
     from towerdist._src.cross_device_ops.collectives import UserOps
-    from towerdist._src.data.dataset import Dataset
-    from towerdist._src.data.optional import Optional
     from towerdist._src.data.transforms import ShardDataset
     from towerdist._src.errors import OpError
     from towerdist._src.indexed_slices import IndexedSlices
     from towerdist._src.optimizers.optimizer import Optimizer
     from towerdist._src.strategies.default import DefaultExtended
     from towerdist._src.strategies.mirrored import MirroredExtended
-    from towerdist._src.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
-    from towerdist._src.strategies.replica_context import ReplicaContext
     from towerdist._src.strategies.strategy_extended import StrategyExtended
     from towerdist._src.values.distributed_values import DistributedValues, PerReplica
     from towerdist._src.variables.distributed_variable import DistributedVariable
-    from towerdist._src.variables.variable import ResourceVariable
 
     def implementations(
         extended: StrategyExtended,

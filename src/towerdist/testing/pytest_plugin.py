@@ -68,7 +68,8 @@ from __future__ import annotations
 import functools
 import json
 import os
-from typing import Any
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
@@ -78,6 +79,9 @@ from towerdist._src import mpi_runtime
 from towerdist._src.backend import cupy_backend, simulation
 from towerdist._src.device import DeviceSpec
 from towerdist._src.testing.rank_agreement import AgreementError, RankAgreement
+
+if TYPE_CHECKING:
+    from pluggy import Result
 
 __all__ = ["mirrored_strategy_for", "pytest_addoption", "pytest_configure", "pytest_generate_tests"]
 
@@ -336,11 +340,12 @@ def _describe_differences(everyone: list[list[str]]) -> str:
 
 
 _AGREEMENT = pytest.StashKey[_MPIAgreement]()
+_T = TypeVar("_T")  # what broadcast_from_rank_0 hands back
 _BOUNDS = pytest.StashKey[tuple[float | None, float | None]]()
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_make_collect_report(collector: pytest.Collector) -> Any:
+def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Result[pytest.CollectReport], None]:
     """Under MPI, records this rank's collection errors, for the agreement after collection."""
     outcome = yield
     agreement = collector.config.stash.get(_AGREEMENT, None)
@@ -357,7 +362,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[Any]
+) -> Generator[None, Result[pytest.TestReport], None]:
     """Under MPI, every rank's outcome of each phase (setup, call, teardown) becomes the same."""
     outcome = yield
     agreement = item.config.stash.get(_AGREEMENT, None)
@@ -380,7 +387,7 @@ def replica_bounds(config: pytest.Config) -> tuple[float | None, float | None]:
     return config.stash[_BOUNDS]
 
 
-def broadcast_from_rank_0(config: pytest.Config, value: Any) -> Any:
+def broadcast_from_rank_0(config: pytest.Config, value: _T) -> _T:
     """Rank 0's ``value`` on every rank (under MPI; the value itself otherwise).
 
     Raises:

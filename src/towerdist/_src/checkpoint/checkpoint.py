@@ -55,7 +55,7 @@ class Checkpoint:
     context or with no strategy).
     """
 
-    def __init__(self, root: Any = None, **kwargs: Any) -> None:
+    def __init__(self, root: graph.Trackable | None = None, **kwargs: object) -> None:
         if root is not None and getattr(root, "_checkpoint_dependencies", None) is None:
             raise ValueError(
                 f"Checkpoint was expecting root to be a trackable object (a td.Module, optimizer, metric or "
@@ -94,7 +94,7 @@ class Checkpoint:
                 return found[name]
         raise AttributeError(f"'Checkpoint' object has no attribute {name!r}")
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         """Tracks a trackable object assigned after construction (as TensorFlow does); it takes a waiting value."""
         if name.startswith("_"):
             object.__setattr__(self, name, value)
@@ -142,7 +142,7 @@ class Checkpoint:
         """The object saved under ``name``, or None."""
         return dict(self._checkpoint_dependencies()).get(name)
 
-    def _track(self, name: str, value: Any) -> None:
+    def _track(self, name: str, value: object) -> None:
         """Saves ``value`` under ``name`` from now on (TensorFlow tracks attributes assigned after construction)."""
         if self._tracked(name) is not None or name == SAVE_COUNTER or not graph.is_trackable(value):
             raise ValueError(f"Checkpoint: cannot track {value!r} as {name!r}.")
@@ -292,7 +292,9 @@ class Checkpoint:
         """
         return self._read(save_path, "Checkpoint.read()")
 
-    def _read(self, save_path: Any, api: str) -> CheckpointLoadStatus | InitializationOnlyStatus:
+    def _read(
+        self, save_path: str | bytes | os.PathLike[Any] | None, api: str
+    ) -> CheckpointLoadStatus | InitializationOnlyStatus:
         require_outside_run(api)
         if save_path is None:
             return InitializationOnlyStatus()

@@ -36,13 +36,16 @@ import itertools
 import logging
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from towerdist._src.checkpoint import graph, restoring, saving
 from towerdist._src.checkpoint.saveable import is_saveable
 from towerdist._src.variables.variable import Variable
+
+if TYPE_CHECKING:  # checkpoint.py imports this module
+    from towerdist._src.checkpoint.checkpoint import Checkpoint
 
 __all__ = ["Restore", "attached", "waiting"]
 
@@ -76,7 +79,12 @@ class Restore:
     """
 
     def __init__(
-        self, checkpoint: Any, prefix: str, entries: dict[str, Any], arrays: dict[str, np.ndarray], consumed: set[str]
+        self,
+        checkpoint: Checkpoint,
+        prefix: str,
+        entries: dict[str, Any],
+        arrays: dict[str, np.ndarray],
+        consumed: set[str],
     ) -> None:
         self.uid = next(_uids)
         self.prefix = prefix
@@ -113,7 +121,7 @@ class Restore:
             return
         me = weakref.ref(self)
 
-        def gone(_: Any) -> None:
+        def gone(_: object) -> None:
             restore = me()
             if restore is not None and restore.objects() is None:
                 _waiting.discard(restore)
@@ -156,7 +164,7 @@ def waiting() -> int:
     return len(_waiting)
 
 
-def attached(owner: Any, value: Any) -> None:
+def attached(owner: object, value: object) -> None:
     """Hands waiting values to the objects that setting an attribute of ``owner`` to ``value`` made reachable.
 
     Costs a set lookup when no restore waits, or when ``value`` holds nothing a checkpoint
@@ -202,7 +210,7 @@ def catch_up(restores: list[Restore]) -> None:
         restore.consume(keys)
 
 
-def _holds_savable(value: Any) -> bool:
+def _holds_savable(value: object) -> bool:
     """Whether ``value`` is, or contains, something a checkpoint saves or walks into."""
     if isinstance(value, Variable) or hasattr(value, "_checkpoint_dependencies") or is_saveable(value):
         return True

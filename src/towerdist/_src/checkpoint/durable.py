@@ -15,11 +15,20 @@ import math
 import os
 import stat
 import time
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Protocol
 
 from towerdist._src.atomic_file import is_temporary
 
-__all__ = ["STALE_SECONDS", "HashingWriter", "stale", "sweep_temporaries"]
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer  # what io's streams write: bytes, bytearray, memoryview, arrays
+
+__all__ = ["STALE_SECONDS", "Digest", "HashingWriter", "stale", "sweep_temporaries"]
+
+
+class Digest(Protocol):
+    """A running hash, e.g. ``hashlib.sha256()``: what :class:`HashingWriter` feeds."""
+
+    def update(self, data: memoryview, /) -> None: ...
 
 # How long a temporary or unreferenced data file must have been left untouched before a
 # sweep removes it. A save in progress rewrites its temporary file continuously and then
@@ -30,7 +39,7 @@ STALE_SECONDS = 3600.0
 class HashingWriter(io.RawIOBase):
     """A write-only stream that hashes what passes through (``numpy.savez`` needs no seeking)."""
 
-    def __init__(self, stream: IO[bytes], digest: Any) -> None:
+    def __init__(self, stream: IO[bytes], digest: Digest) -> None:
         super().__init__()
         self._stream = stream
         self._digest = digest
@@ -39,7 +48,7 @@ class HashingWriter(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, data: Any) -> int:
+    def write(self, data: ReadableBuffer) -> int:
         view = memoryview(data)
         self._digest.update(view)
         self._stream.write(view)

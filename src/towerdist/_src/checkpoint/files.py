@@ -65,7 +65,7 @@ import re
 import time
 import zipfile
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -125,7 +125,7 @@ _VARIABLE_TEXT_FIELDS = ("variable", "class", "synchronization", "aggregation")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def as_path(value: Any, argument: str) -> str:
+def as_path(value: str | bytes | os.PathLike[Any], argument: str) -> str:
     """``value`` (a ``str``, ``bytes`` or ``os.PathLike``) as a ``str`` path (errors unworded)."""
     try:
         path = os.fspath(value)
@@ -489,7 +489,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid in a checkpoint index")
 
 

@@ -22,14 +22,22 @@ from __future__ import annotations
 
 import urllib.parse
 from collections import deque
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from towerdist._src.checkpoint.saveable import Saveable, is_saveable
 from towerdist._src.variables.variable import Variable
 
-__all__ = ["Graph", "SLOTS", "is_trackable", "walk"]
+__all__ = ["Graph", "SLOTS", "Trackable", "is_trackable", "walk"]
 
 SLOTS = ".slots"
+
+
+class Trackable(Protocol):
+    """An object a checkpoint walks into: a ``td.Module``, an optimizer, a metric, a ``Checkpoint``."""
+
+    def _checkpoint_dependencies(self) -> list[tuple[str, Any]]:
+        """Its named children, as TensorFlow's trackables list them."""
+        ...
 
 
 class Graph(NamedTuple):
@@ -42,7 +50,7 @@ class Graph(NamedTuple):
     visited: set[int]  # id() of every object reached (containers included)
 
 
-def is_trackable(value: Any) -> bool:
+def is_trackable(value: object) -> bool:
     """True for what a ``Checkpoint`` can hold: variables, saveables, trackable objects, lists and dicts."""
     return (
         isinstance(value, (Variable, list, tuple, dict))
@@ -108,7 +116,7 @@ def unescape(name: str) -> str:
     return urllib.parse.unquote(name)
 
 
-def _children(value: Any, path: str) -> list[tuple[str, Any]] | None:
+def _children(value: object, path: str) -> list[tuple[str, Any]] | None:
     if isinstance(value, (list, tuple)):
         return [(str(k), item) for k, item in enumerate(value) if is_trackable(item)]
     if isinstance(value, dict):

@@ -35,6 +35,7 @@ from towerdist._src.checkpoint import files, graph, restoring
 from towerdist._src.checkpoint.checkpoint import Checkpoint, require_outside_run, write_files
 from towerdist._src.failures import worded_at
 from towerdist._src.multi_worker import workers as workers_lib
+from towerdist._src.variables.variable import Variable
 
 __all__ = ["CheckpointManager", "latest_checkpoint", "record_latest"]
 
@@ -131,7 +132,7 @@ class CheckpointManager:
         max_to_keep: int | None,
         keep_checkpoint_every_n_hours: float | None = None,
         checkpoint_name: str = "ckpt",
-        step_counter: Any = None,
+        step_counter: Variable | None = None,
         checkpoint_interval: int | None = None,
         init_fn: Callable[[], Any] | None = None,
     ) -> None:
@@ -414,7 +415,7 @@ def _read_state(path: str) -> tuple[dict[str, Any] | None, str | None]:
     return (None, problem) if problem is not None else (state, None)
 
 
-def _state_problem(state: Any) -> str | None:
+def _state_problem(state: object) -> str | None:
     """What makes a parsed state file unusable, or None."""
     if not isinstance(state, dict):
         return f"it holds a JSON {type(state).__name__}, not an object"
@@ -436,7 +437,7 @@ def _state_problem(state: Any) -> str | None:
     return None
 
 
-def _is_time(value: Any) -> bool:
+def _is_time(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

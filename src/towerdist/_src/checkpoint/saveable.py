@@ -25,7 +25,7 @@ bytes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 __all__ = ["Saveable", "is_saveable"]
 
@@ -48,6 +48,6 @@ class Saveable(Protocol):
         ...
 
 
-def is_saveable(value: Any) -> bool:
+def is_saveable(value: object) -> bool:
     """True for an instance (not a class) that follows the :class:`Saveable` protocol."""
     return not isinstance(value, type) and isinstance(value, Saveable)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from towerdist._src.checkpoint import graph, saving
 from towerdist._src.checkpoint.deferred import Restore
@@ -115,7 +115,7 @@ class CheckpointLoadStatus:
         self._restore.expect_partial()
         return self
 
-    def run_restore_ops(self, session: Any = None) -> None:
+    def run_restore_ops(self, session: object = None) -> None:
         """Does nothing: restores happen eagerly (TensorFlow graph-mode compatibility)."""
         del session
 
@@ -139,6 +139,6 @@ class InitializationOnlyStatus:
         """Returns this status."""
         return self
 
-    def run_restore_ops(self, session: Any = None) -> None:
+    def run_restore_ops(self, session: object = None) -> None:
         """Does nothing."""
         del session

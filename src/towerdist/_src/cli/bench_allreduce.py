@@ -38,6 +38,7 @@ from towerdist._src.cli.progress import Progress
 from towerdist._src.cli.sizes import format_size
 from towerdist._src.cli.timing import Sampler, Summary
 from towerdist._src.context import get_replica_context
+from towerdist._src.type_aliases import HostArray, TensorLike
 from towerdist._src.version import __version__
 
 __all__ = ["DTYPES", "AllReduceCase", "bench_allreduce"]
@@ -53,14 +54,14 @@ _HEADER = (
 )
 
 
-def _all_reduce_step(x: Any) -> Any:
+def _all_reduce_step(x: TensorLike) -> TensorLike:
     context = get_replica_context()
     if context is None:  # strategy.run always has a replica context; a clear message if not
         raise CommandError("bench allreduce: the step ran outside a replica context.")
     return context.all_reduce("sum", x)
 
 
-def _to_host(value: Any) -> np.ndarray:
+def _to_host(value: TensorLike) -> HostArray:
     if cupy_backend.owns(value):
         return np.asarray(cupy_backend.xp.asnumpy(value))
     return np.asarray(value)

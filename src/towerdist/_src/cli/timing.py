@@ -18,7 +18,10 @@ import gc
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:  # mpi4py is optional: imported only under an MPI launcher
+    from mpi4py.MPI import Comm
 
 __all__ = ["Sampler", "Summary", "summarize"]
 
@@ -55,7 +58,7 @@ class Sampler:
       comm: an mpi4py communicator to synchronise every sample across (None: this process).
     """
 
-    def __init__(self, sample_ms: float, min_calls: int = 4, comm: Any = None) -> None:
+    def __init__(self, sample_ms: float, min_calls: int = 4, comm: Comm | None = None) -> None:
         self._sample_s = sample_ms * 1e-3
         self._min_calls = min_calls
         self._comm = comm

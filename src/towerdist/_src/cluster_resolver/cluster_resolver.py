@@ -10,7 +10,6 @@ resolver describes the same job (``cluster_resolver.mpi``).
 from __future__ import annotations
 
 import abc
-from typing import Any
 
 from towerdist._src import config
 from towerdist._src.cluster_resolver.cluster_spec import ClusterSpec
@@ -49,7 +48,7 @@ class ClusterResolver(abc.ABC):
         """The address of a task (this one unless ``task_type`` and ``task_id`` are given)."""
 
     def num_accelerators(
-        self, task_type: str | None = None, task_id: int | None = None, config_proto: Any = None
+        self, task_type: str | None = None, task_id: int | None = None, config_proto: object = None
     ) -> dict[str, int]:
         """Accelerators per worker by type, ``{"GPU": n}`` (``{}`` without any).
 

@@ -57,6 +57,8 @@ class ClusterSpec:
 
     _spec: dict[str, dict[int, str]]
 
+    # cluster: a ClusterSpec, a dict of job -> task addresses, or a ClusterDef (ours or TensorFlow's protocol
+    # buffer, which TensorFlow being optional leaves untyped): Any, checked below.
     def __init__(self, cluster: Any) -> None:
         spec: dict[str, dict[int, str]] = {}
         if isinstance(cluster, ClusterSpec):

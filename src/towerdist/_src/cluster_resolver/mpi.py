@@ -14,7 +14,6 @@ import os
 import sys
 import warnings
 from types import FrameType
-from typing import Any
 
 from towerdist._src import mpi_runtime
 from towerdist._src.cluster_resolver.cluster_resolver import ClusterResolver
@@ -68,7 +67,7 @@ class MPIClusterResolver(ClusterResolver):
         return f"MPIClusterResolver(task_type='worker', task_id={self.task_id}, num_workers={self._size})"
 
 
-def resolve_for_mpi(resolver: Any, rank: int, size: int) -> Any:
+def resolve_for_mpi(resolver: ClusterResolver | None, rank: int, size: int) -> ClusterResolver:
     """The resolver ``MultiWorkerMirroredStrategy`` reports on MPI rank ``rank`` of ``size``.
 
     None, or a resolver whose cluster is empty (``TFConfigClusterResolver`` without
@@ -186,7 +185,7 @@ def _user_stack_level() -> int:
     return level
 
 
-def _worker_index(spec: ClusterSpec, task_type: Any, task_id: Any) -> int | None:
+def _worker_index(spec: ClusterSpec, task_type: str | None, task_id: int | None) -> int | None:
     """The worker index of a task in TensorFlow's order (chief first), or None if it is no worker."""
     if task_type not in _WORKER_JOBS or task_type not in spec.jobs or task_id is None:
         return None

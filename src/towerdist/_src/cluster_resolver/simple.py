@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from towerdist._src.cluster_resolver.cluster_resolver import ClusterResolver, format_master_url
 from towerdist._src.cluster_resolver.cluster_spec import ClusterSpec
 
@@ -64,7 +62,7 @@ class SimpleClusterResolver(ClusterResolver):
         return format_master_url(master, rpc_layer or self._rpc_layer)
 
     def num_accelerators(
-        self, task_type: str | None = None, task_id: int | None = None, config_proto: Any = None
+        self, task_type: str | None = None, task_id: int | None = None, config_proto: object = None
     ) -> dict[str, int]:
         """The ``num_accelerators`` given to the constructor (``{}`` if None); the arguments are unused."""
         del task_type, task_id, config_proto

@@ -145,7 +145,7 @@ class TFConfigClusterResolver(ClusterResolver):
         )
 
     def num_accelerators(
-        self, task_type: str | None = None, task_id: int | None = None, config_proto: Any = None
+        self, task_type: str | None = None, task_id: int | None = None, config_proto: object = None
     ) -> dict[str, int]:
         """This process's accelerators, ``{"GPU": n}`` (``{}`` without GPUs)."""
         return super().num_accelerators(task_type, task_id, config_proto)

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from towerdist._src.cluster_resolver.cluster_resolver import ClusterResolver, format_master_url
 from towerdist._src.cluster_resolver.cluster_spec import ClusterSpec
 
-__all__ = ["UnionResolver"]
+__all__ = ["UnionOptions", "UnionResolver"]
+
+
+class UnionOptions(TypedDict, total=False):
+    """The keywords of ``UnionResolver`` (TensorFlow's ``**kwargs``): overrides of the first resolver's."""
+
+    task_type: str | None
+    task_id: int | None
+    rpc_layer: str | None
 
 
 class UnionResolver(ClusterResolver):
@@ -27,7 +35,7 @@ class UnionResolver(ClusterResolver):
       TypeError: an argument is not a ``ClusterResolver``.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: ClusterResolver, **kwargs: Unpack[UnionOptions]) -> None:
         self._rpc_layer = kwargs.pop("rpc_layer", None)
         self._task_type = kwargs.pop("task_type", None)
         self._task_id = kwargs.pop("task_id", None)
@@ -110,7 +118,7 @@ class UnionResolver(ClusterResolver):
         return self._cluster_resolvers[0].environment
 
     def num_accelerators(
-        self, task_type: str | None = None, task_id: int | None = None, config_proto: Any = None
+        self, task_type: str | None = None, task_id: int | None = None, config_proto: object = None
     ) -> dict[str, int]:
         """The first resolver's ``num_accelerators()``."""
         return self._cluster_resolvers[0].num_accelerators(task_type, task_id, config_proto)

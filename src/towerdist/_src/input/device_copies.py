@@ -36,6 +36,7 @@ from towerdist._src import backend, nest
 from towerdist._src.backend import cupy_backend, cupy_streams
 from towerdist._src.backend.pinned_staging import PinnedStaging
 from towerdist._src.device import DeviceSpec
+from towerdist._src.type_aliases import HostArray, Nest, TensorLike
 
 __all__ = ["DeviceCopier", "Placed", "follow_handed_out", "place_on_device"]
 
@@ -86,7 +87,7 @@ class DeviceCopier:
         self.handed_out: cupy_streams.Marks | None = None  # the marks of the latest step handed out
         _copiers.add(self)
 
-    def place(self, pieces: Sequence[Any], devices: Sequence[DeviceSpec], skip: Any) -> Placed:
+    def place(self, pieces: Sequence[Nest], devices: Sequence[DeviceSpec], skip: object) -> Placed:
         """Every piece but ``skip`` on its device (:func:`place_on_device`); GPU pieces through the
         staging buffers, on the copy streams."""
         gpus = sorted({d.device_index for p, d in zip(pieces, devices) if d.device_type == "GPU" and p is not skip})
@@ -119,7 +120,9 @@ class DeviceCopier:
         return Placed(placed, cupy_streams.Marks(threading.get_ident(), points), self)
 
 
-def place_on_device(piece: Any, device: DeviceSpec, upload: Callable[[np.ndarray], Any] | None = None) -> Any:
+def place_on_device(
+    piece: Nest, device: DeviceSpec, upload: Callable[[HostArray], TensorLike] | None = None
+) -> Nest:
     """``piece`` (a nest of arrays) with its numeric arrays on ``device``; host memory serves every CPU.
 
     ``upload``: how a numeric numpy array goes to the GPU (``device_copies`` passes its pinned
@@ -129,7 +132,7 @@ def place_on_device(piece: Any, device: DeviceSpec, upload: Callable[[np.ndarray
         return piece  # host memory serves every CPU device
     impl = backend.for_device(device)
 
-    def leaf_on_device(leaf: Any) -> Any:
+    def leaf_on_device(leaf: TensorLike) -> TensorLike:
         if _stays_on_host(leaf):
             return leaf
         if upload is not None and type(leaf) is np.ndarray:
@@ -139,7 +142,7 @@ def place_on_device(piece: Any, device: DeviceSpec, upload: Callable[[np.ndarray
     return nest.map_structure(leaf_on_device, piece)
 
 
-def _stays_on_host(leaf: Any) -> bool:
+def _stays_on_host(leaf: object) -> bool:
     """Strings, bytes, objects and datetimes stay in host memory (cupy holds numbers only), as in TensorFlow."""
     if isinstance(leaf, (bytes, str)):
         return True

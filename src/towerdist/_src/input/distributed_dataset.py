@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from towerdist._src import nest
 from towerdist._src.data import options as options_lib
@@ -31,7 +31,11 @@ from towerdist._src.input.foreign import IterableDataset, as_dataset
 from towerdist._src.input.input_context import InputContext, InputOptions
 from towerdist._src.input.resume import count, recut_problem
 from towerdist._src.input.split import _needs_batch, batch_sizes_for_worker, compute_batch_size, replica_spec
+from towerdist._src.type_aliases import Nest
 from towerdist._src.values.per_replica_spec import PerReplicaSpec
+
+if TYPE_CHECKING:  # named in annotations only
+    from towerdist._src.strategies.strategy import Strategy
 
 __all__ = ["DistributedDataset", "DistributedDatasetsFromFunction", "InputWorker"]
 
@@ -69,7 +73,7 @@ class InputWorker:
 class _DistributedInput:
     """What both kinds of distributed dataset share: iteration, specs, partial steps."""
 
-    def __init__(self, worker: InputWorker, strategy: Any, options: InputOptions | None) -> None:
+    def __init__(self, worker: InputWorker, strategy: Strategy, options: InputOptions | None) -> None:
         self._worker = worker
         self._strategy = strategy
         self._options = options or InputOptions()
@@ -94,7 +98,7 @@ class _DistributedInput:
         files or shard), "all" (each reads everything), "function" (each its dataset_fn's)."""
         raise NotImplementedError
 
-    def _replica_spec(self, probe: bool) -> Any:
+    def _replica_spec(self, probe: bool) -> Nest:
         """The spec of one replica's piece, or None when unknown."""
         raise NotImplementedError
 
@@ -115,7 +119,7 @@ class _DistributedInput:
         return self._worker.num_workers > 1 or not self._source_fully_defined()
 
     @property
-    def element_spec(self) -> Any:
+    def element_spec(self) -> Nest:
         """The structure of the elements with ``PerReplicaSpec`` (one spec per replica) as leaves.
 
         With one replica, the plain specs.
@@ -129,7 +133,7 @@ class _DistributedInput:
     def __iter__(self) -> DistributedIterator:
         return DistributedIterator(self)
 
-    def reduce(self, initial_state: Any, reduce_fn: Callable[[Any, Any], Any]) -> Any:
+    def reduce(self, initial_state: Nest, reduce_fn: Callable[[Nest, Nest], Nest]) -> Nest:
         """Folds the steps: ``state = reduce_fn(state, per_replica_element)`` from ``initial_state``.
 
         Example:
@@ -156,7 +160,7 @@ class DistributedDataset(_DistributedInput):
             strategy.run(step_fn, args=(batch,))
     """
 
-    def __init__(self, dataset: Any, worker: InputWorker, strategy: Any, options: InputOptions | None) -> None:
+    def __init__(self, dataset: object, worker: InputWorker, strategy: Strategy, options: InputOptions | None) -> None:
         super().__init__(worker, strategy, options)
         self._source = as_dataset(dataset)  # its errors are worded by experimental_distribute_dataset()
         n = worker.num_replicas_in_sync
@@ -190,7 +194,7 @@ class DistributedDataset(_DistributedInput):
         spec = self._sharded._spec(probe=True)
         return spec is not None and is_fully_defined(spec)
 
-    def _replica_spec(self, probe: bool) -> Any:
+    def _replica_spec(self, probe: bool) -> Nest:
         spec = self._sharded._spec(probe)  # (the shards this worker reads: a SHARD_HINT is filled in)
         if spec is None or self._worker.num_replicas_in_sync == 1:
             return spec
@@ -246,7 +250,7 @@ class DistributedDatasetsFromFunction(_DistributedInput):
         self,
         dataset_fn: Callable[[InputContext], Any],
         worker: InputWorker,
-        strategy: Any,
+        strategy: Strategy,
         options: InputOptions | None,
         per_replica: bool,
     ) -> None:
@@ -274,7 +278,7 @@ class DistributedDatasetsFromFunction(_DistributedInput):
         spec = self._datasets[0]._spec(probe=True)
         return spec is not None and is_fully_defined(spec)
 
-    def _replica_spec(self, probe: bool) -> Any:
+    def _replica_spec(self, probe: bool) -> Nest:
         spec = self._datasets[0]._spec(probe)
         if spec is None or self._worker.num_workers == 1:
             return spec

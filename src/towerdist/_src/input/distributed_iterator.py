@@ -56,11 +56,12 @@ from towerdist._src.input.device_copies import DeviceCopier, Placed, place_on_de
 from towerdist._src.input.feeds import MISSING, Feed, Step
 from towerdist._src.input.resume import choose_position
 from towerdist._src.input.split import dummy_like
+from towerdist._src.type_aliases import Nest
 from towerdist._src.values.per_replica_spec import PerReplicaSpec
 from towerdist._src.values.regroup import regroup
 
 if TYPE_CHECKING:
-    from towerdist._src.input.distributed_dataset import _DistributedInput
+    from towerdist._src.input.distributed_dataset import InputWorker, _DistributedInput
 
 __all__ = ["HELD_STEPS", "DistributedIterator"]
 
@@ -110,20 +111,20 @@ class DistributedIterator:
         close_at_exit(self)
 
     @property
-    def element_spec(self) -> Any:
+    def element_spec(self) -> Nest:
         """The element spec of the distributed dataset this iterator iterates."""
         return self._source.element_spec
 
     def __iter__(self) -> DistributedIterator:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> Nest:
         try:
             return self.get_next()
         except OutOfRangeError:
             raise StopIteration from None
 
-    def get_next(self) -> Any:
+    def get_next(self) -> Nest:
         """The next per-replica element.
 
         Raises:
@@ -234,7 +235,7 @@ class DistributedIterator:
             step = [MISSING] * worker.num_local  # other workers still have data
         return step, raw
 
-    def _hold(self, raw: Any) -> None:
+    def _hold(self, raw: Nest) -> None:
         """Counts a step handed out, and keeps its raw form until a step begins (see the module docstring)."""
         self._handed += 1
         count = steps.begun()
@@ -283,7 +284,7 @@ class DistributedIterator:
             return Placed(step, None)  # host memory serves every CPU replica
         return self._copier.place(step, self._source._worker.devices, MISSING)
 
-    def _spec_when_empty(self) -> Any:
+    def _spec_when_empty(self) -> Nest:
         try:
             return self.element_spec
         except ValueError:
@@ -312,7 +313,7 @@ class DistributedIterator:
             ]
         return step
 
-    def _wrap(self, pieces: list[Any]) -> Any:
+    def _wrap(self, pieces: list[Nest]) -> Nest:
         """The per-replica value of a step's pieces (with one replica, the piece itself)."""
         worker = self._source._worker
         if worker.num_replicas_in_sync == 1:
@@ -336,7 +337,7 @@ class DistributedIterator:
         finally:
             self._lock.release()
 
-    def _position_held(self, source: _DistributedInput, worker: Any) -> dict[str, Any]:
+    def _position_held(self, source: _DistributedInput, worker: InputWorker) -> dict[str, Any]:
         """This worker's position, with the iterator's lock held."""
         held = self._unused()
         if self._dropped and held:
@@ -482,7 +483,7 @@ class DistributedIterator:
 _FAILED = b"towerdist: no position: "  # what a worker that failed to give its position gives the others
 
 
-def _spec_of_pieces(pieces: list[Any], one_replica: bool) -> Any:
+def _spec_of_pieces(pieces: list[Nest], one_replica: bool) -> Nest:
     """The element's structure with a ``PerReplicaSpec`` of the pieces' exact specs per array (None if not arrays)."""
     try:
         specs = [structure_of(to_element(piece)) for piece in pieces]

@@ -30,7 +30,7 @@ The kinds, by the rule that makes the steps (``split``):
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict, Unpack
 
 from towerdist._src import nest
 from towerdist._src.data.cursor import Cursor
@@ -38,8 +38,9 @@ from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.structure import unstack_count
 from towerdist._src.data.transforms import RowCutter
 from towerdist._src.input.split import legacy_split
+from towerdist._src.type_aliases import Nest
 
-__all__ = ["MISSING", "BatchFeed", "ElementFeed", "Feed", "PerReplicaFeed", "RowFeed", "SplitAllFeed", "Step"]
+__all__ = ["MISSING", "BatchFeed", "ElementFeed", "Ended", "Feed", "PerReplicaFeed", "RowFeed", "SplitAllFeed", "Step"]
 
 MISSING: Any = object()  # a replica without data in this step
 
@@ -49,6 +50,13 @@ class Step(NamedTuple):
 
     pieces: list[Any]
     raw: Any
+
+
+class Ended(TypedDict, total=False):
+    """How the pipelines had ended when the position was saved: ``Feed``'s keywords, passed on by its kinds."""
+
+    exhausted: bool
+    error: BaseException | None
 
 
 class Feed:
@@ -108,7 +116,7 @@ class Feed:
     # --- raw units --------------------------------------------------------------------------
 
     @staticmethod
-    def units_of(raw: Any) -> list[Any]:
+    def units_of(raw: Nest) -> list[Nest]:
         """The raw units of a step's raw form, in order (what goes back in front of the leftovers)."""
         return [raw]
 
@@ -138,7 +146,7 @@ class BatchFeed(Feed):
         num: int,
         first: int,
         local: int,
-        **ended: Any,
+        **ended: Unpack[Ended],
     ) -> None:
         super().__init__(datasets, cursors, leftover, **ended)
         self._num, self._first, self._local = num, first, local
@@ -176,9 +184,9 @@ class RowFeed(Feed):
         sizes: Sequence[int],
         local: int,
         turn: int = 0,
-        template: Any = None,
+        template: Nest = None,
         cut_all: bool = False,
-        **ended: Any,
+        **ended: Unpack[Ended],
     ) -> None:
         super().__init__(datasets, cursors, [], **ended)
         self._cutter = RowCutter(sizes)
@@ -200,7 +208,7 @@ class RowFeed(Feed):
         return [_rows_from(element, start) for element, start in position["pending"]]
 
     @staticmethod
-    def units_of(raw: Any) -> list[Any]:
+    def units_of(raw: Nest) -> list[Nest]:
         return [piece for piece in raw if _rows(piece) > 0]
 
     def state(self) -> dict[str, Any]:
@@ -224,7 +232,7 @@ class SplitAllFeed(Feed):
         leftover: list[Any],
         num: int,
         local: int,
-        **ended: Any,
+        **ended: Unpack[Ended],
     ) -> None:
         super().__init__(datasets, cursors, leftover, **ended)
         self._num, self._local = num, local
@@ -283,7 +291,7 @@ class ElementFeed(Feed):
         rows: int | None = None,
         batch_size: int | None = None,
         recut: int | None = None,
-        **ended: Any,
+        **ended: Unpack[Ended],
     ) -> None:
         super().__init__(datasets, cursors, leftover, **ended)
         self._local, self._rows, self._batch_size, self._recut = local, rows, batch_size, recut
@@ -324,7 +332,7 @@ class ElementFeed(Feed):
         return list(self._leftover)
 
     @staticmethod
-    def units_of(raw: Any) -> list[Any]:
+    def units_of(raw: Nest) -> list[Nest]:
         return list(raw)
 
     def state(self) -> dict[str, Any]:
@@ -394,11 +402,11 @@ def _ended(error: BaseException | None) -> Iterator[Any]:
     yield from ()
 
 
-def _rows(element: Any) -> int:
+def _rows(element: Nest) -> int:
     return unstack_count(nest.flatten(element)[0], "rebatch")
 
 
-def _rows_from(element: Any, start: int) -> Any:
+def _rows_from(element: Nest, start: int) -> Nest:
     """``element`` without its first ``start`` rows (views)."""
     if start == 0:
         return element

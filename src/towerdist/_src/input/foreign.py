@@ -20,17 +20,18 @@ from towerdist._src.data.sources import ExternalSource
 from towerdist._src.data.spec import TensorSpec, structure_of
 from towerdist._src.data.structure import close_iterator, normalize_output, read_only_element
 from towerdist._src.failures import unworded
+from towerdist._src.type_aliases import Nest, TensorLike
 
 __all__ = ["as_dataset"]
 
 
-def _is_tf_dataset(obj: Any) -> bool:
+def _is_tf_dataset(obj: object) -> bool:
     tf = sys.modules.get("tensorflow")
     data = getattr(tf, "data", None)
     return data is not None and isinstance(obj, data.Dataset)
 
 
-def _foreign_leaf(leaf: Any) -> Any:
+def _foreign_leaf(leaf: TensorLike) -> TensorLike:
     if hasattr(leaf, "detach") and hasattr(leaf, "numpy"):  # a torch tensor, possibly on a GPU
         return leaf.detach().cpu().numpy()
     if type(leaf).__module__.startswith("tensorflow") and hasattr(leaf, "numpy"):
@@ -38,7 +39,7 @@ def _foreign_leaf(leaf: Any) -> Any:
     return leaf
 
 
-def _element(value: Any) -> Any:
+def _element(value: Nest) -> Nest:
     if isinstance(value, list):
         value = tuple(value)  # a DataLoader's default collate gives [features, labels]
     # The arrays may be the caller's own (a list of batches is iterated again every epoch):
@@ -46,6 +47,7 @@ def _element(value: Any) -> Any:
     return read_only_element(normalize_output(nest.map_structure(_foreign_leaf, value)))
 
 
+# obj: whatever the user passed, checked here; Any, not object, so that an array's shape is read with np.shape.
 def as_dataset(obj: Any) -> Dataset:
     """``obj`` as a ``td.data.Dataset`` whose elements are global batches.
 
@@ -106,7 +108,7 @@ class IterableDataset(ExternalSource):
         finally:
             close_iterator(source)
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> Nest:
         """Learnt from the first element, with an unknown batch dimension (kept for one-shot inputs)."""
         if not probe:
             return None
@@ -143,6 +145,8 @@ class IterableDataset(ExternalSource):
 class TFDataset(ExternalSource):
     """A ``tf.data.Dataset``, iterated with ``as_numpy_iterator()``."""
 
+    # dataset: a tf.data.Dataset. TensorFlow is optional and never imported here, so its objects
+    # (this one, and the specs of _from_tf_spec) are Any: a checker cannot see their types.
     def __init__(self, dataset: Any) -> None:
         self._tf_dataset = dataset
         policy = int(dataset.options().experimental_distribute.auto_shard_policy)
@@ -157,7 +161,7 @@ class TFDataset(ExternalSource):
         for value in source:
             yield normalize_output(value)
 
-    def _spec(self, probe: bool) -> Any:
+    def _spec(self, probe: bool) -> Nest:
         return nest.map_structure(_from_tf_spec, self._tf_dataset.element_spec)
 
     def _cardinality(self) -> int:

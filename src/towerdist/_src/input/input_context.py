@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -102,7 +102,7 @@ class InputOptions(_InputOptionsFields):
     def __new__(
         cls,
         experimental_fetch_to_device: bool | None = None,
-        experimental_replication_mode: Any = InputReplicationMode.PER_WORKER,
+        experimental_replication_mode: InputReplicationMode | str = InputReplicationMode.PER_WORKER,
         experimental_place_dataset_on_device: bool = False,
         experimental_per_replica_buffer_size: int = 1,
     ) -> InputOptions:
@@ -118,12 +118,12 @@ class InputOptions(_InputOptionsFields):
         return super().__new__(cls, bool(fetch), mode, bool(experimental_place_dataset_on_device), int(size))
 
 
-def _check_bool(value: Any, name: str) -> None:
+def _check_bool(value: object, name: str) -> None:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"InputOptions.{name} must be a bool. Got {name}={value!r}.")
 
 
-def _replication_mode(value: Any) -> InputReplicationMode:
+def _replication_mode(value: object) -> InputReplicationMode:
     if isinstance(value, InputReplicationMode):
         return value
     if isinstance(value, str) and value.upper() in InputReplicationMode.__members__:

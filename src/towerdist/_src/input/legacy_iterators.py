@@ -8,12 +8,13 @@ TensorFlow 2's eager mode both restart the iterator from the first element and g
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Iterator
 
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.iterator import DatasetIterator
 from towerdist._src.input.distributed_dataset import _DistributedInput
 from towerdist._src.input.distributed_iterator import DistributedIterator
+from towerdist._src.type_aliases import Nest
 
 __all__ = ["DefaultInputIterator", "DistributedIteratorV1", "input_iterator"]
 
@@ -56,7 +57,7 @@ class DefaultInputIterator(DatasetIterator):
         self.initialize()
 
 
-def input_iterator(distributed: Any) -> Any:
+def input_iterator(distributed: Iterable[Nest]) -> Iterator[Nest]:
     """The TF 1.x-style iterator over what a strategy's input distribution returned.
 
     A distributed dataset (or the dataset the default strategy hands back) gets a restartable

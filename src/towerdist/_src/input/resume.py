@@ -36,6 +36,7 @@ from towerdist._src.data.transforms import RowCutter
 from towerdist._src.errors import DataLossError, FailedPreconditionError
 from towerdist._src.failures import unworded
 from towerdist._src.input.split import compute_batch_size
+from towerdist._src.type_aliases import Nest
 
 if TYPE_CHECKING:
     from towerdist._src.input.distributed_dataset import _DistributedInput
@@ -136,7 +137,7 @@ def choose_position(saved: list[dict[str, Any]], source: _DistributedInput) -> d
     return position
 
 
-def saved_positions(tree: Any, source: _DistributedInput) -> list[dict[str, Any]]:
+def saved_positions(tree: Nest, source: _DistributedInput) -> list[dict[str, Any]]:
     """Every saved worker's position in a saved iterator state (a distributed iterator's, or a
     ``DatasetIterator``'s: the default strategy's input, one stream of global batches).
 
@@ -277,7 +278,7 @@ def _seeds(random_states: list[Any]) -> list[Any]:
     return [None if state is None else state.get("seed") for state in random_states]
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: Nest, b: Nest) -> bool:
     if isinstance(a, np.random.Generator) or isinstance(b, np.random.Generator):
         return (
             isinstance(a, np.random.Generator)

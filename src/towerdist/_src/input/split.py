@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -21,6 +20,7 @@ from towerdist._src import nest
 from towerdist._src.data.dataset import Dataset
 from towerdist._src.data.spec import TensorSpec
 from towerdist._src.data.structure import unstack_count
+from towerdist._src.type_aliases import HostArray, Nest, TensorLike
 
 __all__ = ["batch_sizes_for_worker", "compute_batch_size", "dummy_like", "legacy_split", "replica_spec"]
 
@@ -55,7 +55,7 @@ def _needs_batch(n: int) -> ValueError:
     )
 
 
-def legacy_split(element: Any, num_pieces: int) -> list[Any]:
+def legacy_split(element: Nest, num_pieces: int) -> list[Nest]:
     """Splits one global batch into ``num_pieces`` pieces of ``ceil(b / num_pieces)`` rows (views)."""
     if not isinstance(element, (tuple, dict)):
         if np.ndim(element) == 0:
@@ -94,7 +94,7 @@ def compute_batch_size(dataset: Dataset) -> int | None:
     return None
 
 
-def replica_spec(spec: Any, num_pieces: int, multi_worker: bool) -> Any:
+def replica_spec(spec: Nest, num_pieces: int, multi_worker: bool) -> Nest:
     """The spec of one replica's piece: the batch dimension divided when it divides evenly."""
 
     def piece(s: TensorSpec) -> TensorSpec:
@@ -107,7 +107,7 @@ def replica_spec(spec: Any, num_pieces: int, multi_worker: bool) -> Any:
     return nest.map_structure(piece, spec)
 
 
-def dummy_like(spec: Any, present: Any) -> Any:
+def dummy_like(spec: Nest, present: Nest) -> Nest:
     """An empty piece for a replica without data (TensorFlow's rule).
 
     Unknown dimensions become 0, and so does the leading dimension of a fully known shape;
@@ -118,14 +118,14 @@ def dummy_like(spec: Any, present: Any) -> Any:
     return nest.map_structure(_dummy_from_piece, present)
 
 
-def _dummy_from_spec(s: TensorSpec) -> Any:
+def _dummy_from_spec(s: TensorSpec) -> HostArray:
     dims = [0 if d is None else d for d in (s.shape or ())]
     if dims and s.shape is not None and None not in s.shape:
         dims[0] = 0
     return np.zeros(dims, dtype=s.dtype)
 
 
-def _dummy_from_piece(leaf: Any) -> Any:
+def _dummy_from_piece(leaf: TensorLike) -> HostArray:
     shape: Sequence[int] = np.shape(leaf)
     dtype = np.object_ if isinstance(leaf, bytes) else getattr(leaf, "dtype", np.asarray(leaf).dtype)
     return np.zeros((0, *shape[1:]) if shape else (), dtype=dtype)

@@ -16,6 +16,7 @@ import numpy as np
 
 from towerdist._src import aliases, backend, context
 from towerdist._src.module import snake_case
+from towerdist._src.type_aliases import ArrayModule, DTypeLike, TensorLike
 from towerdist._src.variable_enums import VariableAggregation, VariableSynchronization
 from towerdist._src.variables import creation
 from towerdist._src.variables.variable import Variable
@@ -38,7 +39,7 @@ class Metric:
       ``reset_state``: outside ``strategy.run``.
     """
 
-    def __init__(self, name: str | None = None, dtype: Any = None) -> None:
+    def __init__(self, name: str | None = None, dtype: DTypeLike | None = None) -> None:
         self._name = name or snake_case(type(self).__name__)
         self._dtype = np.dtype(dtype if dtype is not None else np.float32)
         if self._dtype.kind != "f":
@@ -62,7 +63,7 @@ class Metric:
         """The state variables, in creation order."""
         return list(self._variables.values())
 
-    def add_variable(self, name: str, shape: tuple[int, ...] = (), dtype: Any = None) -> Variable:
+    def add_variable(self, name: str, shape: tuple[int, ...] = (), dtype: DTypeLike | None = None) -> Variable:
         """Creates a zero-initialised, SUM-aggregated sync-on-read state variable."""
         if name in self._variables:
             raise ValueError(f"{type(self).__name__} already has a state variable named {name!r}.")
@@ -76,11 +77,11 @@ class Metric:
         self._variables[name] = variable
         return variable
 
-    def update_state(self, *args: Any, **kwargs: Any) -> None:
+    def update_state(self, *args: TensorLike, **kwargs: TensorLike) -> None:
         """Accumulates statistics from a batch."""
         raise NotImplementedError
 
-    def result(self) -> Any:
+    def result(self) -> TensorLike:
         """The metric's value over every batch seen since the last reset.
 
         In cross-replica context (or with no strategy), aggregated over the replicas.
@@ -90,7 +91,7 @@ class Metric:
         """
         return self._result()
 
-    def _result(self) -> Any:
+    def _result(self) -> TensorLike:
         raise NotImplementedError
 
     def reset_state(self) -> None:
@@ -98,7 +99,7 @@ class Metric:
         for variable in self._variables.values():
             variable.assign(np.zeros(variable.shape, variable.dtype), read_value=False)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: TensorLike, **kwargs: TensorLike) -> TensorLike:
         """``update_state(*args, **kwargs)``, then ``result()``."""
         self.update_state(*args, **kwargs)
         return self.result()
@@ -110,7 +111,7 @@ class Metric:
     def _checkpoint_dependencies(self) -> list[tuple[str, Any]]:
         return list(self._variables.items())
 
-    def _accumulate(self, variable: Variable, delta: Any) -> None:
+    def _accumulate(self, variable: Variable, delta: TensorLike) -> None:
         """Adds ``delta`` to ``variable``'s copy for this replica (once in cross-replica context)."""
         strategy = variable.distribute_strategy
         replica_context = context.replica_context_in_run()
@@ -153,16 +154,16 @@ class Sum(Metric):
       array(16., dtype=float32)
     """
 
-    def __init__(self, name: str = "sum", dtype: Any = None) -> None:
+    def __init__(self, name: str = "sum", dtype: DTypeLike | None = None) -> None:
         super().__init__(name, dtype)
         self.total = self.add_variable("total")
 
-    def update_state(self, values: Any, sample_weight: Any = None) -> None:
+    def update_state(self, values: TensorLike, sample_weight: TensorLike = None) -> None:
         xp, values = _as_array(values, self._dtype)
         values, _ = _samplewise(xp, values, sample_weight, self._dtype, xp.sum, self)
         self._accumulate(self.total, xp.sum(values))
 
-    def _result(self) -> Any:
+    def _result(self) -> TensorLike:
         return _read(self.total)
 
 
@@ -179,12 +180,12 @@ class Mean(Metric):
       array(2., dtype=float32)
     """
 
-    def __init__(self, name: str = "mean", dtype: Any = None) -> None:
+    def __init__(self, name: str = "mean", dtype: DTypeLike | None = None) -> None:
         super().__init__(name, dtype)
         self.total = self.add_variable("total")
         self.count = self.add_variable("count")
 
-    def update_state(self, values: Any, sample_weight: Any = None) -> None:
+    def update_state(self, values: TensorLike, sample_weight: TensorLike = None) -> None:
         xp, values = _as_array(values, self._dtype)
         values, weights = _samplewise(xp, values, sample_weight, self._dtype, xp.mean, self)
         self._accumulate(self.total, xp.sum(values))
@@ -194,7 +195,7 @@ class Mean(Metric):
             count = values.shape[0] if values.ndim >= 1 else 1
         self._accumulate(self.count, xp.asarray(count, dtype=self._dtype))
 
-    def _result(self) -> Any:
+    def _result(self) -> TensorLike:
         total, count = _read(self.total), _read(self.count)
         impl = backend.for_array(total)
         with impl.on_array_device(total):  # on the metric's own GPU, whichever is current
@@ -213,12 +214,16 @@ class MeanMetricWrapper(Mean):
       **kwargs: passed on to ``fn`` after ``y_true`` and ``y_pred``.
     """
 
-    def __init__(self, fn: Callable[..., Any], name: str | None = None, dtype: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self, fn: Callable[..., TensorLike], name: str | None = None, dtype: DTypeLike | None = None, **kwargs: object
+    ) -> None:
         super().__init__(name or "mean_metric_wrapper", dtype)
         self._fn = fn
         self._fn_kwargs = kwargs
 
-    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:  # type: ignore[override]
+    def update_state(  # type: ignore[override]
+        self, y_true: TensorLike, y_pred: TensorLike, sample_weight: TensorLike = None
+    ) -> None:
         xp, y_pred = _as_array(y_pred, None)
         _, y_true = _as_array(y_true, None)
         if y_true.shape[:1] != y_pred.shape[:1]:
@@ -232,7 +237,7 @@ class MeanMetricWrapper(Mean):
 # --- helpers --------------------------------------------------------------------------------
 
 
-def _as_array(value: Any, dtype: Any) -> tuple[Any, Any]:
+def _as_array(value: TensorLike, dtype: DTypeLike | None) -> tuple[ArrayModule, TensorLike]:
     """``value`` as an array of ``dtype`` (None: keep) and its array module."""
     if isinstance(value, Variable):
         value = value.value()
@@ -245,8 +250,13 @@ def _as_array(value: Any, dtype: Any) -> tuple[Any, Any]:
 
 
 def _samplewise(
-    xp: Any, values: Any, sample_weight: Any, dtype: np.dtype[Any], reduce: Any, metric: Metric
-) -> tuple[Any, Any]:
+    xp: ArrayModule,
+    values: TensorLike,
+    sample_weight: TensorLike,
+    dtype: np.dtype[Any],
+    reduce: Callable[..., TensorLike],
+    metric: Metric,
+) -> tuple[TensorLike, TensorLike]:
     """Keras's ``reduce_to_samplewise_values``: weigh, then reduce each sample to one value."""
     weights = None
     if sample_weight is not None:
@@ -271,7 +281,7 @@ def _samplewise(
     return values, weights
 
 
-def _same_rank(x1: Any, x2: Any) -> tuple[Any, Any]:
+def _same_rank(x1: TensorLike, x2: TensorLike) -> tuple[TensorLike, TensorLike]:
     """Keras's ``squeeze_or_expand_to_same_rank``: fix ranks that differ by a trailing 1."""
     if x1.ndim == x2.ndim + 1 and x1.shape[-1] == 1:
         if x2.ndim == 1:
@@ -286,6 +296,6 @@ def _same_rank(x1: Any, x2: Any) -> tuple[Any, Any]:
     return x1, x2
 
 
-def _read(variable: Variable) -> Any:
+def _read(variable: Variable) -> TensorLike:
     """The variable's value here: the sum over replicas in cross-replica context, the local copy in a replica."""
     return variable.value()

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from towerdist._src import backend
 from towerdist._src.metrics.metric import MeanMetricWrapper, _same_rank
+from towerdist._src.type_aliases import DTypeLike, TensorLike
 
 __all__ = ["MeanSquaredError", "SparseCategoricalAccuracy", "mean_squared_error", "sparse_categorical_accuracy"]
 
 
-def sparse_categorical_accuracy(y_true: Any, y_pred: Any) -> Any:
+def sparse_categorical_accuracy(y_true: TensorLike, y_pred: TensorLike) -> TensorLike:
     """1.0 where ``argmax(y_pred, -1)`` equals the integer label ``y_true``, else 0.0 (float32).
 
     ``y_true`` has shape ``(n,)`` or ``(n, 1)``; ``y_pred`` has shape ``(n, classes)``; the
@@ -31,7 +30,7 @@ def sparse_categorical_accuracy(y_true: Any, y_pred: Any) -> Any:
         return matches
 
 
-def mean_squared_error(y_true: Any, y_pred: Any) -> Any:
+def mean_squared_error(y_true: TensorLike, y_pred: TensorLike) -> TensorLike:
     """``mean((y_true - y_pred) ** 2, axis=-1)``, with ``y_true`` cast to ``y_pred``'s dtype."""
     impl = backend.for_array(y_pred)
     xp = impl.xp
@@ -51,7 +50,7 @@ class SparseCategoricalAccuracy(MeanMetricWrapper):
       array(0.5, dtype=float32)
     """
 
-    def __init__(self, name: str = "sparse_categorical_accuracy", dtype: Any = None) -> None:
+    def __init__(self, name: str = "sparse_categorical_accuracy", dtype: DTypeLike | None = None) -> None:
         super().__init__(sparse_categorical_accuracy, name, dtype)
 
 
@@ -65,5 +64,5 @@ class MeanSquaredError(MeanMetricWrapper):
       array(0.25, dtype=float32)
     """
 
-    def __init__(self, name: str = "mean_squared_error", dtype: Any = None) -> None:
+    def __init__(self, name: str = "mean_squared_error", dtype: DTypeLike | None = None) -> None:
         super().__init__(mean_squared_error, name, dtype)

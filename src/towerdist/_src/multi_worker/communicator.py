@@ -54,7 +54,8 @@ import threading
 import time
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -70,6 +71,9 @@ from towerdist._src.errors import (
 )
 from towerdist._src.mpi_runtime import World
 from towerdist._src.multi_worker.host_window import HostWindow, open_window
+
+if TYPE_CHECKING:  # mpi4py is optional: mpi_runtime imports it when a job has several processes
+    from mpi4py import MPI
 
 __all__ = ["Call", "Communicator"]
 
@@ -209,12 +213,13 @@ class Communicator:
             )
         self._message_rows: list[np.ndarray] = self._rows  # where the latest handshake's messages are
 
-    def _duplicate(self, world: World, timeout: float | None, warning: float | None) -> Any:
+    def _duplicate(self, world: World, timeout: float | None, warning: float | None) -> MPI.Intracomm:
+        comm: MPI.Intracomm  # (world.MPI is the module, typed ModuleType: its members read as Any)
         comm, request = world.MPI.COMM_WORLD.Idup()
         self._await_creation(world, request, timeout, warning)
         return comm
 
-    def _await_creation(self, world: World, request: Any, timeout: float | None, warning: float | None) -> None:
+    def _await_creation(self, world: World, request: MPI.Request, timeout: float | None, warning: float | None) -> None:
         start = time.monotonic()
         warned_at = 0.0
         while not request.Test():
@@ -237,7 +242,7 @@ class Communicator:
                 warnings.warn(message, ReplicaStallWarning, stacklevel=4)
             time.sleep(_MAX_SLEEP_SECONDS if waited > _SPIN_SECONDS else _SHORT_SLEEP_SECONDS)
 
-    def local_allgather(self, value: Any, timeout: float | None, warning: float | None) -> list[Any]:
+    def local_allgather(self, value: object, timeout: float | None, warning: float | None) -> list[Any]:
         """Every rank of this host's ``value`` (JSON-able, at most 4 KiB), in local rank order; for set-up only.
 
         Bounded by ``timeout`` like the communicator's creation: a rank of this host that
@@ -722,7 +727,9 @@ class _Guarded:
         self._communicator._lock.acquire()
         self._begin = _profiler.now() if _profiler.active else 0
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: Any) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         communicator, call = self._communicator, self._call
         try:
             if error is not None and not isinstance(error, OpError):

@@ -37,9 +37,13 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # mpi4py is optional: the caller passes its module (MPI)
+    from mpi4py.MPI import Comm, Win
 
 __all__ = ["HostWindow", "open_window"]
 
@@ -56,7 +60,9 @@ class HostWindow:
     ``row(r, seq)`` where rank ``r`` wrote its own.
     """
 
-    def __init__(self, win: Any, segments: list[np.ndarray], rank: int, capacity: int, reads: int, rings: list[int]) -> None:
+    def __init__(
+        self, win: Win, segments: list[np.ndarray], rank: int, capacity: int, reads: int, rings: list[int]
+    ) -> None:
         self._win = win
         self._rank = rank
         self.capacity = capacity
@@ -136,7 +142,7 @@ class HostWindow:
 
 
 def open_window(
-    MPI: Any, local: Any, capacity: int, allgather: Callable[[Any], list[Any]]
+    MPI: ModuleType, local: Comm, capacity: int, allgather: Callable[[object], list[Any]]
 ) -> HostWindow | None:
     """The host's shared window (every rank of ``local``, the host's communicator), or None where it cannot be.
 

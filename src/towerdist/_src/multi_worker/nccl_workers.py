@@ -28,7 +28,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from types import ModuleType
+from typing import Any, Protocol
 
 from towerdist._src.backend import cupy_backend, cupy_streams
 from towerdist._src.cross_device_ops import nccl_all_reduce, nccl_cliques
@@ -37,7 +38,14 @@ from towerdist._src.errors import DeadlineExceededError, UnavailableError
 from towerdist._src.multi_worker.communicator import Call
 from towerdist._src.multi_worker.workers import Workers
 
-__all__ = ["NCCL_DTYPES", "NcclWorkers", "shared_unique_id"]
+__all__ = ["NCCL_DTYPES", "GpuEvent", "NcclWorkers", "shared_unique_id"]
+
+
+class GpuEvent(Protocol):
+    """A recorded CUDA event (``cupy.cuda.Event``, or the simulated GPUs'): whether its stream reached it."""
+
+    @property
+    def done(self) -> bool: ...
 
 logger = logging.getLogger("towerdist")
 
@@ -45,7 +53,7 @@ logger = logging.getLogger("towerdist")
 NCCL_DTYPES = {**nccl_all_reduce.NCCL_DTYPES, "complex64": "NCCL_FLOAT32", "complex128": "NCCL_FLOAT64"}
 
 
-def shared_unique_id(workers: Workers, nccl: Any, collective: str) -> Any:
+def shared_unique_id(workers: Workers, nccl: ModuleType, collective: str) -> bytes | tuple[int, ...]:
     """Worker 0's new NCCL unique id on every worker, as the installed cupy takes it.
 
     cupy 14 returns and takes ``bytes``; earlier versions a tuple of signed ints. The id is
@@ -164,11 +172,11 @@ class _Watch:
         self._workers = workers
         self._lock = threading.Lock()
         # (started event, done event, collective, timeout, when the stream reached it or None)
-        self._pending: list[tuple[Any, Any, str, float | None, float | None]] = []
+        self._pending: list[tuple[GpuEvent, GpuEvent, str, float | None, float | None]] = []
         self._failure: str | None = None
         self._thread: threading.Thread | None = None
 
-    def add(self, started: Any, done: Any, collective: str, timeout: float | None) -> None:
+    def add(self, started: GpuEvent, done: GpuEvent, collective: str, timeout: float | None) -> None:
         with self._lock:
             self._pending.append((started, done, collective, timeout, None))
             if self._thread is None and self._failure is None:

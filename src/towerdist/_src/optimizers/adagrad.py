@@ -8,6 +8,8 @@ import numpy as np
 
 from towerdist._src.optimizers.optimizer import LearningRate, Optimizer, check_non_negative
 from towerdist._src.optimizers.sparse_gradients import SparseRows, copy_into
+from towerdist._src.type_aliases import ArrayModule, TensorLike
+from towerdist._src.variables.update_buffers import UpdateBuffers
 
 __all__ = ["Adagrad"]
 
@@ -76,8 +78,14 @@ class Adagrad(Optimizer):
         return {"lr": dtype.type(learning_rate), "epsilon": dtype.type(self._epsilon)}
 
     def _compute(
-        self, xp: Any, var: Any, grad: Any, slots: dict[str, Any], coefficients: dict[str, Any], out: Any
-    ) -> tuple[Any, dict[str, Any]]:
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: TensorLike,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
+    ) -> tuple[TensorLike, dict[str, TensorLike]]:
         accumulator = xp.multiply(grad, grad, out=out.out("accumulator", slots["accumulator"]))
         accumulator += slots["accumulator"]
         denominator = xp.add(accumulator, coefficients["epsilon"], out=out.scratch("denominator", var))
@@ -87,8 +95,14 @@ class Adagrad(Optimizer):
         return xp.subtract(var, step, out=out.out("var", var)), {"accumulator": accumulator}
 
     def _compute_sparse(
-        self, xp: Any, var: Any, grad: SparseRows, slots: dict[str, Any], coefficients: dict[str, Any], out: Any
-    ) -> tuple[Any, dict[str, Any]]:
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: SparseRows,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
+    ) -> tuple[TensorLike, dict[str, TensorLike]]:
         # Keras scatters both updates: only the gradient's rows change (the rest is copied).
         rows = grad.indices
         accumulator = copy_into(xp, slots["accumulator"], out.out("accumulator", slots["accumulator"]))

@@ -13,6 +13,8 @@ from towerdist._src.optimizers.optimizer import (
     check_unit_interval,
 )
 from towerdist._src.optimizers.sparse_gradients import SparseRows
+from towerdist._src.type_aliases import ArrayModule, TensorLike
+from towerdist._src.variables.update_buffers import UpdateBuffers
 
 __all__ = ["Adam"]
 
@@ -102,13 +104,25 @@ class Adam(Optimizer):
         }
 
     def _compute(
-        self, xp: Any, var: Any, grad: Any, slots: dict[str, Any], coefficients: dict[str, Any], out: Any
-    ) -> tuple[Any, dict[str, Any]]:
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: TensorLike,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
+    ) -> tuple[TensorLike, dict[str, TensorLike]]:
         return self._rule(xp, var, grad, None, slots, coefficients, out)
 
     def _compute_sparse(
-        self, xp: Any, var: Any, grad: SparseRows, slots: dict[str, Any], coefficients: dict[str, Any], out: Any
-    ) -> tuple[Any, dict[str, Any]]:
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: SparseRows,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
+    ) -> tuple[TensorLike, dict[str, TensorLike]]:
         # Keras densifies the gradient (and the squares of its slices) into the moments'
         # dense update: every row of m and v decays, every row of the variable moves.
         dense = grad.dense(xp, var, out.scratch("dense_grad", var))
@@ -117,14 +131,14 @@ class Adam(Optimizer):
 
     def _rule(
         self,
-        xp: Any,
-        var: Any,
-        grad: Any,
-        square: Any,
-        slots: dict[str, Any],
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: TensorLike,
+        square: TensorLike | None,
+        slots: dict[str, TensorLike],
         coefficients: dict[str, Any],
-        out: Any,
-    ) -> tuple[Any, dict[str, Any]]:
+        out: UpdateBuffers,
+    ) -> tuple[TensorLike, dict[str, TensorLike]]:
         """The update with ``g**2`` given as ``square`` (None: ``grad * grad``)."""
         # Keras's order of operations, into reused buffers (``out``): no allocation in a
         # steady training loop on the host.

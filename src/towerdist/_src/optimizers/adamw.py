@@ -12,6 +12,8 @@ import numpy as np
 from towerdist._src.optimizers.adam import Adam
 from towerdist._src.optimizers.optimizer import LearningRate
 from towerdist._src.optimizers.sparse_gradients import SparseRows
+from towerdist._src.type_aliases import ArrayModule, TensorLike
+from towerdist._src.variables.update_buffers import UpdateBuffers
 from towerdist._src.variables.variable import Variable
 
 __all__ = ["AdamW"]
@@ -111,16 +113,30 @@ class AdamW(Adam):
         return coefficients
 
     def _compute(
-        self, xp: Any, var: Any, grad: Any, slots: dict[str, Any], coefficients: dict[str, Any], out: Any
-    ) -> tuple[Any, dict[str, Any]]:
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: TensorLike,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
+    ) -> tuple[TensorLike, dict[str, TensorLike]]:
         return self._rule(xp, self._decayed(xp, var, coefficients, out), grad, None, slots, coefficients, out)
 
     def _compute_sparse(
-        self, xp: Any, var: Any, grad: SparseRows, slots: dict[str, Any], coefficients: dict[str, Any], out: Any
-    ) -> tuple[Any, dict[str, Any]]:
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: SparseRows,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
+    ) -> tuple[TensorLike, dict[str, TensorLike]]:
         return super()._compute_sparse(xp, self._decayed(xp, var, coefficients, out), grad, slots, coefficients, out)
 
-    def _decayed(self, xp: Any, var: Any, coefficients: dict[str, Any], out: Any) -> Any:
+    def _decayed(
+        self, xp: ArrayModule, var: TensorLike, coefficients: dict[str, Any], out: UpdateBuffers
+    ) -> TensorLike:
         """``var - var * weight_decay * lr`` (Keras's order), in a scratch buffer; ``var`` if excluded."""
         if coefficients["weight_decay"] is None:
             return var

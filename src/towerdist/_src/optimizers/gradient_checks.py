@@ -25,6 +25,7 @@ from towerdist._src import backend
 from towerdist._src.errors import InvalidArgumentError
 from towerdist._src.failures import API, unworded
 from towerdist._src.indexed_slices import IndexedSlices, check_indices
+from towerdist._src.type_aliases import Array, TensorLike
 from towerdist._src.values.distributed_values import DistributedValues, PerReplica
 from towerdist._src.variables.variable import Variable, VariableRef
 
@@ -107,7 +108,7 @@ def warn_skipped(skipped: list[str], api: str, stacklevel: int) -> None:
     )
 
 
-def _as_gradient(grad: Any, var: Variable) -> Any:
+def _as_gradient(grad: TensorLike, var: Variable) -> TensorLike:
     """``grad`` as an array (or distributed value): lists and numbers become one array, so
     that ``merge_call`` treats them as one value per replica, not as nested structures."""
     if isinstance(grad, (Variable, DistributedValues, IndexedSlices)) or backend.is_array(grad):
@@ -123,7 +124,7 @@ def _as_gradient(grad: Any, var: Variable) -> Any:
     return array
 
 
-def variable_ref(var: Any, index: int | None = None) -> VariableRef:
+def variable_ref(var: object, index: int | None = None) -> VariableRef:
     """``var.ref()``; raises an unworded TypeError if ``var`` is not a variable (naming entry ``index``)."""
     if not isinstance(var, Variable):
         where = f" at entry {index}" if index is not None else ""
@@ -136,7 +137,7 @@ def variable_ref(var: Any, index: int | None = None) -> VariableRef:
     return var.ref()
 
 
-def columns_of(grad: Any) -> list[Any]:
+def columns_of(grad: TensorLike) -> list[TensorLike]:
     """A gradient given in cross-replica context as a column: a ``PerReplica``'s components,
     else the one value (it stands for every replica)."""
     if isinstance(grad, PerReplica):
@@ -216,7 +217,7 @@ def to_sum(
 _CONVERTS: dict[tuple[np.dtype[Any], np.dtype[Any]], bool] = {}
 
 
-def check_gradient(column: list[Any], var: Variable, current: Any, from_replicas: bool) -> None:
+def check_gradient(column: list[Any], var: Variable, current: Array, from_replicas: bool) -> None:
     """Checks each replica's gradient of ``var``: the variable's shape, a dtype that converts.
 
     Its errors are :func:`unworded` (``separator=": "``): ``apply_gradients`` names itself.
@@ -278,7 +279,7 @@ def _check_dtype(dtype: np.dtype[Any], var: Variable, var_dtype: np.dtype[Any], 
     )
 
 
-def check_sparse_gradient(part: IndexedSlices, var: Variable, current: Any, where: str) -> None:
+def check_sparse_gradient(part: IndexedSlices, var: Variable, current: Array, where: str) -> None:
     """Checks one replica's ``IndexedSlices`` gradient of ``var`` (``current`` is its value).
 
     The dense shape (when known) must be the variable's, every slice one of its rows, every

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -72,10 +72,15 @@ from towerdist._src.optimizers.update_plan import (
     publish,
 )
 from towerdist._src.reduce_op import ReduceOp
+from towerdist._src.type_aliases import Array, ArrayModule, TensorLike
 from towerdist._src.variable_enums import VariableAggregation
 from towerdist._src.variables import creation
 from towerdist._src.variables.update_buffers import UpdateBuffers
 from towerdist._src.variables.variable import ResourceVariable, Variable, VariableRef
+
+if TYPE_CHECKING:  # named in annotations only
+    from towerdist._src.device import DeviceSpec
+    from towerdist._src.strategies.strategy import Strategy
 
 __all__ = ["Optimizer"]
 
@@ -99,7 +104,7 @@ class Optimizer:
     def __init__(self, learning_rate: LearningRate, name: str) -> None:
         self._learning_rate = _check_learning_rate(learning_rate)
         self._name = name
-        self._strategy: Any = None  # the strategy of the variables, bound by the first build
+        self._strategy: Strategy | None = None  # the strategy of the variables, bound by the first build
         self._init_strategy = context.get_strategy()  # where `iterations` goes if used before that
         self._iterations: Variable | None = None
         self._non_slot: Any = None
@@ -204,7 +209,7 @@ class Optimizer:
         context.require_cross_replica_or_default(strategy, api)
         self._build(strategy, variables)
 
-    def _build(self, strategy: Any, variables: Sequence[Variable]) -> None:
+    def _build(self, strategy: Strategy, variables: Sequence[Variable]) -> None:
         plans = self._cache.plans
         if self._iterations is not None and all(id(var) in plans for var in variables):
             return  # every variable has its slots (and an update plan) already
@@ -218,7 +223,7 @@ class Optimizer:
                 if id(var) not in plans:
                     plans[id(var)] = VariablePlan(var, self._slots[ref])
 
-    def _create_iterations(self, strategy: Any, variables: Sequence[Variable]) -> None:
+    def _create_iterations(self, strategy: Strategy, variables: Sequence[Variable]) -> None:
         with strategy.scope():
             extended = strategy.extended
             if variables:
@@ -237,7 +242,7 @@ class Optimizer:
             aggregation=VariableAggregation.ONLY_FIRST_REPLICA,
         )
 
-    def _create_slot(self, strategy: Any, var: Variable, slot_name: str) -> Variable:
+    def _create_slot(self, strategy: Strategy, var: Variable, slot_name: str) -> Variable:
         initial = self._deferred_slots.pop((var.ref(), slot_name), None)
         if initial is None:
             initial = np.full(var.shape, self._slot_initial_value(slot_name), dtype=var.dtype)
@@ -303,7 +308,7 @@ class Optimizer:
         replica_context = context.replica_context_in_run()
         if replica_context is not None:
             # Every replica brings its pairs; one function applies them all (no regrouping).
-            def settle(merge_strategy: Any, per_replica: list[list[tuple[Any, Variable]]]) -> list[Any]:
+            def settle(merge_strategy: Strategy, per_replica: list[list[tuple[Any, Variable]]]) -> list[Any]:
                 try:
                     columns = gradient_columns(per_replica)
                     given = _given_columns(per_replica)
@@ -409,7 +414,7 @@ class Optimizer:
 
     def _apply(
         self,
-        strategy: Any,
+        strategy: Strategy,
         pairs: list[tuple[Any, Variable]],
         columns: list[list[Any]],
         aggregate: bool,
@@ -514,7 +519,7 @@ class Optimizer:
 
     def _sum_and_update(
         self,
-        strategy: Any,
+        strategy: Strategy,
         indices: list[int],
         columns: list[list[Any]],
         to_sum: list[bool],
@@ -572,7 +577,7 @@ class Optimizer:
                         own.append(group)
 
     def _prepared_sparse(
-        self, column: list[Any], var: Variable, current: Any, from_replicas: bool
+        self, column: list[Any], var: Variable, current: Array, from_replicas: bool
     ) -> tuple[list[Any], bool]:
         """A column holding ``IndexedSlices``, checked and prepared for the sparse sum; whether it stays sparse.
 
@@ -601,7 +606,7 @@ class Optimizer:
         return result, True
 
     def _sum_sparse(
-        self, strategy: Any, indices: list[int], columns: list[list[Any]], summing: list[int]
+        self, strategy: Strategy, indices: list[int], columns: list[list[Any]], summing: list[int]
     ) -> tuple[dict[int, list[Any]], dict[int, list[Any]]]:
         """The :class:`SparseRows` of the sparse gradients ``indices``: (summed across replicas, the others).
 
@@ -628,7 +633,7 @@ class Optimizer:
                 local[k] = [converted[id(part)] for part in columns[k]]
         return summed, local
 
-    def _build_plans(self, strategy: Any, variables: list[Variable]) -> list[VariablePlan]:
+    def _build_plans(self, strategy: Strategy, variables: list[Variable]) -> list[VariablePlan]:
         self._build(strategy, variables)
         return self._cache.remember_plans(variables)
 
@@ -697,13 +702,13 @@ class Optimizer:
 
     def _compute(
         self,
-        xp: Any,
-        var: Any,
-        grad: Any,
-        slots: dict[str, Any],
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: TensorLike,
+        slots: dict[str, TensorLike],
         coefficients: dict[str, Any],
         out: UpdateBuffers,
-    ) -> tuple[Any, dict[str, Any]]:
+    ) -> tuple[TensorLike, dict[str, TensorLike]]:
         """The new value of the variable and of the slots that change.
 
         ``var``, ``grad`` and ``slots`` are read-only arrays on one device (``xp`` is numpy
@@ -716,13 +721,13 @@ class Optimizer:
 
     def _compute_sparse(
         self,
-        xp: Any,
-        var: Any,
+        xp: ArrayModule,
+        var: TensorLike,
         grad: SparseRows,
-        slots: dict[str, Any],
+        slots: dict[str, TensorLike],
         coefficients: dict[str, Any],
         out: UpdateBuffers,
-    ) -> tuple[Any, dict[str, Any]]:
+    ) -> tuple[TensorLike, dict[str, TensorLike]]:
         """``_compute`` for a sparse gradient: the rows' sums (and, with ``_sparse_squares``, of their squares).
 
         By default the rule runs on the dense gradient, which gives Keras's numbers for a
@@ -753,7 +758,7 @@ class Optimizer:
 
     # --- helpers -------------------------------------------------------------------------
 
-    def _bind(self, variables: Sequence[Variable]) -> Any:
+    def _bind(self, variables: Sequence[Variable]) -> Strategy:
         """The strategy the variables belong to; the optimizer keeps to one strategy.
 
         Its errors are :func:`~towerdist._src.failures.unworded` (most with ``separator=": "``):
@@ -839,9 +844,9 @@ class Optimizer:
         return f"{type(self).__name__}(name={self._name!r}, {config})"
 
 
-def _check_learning_rate(value: Any) -> LearningRate:
+def _check_learning_rate(value: object) -> LearningRate:
     if callable(value):
-        return value  # type: ignore[no-any-return]
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(float(value)) or value < 0:
         raise ValueError(
             f"Argument `learning_rate` should be a float >= 0, or a callable that takes the current step and returns "
@@ -850,7 +855,7 @@ def _check_learning_rate(value: Any) -> LearningRate:
     return float(value)
 
 
-def check_unit_interval(name: str, value: Any, *, closed: bool) -> float:
+def check_unit_interval(name: str, value: object, *, closed: bool) -> float:
     """``value`` as a float in [0, 1] (``closed``) or [0, 1); raises ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= float(value) <= 1:
         raise ValueError(f"`{name}` must be a float between [0, 1]. Received: {name}={value!r}")
@@ -859,7 +864,7 @@ def check_unit_interval(name: str, value: Any, *, closed: bool) -> float:
     return float(value)
 
 
-def check_non_negative(name: str, value: Any) -> float:
+def check_non_negative(name: str, value: object) -> float:
     """``value`` as a finite float >= 0; raises ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= float(value) < float("inf"):
         raise ValueError(f"`{name}` must be a float >= 0. Received: {name}={value!r}")
@@ -903,7 +908,7 @@ _NO_SLOTS: dict[str, Any] = {}
 _NOTHING_SPARSE: frozenset[int] = frozenset()
 
 
-def _strategy_of(var: Variable) -> Any:
+def _strategy_of(var: Variable) -> Strategy:
     return getattr(var, "_distribute_strategy", None) or context.default_strategy()
 
 
@@ -912,7 +917,7 @@ def _base_name(var: Variable) -> str:
     return name[:-2] if name.endswith(":0") else name
 
 
-def _on_device(grad: Any, component: Any) -> Any:
+def _on_device(grad: TensorLike, component: ResourceVariable) -> TensorLike:
     """``grad`` as an array on ``component``'s device."""
     if isinstance(grad, Variable):
         grad = grad.value()
@@ -921,13 +926,13 @@ def _on_device(grad: Any, component: Any) -> Any:
     return backend.for_device(component._device).to_device(grad, component._device)
 
 
-def _replica_devices(strategy: Any) -> tuple[Any, ...]:
+def _replica_devices(strategy: Strategy) -> tuple[DeviceSpec, ...]:
     """The devices of this worker's replicas, in replica order."""
-    devices: tuple[Any, ...] = strategy.extended._devices
-    return devices
+    # (the seam's name for MirroredExtended._devices: every strategy with several replicas is one)
+    return strategy.extended._replica_devices
 
 
-def _replica_gpus(strategy: Any, replicas: int) -> dict[int, list[Group]] | None:
+def _replica_gpus(strategy: Strategy, replicas: int) -> dict[int, list[Group]] | None:
     """An empty list of updates for each replica's GPU, when every replica has a GPU of its own.
 
     Then each replica updates the copies of the variables on its GPU itself, on its own

@@ -8,6 +8,8 @@ import numpy as np
 
 from towerdist._src.optimizers.optimizer import LearningRate, Optimizer, check_non_negative, check_unit_interval
 from towerdist._src.optimizers.sparse_gradients import SparseRows, copy_into, scatter_rows
+from towerdist._src.type_aliases import ArrayModule, TensorLike
+from towerdist._src.variables.update_buffers import UpdateBuffers
 
 __all__ = ["RMSprop"]
 
@@ -109,8 +111,14 @@ class RMSprop(Optimizer):
         }
 
     def _compute(
-        self, xp: Any, var: Any, grad: Any, slots: dict[str, Any], coefficients: dict[str, Any], out: Any
-    ) -> tuple[Any, dict[str, Any]]:
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: TensorLike,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
+    ) -> tuple[TensorLike, dict[str, TensorLike]]:
         square = xp.multiply(grad, grad, out=out.scratch("square", var))
         new_slots = self._averages(xp, var, grad, square, slots, coefficients, out)
         denominator = self._denominator(xp, new_slots, coefficients, out.scratch("denominator", var))
@@ -119,15 +127,23 @@ class RMSprop(Optimizer):
         return self._step(xp, var, increment, slots, coefficients, out, new_slots)
 
     def _compute_sparse(
-        self, xp: Any, var: Any, grad: SparseRows, slots: dict[str, Any], coefficients: dict[str, Any], out: Any
-    ) -> tuple[Any, dict[str, Any]]:
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: SparseRows,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
+    ) -> tuple[TensorLike, dict[str, TensorLike]]:
         # Keras decays the averages on every row (a dense sum with the scattered slices);
         # the increment exists on the gradient's rows only.
         rows = grad.indices
         dense = grad.dense(xp, var, out.scratch("dense_grad", var)) if self._centered else None
         square = grad.dense_squares(xp, var, out.scratch("square", var))
         new_slots = self._averages(xp, var, dense, square, slots, coefficients, out)
-        gathered: dict[str, Any] = {name: new_slots[name][rows] for name in ("velocity", "average_gradient") if name in new_slots}
+        gathered: dict[str, TensorLike] = {
+            name: new_slots[name][rows] for name in ("velocity", "average_gradient") if name in new_slots
+        }
         denominator = self._denominator(xp, gathered, coefficients, None)
         increment = grad.values * coefficients["lr"]
         increment /= xp.sqrt(denominator)
@@ -139,8 +155,15 @@ class RMSprop(Optimizer):
         return new, new_slots
 
     def _averages(
-        self, xp: Any, var: Any, grad: Any, square: Any, slots: dict[str, Any], coefficients: dict[str, Any], out: Any
-    ) -> dict[str, Any]:
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: TensorLike | None,
+        square: TensorLike,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
+    ) -> dict[str, TensorLike]:
         """The new ``velocity`` (and ``average_gradient``), from ``g**2`` (and ``g``)."""
         rho, one_minus_rho = coefficients["rho"], coefficients["one_minus_rho"]
         velocity = xp.multiply(square, one_minus_rho, out=out.out("velocity", slots["velocity"]))
@@ -152,7 +175,9 @@ class RMSprop(Optimizer):
             new_slots["average_gradient"] = average
         return new_slots
 
-    def _denominator(self, xp: Any, new_slots: dict[str, Any], coefficients: dict[str, Any], out: Any) -> Any:
+    def _denominator(
+        self, xp: ArrayModule, new_slots: dict[str, TensorLike], coefficients: dict[str, Any], out: TensorLike | None
+    ) -> TensorLike:
         """``velocity - average_gradient**2 + epsilon`` (centered) or ``velocity + epsilon``, into ``out`` if a buffer."""
         velocity = new_slots["velocity"]
         if not self._centered:
@@ -165,14 +190,14 @@ class RMSprop(Optimizer):
 
     def _step(
         self,
-        xp: Any,
-        var: Any,
-        increment: Any,
-        slots: dict[str, Any],
+        xp: ArrayModule,
+        var: TensorLike,
+        increment: TensorLike,
+        slots: dict[str, TensorLike],
         coefficients: dict[str, Any],
-        out: Any,
-        new_slots: dict[str, Any],
-    ) -> tuple[Any, dict[str, Any]]:
+        out: UpdateBuffers,
+        new_slots: dict[str, TensorLike],
+    ) -> tuple[TensorLike, dict[str, TensorLike]]:
         if self._momentum:
             momentum = xp.multiply(slots["momentum"], coefficients["momentum"], out=out.out("momentum", slots["momentum"]))
             momentum += increment

@@ -8,6 +8,8 @@ import numpy as np
 
 from towerdist._src.optimizers.optimizer import LearningRate, Optimizer, check_unit_interval
 from towerdist._src.optimizers.sparse_gradients import SparseRows, copy_into
+from towerdist._src.type_aliases import ArrayModule, TensorLike
+from towerdist._src.variables.update_buffers import UpdateBuffers
 
 __all__ = ["SGD"]
 
@@ -66,8 +68,14 @@ class SGD(Optimizer):
         return {"lr": dtype.type(learning_rate), "momentum": dtype.type(self._momentum)}
 
     def _compute(
-        self, xp: Any, var: Any, grad: Any, slots: dict[str, Any], coefficients: dict[str, Any], out: Any
-    ) -> tuple[Any, dict[str, Any]]:
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: TensorLike,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
+    ) -> tuple[TensorLike, dict[str, TensorLike]]:
         lr = coefficients["lr"]
         if not self._momentum:
             new = out.out("var", var)
@@ -85,8 +93,14 @@ class SGD(Optimizer):
         return xp.add(var, m, out=out.out("var", var)), {"momentum": m}
 
     def _compute_sparse(
-        self, xp: Any, var: Any, grad: SparseRows, slots: dict[str, Any], coefficients: dict[str, Any], out: Any
-    ) -> tuple[Any, dict[str, Any]]:
+        self,
+        xp: ArrayModule,
+        var: TensorLike,
+        grad: SparseRows,
+        slots: dict[str, TensorLike],
+        coefficients: dict[str, Any],
+        out: UpdateBuffers,
+    ) -> tuple[TensorLike, dict[str, TensorLike]]:
         if self._momentum:  # Keras densifies the gradient into the momentum, which decays on every row
             return super()._compute_sparse(xp, var, grad, slots, coefficients, out)
         new = copy_into(xp, var, out.out("var", var))  # Keras scatters: only the gradient's rows change

@@ -23,12 +23,17 @@ new axis 1), so the indices are exchanged once; the values' bytes double.
 
 from __future__ import annotations
 
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from towerdist._src import backend
 from towerdist._src.indexed_slices import IndexedSlices, summed
+from towerdist._src.type_aliases import ArrayModule, TensorLike
+
+if TYPE_CHECKING:  # named in annotations only
+    from towerdist._src.device import DeviceSpec
 
 __all__ = ["SparseRows", "copy_into", "prepare", "rows_of", "scatter_rows"]
 
@@ -43,23 +48,23 @@ class SparseRows:
 
     __slots__ = ("indices", "squares", "values")
 
-    def __init__(self, indices: Any, values: Any, squares: Any) -> None:
+    def __init__(self, indices: TensorLike, values: TensorLike, squares: TensorLike | None) -> None:
         self.indices = indices
         self.values = values
         self.squares = squares
 
-    def on(self, impl: Any, device: Any) -> SparseRows:
+    def on(self, impl: ModuleType, device: DeviceSpec) -> SparseRows:
         """These rows on ``device`` (``impl`` its backend): the same object when they are there."""
         moved = [impl.to_device(a, device) if a is not None else None for a in (self.indices, self.values, self.squares)]
         if all(new is old for new, old in zip(moved, (self.indices, self.values, self.squares))):
             return self
         return SparseRows(*moved)
 
-    def dense(self, xp: Any, like: Any, out: Any) -> Any:
+    def dense(self, xp: ArrayModule, like: TensorLike, out: TensorLike | None) -> TensorLike:
         """The dense gradient: the rows' sums at their rows, zeros elsewhere (into ``out`` if not None)."""
         return scatter_rows(xp, self.indices, self.values, like, out)
 
-    def dense_squares(self, xp: Any, like: Any, out: Any) -> Any:
+    def dense_squares(self, xp: ArrayModule, like: TensorLike, out: TensorLike | None) -> TensorLike:
         """The sums of the squared slices at their rows, zeros elsewhere (into ``out`` if not None)."""
         return scatter_rows(xp, self.indices, self.squares, like, out)
 
@@ -67,7 +72,9 @@ class SparseRows:
         return f"SparseRows(indices={self.indices!r}, values={self.values!r}, squares={self.squares!r})"
 
 
-def scatter_rows(xp: Any, indices: Any, rows: Any, like: Any, out: Any) -> Any:
+def scatter_rows(
+    xp: ArrayModule, indices: TensorLike, rows: TensorLike, like: TensorLike, out: TensorLike | None
+) -> TensorLike:
     """``rows`` at ``indices`` (distinct) and zeros elsewhere, shaped like ``like`` (into ``out`` if a buffer)."""
     if out is None:
         out = xp.zeros_like(like)
@@ -117,7 +124,7 @@ def rows_of(reduced: IndexedSlices, squares: bool, canonical: bool) -> SparseRow
     return SparseRows(reduced.indices, values, None)
 
 
-def copy_into(xp: Any, array: Any, out: Any) -> Any:
+def copy_into(xp: ArrayModule, array: TensorLike, out: TensorLike | None) -> TensorLike:
     """A writable copy of ``array``, in ``out`` when it is a buffer (a row-wise update starts from it).
 
     Reads hand out the published value as a snapshot, so an update never writes into it:

@@ -14,10 +14,12 @@ training loop cheap, and say nothing about what an update does.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
 
+from towerdist._src.type_aliases import TensorLike
 from towerdist._src.variables.aggregating_variable import AggregatingVariable
 from towerdist._src.variables.distributed_variable import DistributedVariable
 from towerdist._src.variables.update_buffers import UpdateBuffers
@@ -199,6 +201,8 @@ class PlanCache:
         return coefficients
 
 
+# var: a td.Variable. Any, because a variable that is neither distributed nor aggregating is a
+# ResourceVariable, a fact of how variables are created that a checker cannot follow.
 def components(var: Any) -> tuple[ResourceVariable, ...]:
     """The single-device variables ``var`` is made of (itself for a plain variable)."""
     if isinstance(var, DistributedVariable):
@@ -208,7 +212,7 @@ def components(var: Any) -> tuple[ResourceVariable, ...]:
     return (var,)
 
 
-def publish(members: list[ResourceVariable], array: Any) -> None:
+def publish(members: list[ResourceVariable], array: TensorLike) -> None:
     """Makes ``array`` (freshly computed, right shape and dtype) the value of every component.
 
     Host components of one group adopt the one read-only array (reads hand out views of
@@ -222,7 +226,7 @@ def publish(members: list[ResourceVariable], array: Any) -> None:
         component._adopt_moved(array)
 
 
-def data_key(array: Any) -> Any:
+def data_key(array: TensorLike) -> Hashable:
     """Equal keys mean the same memory viewed the same way (host arrays); else the object."""
     if type(array) is np.ndarray:
         return (array.__array_interface__["data"][0], array.shape, array.strides, array.dtype.str)

@@ -29,7 +29,8 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn
+from types import FrameType
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import numpy as np
 
@@ -43,9 +44,14 @@ from towerdist._src.preemption.termination_config import TerminationConfig
 from towerdist._src.variables import creation
 from towerdist._src.variables.variable import Variable
 
+if TYPE_CHECKING:  # named in annotations only
+    from towerdist._src.cluster_resolver.cluster_resolver import ClusterResolver
+
 __all__ = ["PreemptionCheckpointHandler"]
 
 logger = logging.getLogger("towerdist")
+
+_R = TypeVar("_R")  # what the training step returns (run passes it back)
 
 _RUNS_VARIABLE = "checkpointed_runs"
 _EXIT_STATUS = 42  # TensorFlow's restart code off Google Cloud
@@ -100,7 +106,7 @@ class PreemptionCheckpointHandler:
 
     def __init__(
         self,
-        cluster_resolver: Any,
+        cluster_resolver: ClusterResolver | None,
         checkpoint_or_checkpoint_manager: Checkpoint | CheckpointManager,
         checkpoint_dir: str | None = None,
         termination_config: TerminationConfig | None = None,
@@ -160,7 +166,7 @@ class PreemptionCheckpointHandler:
             )
         return self._runs
 
-    def run(self, distributed_train_function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def run(self, distributed_train_function: Callable[..., _R], *args: object, **kwargs: object) -> _R:
         """Runs one training step, first saving and exiting if the workers agreed to stop at this step.
 
         Call it on every worker, with a function that trains exactly one step (it calls
@@ -175,7 +181,7 @@ class PreemptionCheckpointHandler:
         self._count_run(time.monotonic() - begin)
         return result
 
-    def save_checkpoint_if_preempted(self, *args: Any, **kwargs: Any) -> None:
+    def save_checkpoint_if_preempted(self, *args: object, **kwargs: object) -> None:
         """Saves and exits if the workers agreed to stop here; else counts one step. Call once per step.
 
         The alternative to :meth:`run` for loops that train outside it. ``args`` and
@@ -336,7 +342,7 @@ def _checked_config(config: TerminationConfig | None) -> TerminationConfig:
     return config
 
 
-def _manager(target: Any, checkpoint_dir: Any) -> CheckpointManager:
+def _manager(target: object, checkpoint_dir: str | None) -> CheckpointManager:
     if isinstance(target, CheckpointManager):
         return target
     if not isinstance(target, Checkpoint):
@@ -352,7 +358,7 @@ def _manager(target: Any, checkpoint_dir: Any) -> CheckpointManager:
     return CheckpointManager(target, checkpoint_dir, max_to_keep=1)
 
 
-def _workers(cluster_resolver: Any) -> tuple[workers_lib.Workers | None, str]:
+def _workers(cluster_resolver: object) -> tuple[workers_lib.Workers | None, str]:
     """The workers to agree with (None: this process alone) and this worker's id for messages."""
     jobs: dict[str, Any] = {}
     if cluster_resolver is not None:
@@ -408,7 +414,7 @@ def _install_sigterm_handler(handler: weakref.ReferenceType[PreemptionCheckpoint
     """Makes SIGTERM tell ``handler``; once the handler is gone, SIGTERM does what it did before."""
     previous = signal.getsignal(signal.SIGTERM)
 
-    def on_sigterm(signum: int, frame: Any) -> None:
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
         target = handler()
         if target is not None:
             target._notice()  # ignored once the handler has saved: TensorFlow never lets SIGTERM through again

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from towerdist._src.mpi_runtime import World
 
 __all__ = ["AgreementError", "RankAgreement"]
 
 _TAG_UP, _TAG_DOWN = 41, 42
+_T = TypeVar("_T")  # what each rank brings to an exchange (pickled by mpi4py)
 _POLL_SECONDS = 0.001
 _YIELD_SECONDS = 0.002  # a wait first polls, yielding the core, this long (a peer about to arrive), then sleeps
 _ROOT_GRACE_SECONDS = 2.0  # the other ranks give rank 0 this much longer, since it reports first
@@ -65,7 +66,7 @@ class RankAgreement:
         self._comm = world.MPI.COMM_WORLD.Dup()
         self.broken: str | None = None
 
-    def exchange(self, what: str, value: Any) -> list[Any]:
+    def exchange(self, what: str, value: _T) -> list[_T]:
         """Every rank's ``value`` for step ``what``, in rank order.
 
         Raises:
@@ -87,7 +88,7 @@ class RankAgreement:
             )
         return [item for _, item in table]
 
-    def _gather(self, what: str, value: Any) -> list[tuple[str, Any]]:
+    def _gather(self, what: str, value: object) -> list[tuple[str, Any]]:
         comm = self._comm
         table: list[Any] = [(what, value)] + [None] * (self.size - 1)
         waiting = set(range(1, self.size))
@@ -109,7 +110,7 @@ class RankAgreement:
         self._complete(requests, what)
         return table
 
-    def _await_table(self, what: str, value: Any) -> list[tuple[str, Any]]:
+    def _await_table(self, what: str, value: object) -> list[tuple[str, Any]]:
         comm = self._comm
         sent = comm.isend((what, value), dest=0, tag=_TAG_UP)
         bound = None if self.timeout is None else self.timeout + _ROOT_GRACE_SECONDS
