@@ -96,7 +96,7 @@ def _settle_writes(strategy: Any, writes: list[tuple[AggregatedVariable, WriteOp
     gets its component of the new value if it asked for it (``read_value``), else None.
     """
     # ``strategy`` stays Any (here and in _write_fused): a multi-replica strategy whose ``extended`` has the
-    # replicas' devices and cross-device ops, which ``Strategy.extended`` (typed as the base class) does not name.
+    # cross-device ops, which ``Strategy.extended`` (typed as the base class) does not name.
     variable, op = writes[0][0], writes[0][1]
     if any(write[0] is not variable for write in writes):
         raise ValueError(
@@ -108,7 +108,7 @@ def _settle_writes(strategy: Any, writes: list[tuple[AggregatedVariable, WriteOp
     written = _write_fused(strategy, variable, op, [write[2] for write in writes], read_value)
     if written is not _NOT_FUSED:
         return [select_replica(i, written) if write[3] else None for i, write in enumerate(writes)]
-    devices = strategy.extended._devices if len(writes) > 1 else None  # the replicas' devices (multi-replica)
+    devices = strategy.extended._replica_devices if len(writes) > 1 else None  # (multi-replica)
     value = regroup([write[2] for write in writes], devices, what=f"values of {describe_write(type(variable).__name__, op)}")
     try:
         combined = _aggregate(strategy, variable, value, op)
