@@ -8,6 +8,10 @@ left out. An annotation is *exactly* ``Any`` when it is the name ``Any`` or ``ty
 (any module alias: ``t.Any``), or the string of one; ``Any | None`` or ``list[Any]`` are
 not. Returns are counted the same way, over the functions with a return annotation.
 
+The names the package defines as ``Any`` (``Nest: TypeAlias = Any``: documented aliases for
+values that really are anything) are reported apart: a parameter annotated with one of them
+(or with one ``| None``) is not exactly ``Any``, but a reader should see how many there are.
+
     python tools/count_any.py                   # totals, percentages, the top 15 files
     python tools/count_any.py --max-percent 10  # exit status 1 above 10 % of parameters
 """
@@ -32,12 +36,14 @@ class Counts:
 
     parameters: int = 0
     any_parameters: int = 0
+    aliased_parameters: int = 0  # annotated with a name the package defines as Any
     returns: int = 0
     any_returns: int = 0
 
     def __iadd__(self, other: Counts) -> Counts:
         self.parameters += other.parameters
         self.any_parameters += other.any_parameters
+        self.aliased_parameters += other.aliased_parameters
         self.returns += other.returns
         self.any_returns += other.any_returns
         return self
@@ -53,6 +59,40 @@ def is_exactly_any(annotation: ast.expr) -> bool:
     if isinstance(annotation, ast.Name):
         return annotation.id == "Any"
     return isinstance(annotation, ast.Attribute) and annotation.attr == "Any" and isinstance(annotation.value, ast.Name)
+
+
+def any_aliases(sources: Sequence[str]) -> frozenset[str]:
+    """The names the modules define as ``Any`` at their top level (``X: TypeAlias = Any``, ``X = Any``),
+    or as another such name (``ElementSpec: TypeAlias = Nest``)."""
+    definitions: list[tuple[str, ast.expr]] = []
+    for source in sources:
+        for statement in ast.parse(source).body:
+            if isinstance(statement, ast.AnnAssign) and statement.value is not None:
+                targets: list[ast.expr] = [statement.target]
+            elif isinstance(statement, ast.Assign):
+                targets = statement.targets
+            else:
+                continue
+            value = statement.value
+            assert value is not None
+            definitions.extend((target.id, value) for target in targets if isinstance(target, ast.Name))
+    names: set[str] = set()
+    while True:
+        found = {
+            name for name, value in definitions
+            if is_exactly_any(value) or (isinstance(value, ast.Name) and value.id in names)
+        }
+        if found <= names:
+            return frozenset(names)
+        names |= found
+
+
+def is_alias(annotation: ast.expr, aliases: frozenset[str]) -> bool:
+    """Whether ``annotation`` is one of ``aliases``, or one of them ``| None``."""
+    if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
+        if isinstance(annotation.right, ast.Constant) and annotation.right.value is None:
+            annotation = annotation.left
+    return isinstance(annotation, ast.Name) and annotation.id in aliases
 
 
 def _is_staticmethod(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
@@ -75,8 +115,8 @@ def _functions(node: ast.AST, in_class: bool = False) -> Iterator[tuple[ast.Func
             yield from _functions(child, in_class)
 
 
-def count_source(source: str) -> Counts:
-    """The counts of one module's source text."""
+def count_source(source: str, aliases: frozenset[str] = frozenset()) -> Counts:
+    """The counts of one module's source text; ``aliases``: the names defined as ``Any``."""
     counts = Counts()
     for function, is_method in _functions(ast.parse(source)):
         arguments = function.args
@@ -88,6 +128,7 @@ def count_source(source: str) -> Counts:
             if parameter is not None and parameter.annotation is not None:
                 counts.parameters += 1
                 counts.any_parameters += is_exactly_any(parameter.annotation)
+                counts.aliased_parameters += is_alias(parameter.annotation, aliases)
         if function.returns is not None:
             counts.returns += 1
             counts.any_returns += is_exactly_any(function.returns)
@@ -96,7 +137,9 @@ def count_source(source: str) -> Counts:
 
 def count_tree(package: pathlib.Path) -> dict[pathlib.Path, Counts]:
     """The counts of every ``.py`` file under ``package``, by path."""
-    return {path: count_source(path.read_text(encoding="utf-8")) for path in sorted(package.rglob("*.py"))}
+    sources = {path: path.read_text(encoding="utf-8") for path in sorted(package.rglob("*.py"))}
+    aliases = any_aliases(list(sources.values()))
+    return {path: count_source(source, aliases) for path, source in sources.items()}
 
 
 def _percent(part: int, whole: int) -> float:
@@ -116,6 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         total += counts
     param_percent = _percent(total.any_parameters, total.parameters)
     print(f"parameters: {total.any_parameters} of {total.parameters} annotated are exactly Any ({param_percent:.1f} %)")
+    aliased_percent = _percent(total.aliased_parameters, total.parameters)
+    print(f"            {total.aliased_parameters} more are annotated with a name defined as Any (Nest, TensorLike, ...: "
+          f"{aliased_percent:.1f} %)")
     return_percent = _percent(total.any_returns, total.returns)
     print(f"returns:    {total.any_returns} of {total.returns} annotated are exactly Any ({return_percent:.1f} %)")
     print(f"the {TOP_FILES} files with the most parameters annotated Any:")

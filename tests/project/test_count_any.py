@@ -108,3 +108,17 @@ def test_the_tool_reads_the_whole_package() -> None:
     by_file = count_any.count_tree(count_any.PACKAGE)
     assert count_any.PACKAGE / "_src" / "strategies" / "strategy.py" in by_file
     assert sum(c.parameters for c in by_file.values()) > 1000
+
+
+def test_names_defined_as_any_are_found_and_counted_apart() -> None:
+    aliases_module = """
+        Nest: TypeAlias = Any
+        Value = Any
+        ElementSpec: TypeAlias = Nest
+        Shape: TypeAlias = tuple[int, ...]
+        """
+    aliases = count_any.any_aliases([textwrap.dedent(aliases_module)])
+    assert aliases == {"Nest", "Value", "ElementSpec"}
+    user = "def f(a: Nest, b: ElementSpec | None, c: list[Nest], d: Shape, e: Any) -> Nest: ..."
+    found = count_any.count_source(user, aliases)
+    assert (found.parameters, found.any_parameters, found.aliased_parameters, found.any_returns) == (5, 1, 2, 0)
