@@ -122,3 +122,8 @@ def test_names_defined_as_any_are_found_and_counted_apart() -> None:
     user = "def f(a: Nest, b: ElementSpec | None, c: list[Nest], d: Shape, e: Any) -> Nest: ..."
     found = count_any.count_source(user, aliases)
     assert (found.parameters, found.any_parameters, found.aliased_parameters, found.any_returns) == (5, 1, 2, 0)
+
+
+def test_at_most_ten_percent_of_the_packages_parameters_are_exactly_any(capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 36's bound, kept: a parameter says what flows, or uses a documented alias (Nest, TensorLike).
+    assert count_any.main(["--max-percent", "10"]) == 0, capsys.readouterr().err
