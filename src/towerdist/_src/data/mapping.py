@@ -168,12 +168,12 @@ class MapDataset(Dataset):
 
 
 class _TolerantMap(MapDataset):
-    def _batch_rows(self) -> tuple[int | None, str | None]:
-        return None, "an ignore_errors() map may drop a batch"
-
     """``map`` that drops an element whose function raised (inside ``ignore_errors``)."""
 
     _on_error: ErrorHandler
+
+    def _batch_rows(self) -> tuple[int | None, str | None]:
+        return None, "an ignore_errors() map may drop a batch"
 
     def _apply(self, element: Nest, index: int) -> Nest:
         try:
