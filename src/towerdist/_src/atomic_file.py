@@ -58,6 +58,10 @@ class AtomicFile(Generic[AnyStr]):
       durable: ``fsync`` the file before the rename and the directory after it.
       exclusive: put the file in place only if ``path`` does not exist (a hard link, then
         the temporary name removed), else raise ``FileExistsError`` and write nothing.
+      prefix: how the temporary file's name begins. The default's names are what
+        :func:`is_temporary` recognizes, which a checkpoint's sweep removes once an hour
+        old: a file held open longer before it is written (a cache file reserved when its
+        pass starts) needs a prefix of its own.
 
     Attributes:
       file: the open temporary file.
@@ -75,20 +79,23 @@ class AtomicFile(Generic[AnyStr]):
     @overload
     def __init__(
         self: AtomicFile[bytes], path: str, *, text: Literal[False] = False, durable: bool = True,
-        exclusive: bool = False,
+        exclusive: bool = False, prefix: str = ".tmp-",
     ) -> None: ...
 
     @overload
     def __init__(
-        self: AtomicFile[str], path: str, *, text: Literal[True], durable: bool = True, exclusive: bool = False
+        self: AtomicFile[str], path: str, *, text: Literal[True], durable: bool = True, exclusive: bool = False,
+        prefix: str = ".tmp-",
     ) -> None: ...
 
-    def __init__(self, path: str, *, text: bool = False, durable: bool = True, exclusive: bool = False) -> None:
+    def __init__(
+        self, path: str, *, text: bool = False, durable: bool = True, exclusive: bool = False, prefix: str = ".tmp-"
+    ) -> None:
         self.path = path
         self._durable = durable
         self._exclusive = exclusive
         # 128 random bits: no two writers draw the same name, across processes and hosts.
-        self.temporary = os.path.join(os.path.dirname(path), f".tmp-{uuid.uuid4().hex}.part")
+        self.temporary = os.path.join(os.path.dirname(path), f"{prefix}{uuid.uuid4().hex}.part")
         descriptor = os.open(self.temporary, _CREATE, 0o666)  # the mode open() gives, less the umask
         try:
             self.file = os.fdopen(descriptor, "w" if text else "wb", encoding="utf-8" if text else None)

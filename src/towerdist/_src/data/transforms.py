@@ -719,7 +719,9 @@ class CacheDataset(Dataset):
         """
         directory = os.path.dirname(os.path.abspath(self._filename))
         try:
-            return AtomicFile(self._filename)
+            # Not ".tmp-": a checkpoint saved in this directory sweeps those once an hour old, and
+            # this file is written only when the pass ends (an epoch may take longer).
+            return AtomicFile(self._filename, prefix=".td-cache-")
         except FileNotFoundError:
             raise NotFoundError(
                 f"Dataset.cache() cannot write its file {self._filename!r}: the directory {directory!r} does not "
