@@ -7,8 +7,10 @@ behaviour is observable).
 from __future__ import annotations
 
 import gc
+import os
 import pickle
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -281,3 +283,19 @@ def test_enumerate_ends_before_the_count_leaves_int64():
     assert ds.cardinality() == 3
     assert list(D.range(5).enumerate(top)) == []
     assert [int(i) for i, _ in D.range(2).enumerate(-(2**63))] == [-(2**63), -(2**63) + 1]
+
+
+def test_a_checkpoint_saved_beside_a_long_first_cache_pass_leaves_its_file_alone(tmp_path):
+    # The pass reserves its file when it starts and writes it when it ends; a checkpoint's sweep
+    # removes temporary files an hour old from its directory, and must not take this one.
+    cache = str(tmp_path / "train.cache")
+    iterator = iter(td.data.Dataset.range(6).cache(cache))
+    first = [int(next(iterator)) for _ in range(3)]
+    reserved = [name for name in os.listdir(tmp_path) if name != "train.cache"]
+    assert len(reserved) == 1
+    two_hours_ago = time.time() - 2 * 3600
+    os.utime(tmp_path / reserved[0], (two_hours_ago, two_hours_ago))
+    td.train.Checkpoint(v=td.Variable(np.zeros(2, np.float32))).save(str(tmp_path / "ckpt"))
+    rest = [int(x) for x in iterator]  # the end of the first pass writes the cache file
+    assert first + rest == list(range(6))
+    assert [int(x) for x in td.data.Dataset.range(0).cache(cache)] == list(range(6))  # read from the file

@@ -265,6 +265,55 @@ def test_sums_added_on_the_merging_thread_equal_the_all_reduce(mirrored_strategy
         np.testing.assert_array_equal(a, b)
 
 
+def _train_three_replicas(strategy, shapes, dtype, make_optimizer, grads, cross_replica, name):
+    with strategy.scope():
+        variables = [td.Variable(np.full(shape, 1.0, dtype), name=f"{name}{k}") for k, shape in enumerate(shapes)]
+        opt = make_optimizer()
+    for step in grads:
+        if cross_replica:
+            per_replica = [td.distribute.PerReplica([replica[k] for replica in step]) for k in range(len(shapes))]
+            opt.apply_gradients(zip(per_replica, variables))
+        else:
+            strategy.run(lambda g=step: opt.apply_gradients(zip(g[rid()], variables)))
+    return [v.values[0].numpy() for v in variables]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("shapes", [((),), ((), (3,)), ((5, 7), ())], ids=["scalar", "scalar+vector", "matrix+scalar"])
+@pytest.mark.parametrize("cross_replica", [False, True], ids=["in_run", "cross_replica"])
+@pytest.mark.parametrize("chunked", [False, True], ids=["default_ops", "chunked_packed_ops"])
+@pytest.mark.parametrize("make_optimizer", [lambda: td.optimizers.SGD(0.1), lambda: td.optimizers.Adam(0.1),
+                                            lambda: td.optimizers.RMSprop(0.1, momentum=0.5, centered=True)],
+                         ids=["sgd", "adam", "rmsprop"])
+def test_sums_added_here_equal_the_all_reduce_in_every_form(monkeypatch, dtype, shapes, cross_replica, chunked,
+                                                            make_optimizer):
+    # The collective's chunked, parallel and packed reductions add in replica order too.
+    ops = td.distribute.SharedMemoryAllReduce(chunk_bytes=8, parallel_threshold_bytes=16, pack_bytes=1 << 20)
+    strategy = td.distribute.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"], cross_device_ops=ops if chunked else None)
+    rng = np.random.default_rng(3)
+    grads = [[[np.asarray(rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 1, size=shape), dtype) for shape in shapes]
+              for _ in range(3)] for _ in range(4)]  # (np.asarray: a 0-d gradient is an array, as a replica's would be)
+    extended = type(strategy.extended)
+    real_all_reduce = extended._all_reduce
+    calls = [0]
+
+    def counting(self, *args, **kwargs):
+        calls[0] += 1
+        return real_all_reduce(self, *args, **kwargs)
+
+    monkeypatch.setattr(extended, "_all_reduce", counting)
+    assert strategy.extended._sums_host_arrays_in_order()
+    added = _train_three_replicas(strategy, shapes, dtype, make_optimizer, grads, cross_replica, "added")
+    added_calls = calls[0]
+    monkeypatch.setattr(extended, "_sums_host_arrays_in_order", lambda self: False)
+    reduced = _train_three_replicas(strategy, shapes, dtype, make_optimizer, grads, cross_replica, "reduced")
+    assert added_calls < calls[0] - added_calls  # the first training added (some of) its sums itself
+    for a, b in zip(added, reduced):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        assert np.isfinite(a).all()
+        np.testing.assert_array_equal(a, b)
+
+
 def test_a_users_cross_device_ops_does_every_steps_sum(monkeypatch):
     class Summing(td.distribute.CrossDeviceOps):
         calls = 0
