@@ -99,12 +99,20 @@ _registry_lock = threading.Lock()
 
 
 def _register(alias: Alias) -> None:
+    """Adds ``alias`` to the table. The same old name registered again with the same replacement
+    (its module reloaded, ``importlib.reload``) takes the new target; with another, it is refused."""
     with _registry_lock:
         table = _BY_OWNER.setdefault(alias.owner, {})
-        if alias.name in table:
-            raise ValueError(f"{alias.old} is registered twice in the alias table.")
+        existing = table.get(alias.name)
+        if existing is None:
+            _registered.append(alias)
+        elif (existing.new, existing.since, existing.kind) == (alias.new, alias.since, alias.kind):
+            _registered[_registered.index(existing)] = alias
+        else:
+            raise ValueError(
+                f"{alias.old} is registered twice in the alias table, as {existing.new} and as {alias.new}."
+            )
         table[alias.name] = alias
-        _registered.append(alias)
 
 
 _warned: set[str] = set()
