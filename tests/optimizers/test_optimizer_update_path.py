@@ -226,6 +226,19 @@ def test_splitting_the_update_over_parked_replicas_gives_the_same_values(
 # --- the sum of host gradients, added on the merging thread ---------------------------------
 
 
+def count_all_reduces(monkeypatch, extended_class) -> list[int]:
+    """Counts the calls of ``extended_class._all_reduce`` in ``calls[0]`` (the list returned)."""
+    real_all_reduce = extended_class._all_reduce
+    calls = [0]
+
+    def counting(self, *args, **kwargs):
+        calls[0] += 1
+        return real_all_reduce(self, *args, **kwargs)
+
+    monkeypatch.setattr(extended_class, "_all_reduce", counting)
+    return calls
+
+
 @pytest.mark.replicas(4)
 @pytest.mark.parametrize("make_optimizer", [lambda: td.optimizers.SGD(0.1), lambda: td.optimizers.Adam(0.1)],
                          ids=["sgd", "adam"])
@@ -236,12 +249,7 @@ def test_sums_added_on_the_merging_thread_equal_the_all_reduce(mirrored_strategy
                for shape in shapes] for _ in range(4)] for _ in range(5)]  # sums that depend on their order
 
     extended = type(mirrored_strategy.extended)
-    real_all_reduce = extended._all_reduce
-    calls = [0]
-
-    def counting(self, *args, **kwargs):
-        calls[0] += 1
-        return real_all_reduce(self, *args, **kwargs)
+    calls = count_all_reduces(monkeypatch, extended)
 
     def train(name: str):
         variables = model(mirrored_strategy, shapes, name)
@@ -254,7 +262,6 @@ def test_sums_added_on_the_merging_thread_equal_the_all_reduce(mirrored_strategy
             per_step.append(calls[0] - before)
         return [v.values[0].numpy() for v in variables], per_step
 
-    monkeypatch.setattr(extended, "_all_reduce", counting)
     assert mirrored_strategy.extended._sums_host_arrays_in_order()
     added, per_step = train("added")
     assert per_step == [0] * 5  # the merging thread added the gradients itself
@@ -294,14 +301,7 @@ def test_sums_added_here_equal_the_all_reduce_in_every_form(monkeypatch, dtype, 
     grads = [[[np.asarray(rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 1, size=shape), dtype) for shape in shapes]
               for _ in range(3)] for _ in range(4)]  # (np.asarray: a 0-d gradient is an array, as a replica's would be)
     extended = type(strategy.extended)
-    real_all_reduce = extended._all_reduce
-    calls = [0]
-
-    def counting(self, *args, **kwargs):
-        calls[0] += 1
-        return real_all_reduce(self, *args, **kwargs)
-
-    monkeypatch.setattr(extended, "_all_reduce", counting)
+    calls = count_all_reduces(monkeypatch, extended)
     assert strategy.extended._sums_host_arrays_in_order()
     added = _train_three_replicas(strategy, shapes, dtype, make_optimizer, grads, cross_replica, "added")
     added_calls = calls[0]
